@@ -1,0 +1,27 @@
+# flowtune developer entry points. `make test` sets up what is missing and runs every check.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+
+export FLOWTUNE_CACHE ?= $(HOME)/.cache/flowtune
+export FLOWTUNE_VENV ?= $(FLOWTUNE_CACHE)/venv
+ENV := source scripts/env.sh &&
+
+.PHONY: test setup build lint fmt
+
+## test: set up the torch venv if needed, check formatting and lints, run the whole test suite
+test: setup
+	$(ENV) cargo fmt --all -- --check
+	$(ENV) cargo clippy --release --workspace --all-targets -- -D warnings
+	$(ENV) cargo test --release --workspace -- --nocapture
+
+## setup: install torch==2.11.0 into $(FLOWTUNE_VENV) (once)
+setup:
+	scripts/setup.sh
+
+## build: the release binary target/release/flowtune
+build: setup
+	$(ENV) cargo build --release --bin flowtune
+
+## fmt: format the workspace
+fmt:
+	cargo fmt --all

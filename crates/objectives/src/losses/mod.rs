@@ -1,0 +1,163 @@
+//! Losses of every algorithm, each returning the loss tensor (differentiable w.r.t. the policy's
+//! outputs) and the metrics the reference framework logs under the same names.
+
+mod dpo;
+mod nft;
+mod policy;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use crate::ObjectiveError;
+
+pub use dpo::{dpo_loss, DpoBatch};
+pub use nft::{nft_loss, reward_probability, NftBatch, OldPolicyDecay, RewardMode};
+pub use policy::{kl_to_reference, PolicyBatch, PolicyLoss};
+
+/// Named scalar metrics of one loss evaluation (`actor/pg_clipfrac`, …).
+pub type Metrics = BTreeMap<String, f64>;
+
+/// A loss and its metrics.
+#[derive(Debug)]
+pub struct LossOutput {
+    pub loss: Tensor,
+    pub metrics: Metrics,
+}
+
+/// The recipe's `actor` section: every loss knob with the reference defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LossConfig {
+    /// PPO clip range ε around ratio 1.
+    pub clip_ratio: f64,
+    /// Advantages are clamped to ±this (and NFT scales its loss by it).
+    pub adv_clip_max: f64,
+    /// Add the KL-to-reference term (reference = the model with its adapters disabled).
+    pub use_kl_loss: bool,
+    /// Weight of the KL term when `use_kl_loss`.
+    pub kl_loss_coef: f64,
+    /// Flow-DPPO: drop a sample whose divergence reaches this and whose ratio moved the favoured way.
+    pub kl_mask_threshold: f64,
+    /// Flow-DPPO: divide the divergence by the step variance `(s·√−dt)²`.
+    pub add_kl_coefficient: bool,
+    /// Diffusion-DPO β.
+    pub dpo_beta: f64,
+    /// DiffusionNFT β mixing the trained and old velocities.
+    pub mix_beta: f64,
+    /// DiffusionNFT weight of `mean((v_θ − v_ref)²)`.
+    pub ref_kl_coef: f64,
+    /// DiffusionNFT: how advantages become optimality probabilities.
+    pub reward_mode: RewardMode,
+    /// DiffusionNFT: fraction of the N timesteps trained per sample.
+    pub timestep_fraction: f64,
+    /// DiffusionNFT: how the old adapter follows the trained one.
+    pub old_policy_decay: OldPolicyDecay,
+    /// DiffusionNFT: refresh the old adapter every this many training steps.
+    pub old_policy_update_interval: u64,
+}
+
+impl Default for LossConfig {
+    fn default() -> Self {
+        Self {
+            clip_ratio: 1e-4,
+            adv_clip_max: 5.0,
+            use_kl_loss: false,
+            kl_loss_coef: 0.001,
+            kl_mask_threshold: 1e-5,
+            add_kl_coefficient: true,
+            dpo_beta: 2000.0,
+            mix_beta: 0.5,
+            ref_kl_coef: 1e-4,
+            reward_mode: RewardMode::Continuous,
+            timestep_fraction: 1.0,
+            old_policy_decay: OldPolicyDecay::LinearTo0_5,
+            old_policy_update_interval: 1,
+        }
+    }
+}
+
+impl LossConfig {
+    /// Checks ranges; the error names the key, the value and what is allowed.
+    pub fn validate(&self) -> Result<(), ObjectiveError> {
+        let positive = [
+            ("clip_ratio", self.clip_ratio),
+            ("adv_clip_max", self.adv_clip_max),
+            ("dpo_beta", self.dpo_beta),
+            ("mix_beta", self.mix_beta),
+        ];
+        for (key, value) in positive {
+            if !(value > 0.0 && value.is_finite()) {
+                return Err(ObjectiveError::invalid(key, value, "a finite number > 0"));
+            }
+        }
+        let non_negative = [
+            ("kl_loss_coef", self.kl_loss_coef),
+            ("kl_mask_threshold", self.kl_mask_threshold),
+            ("ref_kl_coef", self.ref_kl_coef),
+        ];
+        for (key, value) in non_negative {
+            if !(value >= 0.0 && value.is_finite()) {
+                return Err(ObjectiveError::invalid(key, value, "a finite number ≥ 0"));
+            }
+        }
+        if !(self.timestep_fraction > 0.0 && self.timestep_fraction <= 1.0) {
+            return Err(ObjectiveError::invalid(
+                "timestep_fraction",
+                self.timestep_fraction,
+                "in (0, 1]",
+            ));
+        }
+        if self.old_policy_update_interval == 0 {
+            return Err(ObjectiveError::invalid(
+                "old_policy_update_interval",
+                0,
+                "≥ 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Reads a 0-dim tensor as f64.
+fn scalar(t: &Tensor) -> Result<f64, ObjectiveError> {
+    Ok(t.f_double_value(&[])?)
+}
+
+/// Fraction of true values of a boolean tensor.
+fn fraction(mask: &Tensor) -> Result<f64, ObjectiveError> {
+    scalar(&mask.to_kind(Kind::Float).mean(Kind::Float))
+}
+
+/// A per-row quantity of shape (B,), (B, 1, …) or a scalar, as (B,) (or a 1-element tensor).
+fn rows(t: &Tensor, b: i64, name: &str) -> Result<Tensor, ObjectiveError> {
+    match t.numel() as i64 {
+        n if n == b => Ok(t.reshape([b])),
+        1 => Ok(t.reshape([1])),
+        n => Err(ObjectiveError::Shape(format!(
+            "{name} has {n} values for a batch of {b}"
+        ))),
+    }
+}
+
+/// Mean over every non-batch dimension: (B, …) → (B,).
+fn mean_elems(t: &Tensor) -> Tensor {
+    let dims: Vec<i64> = (1..t.dim() as i64).collect();
+    t.mean_dim(dims.as_slice(), false, Kind::Float)
+}
+
+/// Checks that every named tensor has the same shape as the first.
+fn same_shape(tensors: &[(&str, &Tensor)]) -> Result<(), ObjectiveError> {
+    let (first, reference) = tensors[0];
+    for (name, t) in &tensors[1..] {
+        if t.size() != reference.size() {
+            return Err(ObjectiveError::Shape(format!(
+                "{name} has shape {:?}, {first} has {:?}",
+                t.size(),
+                reference.size()
+            )));
+        }
+    }
+    Ok(())
+}

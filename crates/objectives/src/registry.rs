@@ -1,0 +1,120 @@
+//! The algorithm registry: a recipe's `algorithm: NAME` selects an advantage estimator and a loss.
+//! One table, listed in one place, so `flowtune list` prints what exists.
+
+use crate::losses::PolicyLoss;
+use crate::ObjectiveError;
+
+/// How rewards become the learning signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Estimator {
+    /// Group-relative advantages per prompt (§4), broadcast over the trained steps.
+    GroupRelative,
+    /// Best and worst sample of each prompt group form a (chosen, rejected) pair.
+    PreferencePairs,
+    /// Group-relative advantages turned into optimality probabilities (DiffusionNFT).
+    OptimalityProbability,
+}
+
+/// What is minimised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Objective {
+    /// A policy-gradient loss over recorded SDE steps.
+    Policy(PolicyLoss),
+    /// Diffusion-DPO on noised pairs.
+    Dpo,
+    /// DiffusionNFT on noised clean samples.
+    Nft,
+}
+
+/// One registered algorithm.
+#[derive(Debug)]
+pub struct Algorithm {
+    pub name: &'static str,
+    pub estimator: Estimator,
+    pub objective: Objective,
+    /// One line for `flowtune list`.
+    pub summary: &'static str,
+}
+
+/// Every algorithm flowtune runs.
+pub const ALGORITHMS: &[Algorithm] = &[
+    Algorithm {
+        name: "flow_grpo",
+        estimator: Estimator::GroupRelative,
+        objective: Objective::Policy(PolicyLoss::Clipped),
+        summary: "Flow-GRPO: SDE rollouts, group advantages, PPO-clipped step log-prob ratios",
+    },
+    Algorithm {
+        name: "dance_grpo",
+        estimator: Estimator::GroupRelative,
+        objective: Objective::Policy(PolicyLoss::Clipped),
+        summary: "DanceGRPO: flow_grpo's loss on dance_sde rollouts",
+    },
+    Algorithm {
+        name: "mix_grpo",
+        estimator: Estimator::GroupRelative,
+        objective: Objective::Policy(PolicyLoss::Clipped),
+        summary: "MixGRPO: flow_grpo's loss on an SDE window, ODE steps outside it",
+    },
+    Algorithm {
+        name: "grpo_guard",
+        estimator: Estimator::GroupRelative,
+        objective: Objective::Policy(PolicyLoss::Guard),
+        summary: "GRPO-Guard: ratio re-centred by the mean shift, step-normalised",
+    },
+    Algorithm {
+        name: "flow_dppo",
+        estimator: Estimator::GroupRelative,
+        objective: Objective::Policy(PolicyLoss::Dppo),
+        summary: "Flow-DPPO: unclipped ratio with a divergence mask",
+    },
+    Algorithm {
+        name: "dpo",
+        estimator: Estimator::PreferencePairs,
+        objective: Objective::Dpo,
+        summary: "Diffusion-DPO: best vs worst of each group (online) or dataset pairs (offline)",
+    },
+    Algorithm {
+        name: "diffusion_nft",
+        estimator: Estimator::OptimalityProbability,
+        objective: Objective::Nft,
+        summary: "DiffusionNFT: forward-process positive/negative velocity loss, ODE rollouts",
+    },
+];
+
+/// The algorithm registered under `name`; the error lists the known names.
+pub fn algorithm(name: &str) -> Result<&'static Algorithm, ObjectiveError> {
+    ALGORITHMS
+        .iter()
+        .find(|a| a.name == name)
+        .ok_or_else(|| ObjectiveError::UnknownAlgorithm {
+            name: name.to_string(),
+            known: ALGORITHMS
+                .iter()
+                .map(|a| a.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_and_unknown_name() {
+        assert_eq!(
+            algorithm("grpo_guard").unwrap().objective,
+            Objective::Policy(PolicyLoss::Guard)
+        );
+        assert_eq!(
+            algorithm("dance_grpo").unwrap().objective,
+            algorithm("flow_grpo").unwrap().objective
+        );
+        let err = algorithm("ppo").unwrap_err().to_string();
+        assert!(
+            err.contains("`ppo`") && err.contains("flow_grpo, dance_grpo"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,33 @@
+//! Flow-matching sampling math shared by the rollout and the trainer: sigma grids
+//! ([`schedule`]), stochastic reverse steps with log-probs ([`step`]), per-sample seeds and noise
+//! ([`noise`]) and SDE windows ([`window`]). Pure functions of tensors and numbers; no I/O beyond
+//! reading a scheduler config.
+
+pub mod noise;
+pub mod schedule;
+pub mod step;
+pub mod window;
+
+pub use noise::{row_seed, SampleRng};
+pub use schedule::{GridRequest, Pipeline, SchedulerConfig, SigmaGrid, TimeShiftType};
+pub use step::{euler_step, reverse_step, Draw, SdeType, StepOutput, StepParams};
+pub use window::{WindowConfig, WindowStrategy};
+
+/// Errors of the sampling math: bad settings, off-grid timesteps, unreadable scheduler configs.
+#[derive(Debug, thiserror::Error)]
+pub enum SamplingError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("unknown {what} `{value}`; expected one of: {choices}")]
+    UnknownChoice {
+        what: &'static str,
+        value: String,
+        choices: String,
+    },
+    #[error("timestep {timestep} is not on the sampling grid {grid}")]
+    TimestepNotOnGrid { timestep: f32, grid: String },
+    #[error("{path}: {message}")]
+    Config { path: String, message: String },
+    #[error("cannot read {path}: {message}")]
+    Io { path: String, message: String },
+}

@@ -1,0 +1,84 @@
+//! Per-sample randomness of a rollout (`../shared/spec/algorithms.md` §3): one seed per batch row,
+//! and a generator whose stream is the same on every run and machine (ChaCha8, value-stable by
+//! contract of `rand_chacha`), independent of torch's device generators.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+use tch::{Device, Kind, Tensor};
+
+const ROW_STRIDE: u128 = 1_000_003;
+const SEED_MODULUS: u128 = (1u128 << 63) - 1;
+
+/// Seed of batch row `row` at training step `step` (1-based):
+/// `((seed + step − 1)·1_000_003 + row) mod (2^63 − 1)`. Rows are counted after each prompt is
+/// repeated `n` times with its copies adjacent.
+pub fn row_seed(seed: u64, step: u64, row: u64) -> u64 {
+    let base = seed as u128 + step as u128 - 1;
+    ((base * ROW_STRIDE + row as u128) % SEED_MODULUS) as u64
+}
+
+/// The reproducible random stream of one sample.
+pub struct SampleRng(ChaCha8Rng);
+
+impl SampleRng {
+    /// A stream determined by `seed` alone.
+    pub fn new(seed: u64) -> Self {
+        Self(ChaCha8Rng::seed_from_u64(seed))
+    }
+
+    /// A tensor of standard-normal f32 values of `shape`, placed on `device`.
+    pub fn normal(&mut self, shape: &[i64], device: Device) -> Tensor {
+        let n: i64 = shape.iter().product();
+        let values: Vec<f32> = (0..n).map(|_| self.0.sample(StandardNormal)).collect();
+        Tensor::from_slice(&values)
+            .reshape(shape)
+            .to_kind(Kind::Float)
+            .to_device(device)
+    }
+
+    /// A uniform integer in `lo..=hi`.
+    pub fn uniform_int(&mut self, lo: usize, hi: usize) -> usize {
+        self.0.random_range(lo..=hi)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_seed_formula() {
+        assert_eq!(row_seed(42, 1, 0), 42 * 1_000_003);
+        assert_eq!(row_seed(42, 3, 5), 44 * 1_000_003 + 5);
+        // Wraps modulo 2^63 − 1 instead of overflowing.
+        let big = row_seed(u64::MAX / 2, 10, 7);
+        let expect = ((u64::MAX / 2) as u128 + 9) * 1_000_003 + 7;
+        assert_eq!(big as u128, expect % ((1u128 << 63) - 1));
+    }
+
+    #[test]
+    fn streams_repeat_and_differ() {
+        let a = SampleRng::new(7).normal(&[2, 3], Device::Cpu);
+        let b = SampleRng::new(7).normal(&[2, 3], Device::Cpu);
+        let c = SampleRng::new(8).normal(&[2, 3], Device::Cpu);
+        assert!(a.equal(&b));
+        assert!(!a.equal(&c));
+        let mut r = SampleRng::new(1);
+        for _ in 0..100 {
+            let x = r.uniform_int(2, 5);
+            assert!((2..=5).contains(&x));
+        }
+    }
+
+    #[test]
+    fn normal_stream_is_pinned() {
+        // The first values of seed 0 are part of the reproducibility contract across machines and
+        // releases: a change here changes every recorded rollout.
+        let t = SampleRng::new(0).normal(&[4], Device::Cpu);
+        let v: Vec<f32> = Vec::try_from(&t).unwrap();
+        assert_eq!(v, PINNED_SEED0);
+    }
+
+    const PINNED_SEED0: [f32; 4] = [0.699_960_77, -0.144_061_64, 0.302_886_28, -1.374_513_9];
+}

@@ -1,0 +1,437 @@
+//! Sigma grids of diffusers' `FlowMatchEulerDiscreteScheduler` (`set_timesteps`), reproduced to the
+//! float: the grid a rollout samples on and the grid the trainer replays must be the same numbers.
+//!
+//! diffusers mixes precisions: the 1000-step training grid is built in f32 (torch), the inference
+//! grid from `np.linspace` in f64, and explicit pipeline sigmas (Flux, Qwen-Image) in f32 numpy with
+//! NEP 50 scalar rules. [`Arith`] replays each operation in the precision diffusers uses.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::SamplingError;
+
+/// Mirror of a diffusers `scheduler/scheduler_config.json` for `FlowMatchEulerDiscreteScheduler`.
+/// Fields diffusers adds that do not change the grid are accepted and ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SchedulerConfig {
+    #[serde(rename = "_class_name")]
+    pub class_name: Option<String>,
+    pub num_train_timesteps: u32,
+    pub shift: f64,
+    pub use_dynamic_shifting: bool,
+    pub base_shift: f64,
+    pub max_shift: f64,
+    pub base_image_seq_len: u64,
+    pub max_image_seq_len: u64,
+    pub invert_sigmas: bool,
+    pub shift_terminal: Option<f64>,
+    pub use_karras_sigmas: bool,
+    pub use_exponential_sigmas: bool,
+    pub use_beta_sigmas: bool,
+    pub time_shift_type: TimeShiftType,
+    pub stochastic_sampling: bool,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            class_name: None,
+            num_train_timesteps: 1000,
+            shift: 1.0,
+            use_dynamic_shifting: false,
+            base_shift: 0.5,
+            max_shift: 1.15,
+            base_image_seq_len: 256,
+            max_image_seq_len: 4096,
+            invert_sigmas: false,
+            shift_terminal: None,
+            use_karras_sigmas: false,
+            use_exponential_sigmas: false,
+            use_beta_sigmas: false,
+            time_shift_type: TimeShiftType::Exponential,
+            stochastic_sampling: false,
+        }
+    }
+}
+
+/// How the dynamic shift maps σ given μ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeShiftType {
+    /// `σ ← e^μ / (e^μ + (1/σ − 1))`
+    Exponential,
+    /// `σ ← μ / (μ + (1/σ − 1))`
+    Linear,
+}
+
+/// Which diffusers pipeline's `set_timesteps` call to reproduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Pipeline {
+    /// Stable Diffusion 3 / 3.5: the scheduler's own `linspace` grid.
+    #[default]
+    Sd3,
+    /// Flux: explicit sigmas `linspace(1, 1/N, N)`, μ from the image token count.
+    Flux,
+    /// Qwen-Image: as Flux.
+    QwenImage,
+}
+
+impl Pipeline {
+    /// Every pipeline name, for error messages and `--help`.
+    pub const NAMES: [&'static str; 3] = ["sd3", "flux", "qwen_image"];
+
+    /// Parses a pipeline name as written in recipes and on the command line.
+    pub fn parse(name: &str) -> Result<Self, SamplingError> {
+        match name {
+            "sd3" => Ok(Self::Sd3),
+            "flux" => Ok(Self::Flux),
+            "qwen_image" => Ok(Self::QwenImage),
+            _ => Err(SamplingError::UnknownChoice {
+                what: "pipeline",
+                value: name.to_string(),
+                choices: Self::NAMES.join(", "),
+            }),
+        }
+    }
+
+    fn uses_explicit_sigmas(self) -> bool {
+        !matches!(self, Self::Sd3)
+    }
+}
+
+impl SchedulerConfig {
+    /// Reads a diffusers `scheduler_config.json`, rejecting options this grid does not implement.
+    pub fn from_file(path: &Path) -> Result<Self, SamplingError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SamplingError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let config: Self = serde_json::from_str(&text).map_err(|e| SamplingError::Config {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        config.check().map_err(|message| SamplingError::Config {
+            path: path.display().to_string(),
+            message,
+        })?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if let Some(name) = &self.class_name {
+            if name != "FlowMatchEulerDiscreteScheduler" {
+                return Err(format!(
+                    "_class_name `{name}` is not supported; expected FlowMatchEulerDiscreteScheduler"
+                ));
+            }
+        }
+        let unsupported = [
+            ("use_karras_sigmas", self.use_karras_sigmas),
+            ("use_exponential_sigmas", self.use_exponential_sigmas),
+            ("use_beta_sigmas", self.use_beta_sigmas),
+            ("invert_sigmas", self.invert_sigmas),
+            ("stochastic_sampling", self.stochastic_sampling),
+        ];
+        if let Some((key, _)) = unsupported.iter().find(|(_, on)| *on) {
+            return Err(format!(
+                "`{key}: true` is not supported (flow-matching RL needs the plain Euler grid)"
+            ));
+        }
+        if self.num_train_timesteps < 2 {
+            return Err(format!(
+                "num_train_timesteps must be ≥ 2, got {}",
+                self.num_train_timesteps
+            ));
+        }
+        if !(self.shift > 0.0) {
+            return Err(format!("shift must be > 0, got {}", self.shift));
+        }
+        if let Some(t) = self.shift_terminal {
+            if !(0.0..1.0).contains(&t) {
+                return Err(format!("shift_terminal must be in [0, 1), got {t}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// `μ = m·seq_len + b` of diffusers' `calculate_shift`, from this config's shift bounds.
+    pub fn mu_for(&self, image_seq_len: u64) -> f64 {
+        let m = (self.max_shift - self.base_shift)
+            / (self.max_image_seq_len as f64 - self.base_image_seq_len as f64);
+        let b = self.base_shift - m * self.base_image_seq_len as f64;
+        image_seq_len as f64 * m + b
+    }
+}
+
+/// A sampling grid: N timesteps and N+1 sigmas (the last one 0).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SigmaGrid {
+    pub sigmas: Vec<f32>,
+    pub timesteps: Vec<f32>,
+    /// The dynamic-shift μ, when the grid used one.
+    pub mu: Option<f64>,
+}
+
+/// What to build a grid from besides the scheduler config.
+#[derive(Debug, Clone, Default)]
+pub struct GridRequest {
+    pub steps: usize,
+    pub pipeline: Pipeline,
+    /// Packed image tokens, needed for dynamic shifting.
+    pub image_seq_len: Option<u64>,
+    /// Explicit sigmas that replace the pipeline's own (N = their count).
+    pub sigmas: Option<Vec<f64>>,
+}
+
+/// Float arithmetic in the precision diffusers uses for one part of the computation.
+#[derive(Clone, Copy)]
+enum Arith {
+    F32,
+    F64,
+}
+
+impl Arith {
+    fn r(self, x: f64) -> f64 {
+        match self {
+            Arith::F32 => x as f32 as f64,
+            Arith::F64 => x,
+        }
+    }
+    fn add(self, a: f64, b: f64) -> f64 {
+        self.r(self.r(a) + self.r(b))
+    }
+    fn sub(self, a: f64, b: f64) -> f64 {
+        self.r(self.r(a) - self.r(b))
+    }
+    fn mul(self, a: f64, b: f64) -> f64 {
+        self.r(self.r(a) * self.r(b))
+    }
+    fn div(self, a: f64, b: f64) -> f64 {
+        self.r(self.r(a) / self.r(b))
+    }
+    /// Static shift `s·σ / (1 + (s−1)·σ)`.
+    fn static_shift(self, s: f64, sigma: f64) -> f64 {
+        self.div(self.mul(s, sigma), self.add(1.0, self.mul(s - 1.0, sigma)))
+    }
+}
+
+/// numpy's `linspace(start, stop, num)` in f64, bit for bit.
+fn linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
+    if num == 1 {
+        return vec![start];
+    }
+    let step = (stop - start) / (num - 1) as f64;
+    let mut out: Vec<f64> = (0..num).map(|i| i as f64 * step + start).collect();
+    out[num - 1] = stop;
+    out
+}
+
+impl SigmaGrid {
+    /// `FlowMatchEulerDiscreteScheduler.set_timesteps` as the chosen pipeline calls it.
+    pub fn new(config: &SchedulerConfig, request: &GridRequest) -> Result<Self, SamplingError> {
+        config.check().map_err(|message| SamplingError::Config {
+            path: "scheduler config".into(),
+            message,
+        })?;
+        let explicit = match &request.sigmas {
+            Some(s) => Some(s.clone()),
+            None if request.pipeline.uses_explicit_sigmas() => {
+                let n = request.steps as f64;
+                Some(linspace(1.0, 1.0 / n, request.steps))
+            }
+            None => None,
+        };
+        let steps = explicit.as_ref().map_or(request.steps, Vec::len);
+        if steps == 0 {
+            return Err(SamplingError::Invalid(
+                "the number of sampling steps must be ≥ 1".into(),
+            ));
+        }
+        if let Some(bad) = explicit
+            .iter()
+            .flatten()
+            .find(|s| !(**s > 0.0 && **s <= 1.0))
+        {
+            return Err(SamplingError::Invalid(format!(
+                "explicit sigmas must lie in (0, 1], got {bad}"
+            )));
+        }
+        let mu = if config.use_dynamic_shifting {
+            let seq = request.image_seq_len.ok_or_else(|| {
+                SamplingError::Invalid(
+                    "use_dynamic_shifting is on: the image token count (image_seq_len) is required"
+                        .into(),
+                )
+            })?;
+            Some(config.mu_for(seq))
+        } else {
+            None
+        };
+        let (sigmas, arith) = match explicit {
+            // `np.array(sigmas).astype(np.float32)`: everything after runs in f32.
+            Some(s) => (
+                s.into_iter().map(|x| x as f32 as f64).collect::<Vec<_>>(),
+                Arith::F32,
+            ),
+            None => {
+                let (sigma_max, sigma_min) = training_grid_bounds(config);
+                let n = config.num_train_timesteps as f64;
+                let t = linspace(sigma_max * n, sigma_min * n, steps);
+                (t.into_iter().map(|t| t / n).collect(), Arith::F64)
+            }
+        };
+        let shifted: Vec<f64> = match mu {
+            Some(mu) => sigmas
+                .iter()
+                .map(|&s| time_shift(arith, config.time_shift_type, mu, s))
+                .collect(),
+            None => sigmas
+                .iter()
+                .map(|&s| arith.static_shift(config.shift, s))
+                .collect(),
+        };
+        let stretched = match config.shift_terminal {
+            Some(terminal) if terminal > 0.0 => stretch_to_terminal(arith, &shifted, terminal),
+            _ => shifted,
+        };
+        let mut sigmas: Vec<f32> = stretched.iter().map(|&s| s as f32).collect();
+        let scale = config.num_train_timesteps as f32;
+        let timesteps = sigmas.iter().map(|&s| s * scale).collect();
+        sigmas.push(0.0);
+        Ok(Self {
+            sigmas,
+            timesteps,
+            mu,
+        })
+    }
+
+    /// Number of denoising steps N.
+    pub fn steps(&self) -> usize {
+        self.timesteps.len()
+    }
+
+    /// Index of a stored timestep on this grid, by exact equality.
+    pub fn index_of(&self, timestep: f32) -> Result<usize, SamplingError> {
+        self.timesteps
+            .iter()
+            .position(|&t| t == timestep)
+            .ok_or_else(|| SamplingError::TimestepNotOnGrid {
+                timestep,
+                grid: format!("{:?}", self.timesteps),
+            })
+    }
+
+    /// `(σ_i, σ_{i+1})` of the step that starts at `timestep`.
+    pub fn step_sigmas(&self, timestep: f32) -> Result<(f32, f32), SamplingError> {
+        let i = self.index_of(timestep)?;
+        Ok((self.sigmas[i], self.sigmas[i + 1]))
+    }
+}
+
+/// First and last σ of the 1000-step training grid built in `__init__` (f32 torch), which already
+/// carries the static shift unless dynamic shifting is on.
+fn training_grid_bounds(config: &SchedulerConfig) -> (f64, f64) {
+    let a = Arith::F32;
+    let n = config.num_train_timesteps as f64;
+    let bound = |t: f64| {
+        let s = a.div(t, n);
+        if config.use_dynamic_shifting {
+            s
+        } else {
+            a.static_shift(config.shift, s)
+        }
+    };
+    (bound(n), bound(1.0))
+}
+
+fn time_shift(a: Arith, kind: TimeShiftType, mu: f64, sigma: f64) -> f64 {
+    let odds = a.sub(a.div(1.0, sigma), 1.0);
+    let m = match kind {
+        TimeShiftType::Exponential => mu.exp(),
+        TimeShiftType::Linear => mu,
+    };
+    a.div(m, a.add(m, odds))
+}
+
+/// diffusers' `stretch_shift_to_terminal`: `z = 1 − σ; σ ← 1 − z / (z_last / (1 − terminal))`.
+fn stretch_to_terminal(a: Arith, sigmas: &[f64], terminal: f64) -> Vec<f64> {
+    let one_minus: Vec<f64> = sigmas.iter().map(|&s| a.sub(1.0, s)).collect();
+    let last = *one_minus.last().expect("grid has at least one sigma");
+    let scale = a.div(last, 1.0 - terminal);
+    one_minus
+        .iter()
+        .map(|&z| a.sub(1.0, a.div(z, scale)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sd35() -> SchedulerConfig {
+        SchedulerConfig {
+            shift: 3.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn static_shift_reaches_sigma_min_twice() {
+        let g = SigmaGrid::new(
+            &sd35(),
+            &GridRequest {
+                steps: 10,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(g.sigmas.len(), 11);
+        assert_eq!(g.sigmas[0], 1.0);
+        assert_eq!(*g.sigmas.last().unwrap(), 0.0);
+        assert!((g.sigmas[9] - 0.008_928_57).abs() < 1e-7, "{}", g.sigmas[9]);
+    }
+
+    #[test]
+    fn lookup_is_exact_and_errors_off_grid() {
+        let g = SigmaGrid::new(
+            &sd35(),
+            &GridRequest {
+                steps: 10,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let t = g.timesteps[4];
+        assert_eq!(g.index_of(t).unwrap(), 4);
+        assert_eq!(g.step_sigmas(t).unwrap(), (g.sigmas[4], g.sigmas[5]));
+        let off = f32::from_bits(t.to_bits() + 1);
+        let err = g.index_of(off).unwrap_err().to_string();
+        assert!(err.contains("not on the sampling grid"), "{err}");
+    }
+
+    #[test]
+    fn dynamic_shift_requires_seq_len() {
+        let cfg = SchedulerConfig {
+            use_dynamic_shifting: true,
+            ..Default::default()
+        };
+        let req = GridRequest {
+            steps: 4,
+            pipeline: Pipeline::Flux,
+            ..Default::default()
+        };
+        let err = SigmaGrid::new(&cfg, &req).unwrap_err().to_string();
+        assert!(err.contains("image_seq_len"), "{err}");
+    }
+
+    #[test]
+    fn linspace_matches_numpy_endpoints() {
+        let v = linspace(1.0, 0.1, 10);
+        assert_eq!(v[0], 1.0);
+        assert_eq!(v[9], 0.1);
+        assert!((v[1] - 0.9).abs() < 1e-15);
+    }
+}
