@@ -1,1 +1,71 @@
-fn main() {}
+//! `flowtune`: online RL post-training of flow-matching diffusion models.
+
+mod commands;
+mod device;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use commands::{config::ConfigCommand, debug::DebugCommand};
+use device::DeviceArg;
+
+/// Online RL post-training (FlowGRPO and family) of flow-matching diffusion models.
+#[derive(Parser)]
+#[command(name = "flowtune", version, about, max_term_width = 100)]
+struct Cli {
+    /// Where tensors live: cpu, cuda or cuda:N.
+    #[arg(long, global = true, default_value = "cpu", value_parser = device::parse)]
+    device: DeviceArg,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the torch build, CUDA devices and threads flowtune sees.
+    Env,
+    /// List the registered algorithms, SDE types and pipelines.
+    List,
+    /// Resolve and inspect recipes.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Tools for people porting models and checking the math.
+    #[command(subcommand)]
+    Debug(DebugCommand),
+}
+
+/// A failure, split by who has to act: bad input (exit 2) or a failure while running (exit 1).
+pub enum Failure {
+    BadInput(anyhow::Error),
+    Runtime(anyhow::Error),
+}
+
+impl Failure {
+    /// Wraps any error as bad input.
+    pub fn input(e: impl Into<anyhow::Error>) -> Self {
+        Self::BadInput(e.into())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Env => commands::env::run(&cli.device),
+        Command::List => commands::list::run(),
+        Command::Config(c) => commands::config::run(c),
+        Command::Debug(c) => commands::debug::run(c),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::BadInput(e)) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(e)) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,26 @@
+//! Recipes: YAML files with Hydra-style `a.b.c=value` command-line overrides, resolved into typed
+//! settings with defaults and validated before anything runs. Every error is one line naming the
+//! file or override, the key, the value and what is allowed.
 
+mod overrides;
+mod recipe;
+
+pub use overrides::Override;
+pub use recipe::Recipe;
+
+/// Why a recipe could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read recipe {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("{file}: {message}")]
+    Parse { file: String, message: String },
+    #[error("override `{text}`: {message}")]
+    Override { text: String, message: String },
+    #[error("{file}: {key}: {message}")]
+    Invalid {
+        file: String,
+        key: String,
+        message: String,
+    },
+}

@@ -146,7 +146,7 @@ impl SchedulerConfig {
                 self.num_train_timesteps
             ));
         }
-        if !(self.shift > 0.0) {
+        if !(self.shift.is_finite() && self.shift > 0.0) {
             return Err(format!("shift must be > 0, got {}", self.shift));
         }
         if let Some(t) = self.shift_terminal {
@@ -318,9 +318,19 @@ impl SigmaGrid {
         self.timesteps
             .iter()
             .position(|&t| t == timestep)
-            .ok_or_else(|| SamplingError::TimestepNotOnGrid {
-                timestep,
-                grid: format!("{:?}", self.timesteps),
+            .ok_or_else(|| {
+                let nearest = self
+                    .timesteps
+                    .iter()
+                    .enumerate()
+                    .min_by(|a, b| (a.1 - timestep).abs().total_cmp(&(b.1 - timestep).abs()));
+                SamplingError::TimestepNotOnGrid {
+                    timestep,
+                    grid: format!("{:?}", self.timesteps),
+                    nearest: nearest.map_or_else(String::new, |(i, t)| {
+                        format!("; nearest is {t:?} (step {i})")
+                    }),
+                }
             })
     }
 

@@ -88,9 +88,11 @@ pub fn reverse_step(
 ) -> Result<StepOutput, SamplingError> {
     let eta = params.noise_level;
     if !(eta >= 0.0 && eta.is_finite()) {
-        return Err(SamplingError::Invalid(format!(
-            "noise_level must be ≥ 0, got {eta}"
-        )));
+        return Err(SamplingError::setting(
+            "noise_level",
+            eta,
+            "a finite number ≥ 0",
+        ));
     }
     check_shapes(model_output, sample, sigma, sigma_next, &draw)?;
     let kind = math_kind(sample);
@@ -221,4 +223,116 @@ pub fn mean_over_rows(t: &Tensor) -> Tensor {
         return t.shallow_clone();
     }
     t.mean_dim(dims.as_slice(), false, t.kind())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    const TYPES: [SdeType; 3] = [SdeType::Sde, SdeType::Cps, SdeType::DanceSde];
+
+    fn params(sde_type: SdeType, noise_level: f64) -> StepParams {
+        StepParams {
+            sde_type,
+            noise_level,
+            log_prob_normalizer: true,
+            sigma_1: 0.96,
+        }
+    }
+
+    fn inputs(kind: Kind) -> (Tensor, Tensor, Tensor, Tensor) {
+        tch::manual_seed(3);
+        let x = Tensor::randn([2, 3, 4], (kind, Device::Cpu));
+        let v = Tensor::randn([2, 3, 4], (kind, Device::Cpu));
+        let sigma = Tensor::from_slice(&[1.0f64, 0.7]).to_kind(kind);
+        let sigma_next = Tensor::from_slice(&[0.96f64, 0.55]).to_kind(kind);
+        (x, v, sigma, sigma_next)
+    }
+
+    #[test]
+    fn zero_noise_is_the_euler_step() {
+        let (x, v, sigma, sigma_next) = inputs(Kind::Float);
+        let z = Tensor::randn([2, 3, 4], (Kind::Float, Device::Cpu));
+        let euler = euler_step(&x, &v, &sigma, &sigma_next);
+        for t in TYPES {
+            let out = reverse_step(
+                &params(t, 0.0),
+                &v,
+                &x,
+                &sigma,
+                &sigma_next,
+                Draw::Noise(&z),
+            )
+            .unwrap();
+            let err = (&out.prev_sample - &euler).abs().max().double_value(&[]);
+            assert!(err < 1e-6, "{t:?}: η = 0 differs from Euler by {err}");
+            assert_eq!(out.log_prob.size(), [2]);
+        }
+    }
+
+    #[test]
+    fn log_prob_gradient_matches_finite_differences() {
+        let (x, v, sigma, sigma_next) = inputs(Kind::Double);
+        let prev = Tensor::randn([2, 3, 4], (Kind::Double, Device::Cpu)) * 0.1 + &x;
+        for t in TYPES {
+            let p = params(t, 0.7);
+            let f = |v: &Tensor| {
+                let out = reverse_step(&p, v, &x, &sigma, &sigma_next, Draw::Given(&prev)).unwrap();
+                out.log_prob.sum(Kind::Double)
+            };
+            let leaf = v.copy().set_requires_grad(true);
+            f(&leaf).backward();
+            let grad = leaf.grad();
+            let h = 1e-6;
+            for idx in [0i64, 5, 13, 23] {
+                let bump = |d: f64| {
+                    let w = v.copy();
+                    let _ = w
+                        .view([-1])
+                        .get(idx)
+                        .fill_(v.view([-1]).get(idx).double_value(&[]) + d);
+                    f(&w).double_value(&[])
+                };
+                let fd = (bump(h) - bump(-h)) / (2.0 * h);
+                let an = grad.view([-1]).get(idx).double_value(&[]);
+                assert!(
+                    (fd - an).abs() <= 1e-6 * (1.0 + fd.abs()),
+                    "{t:?}[{idx}]: autograd {an}, finite difference {fd}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn negative_noise_level_and_bad_shapes_are_errors() {
+        let (x, v, sigma, sigma_next) = inputs(Kind::Float);
+        let err = reverse_step(
+            &params(SdeType::Sde, -0.5),
+            &v,
+            &x,
+            &sigma,
+            &sigma_next,
+            Draw::Given(&x),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("noise_level: -0.5 is not allowed"),
+            "{err}"
+        );
+        let short = v.narrow(2, 0, 2);
+        let err = reverse_step(
+            &params(SdeType::Sde, 0.5),
+            &short,
+            &x,
+            &sigma,
+            &sigma_next,
+            Draw::Given(&x),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("model_output has shape [2, 3, 2]"),
+            "{err}"
+        );
+    }
 }

@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::noise::SampleRng;
-use crate::SamplingError;
+use crate::{SamplerConfig, SamplingError};
 
 /// How a window's start is drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -22,73 +22,52 @@ pub enum WindowStrategy {
     Progressive,
 }
 
-/// The window settings of a recipe's rollout section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct WindowConfig {
-    /// Steps in the window W; 0 = no window (every step but the last is stochastic).
-    pub sde_window_size: usize,
-    /// `[lo, hi)`: the window lies inside; default `[0, N − 1]`.
-    pub sde_window_range: Option<[usize; 2]>,
-    pub sde_window_strategy: WindowStrategy,
-    /// With `random`: seed of the batch-shared start (`sde_window_seed + step`).
-    pub sde_window_seed: Option<u64>,
-    /// With `progressive`: training steps per window position.
-    pub iters_per_group: u64,
-}
-
-impl Default for WindowConfig {
-    fn default() -> Self {
-        Self {
-            sde_window_size: 0,
-            sde_window_range: None,
-            sde_window_strategy: WindowStrategy::Random,
-            sde_window_seed: None,
-            iters_per_group: 25,
-        }
-    }
-}
-
-impl WindowConfig {
+impl SamplerConfig {
     /// Checks the window against a rollout of `steps` denoising steps; returns `[lo, hi)`.
-    pub fn range(&self, steps: usize) -> Result<Range<usize>, SamplingError> {
+    pub fn window_range(&self, steps: usize) -> Result<Range<usize>, SamplingError> {
         let [lo, hi] = self
             .sde_window_range
             .unwrap_or([0, steps.saturating_sub(1)]);
         if lo >= hi || hi > steps {
-            return Err(SamplingError::Invalid(format!(
-                "sde_window_range [{lo}, {hi}] must satisfy lo < hi ≤ steps ({steps})"
-            )));
+            return Err(SamplingError::setting(
+                "sde_window_range",
+                format!("[{lo}, {hi}]"),
+                format!("lo < hi ≤ steps ({steps})"),
+            ));
         }
         if self.sde_window_size > hi - lo {
-            return Err(SamplingError::Invalid(format!(
-                "sde_window_size {} does not fit in sde_window_range [{lo}, {hi}] ({} steps)",
+            return Err(SamplingError::setting(
+                "sde_window_size",
                 self.sde_window_size,
-                hi - lo
-            )));
+                format!(
+                    "at most the {} steps of sde_window_range [{lo}, {hi}]",
+                    hi - lo
+                ),
+            ));
         }
         if self.sde_window_strategy == WindowStrategy::Progressive && self.iters_per_group == 0 {
-            return Err(SamplingError::Invalid("iters_per_group must be ≥ 1".into()));
+            return Err(SamplingError::setting("iters_per_group", 0, "≥ 1"));
         }
         Ok(lo..hi)
     }
 
     /// Whether a window start is drawn from each sample's own RNG (so it consumes a draw there).
-    pub fn per_sample(&self) -> bool {
+    pub fn window_per_sample(&self) -> bool {
         self.sde_window_size > 0
             && self.sde_window_strategy == WindowStrategy::Random
             && self.sde_window_seed.is_none()
     }
 
-    /// The stochastic steps of one sample at training step `step` (1-based). `rng` is the
-    /// sample's stream, drawn from only when [`Self::per_sample`] holds.
-    pub fn draw(
+    /// The stochastic steps of one sample at training step `step` (1-based) of a rollout with
+    /// `steps` denoising steps. `rng` is the sample's stream, drawn from only when
+    /// [`Self::window_per_sample`] holds.
+    pub fn draw_window(
         &self,
         steps: usize,
         step: u64,
         rng: &mut SampleRng,
     ) -> Result<Range<usize>, SamplingError> {
-        let range = self.range(steps)?;
+        let range = self.window_range(steps)?;
         let w = self.sde_window_size;
         if w == 0 {
             return Ok(0..steps.saturating_sub(1));
@@ -113,8 +92,8 @@ impl WindowConfig {
 mod tests {
     use super::*;
 
-    fn window(size: usize, strategy: WindowStrategy) -> WindowConfig {
-        WindowConfig {
+    fn window(size: usize, strategy: WindowStrategy) -> SamplerConfig {
+        SamplerConfig {
             sde_window_size: size,
             sde_window_range: Some([0, 8]),
             sde_window_strategy: strategy,
@@ -125,15 +104,15 @@ mod tests {
 
     #[test]
     fn no_window_trains_all_but_last() {
-        let w = WindowConfig::default();
-        assert_eq!(w.draw(10, 1, &mut SampleRng::new(0)).unwrap(), 0..9);
+        let w = SamplerConfig::default();
+        assert_eq!(w.draw_window(10, 1, &mut SampleRng::new(0)).unwrap(), 0..9);
     }
 
     #[test]
     fn progressive_slides_then_clamps() {
         let w = window(3, WindowStrategy::Progressive);
         let starts: Vec<usize> = (0..12)
-            .map(|k| w.draw(10, k, &mut SampleRng::new(0)).unwrap().start)
+            .map(|k| w.draw_window(10, k, &mut SampleRng::new(0)).unwrap().start)
             .collect();
         // ⌊k/2⌋·3, clamped at hi − W = 5.
         assert_eq!(starts, [0, 0, 3, 3, 5, 5, 5, 5, 5, 5, 5, 5]);
@@ -144,7 +123,7 @@ mod tests {
         let w = window(2, WindowStrategy::Random);
         let mut seen = [false; 7];
         for s in 0..200 {
-            let r = w.draw(10, 1, &mut SampleRng::new(s)).unwrap();
+            let r = w.draw_window(10, 1, &mut SampleRng::new(s)).unwrap();
             assert!(r.end <= 8 && r.len() == 2);
             seen[r.start] = true;
         }
@@ -153,15 +132,15 @@ mod tests {
 
     #[test]
     fn seeded_window_is_shared_by_the_batch() {
-        let w = WindowConfig {
+        let w = SamplerConfig {
             sde_window_seed: Some(9),
             ..window(2, WindowStrategy::Random)
         };
-        let a = w.draw(10, 4, &mut SampleRng::new(1)).unwrap();
-        let b = w.draw(10, 4, &mut SampleRng::new(2)).unwrap();
+        let a = w.draw_window(10, 4, &mut SampleRng::new(1)).unwrap();
+        let b = w.draw_window(10, 4, &mut SampleRng::new(2)).unwrap();
         assert_eq!(a, b);
         let starts: std::collections::HashSet<usize> = (1..40)
-            .map(|k| w.draw(10, k, &mut SampleRng::new(0)).unwrap().start)
+            .map(|k| w.draw_window(10, k, &mut SampleRng::new(0)).unwrap().start)
             .collect();
         assert!(starts.len() > 1, "the start moves between training steps");
     }
@@ -169,7 +148,7 @@ mod tests {
     #[test]
     fn oversized_window_is_rejected() {
         let w = window(9, WindowStrategy::Random);
-        let err = w.range(10).unwrap_err().to_string();
-        assert!(err.contains("sde_window_size 9"), "{err}");
+        let err = w.window_range(10).unwrap_err().to_string();
+        assert!(err.contains("sde_window_size: 9"), "{err}");
     }
 }

@@ -1,0 +1,72 @@
+//! `flowtune debug …`: inspection tools for the math.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig, SigmaGrid};
+use serde_json::json;
+
+use crate::Failure;
+
+#[derive(Subcommand)]
+pub enum DebugCommand {
+    /// Print the sigma grid of a diffusers scheduler config as JSON {sigmas, timesteps, mu}.
+    Schedule {
+        /// A diffusers `scheduler_config.json` (FlowMatchEulerDiscreteScheduler).
+        #[arg(long)]
+        scheduler_config: PathBuf,
+        /// Number of denoising steps N.
+        #[arg(long)]
+        steps: usize,
+        /// Packed image tokens, for dynamic shifting: (H/16)·(W/16) for 8× VAEs with 2×2 patches.
+        #[arg(long)]
+        image_seq_len: Option<u64>,
+        /// Whose `set_timesteps` call to reproduce.
+        #[arg(long, default_value = "sd3", value_parser = parse_pipeline)]
+        pipeline: Pipeline,
+        /// Also look this timestep up on the grid (exact match), as the trainer does.
+        #[arg(long)]
+        timestep: Option<f32>,
+    },
+}
+
+fn parse_pipeline(text: &str) -> Result<Pipeline, String> {
+    Pipeline::parse(text).map_err(|e| e.to_string())
+}
+
+pub fn run(command: DebugCommand) -> Result<(), Failure> {
+    match command {
+        DebugCommand::Schedule {
+            scheduler_config,
+            steps,
+            image_seq_len,
+            pipeline,
+            timestep,
+        } => {
+            let config = SchedulerConfig::from_file(&scheduler_config).map_err(Failure::input)?;
+            let request = GridRequest {
+                steps,
+                pipeline,
+                image_seq_len,
+                sigmas: None,
+            };
+            let grid = SigmaGrid::new(&config, &request).map_err(Failure::input)?;
+            let mut out =
+                json!({ "sigmas": grid.sigmas, "timesteps": grid.timesteps, "mu": grid.mu });
+            if let Some(t) = timestep {
+                let index = grid.index_of(t).map_err(Failure::input)?;
+                out["lookup"] = json!({
+                    "timestep": t,
+                    "index": index,
+                    "sigma": grid.sigmas[index],
+                    "sigma_next": grid.sigmas[index + 1],
+                });
+            }
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&out).expect("JSON of numbers")
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! `flowtune env`: what torch build and devices this binary runs with.
+
+use anyhow::Context;
+use tch::{Kind, Tensor};
+
+use crate::device::{self, DeviceArg};
+use crate::Failure;
+
+/// Prints the torch version, CUDA availability, device count and threads, then runs a small
+/// matmul on the selected device to prove it works.
+pub fn run(arg: &DeviceArg) -> Result<(), Failure> {
+    println!("flowtune {}", env!("CARGO_PKG_VERSION"));
+    println!(
+        "torch: {} (libtorch from {})",
+        env!("FLOWTUNE_TORCH_VERSION"),
+        env!("FLOWTUNE_TORCH_LIB")
+    );
+    println!("cuda available: {}", tch::Cuda::is_available());
+    println!("cuda devices: {}", tch::Cuda::device_count());
+    println!("cudnn available: {}", tch::Cuda::cudnn_is_available());
+    println!("threads: {}", tch::get_num_threads());
+    let device = arg.resolve()?;
+    let a = Tensor::f_ones([64, 64], (Kind::Float, device))
+        .context("allocating on the device")
+        .map_err(Failure::Runtime)?;
+    let sum = a
+        .f_matmul(&a)
+        .and_then(|p| p.f_sum(Kind::Double))
+        .and_then(|s| s.f_double_value(&[]));
+    match sum {
+        Ok(s) if s == 64.0 * 64.0 * 64.0 => {
+            println!("device: {} (matmul check passed)", device::name(device))
+        }
+        Ok(s) => {
+            return Err(Failure::Runtime(anyhow::anyhow!(
+                "matmul check on {} gave {s}",
+                device::name(device)
+            )))
+        }
+        Err(e) => {
+            return Err(Failure::Runtime(
+                anyhow::Error::new(e).context(format!("matmul on {}", device::name(device))),
+            ))
+        }
+    }
+    Ok(())
+}

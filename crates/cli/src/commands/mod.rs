@@ -1,0 +1,6 @@
+//! One module per subcommand.
+
+pub mod config;
+pub mod debug;
+pub mod env;
+pub mod list;

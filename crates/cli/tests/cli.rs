@@ -1,0 +1,176 @@
+//! The `flowtune` binary end to end: outputs and bad-input behaviour (one error line, exit 2).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn flowtune(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flowtune"))
+        .args(args)
+        .output()
+        .expect("run flowtune")
+}
+
+fn repo(path: &str) -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.join(path).display().to_string()
+}
+
+fn scratch(name: &str, text: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("flowtune-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// Asserts exit code 2 and a single `error:` line on stderr containing every needle.
+fn assert_bad_input(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one error line expected, got: {stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
+    for n in needles {
+        assert!(stderr.contains(n), "`{n}` missing from: {stderr}");
+    }
+}
+
+#[test]
+fn env_reports_torch_and_devices() {
+    let out = flowtune(&["env"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for key in [
+        "torch: 2.11.0",
+        "cuda available: ",
+        "cuda devices: ",
+        "threads: ",
+        "device: cpu (matmul check passed)",
+    ] {
+        assert!(stdout.contains(key), "`{key}` missing from:\n{stdout}");
+    }
+}
+
+#[test]
+fn schedule_prints_grid_json() {
+    let out = flowtune(&[
+        "debug",
+        "schedule",
+        "--scheduler-config",
+        &repo("examples/schedulers/qwen_image.json"),
+        "--steps",
+        "10",
+        "--image-seq-len",
+        "1024",
+        "--pipeline",
+        "qwen_image",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["sigmas"].as_array().unwrap().len(), 11);
+    assert_eq!(v["timesteps"].as_array().unwrap().len(), 10);
+    assert!((v["mu"].as_f64().unwrap() - 0.538_709_677_419_354_8).abs() < 1e-12);
+    let last = v["sigmas"][9].as_f64().unwrap();
+    assert!(
+        (last - 0.02).abs() < 1e-6,
+        "shift_terminal stretches the last sigma to 0.02: {last}"
+    );
+}
+
+#[test]
+fn config_show_resolves_overrides() {
+    let out = flowtune(&[
+        "config",
+        "show",
+        &repo("examples/flow_grpo_sd35.yaml"),
+        "rollout.noise_level=0.9",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("noise_level: 0.9") && stdout.contains("algorithm: flow_grpo"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn bad_input_gives_one_clear_line_and_exit_2() {
+    let recipe = repo("examples/flow_grpo_sd35.yaml");
+    assert_bad_input(
+        &flowtune(&[
+            "config",
+            "show",
+            &scratch("unknown.yaml", "rollout:\n  stepz: 3\n"),
+        ]),
+        &[
+            "unknown.yaml: rollout: unknown field `stepz`, expected one of `n`, `steps`",
+            "line 2",
+        ],
+    );
+    assert_bad_input(
+        &flowtune(&["config", "show", &recipe, "rollout.steps=ten"]),
+        &[
+            "override `rollout.steps=ten`",
+            "invalid type: string \"ten\"",
+        ],
+    );
+    assert_bad_input(
+        &flowtune(&["config", "show", &recipe, "rollout.sde_type=foo"]),
+        &["rollout.sde_type: unknown variant `foo`, expected one of `sde`, `cps`, `dance_sde`"],
+    );
+    assert_bad_input(
+        &flowtune(&["config", "show", &recipe, "rollout.noise_level=-0.5"]),
+        &["rollout.noise_level: -0.5 is not allowed; expected a finite number ≥ 0"],
+    );
+    assert_bad_input(
+        &flowtune(&["config", "show", &recipe, "algorithm=ppo"]),
+        &["unknown algorithm `ppo`; known: flow_grpo, dance_grpo, mix_grpo, grpo_guard"],
+    );
+    assert_bad_input(
+        &flowtune(&[
+            "debug",
+            "schedule",
+            "--scheduler-config",
+            &repo("examples/schedulers/sd35_medium.json"),
+            "--steps",
+            "10",
+            "--timestep",
+            "500",
+        ]),
+        &[
+            "timestep 500.0 is not on the sampling grid",
+            "nearest is 464.87604 (step 7)",
+        ],
+    );
+    assert_bad_input(
+        &flowtune(&[
+            "debug",
+            "schedule",
+            "--scheduler-config",
+            "/no/such.json",
+            "--steps",
+            "4",
+        ]),
+        &["cannot read /no/such.json"],
+    );
+    assert_bad_input(
+        &flowtune(&["--device", "cuda:7", "env"]),
+        &["--device cuda:7"],
+    );
+}

@@ -1,0 +1,231 @@
+//! The typed recipe: one struct per section, defaults from the public recipes.
+
+use std::path::Path;
+
+use flowtune_objectives::{AdvantageConfig, LossConfig, ObjectiveError};
+use flowtune_sampling::{SamplerConfig, SamplingError};
+use serde::{Deserialize, Serialize};
+use serde_yaml::Value;
+
+use crate::{ConfigError, Override};
+
+/// A resolved training recipe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Recipe {
+    /// A registered algorithm (`flowtune list`): selects the advantage estimator and the loss.
+    pub algorithm: String,
+    /// Base seed: rollout row seeds derive from it and the training step.
+    pub seed: u64,
+    pub rollout: SamplerConfig,
+    pub advantage: AdvantageConfig,
+    pub actor: LossConfig,
+}
+
+impl Default for Recipe {
+    fn default() -> Self {
+        Self {
+            algorithm: "flow_grpo".into(),
+            seed: 42,
+            rollout: SamplerConfig::default(),
+            advantage: AdvantageConfig::default(),
+            actor: LossConfig::default(),
+        }
+    }
+}
+
+impl Recipe {
+    /// Reads `path`, applies `overrides` (`a.b.c=value`) and validates the result.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: file.clone(),
+            message: e.to_string(),
+        })?;
+        Self::from_yaml(&text, &file, overrides)
+    }
+
+    /// As [`Self::load`], from YAML text; `file` names it in errors.
+    pub fn from_yaml(text: &str, file: &str, overrides: &[String]) -> Result<Self, ConfigError> {
+        let mut tree: Value = serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: file.into(),
+            message: e.to_string(),
+        })?;
+        if tree.is_null() {
+            tree = Value::Mapping(Default::default());
+        }
+        // The file alone first, straight from the text, so errors carry the key path, line and
+        // column (serde_yaml writes both into its message).
+        if !tree.as_mapping().is_some_and(|m| m.is_empty()) {
+            serde_yaml::from_str::<Self>(text).map_err(|e| ConfigError::Parse {
+                file: file.into(),
+                message: e.to_string(),
+            })?;
+        }
+        let overrides = overrides
+            .iter()
+            .map(|o| Override::parse(o))
+            .collect::<Result<Vec<_>, _>>()?;
+        for o in &overrides {
+            o.apply(&mut tree)?;
+        }
+        let recipe: Self = serde_path_to_error::deserialize(tree).map_err(|e| {
+            let key = key_of(e.path());
+            let culprit = overrides.iter().rev().find(|o| {
+                let k = o.key();
+                k.starts_with(&key) || key.starts_with(&k)
+            });
+            ConfigError::Override {
+                text: culprit.map_or_else(|| overrides_text(&overrides), |o| o.text.clone()),
+                message: format!("{key}: {}", e.inner()),
+            }
+        })?;
+        recipe.validate().map_err(|(key, message)| {
+            // Name the override when the bad value came from one.
+            match overrides.iter().rev().find(|o| o.key() == key) {
+                Some(o) => ConfigError::Override {
+                    text: o.text.clone(),
+                    message: format!("{key}: {message}"),
+                },
+                None => ConfigError::Invalid {
+                    file: file.into(),
+                    key,
+                    message,
+                },
+            }
+        })?;
+        Ok(recipe)
+    }
+
+    /// Cross-checks settings against the registries and their allowed ranges; the error is the
+    /// dotted key and what is wrong with its value.
+    fn validate(&self) -> Result<(), (String, String)> {
+        flowtune_objectives::algorithm(&self.algorithm)
+            .map_err(|e| ("algorithm".to_string(), e.to_string()))?;
+        self.rollout.validate().map_err(|e| match e {
+            SamplingError::Setting {
+                key,
+                value,
+                expected,
+            } => (
+                format!("rollout.{key}"),
+                format!("{value} is not allowed; expected {expected}"),
+            ),
+            other => ("rollout".to_string(), other.to_string()),
+        })?;
+        self.actor.validate().map_err(|e| match e {
+            ObjectiveError::Invalid {
+                key,
+                value,
+                expected,
+            } => (
+                format!("actor.{key}"),
+                format!("{value} is not allowed; expected {expected}"),
+            ),
+            other => ("actor".to_string(), other.to_string()),
+        })?;
+        Ok(())
+    }
+
+    /// The resolved recipe as YAML.
+    pub fn to_yaml(&self) -> String {
+        serde_yaml::to_string(self).expect("a recipe always serialises")
+    }
+}
+
+fn key_of(path: &serde_path_to_error::Path) -> String {
+    let p = path.to_string();
+    if p == "." {
+        "(top level)".into()
+    } else {
+        p
+    }
+}
+
+fn overrides_text(overrides: &[Override]) -> String {
+    overrides
+        .iter()
+        .map(|o| o.text.as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowtune_sampling::SdeType;
+
+    const RECIPE: &str = "algorithm: grpo_guard\nrollout:\n  steps: 6\n  noise_level: 0.9\n";
+
+    fn load(text: &str, overrides: &[&str]) -> Result<Recipe, String> {
+        let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        Recipe::from_yaml(text, "r.yaml", &o).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_file_and_overrides_compose() {
+        let r = load(RECIPE, &["rollout.sde_type=cps", "actor.clip_ratio=2e-6"]).unwrap();
+        assert_eq!(r.algorithm, "grpo_guard");
+        assert_eq!(r.rollout.steps, 6);
+        assert_eq!(r.rollout.noise_level, 0.9);
+        assert_eq!(r.rollout.sde_type, SdeType::Cps);
+        assert_eq!(r.actor.clip_ratio, 2e-6);
+        assert_eq!(
+            r.rollout.eval_steps, 40,
+            "untouched keys keep their defaults"
+        );
+        assert_eq!(load("", &[]).unwrap(), Recipe::default());
+        let round = load(&r.to_yaml(), &[]).unwrap();
+        assert_eq!(round, r, "config show output loads back to the same recipe");
+    }
+
+    #[test]
+    fn unknown_key_in_file_names_line_and_valid_keys() {
+        let err = load("rollout:\n  stepz: 4\n", &[]).unwrap_err();
+        assert!(
+            err.starts_with("r.yaml: rollout: unknown field `stepz`"),
+            "{err}"
+        );
+        assert!(
+            err.contains("unknown field `stepz`")
+                && err.contains("`noise_level`")
+                && err.contains("line 2"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_key_and_choices() {
+        let err = load("rollout:\n  sde_type: foo\n", &[]).unwrap_err();
+        assert!(
+            err.contains("rollout.sde_type") && err.contains("`sde`, `cps`, `dance_sde`"),
+            "{err}"
+        );
+        let err = load(RECIPE, &["rollout.steps=ten"]).unwrap_err();
+        assert!(
+            err.starts_with("override `rollout.steps=ten`: rollout.steps: invalid type"),
+            "{err}"
+        );
+        let err = load(RECIPE, &["rollout.noise_level=-0.5"]).unwrap_err();
+        assert_eq!(
+            err,
+            "override `rollout.noise_level=-0.5`: rollout.noise_level: -0.5 is not allowed; \
+             expected a finite number ≥ 0"
+        );
+        let err = load("actor:\n  clip_ratio: 0\n", &[]).unwrap_err();
+        assert_eq!(
+            err,
+            "r.yaml: actor.clip_ratio: 0 is not allowed; expected a finite number > 0"
+        );
+        let err = load("algorithm: ppo\n", &[]).unwrap_err();
+        assert!(
+            err.contains("unknown algorithm `ppo`; known: flow_grpo"),
+            "{err}"
+        );
+        let err = load(RECIPE, &["actor.nope=1"]).unwrap_err();
+        assert!(
+            err.starts_with("override `actor.nope=1`") && err.contains("`clip_ratio`"),
+            "{err}"
+        );
+    }
+}

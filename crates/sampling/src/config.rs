@@ -1,0 +1,94 @@
+//! The recipe's `rollout` section: how samples are drawn, with the reference framework's names.
+
+use serde::{Deserialize, Serialize};
+
+use crate::step::{SdeType, StepParams};
+use crate::window::WindowStrategy;
+use crate::SamplingError;
+
+/// Sampler settings; defaults are the public Flow-GRPO SD3.5-M recipe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplerConfig {
+    /// Samples per prompt (the GRPO group size).
+    pub n: usize,
+    /// Denoising steps of a training rollout.
+    pub steps: usize,
+    /// Denoising steps of a validation rollout (η = 0).
+    pub eval_steps: usize,
+    /// Classifier-free guidance scale; ≤ 1 disables CFG.
+    pub guidance_scale: f64,
+    pub sde_type: SdeType,
+    /// Noise level η inside the SDE window.
+    pub noise_level: f64,
+    /// Include the Gaussian normaliser in step log-probs.
+    pub log_prob_normalizer: bool,
+    /// Steps in the SDE window W; 0 = no window (every step but the last is stochastic).
+    pub sde_window_size: usize,
+    /// `[lo, hi)` the window lies in; default `[0, steps − 1]`.
+    pub sde_window_range: Option<[usize; 2]>,
+    pub sde_window_strategy: WindowStrategy,
+    /// With `random`: one start per training step for the whole batch, seeded `sde_window_seed + step`.
+    pub sde_window_seed: Option<u64>,
+    /// With `progressive`: training steps per window position.
+    pub iters_per_group: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        Self {
+            n: 24,
+            steps: 10,
+            eval_steps: 40,
+            guidance_scale: 4.5,
+            sde_type: SdeType::Sde,
+            noise_level: 0.7,
+            log_prob_normalizer: true,
+            sde_window_size: 0,
+            sde_window_range: None,
+            sde_window_strategy: WindowStrategy::Random,
+            sde_window_seed: None,
+            iters_per_group: 25,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Checks every setting; the error names the key, the value and what is allowed.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        if !(self.noise_level >= 0.0 && self.noise_level.is_finite()) {
+            return Err(SamplingError::setting(
+                "noise_level",
+                self.noise_level,
+                "a finite number ≥ 0",
+            ));
+        }
+        if !(self.guidance_scale >= 0.0 && self.guidance_scale.is_finite()) {
+            return Err(SamplingError::setting(
+                "guidance_scale",
+                self.guidance_scale,
+                "a finite number ≥ 0",
+            ));
+        }
+        for (key, value) in [
+            ("n", self.n),
+            ("steps", self.steps),
+            ("eval_steps", self.eval_steps),
+        ] {
+            if value == 0 {
+                return Err(SamplingError::setting(key, value, "≥ 1"));
+            }
+        }
+        self.window_range(self.steps).map(|_| ())
+    }
+
+    /// The step parameters inside the window, for a grid whose second sigma is `sigma_1`.
+    pub fn step_params(&self, sigma_1: f64) -> StepParams {
+        StepParams {
+            sde_type: self.sde_type,
+            noise_level: self.noise_level,
+            log_prob_normalizer: self.log_prob_normalizer,
+            sigma_1,
+        }
+    }
+}
