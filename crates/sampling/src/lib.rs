@@ -10,7 +10,7 @@ pub mod step;
 pub mod window;
 
 pub use config::SamplerConfig;
-pub use noise::{row_seed, SampleRng};
+pub use noise::{row_seed, SampleNoise, SampleRng};
 pub use schedule::{GridRequest, Pipeline, SchedulerConfig, SigmaGrid, TimeShiftType};
 pub use step::{euler_step, reverse_step, Draw, SdeType, StepOutput, StepParams};
 pub use window::WindowStrategy;

@@ -2,10 +2,14 @@
 //! and a generator whose stream is the same on every run and machine (ChaCha8, value-stable by
 //! contract of `rand_chacha`), independent of torch's device generators.
 
+use std::ops::Range;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 use tch::{Device, Kind, Tensor};
+
+use crate::{SamplerConfig, SamplingError};
 
 const ROW_STRIDE: u128 = 1_000_003;
 const SEED_MODULUS: u128 = (1u128 << 63) - 1;
@@ -43,9 +47,63 @@ impl SampleRng {
     }
 }
 
+/// The randomness of one rollout sample, drawn in the order the spec fixes: initial noise, then
+/// the SDE-window draw, then one Gaussian per denoising step (also outside the window).
+pub struct SampleNoise {
+    /// The initial latent noise.
+    pub initial: Tensor,
+    /// The stochastic (trained) steps of this sample.
+    pub window: Range<usize>,
+    rng: SampleRng,
+    shape: Vec<i64>,
+    device: Device,
+}
+
+impl SampleNoise {
+    /// Starts the stream of the sample seeded `seed` (see [`row_seed`]) at training step `step`.
+    pub fn new(
+        config: &SamplerConfig,
+        seed: u64,
+        step: u64,
+        shape: &[i64],
+        device: Device,
+    ) -> Result<Self, SamplingError> {
+        let mut rng = SampleRng::new(seed);
+        let initial = rng.normal(shape, device);
+        let window = config.draw_window(config.steps, step, &mut rng)?;
+        Ok(Self {
+            initial,
+            window,
+            rng,
+            shape: shape.to_vec(),
+            device,
+        })
+    }
+
+    /// The Gaussian of the next denoising step.
+    pub fn step_noise(&mut self) -> Tensor {
+        self.rng.normal(&self.shape, self.device)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sample_noise_follows_the_fixed_order() {
+        let config = SamplerConfig {
+            sde_window_size: 2,
+            ..Default::default()
+        };
+        let mut noise = SampleNoise::new(&config, 11, 1, &[1, 2, 2], Device::Cpu).unwrap();
+        let first = noise.step_noise();
+        let mut rng = SampleRng::new(11);
+        assert!(noise.initial.equal(&rng.normal(&[1, 2, 2], Device::Cpu)));
+        let start = rng.uniform_int(0, config.steps - 1 - 2);
+        assert_eq!(noise.window, start..start + 2);
+        assert!(first.equal(&rng.normal(&[1, 2, 2], Device::Cpu)));
+    }
 
     #[test]
     fn row_seed_formula() {

@@ -438,6 +438,31 @@ mod tests {
     }
 
     #[test]
+    fn linear_time_shift_and_explicit_sigmas() {
+        let cfg = SchedulerConfig {
+            use_dynamic_shifting: true,
+            time_shift_type: TimeShiftType::Linear,
+            base_shift: 2.0,
+            max_shift: 2.0,
+            ..Default::default()
+        };
+        let req = GridRequest {
+            steps: 0,
+            image_seq_len: Some(1024),
+            sigmas: Some(vec![1.0, 0.5, 0.2]),
+            ..Default::default()
+        };
+        let g = SigmaGrid::new(&cfg, &req).unwrap();
+        // μ = 2: σ ← 2 / (2 + 1/σ − 1).
+        assert_eq!(g.mu, Some(2.0));
+        let want = [1.0, 2.0 / 3.0, 2.0 / 6.0, 0.0];
+        for (got, want) in g.sigmas.iter().zip(want) {
+            assert!((*got as f64 - want).abs() < 1e-6, "{:?}", g.sigmas);
+        }
+        assert_eq!(g.steps(), 3);
+    }
+
+    #[test]
     fn linspace_matches_numpy_endpoints() {
         let v = linspace(1.0, 0.1, 10);
         assert_eq!(v[0], 1.0);

@@ -16,14 +16,17 @@ pub enum DebugCommand {
         #[arg(long)]
         scheduler_config: PathBuf,
         /// Number of denoising steps N.
-        #[arg(long)]
-        steps: usize,
+        #[arg(long, required_unless_present = "sigmas")]
+        steps: Option<usize>,
         /// Packed image tokens, for dynamic shifting: (H/16)·(W/16) for 8× VAEs with 2×2 patches.
         #[arg(long)]
         image_seq_len: Option<u64>,
         /// Whose `set_timesteps` call to reproduce.
         #[arg(long, default_value = "sd3", value_parser = parse_pipeline)]
         pipeline: Pipeline,
+        /// Explicit sigmas, comma-separated, instead of the pipeline's own (N = their count).
+        #[arg(long, value_delimiter = ',')]
+        sigmas: Option<Vec<f64>>,
         /// Also look this timestep up on the grid (exact match), as the trainer does.
         #[arg(long)]
         timestep: Option<f32>,
@@ -41,14 +44,16 @@ pub fn run(command: DebugCommand) -> Result<(), Failure> {
             steps,
             image_seq_len,
             pipeline,
+            sigmas,
             timestep,
         } => {
             let config = SchedulerConfig::from_file(&scheduler_config).map_err(Failure::input)?;
+            let steps = steps.unwrap_or_default();
             let request = GridRequest {
                 steps,
                 pipeline,
                 image_seq_len,
-                sigmas: None,
+                sigmas,
             };
             let grid = SigmaGrid::new(&config, &request).map_err(Failure::input)?;
             let mut out =
