@@ -12,11 +12,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=VIRTUAL_ENV");
     println!("cargo:rerun-if-env-changed=LIBTORCH_USE_PYTORCH");
     // The same interpreter torch-sys asks for the libtorch it links.
-    let python = if std::env::var_os("VIRTUAL_ENV").is_some() {
-        "python"
-    } else {
-        "python3"
-    };
+    let python = if std::env::var_os("VIRTUAL_ENV").is_some() { "python" } else { "python3" };
     let probe = Command::new(python).args(["-c", PROBE]).output();
     let Some((version, lib)) = probe.ok().filter(|o| o.status.success()).and_then(|o| {
         let text = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -32,10 +28,7 @@ fn main() {
     };
     println!("cargo:rustc-env=FLOWTUNE_TORCH_VERSION={version}");
     println!("cargo:rustc-env=FLOWTUNE_TORCH_LIB={}", lib.display());
-    println!(
-        "cargo:rustc-link-arg-bins=-Wl,--enable-new-dtags,-rpath,{}",
-        lib.display()
-    );
+    println!("cargo:rustc-link-arg-bins=-Wl,--enable-new-dtags,-rpath,{}", lib.display());
     if lib.join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg-bins=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }

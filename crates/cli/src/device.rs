@@ -59,9 +59,7 @@ mod tests {
         assert_eq!(parse("cpu").unwrap().0, Device::Cpu);
         assert_eq!(parse("cuda").unwrap().0, Device::Cuda(0));
         assert_eq!(parse("cuda:3").unwrap().0, Device::Cuda(3));
-        assert!(parse("gpu")
-            .unwrap_err()
-            .contains("expected cpu, cuda or cuda:N"));
+        assert!(parse("gpu").unwrap_err().contains("expected cpu, cuda or cuda:N"));
         assert!(parse("cuda:x").is_err());
     }
 }

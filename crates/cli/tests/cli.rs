@@ -4,10 +4,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn flowtune(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flowtune"))
-        .args(args)
-        .output()
-        .expect("run flowtune")
+    Command::new(env!("CARGO_BIN_EXE_flowtune")).args(args).output().expect("run flowtune")
 }
 
 fn repo(path: &str) -> String {
@@ -30,10 +27,7 @@ fn assert_bad_input(out: &Output, needles: &[&str]) {
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "one error line expected, got: {stderr}");
     assert!(lines[0].starts_with("error: "), "{stderr}");
-    assert!(
-        !stderr.contains("panicked") && !stderr.contains("backtrace"),
-        "{stderr}"
-    );
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
     for n in needles {
         assert!(stderr.contains(n), "`{n}` missing from: {stderr}");
     }
@@ -43,11 +37,7 @@ fn assert_bad_input(out: &Output, needles: &[&str]) {
 fn env_reports_torch_and_devices() {
     let out = flowtune(&["env"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for key in [
         "torch: 2.11.0",
         "cuda available: ",
@@ -73,20 +63,13 @@ fn schedule_prints_grid_json() {
         "--pipeline",
         "qwen_image",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["sigmas"].as_array().unwrap().len(), 11);
     assert_eq!(v["timesteps"].as_array().unwrap().len(), 10);
     assert!((v["mu"].as_f64().unwrap() - 0.538_709_677_419_354_8).abs() < 1e-12);
     let last = v["sigmas"][9].as_f64().unwrap();
-    assert!(
-        (last - 0.02).abs() < 1e-6,
-        "shift_terminal stretches the last sigma to 0.02: {last}"
-    );
+    assert!((last - 0.02).abs() < 1e-6, "shift_terminal stretches the last sigma to 0.02: {last}");
 }
 
 #[test]
@@ -97,11 +80,7 @@ fn config_show_resolves_overrides() {
         &repo("examples/flow_grpo_sd35.yaml"),
         "rollout.noise_level=0.9",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("noise_level: 0.9") && stdout.contains("algorithm: flow_grpo"),
@@ -113,22 +92,12 @@ fn config_show_resolves_overrides() {
 fn bad_input_gives_one_clear_line_and_exit_2() {
     let recipe = repo("examples/flow_grpo_sd35.yaml");
     assert_bad_input(
-        &flowtune(&[
-            "config",
-            "show",
-            &scratch("unknown.yaml", "rollout:\n  stepz: 3\n"),
-        ]),
-        &[
-            "unknown.yaml: rollout: unknown field `stepz`, expected one of `n`, `steps`",
-            "line 2",
-        ],
+        &flowtune(&["config", "show", &scratch("unknown.yaml", "rollout:\n  stepz: 3\n")]),
+        &["unknown.yaml: rollout: unknown field `stepz`, expected one of `n`, `steps`", "line 2"],
     );
     assert_bad_input(
         &flowtune(&["config", "show", &recipe, "rollout.steps=ten"]),
-        &[
-            "override `rollout.steps=ten`",
-            "invalid type: string \"ten\"",
-        ],
+        &["override `rollout.steps=ten`", "invalid type: string \"ten\""],
     );
     assert_bad_input(
         &flowtune(&["config", "show", &recipe, "rollout.sde_type=foo"]),
@@ -153,24 +122,11 @@ fn bad_input_gives_one_clear_line_and_exit_2() {
             "--timestep",
             "500",
         ]),
-        &[
-            "timestep 500.0 is not on the sampling grid",
-            "nearest is 464.87604 (step 7)",
-        ],
+        &["timestep 500.0 is not on the sampling grid", "nearest is 464.87604 (step 7)"],
     );
     assert_bad_input(
-        &flowtune(&[
-            "debug",
-            "schedule",
-            "--scheduler-config",
-            "/no/such.json",
-            "--steps",
-            "4",
-        ]),
+        &flowtune(&["debug", "schedule", "--scheduler-config", "/no/such.json", "--steps", "4"]),
         &["cannot read /no/such.json"],
     );
-    assert_bad_input(
-        &flowtune(&["--device", "cuda:7", "env"]),
-        &["--device cuda:7"],
-    );
+    assert_bad_input(&flowtune(&["--device", "cuda:7", "env"]), &["--device cuda:7"]);
 }

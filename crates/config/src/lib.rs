@@ -18,9 +18,5 @@ pub enum ConfigError {
     #[error("override `{text}`: {message}")]
     Override { text: String, message: String },
     #[error("{file}: {key}: {message}")]
-    Invalid {
-        file: String,
-        key: String,
-        message: String,
-    },
+    Invalid { file: String, key: String, message: String },
 }

@@ -18,10 +18,8 @@ pub struct Override {
 impl Override {
     /// Parses `a.b.c=value`.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let fail = |message: &str| ConfigError::Override {
-            text: text.into(),
-            message: message.into(),
-        };
+        let fail =
+            |message: &str| ConfigError::Override { text: text.into(), message: message.into() };
         let (key, raw) = text
             .split_once('=')
             .ok_or_else(|| fail("expected KEY=VALUE, e.g. rollout.noise_level=0.9"))?;
@@ -34,11 +32,7 @@ impl Override {
         } else {
             serde_yaml::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()))
         };
-        Ok(Self {
-            text: text.into(),
-            path,
-            value,
-        })
+        Ok(Self { text: text.into(), path, value })
     }
 
     /// The dotted key.
@@ -81,10 +75,7 @@ mod tests {
         assert_eq!(o.value, serde_yaml::from_str::<Value>("[0, 5]").unwrap());
         assert_eq!(Override::parse("a=true").unwrap().value, Value::Bool(true));
         assert_eq!(Override::parse("a=").unwrap().value, Value::Null);
-        assert_eq!(
-            Override::parse("a=x: [").unwrap().value,
-            Value::String("x: [".into())
-        );
+        assert_eq!(Override::parse("a=x: [").unwrap().value, Value::String("x: [".into()));
         assert!(Override::parse("novalue").is_err());
         assert!(Override::parse("a..b=1").is_err());
     }
@@ -92,23 +83,11 @@ mod tests {
     #[test]
     fn applies_into_nested_sections() {
         let mut tree: Value = serde_yaml::from_str("rollout: {steps: 10}").unwrap();
-        Override::parse("rollout.steps=4")
-            .unwrap()
-            .apply(&mut tree)
-            .unwrap();
-        Override::parse("actor.clip_ratio=1e-5")
-            .unwrap()
-            .apply(&mut tree)
-            .unwrap();
+        Override::parse("rollout.steps=4").unwrap().apply(&mut tree).unwrap();
+        Override::parse("actor.clip_ratio=1e-5").unwrap().apply(&mut tree).unwrap();
         assert_eq!(tree["rollout"]["steps"], Value::from(4));
         assert_eq!(tree["actor"]["clip_ratio"], Value::from(1e-5));
-        let err = Override::parse("rollout.steps.x=1")
-            .unwrap()
-            .apply(&mut tree)
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("`rollout.steps` is not a section"),
-            "{err}"
-        );
+        let err = Override::parse("rollout.steps.x=1").unwrap().apply(&mut tree).unwrap_err();
+        assert!(err.to_string().contains("`rollout.steps` is not a section"), "{err}");
     }
 }

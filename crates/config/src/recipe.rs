@@ -38,34 +38,26 @@ impl Recipe {
     /// Reads `path`, applies `overrides` (`a.b.c=value`) and validates the result.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
-            path: file.clone(),
-            message: e.to_string(),
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Read { path: file.clone(), message: e.to_string() })?;
         Self::from_yaml(&text, &file, overrides)
     }
 
     /// As [`Self::load`], from YAML text; `file` names it in errors.
     pub fn from_yaml(text: &str, file: &str, overrides: &[String]) -> Result<Self, ConfigError> {
-        let mut tree: Value = serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
-            file: file.into(),
-            message: e.to_string(),
-        })?;
+        let mut tree: Value = serde_yaml::from_str(text)
+            .map_err(|e| ConfigError::Parse { file: file.into(), message: e.to_string() })?;
         if tree.is_null() {
             tree = Value::Mapping(Default::default());
         }
         // The file alone first, straight from the text, so errors carry the key path, line and
         // column (serde_yaml writes both into its message).
         if !tree.as_mapping().is_some_and(|m| m.is_empty()) {
-            serde_yaml::from_str::<Self>(text).map_err(|e| ConfigError::Parse {
-                file: file.into(),
-                message: e.to_string(),
-            })?;
+            serde_yaml::from_str::<Self>(text)
+                .map_err(|e| ConfigError::Parse { file: file.into(), message: e.to_string() })?;
         }
-        let overrides = overrides
-            .iter()
-            .map(|o| Override::parse(o))
-            .collect::<Result<Vec<_>, _>>()?;
+        let overrides =
+            overrides.iter().map(|o| Override::parse(o)).collect::<Result<Vec<_>, _>>()?;
         for o in &overrides {
             o.apply(&mut tree)?;
         }
@@ -87,11 +79,7 @@ impl Recipe {
                     text: o.text.clone(),
                     message: format!("{key}: {message}"),
                 },
-                None => ConfigError::Invalid {
-                    file: file.into(),
-                    key,
-                    message,
-                },
+                None => ConfigError::Invalid { file: file.into(), key, message },
             }
         })?;
         Ok(recipe)
@@ -103,25 +91,15 @@ impl Recipe {
         flowtune_objectives::algorithm(&self.algorithm)
             .map_err(|e| ("algorithm".to_string(), e.to_string()))?;
         self.rollout.validate().map_err(|e| match e {
-            SamplingError::Setting {
-                key,
-                value,
-                expected,
-            } => (
-                format!("rollout.{key}"),
-                format!("{value} is not allowed; expected {expected}"),
-            ),
+            SamplingError::Setting { key, value, expected } => {
+                (format!("rollout.{key}"), format!("{value} is not allowed; expected {expected}"))
+            }
             other => ("rollout".to_string(), other.to_string()),
         })?;
         self.actor.validate().map_err(|e| match e {
-            ObjectiveError::Invalid {
-                key,
-                value,
-                expected,
-            } => (
-                format!("actor.{key}"),
-                format!("{value} is not allowed; expected {expected}"),
-            ),
+            ObjectiveError::Invalid { key, value, expected } => {
+                (format!("actor.{key}"), format!("{value} is not allowed; expected {expected}"))
+            }
             other => ("actor".to_string(), other.to_string()),
         })?;
         Ok(())
@@ -143,11 +121,7 @@ fn key_of(path: &serde_path_to_error::Path) -> String {
 }
 
 fn overrides_text(overrides: &[Override]) -> String {
-    overrides
-        .iter()
-        .map(|o| o.text.as_str())
-        .collect::<Vec<_>>()
-        .join(" ")
+    overrides.iter().map(|o| o.text.as_str()).collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]
@@ -170,10 +144,7 @@ mod tests {
         assert_eq!(r.rollout.noise_level, 0.9);
         assert_eq!(r.rollout.sde_type, SdeType::Cps);
         assert_eq!(r.actor.clip_ratio, 2e-6);
-        assert_eq!(
-            r.rollout.eval_steps, 40,
-            "untouched keys keep their defaults"
-        );
+        assert_eq!(r.rollout.eval_steps, 40, "untouched keys keep their defaults");
         assert_eq!(load("", &[]).unwrap(), Recipe::default());
         let round = load(&r.to_yaml(), &[]).unwrap();
         assert_eq!(round, r, "config show output loads back to the same recipe");
@@ -182,10 +153,7 @@ mod tests {
     #[test]
     fn unknown_key_in_file_names_line_and_valid_keys() {
         let err = load("rollout:\n  stepz: 4\n", &[]).unwrap_err();
-        assert!(
-            err.starts_with("r.yaml: rollout: unknown field `stepz`"),
-            "{err}"
-        );
+        assert!(err.starts_with("r.yaml: rollout: unknown field `stepz`"), "{err}");
         assert!(
             err.contains("unknown field `stepz`")
                 && err.contains("`noise_level`")
@@ -213,15 +181,9 @@ mod tests {
              expected a finite number ≥ 0"
         );
         let err = load("actor:\n  clip_ratio: 0\n", &[]).unwrap_err();
-        assert_eq!(
-            err,
-            "r.yaml: actor.clip_ratio: 0 is not allowed; expected a finite number > 0"
-        );
+        assert_eq!(err, "r.yaml: actor.clip_ratio: 0 is not allowed; expected a finite number > 0");
         let err = load("algorithm: ppo\n", &[]).unwrap_err();
-        assert!(
-            err.contains("unknown algorithm `ppo`; known: flow_grpo"),
-            "{err}"
-        );
+        assert!(err.contains("unknown algorithm `ppo`; known: flow_grpo"), "{err}");
         let err = load(RECIPE, &["actor.nope=1"]).unwrap_err();
         assert!(
             err.starts_with("override `actor.nope=1`") && err.contains("`clip_ratio`"),

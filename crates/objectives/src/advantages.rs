@@ -20,10 +20,7 @@ pub struct AdvantageConfig {
 
 impl Default for AdvantageConfig {
     fn default() -> Self {
-        Self {
-            global_std: true,
-            norm_adv_by_std: true,
-        }
+        Self { global_std: true, norm_adv_by_std: true }
     }
 }
 
@@ -56,9 +53,7 @@ pub fn group_advantages<G: Eq + Hash>(
         )));
     }
     if steps == 0 || rewards.is_empty() {
-        return Err(ObjectiveError::Shape(
-            "advantages need ≥ 1 sample and ≥ 1 step".into(),
-        ));
+        return Err(ObjectiveError::Shape("advantages need ≥ 1 sample and ≥ 1 step".into()));
     }
     if let Some(bad) = rewards.iter().position(|r| !r.is_finite()) {
         return Err(ObjectiveError::NonFinite(format!(
@@ -84,29 +79,15 @@ pub fn group_advantages<G: Eq + Hash>(
             continue;
         }
         let mean = group.iter().sum::<f64>() / group.len() as f64;
-        let std = if config.global_std {
-            global
-        } else {
-            unbiased_std(&group, w)
-        };
+        let std = if config.global_std { global } else { unbiased_std(&group, w) };
         for &i in rows {
             let centred = values[i] - mean;
-            adv[i] = if config.norm_adv_by_std {
-                centred / (std + STD_EPS)
-            } else {
-                centred
-            };
+            adv[i] = if config.norm_adv_by_std { centred / (std + STD_EPS) } else { centred };
         }
     }
-    let flat: Vec<f32> = adv
-        .iter()
-        .flat_map(|&a| std::iter::repeat_n(a as f32, steps))
-        .collect();
+    let flat: Vec<f32> = adv.iter().flat_map(|&a| std::iter::repeat_n(a as f32, steps)).collect();
     let values = Tensor::from_slice(&flat).reshape([rewards.len() as i64, steps as i64]);
-    Ok(Advantages {
-        values,
-        zero_std_ratio: equal_groups as f64 / members.len() as f64,
-    })
+    Ok(Advantages { values, zero_std_ratio: equal_groups as f64 / members.len() as f64 })
 }
 
 /// Unbiased standard deviation of `values`, each repeated `w` times; 1.0 for a single value.
@@ -131,10 +112,7 @@ mod tests {
     #[test]
     fn singleton_groups_get_zero() {
         for (global_std, norm) in [(true, true), (false, true), (true, false), (false, false)] {
-            let cfg = AdvantageConfig {
-                global_std,
-                norm_adv_by_std: norm,
-            };
+            let cfg = AdvantageConfig { global_std, norm_adv_by_std: norm };
             let a = group_advantages(&[0.3, 0.9, 0.1, 0.7], &[0, 1, 2, 2], 2, &cfg).unwrap();
             let v = rows(&a.values);
             assert_eq!(v[0], [0.0, 0.0]);

@@ -14,11 +14,7 @@ pub use registry::{algorithm, Algorithm, Estimator, Objective, ALGORITHMS};
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectiveError {
     #[error("{key}: {value} is not allowed; expected {expected}")]
-    Invalid {
-        key: &'static str,
-        value: String,
-        expected: &'static str,
-    },
+    Invalid { key: &'static str, value: String, expected: &'static str },
     #[error("unknown algorithm `{name}`; known: {known}")]
     UnknownAlgorithm { name: String, known: String },
     #[error("shape mismatch: {0}")]
@@ -33,10 +29,6 @@ pub enum ObjectiveError {
 
 impl ObjectiveError {
     fn invalid(key: &'static str, value: impl std::fmt::Display, expected: &'static str) -> Self {
-        Self::Invalid {
-            key,
-            value: value.to_string(),
-            expected,
-        }
+        Self::Invalid { key, value: value.to_string(), expected }
     }
 }

@@ -84,17 +84,10 @@ pub const ALGORITHMS: &[Algorithm] = &[
 
 /// The algorithm registered under `name`; the error lists the known names.
 pub fn algorithm(name: &str) -> Result<&'static Algorithm, ObjectiveError> {
-    ALGORITHMS
-        .iter()
-        .find(|a| a.name == name)
-        .ok_or_else(|| ObjectiveError::UnknownAlgorithm {
-            name: name.to_string(),
-            known: ALGORITHMS
-                .iter()
-                .map(|a| a.name)
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
+    ALGORITHMS.iter().find(|a| a.name == name).ok_or_else(|| ObjectiveError::UnknownAlgorithm {
+        name: name.to_string(),
+        known: ALGORITHMS.iter().map(|a| a.name).collect::<Vec<_>>().join(", "),
+    })
 }
 
 #[cfg(test)]
@@ -112,9 +105,6 @@ mod tests {
             algorithm("flow_grpo").unwrap().objective
         );
         let err = algorithm("ppo").unwrap_err().to_string();
-        assert!(
-            err.contains("`ppo`") && err.contains("flow_grpo, dance_grpo"),
-            "{err}"
-        );
+        assert!(err.contains("`ppo`") && err.contains("flow_grpo, dance_grpo"), "{err}");
     }
 }

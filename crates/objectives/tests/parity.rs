@@ -23,12 +23,8 @@ fn advantages_match_reference() {
             .iter()
             .map(|r| r.as_f64().unwrap() as f32)
             .collect();
-        let groups: Vec<u64> = case["index"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| g.as_u64().unwrap())
-            .collect();
+        let groups: Vec<u64> =
+            case["index"].as_array().unwrap().iter().map(|g| g.as_u64().unwrap()).collect();
         let config = AdvantageConfig {
             global_std: case["global_std"].as_bool().unwrap(),
             norm_adv_by_std: case["norm_adv_by_std"].as_bool().unwrap(),
@@ -39,17 +35,10 @@ fn advantages_match_reference() {
             .as_array()
             .unwrap()
             .iter()
-            .flat_map(|row| {
-                row.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|a| a.as_f64().unwrap() as f32)
-            })
+            .flat_map(|row| row.as_array().unwrap().iter().map(|a| a.as_f64().unwrap() as f32))
             .collect();
-        let label = format!(
-            "case {i} (global_std {}, norm {})",
-            config.global_std, config.norm_adv_by_std
-        );
+        let label =
+            format!("case {i} (global_std {}, norm {})", config.global_std, config.norm_adv_by_std);
         check.close(&label, &out.values, &Tensor::from_slice(&want));
     }
     check.finish();
@@ -71,10 +60,7 @@ fn loss_config(case: &Value) -> (LossConfig, Vec<(String, f64)>) {
             metrics.push((field.clone(), value.as_f64().expect("numeric metric")));
         }
     }
-    (
-        serde_json::from_value(config).expect("loss settings"),
-        metrics,
-    )
+    (serde_json::from_value(config).expect("loss settings"), metrics)
 }
 
 fn evaluate(kind: &str, config: &LossConfig, t: &HashMap<String, Tensor>) -> LossOutput {
@@ -94,12 +80,10 @@ fn evaluate(kind: &str, config: &LossConfig, t: &HashMap<String, Tensor>) -> Los
         "flow_grpo" => policy(PolicyLoss::Clipped),
         "grpo_guard" => policy(PolicyLoss::Guard),
         "flow_dppo" => policy(PolicyLoss::Dppo),
-        "kl" => kl_to_reference(
-            &t["prev_sample_mean"],
-            &t["ref_prev_sample_mean"],
-            &t["std_dev_t"],
-        )
-        .expect("kl"),
+        "kl" => {
+            kl_to_reference(&t["prev_sample_mean"], &t["ref_prev_sample_mean"], &t["std_dev_t"])
+                .expect("kl")
+        }
         "dpo" => {
             let batch = DpoBatch {
                 latents: &t["dpo.latent"],
@@ -119,13 +103,7 @@ fn evaluate(kind: &str, config: &LossConfig, t: &HashMap<String, Tensor>) -> Los
                 old_pred: &t["nft.old_prediction"],
                 ref_pred: &t["nft.ref_forward_prediction"],
             };
-            nft_loss(
-                &batch,
-                config.mix_beta,
-                config.ref_kl_coef,
-                config.adv_clip_max,
-            )
-            .expect("nft")
+            nft_loss(&batch, config.mix_beta, config.ref_kl_coef, config.adv_clip_max).expect("nft")
         }
         other => panic!("losses.json: unknown loss kind `{other}`"),
     }
@@ -174,9 +152,7 @@ fn losses_match_reference() {
             grads += 1;
         }
         if grads == 0 {
-            check.fail(format!(
-                "{key}: no reference gradients in losses.safetensors"
-            ));
+            check.fail(format!("{key}: no reference gradients in losses.safetensors"));
         }
     }
     check.finish();

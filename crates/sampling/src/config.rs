@@ -70,11 +70,8 @@ impl SamplerConfig {
                 "a finite number ≥ 0",
             ));
         }
-        for (key, value) in [
-            ("n", self.n),
-            ("steps", self.steps),
-            ("eval_steps", self.eval_steps),
-        ] {
+        for (key, value) in [("n", self.n), ("steps", self.steps), ("eval_steps", self.eval_steps)]
+        {
             if value == 0 {
                 return Err(SamplingError::setting(key, value, "≥ 1"));
             }

@@ -21,23 +21,11 @@ pub enum SamplingError {
     #[error("{0}")]
     Invalid(String),
     #[error("{key}: {value} is not allowed; expected {expected}")]
-    Setting {
-        key: &'static str,
-        value: String,
-        expected: String,
-    },
+    Setting { key: &'static str, value: String, expected: String },
     #[error("unknown {what} `{value}`; expected one of: {choices}")]
-    UnknownChoice {
-        what: &'static str,
-        value: String,
-        choices: String,
-    },
+    UnknownChoice { what: &'static str, value: String, choices: String },
     #[error("timestep {timestep:?} is not on the sampling grid {grid}{nearest}")]
-    TimestepNotOnGrid {
-        timestep: f32,
-        grid: String,
-        nearest: String,
-    },
+    TimestepNotOnGrid { timestep: f32, grid: String, nearest: String },
     #[error("{path}: {message}")]
     Config { path: String, message: String },
     #[error("cannot read {path}: {message}")]
@@ -50,10 +38,6 @@ impl SamplingError {
         value: impl std::fmt::Display,
         expected: impl Into<String>,
     ) -> Self {
-        Self::Setting {
-            key,
-            value: value.to_string(),
-            expected: expected.into(),
-        }
+        Self::Setting { key, value: value.to_string(), expected: expected.into() }
     }
 }

@@ -35,10 +35,7 @@ impl SampleRng {
     pub fn normal(&mut self, shape: &[i64], device: Device) -> Tensor {
         let n: i64 = shape.iter().product();
         let values: Vec<f32> = (0..n).map(|_| self.0.sample(StandardNormal)).collect();
-        Tensor::from_slice(&values)
-            .reshape(shape)
-            .to_kind(Kind::Float)
-            .to_device(device)
+        Tensor::from_slice(&values).reshape(shape).to_kind(Kind::Float).to_device(device)
     }
 
     /// A uniform integer in `lo..=hi`.
@@ -71,13 +68,7 @@ impl SampleNoise {
         let mut rng = SampleRng::new(seed);
         let initial = rng.normal(shape, device);
         let window = config.draw_window(config.steps, step, &mut rng)?;
-        Ok(Self {
-            initial,
-            window,
-            rng,
-            shape: shape.to_vec(),
-            device,
-        })
+        Ok(Self { initial, window, rng, shape: shape.to_vec(), device })
     }
 
     /// The Gaussian of the next denoising step.
@@ -92,10 +83,7 @@ mod tests {
 
     #[test]
     fn sample_noise_follows_the_fixed_order() {
-        let config = SamplerConfig {
-            sde_window_size: 2,
-            ..Default::default()
-        };
+        let config = SamplerConfig { sde_window_size: 2, ..Default::default() };
         let mut noise = SampleNoise::new(&config, 11, 1, &[1, 2, 2], Device::Cpu).unwrap();
         let first = noise.step_noise();
         let mut rng = SampleRng::new(11);

@@ -246,15 +246,9 @@ impl SigmaGrid {
         };
         let steps = explicit.as_ref().map_or(request.steps, Vec::len);
         if steps == 0 {
-            return Err(SamplingError::Invalid(
-                "the number of sampling steps must be ≥ 1".into(),
-            ));
+            return Err(SamplingError::Invalid("the number of sampling steps must be ≥ 1".into()));
         }
-        if let Some(bad) = explicit
-            .iter()
-            .flatten()
-            .find(|s| !(**s > 0.0 && **s <= 1.0))
-        {
+        if let Some(bad) = explicit.iter().flatten().find(|s| !(**s > 0.0 && **s <= 1.0)) {
             return Err(SamplingError::Invalid(format!(
                 "explicit sigmas must lie in (0, 1], got {bad}"
             )));
@@ -272,10 +266,7 @@ impl SigmaGrid {
         };
         let (sigmas, arith) = match explicit {
             // `np.array(sigmas).astype(np.float32)`: everything after runs in f32.
-            Some(s) => (
-                s.into_iter().map(|x| x as f32 as f64).collect::<Vec<_>>(),
-                Arith::F32,
-            ),
+            Some(s) => (s.into_iter().map(|x| x as f32 as f64).collect::<Vec<_>>(), Arith::F32),
             None => {
                 let (sigma_max, sigma_min) = training_grid_bounds(config);
                 let n = config.num_train_timesteps as f64;
@@ -284,14 +275,10 @@ impl SigmaGrid {
             }
         };
         let shifted: Vec<f64> = match mu {
-            Some(mu) => sigmas
-                .iter()
-                .map(|&s| time_shift(arith, config.time_shift_type, mu, s))
-                .collect(),
-            None => sigmas
-                .iter()
-                .map(|&s| arith.static_shift(config.shift, s))
-                .collect(),
+            Some(mu) => {
+                sigmas.iter().map(|&s| time_shift(arith, config.time_shift_type, mu, s)).collect()
+            }
+            None => sigmas.iter().map(|&s| arith.static_shift(config.shift, s)).collect(),
         };
         let stretched = match config.shift_terminal {
             Some(terminal) if terminal > 0.0 => stretch_to_terminal(arith, &shifted, terminal),
@@ -301,11 +288,7 @@ impl SigmaGrid {
         let scale = config.num_train_timesteps as f32;
         let timesteps = sigmas.iter().map(|&s| s * scale).collect();
         sigmas.push(0.0);
-        Ok(Self {
-            sigmas,
-            timesteps,
-            mu,
-        })
+        Ok(Self { sigmas, timesteps, mu })
     }
 
     /// Number of denoising steps N.
@@ -315,23 +298,19 @@ impl SigmaGrid {
 
     /// Index of a stored timestep on this grid, by exact equality.
     pub fn index_of(&self, timestep: f32) -> Result<usize, SamplingError> {
-        self.timesteps
-            .iter()
-            .position(|&t| t == timestep)
-            .ok_or_else(|| {
-                let nearest = self
-                    .timesteps
-                    .iter()
-                    .enumerate()
-                    .min_by(|a, b| (a.1 - timestep).abs().total_cmp(&(b.1 - timestep).abs()));
-                SamplingError::TimestepNotOnGrid {
-                    timestep,
-                    grid: format!("{:?}", self.timesteps),
-                    nearest: nearest.map_or_else(String::new, |(i, t)| {
-                        format!("; nearest is {t:?} (step {i})")
-                    }),
-                }
-            })
+        self.timesteps.iter().position(|&t| t == timestep).ok_or_else(|| {
+            let nearest = self
+                .timesteps
+                .iter()
+                .enumerate()
+                .min_by(|a, b| (a.1 - timestep).abs().total_cmp(&(b.1 - timestep).abs()));
+            SamplingError::TimestepNotOnGrid {
+                timestep,
+                grid: format!("{:?}", self.timesteps),
+                nearest: nearest
+                    .map_or_else(String::new, |(i, t)| format!("; nearest is {t:?} (step {i})")),
+            }
+        })
     }
 
     /// `(σ_i, σ_{i+1})` of the step that starts at `timestep`.
@@ -371,10 +350,7 @@ fn stretch_to_terminal(a: Arith, sigmas: &[f64], terminal: f64) -> Vec<f64> {
     let one_minus: Vec<f64> = sigmas.iter().map(|&s| a.sub(1.0, s)).collect();
     let last = *one_minus.last().expect("grid has at least one sigma");
     let scale = a.div(last, 1.0 - terminal);
-    one_minus
-        .iter()
-        .map(|&z| a.sub(1.0, a.div(z, scale)))
-        .collect()
+    one_minus.iter().map(|&z| a.sub(1.0, a.div(z, scale))).collect()
 }
 
 #[cfg(test)]
@@ -382,22 +358,16 @@ mod tests {
     use super::*;
 
     fn sd35() -> SchedulerConfig {
-        SchedulerConfig {
-            shift: 3.0,
-            ..Default::default()
-        }
+        SchedulerConfig { shift: 3.0, ..Default::default() }
+    }
+
+    fn sd35_grid(steps: usize) -> SigmaGrid {
+        SigmaGrid::new(&sd35(), &GridRequest { steps, ..Default::default() }).unwrap()
     }
 
     #[test]
     fn static_shift_reaches_sigma_min_twice() {
-        let g = SigmaGrid::new(
-            &sd35(),
-            &GridRequest {
-                steps: 10,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let g = sd35_grid(10);
         assert_eq!(g.sigmas.len(), 11);
         assert_eq!(g.sigmas[0], 1.0);
         assert_eq!(*g.sigmas.last().unwrap(), 0.0);
@@ -406,14 +376,7 @@ mod tests {
 
     #[test]
     fn lookup_is_exact_and_errors_off_grid() {
-        let g = SigmaGrid::new(
-            &sd35(),
-            &GridRequest {
-                steps: 10,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let g = sd35_grid(10);
         let t = g.timesteps[4];
         assert_eq!(g.index_of(t).unwrap(), 4);
         assert_eq!(g.step_sigmas(t).unwrap(), (g.sigmas[4], g.sigmas[5]));
@@ -424,15 +387,8 @@ mod tests {
 
     #[test]
     fn dynamic_shift_requires_seq_len() {
-        let cfg = SchedulerConfig {
-            use_dynamic_shifting: true,
-            ..Default::default()
-        };
-        let req = GridRequest {
-            steps: 4,
-            pipeline: Pipeline::Flux,
-            ..Default::default()
-        };
+        let cfg = SchedulerConfig { use_dynamic_shifting: true, ..Default::default() };
+        let req = GridRequest { steps: 4, pipeline: Pipeline::Flux, ..Default::default() };
         let err = SigmaGrid::new(&cfg, &req).unwrap_err().to_string();
         assert!(err.contains("image_seq_len"), "{err}");
     }

@@ -88,11 +88,7 @@ pub fn reverse_step(
 ) -> Result<StepOutput, SamplingError> {
     let eta = params.noise_level;
     if !(eta >= 0.0 && eta.is_finite()) {
-        return Err(SamplingError::setting(
-            "noise_level",
-            eta,
-            "a finite number ≥ 0",
-        ));
+        return Err(SamplingError::setting("noise_level", eta, "a finite number ≥ 0"));
     }
     check_shapes(model_output, sample, sigma, sigma_next, &draw)?;
     let kind = math_kind(sample);
@@ -157,13 +153,7 @@ pub fn reverse_step(
         };
         mean_over_rows(&per_elem)
     };
-    Ok(StepOutput {
-        prev_sample,
-        log_prob,
-        prev_sample_mean: mean,
-        std_dev_t,
-        sqrt_dt,
-    })
+    Ok(StepOutput { prev_sample, log_prob, prev_sample_mean: mean, std_dev_t, sqrt_dt })
 }
 
 fn check_shapes(
@@ -175,10 +165,7 @@ fn check_shapes(
 ) -> Result<(), SamplingError> {
     let shape = sample.size();
     let (Draw::Noise(other) | Draw::Given(other)) = draw;
-    for (name, t) in [
-        ("model_output", model_output),
-        ("noise / given sample", *other),
-    ] {
+    for (name, t) in [("model_output", model_output), ("noise / given sample", *other)] {
         if t.size() != shape {
             return Err(SamplingError::Invalid(format!(
                 "{name} has shape {:?}, the sample has {shape:?}",
@@ -233,12 +220,7 @@ mod tests {
     const TYPES: [SdeType; 3] = [SdeType::Sde, SdeType::Cps, SdeType::DanceSde];
 
     fn params(sde_type: SdeType, noise_level: f64) -> StepParams {
-        StepParams {
-            sde_type,
-            noise_level,
-            log_prob_normalizer: true,
-            sigma_1: 0.96,
-        }
+        StepParams { sde_type, noise_level, log_prob_normalizer: true, sigma_1: 0.96 }
     }
 
     fn inputs(kind: Kind) -> (Tensor, Tensor, Tensor, Tensor) {
@@ -256,15 +238,8 @@ mod tests {
         let z = Tensor::randn([2, 3, 4], (Kind::Float, Device::Cpu));
         let euler = euler_step(&x, &v, &sigma, &sigma_next);
         for t in TYPES {
-            let out = reverse_step(
-                &params(t, 0.0),
-                &v,
-                &x,
-                &sigma,
-                &sigma_next,
-                Draw::Noise(&z),
-            )
-            .unwrap();
+            let out = reverse_step(&params(t, 0.0), &v, &x, &sigma, &sigma_next, Draw::Noise(&z))
+                .unwrap();
             let err = (&out.prev_sample - &euler).abs().max().double_value(&[]);
             assert!(err < 1e-6, "{t:?}: η = 0 differs from Euler by {err}");
             assert_eq!(out.log_prob.size(), [2]);
@@ -288,10 +263,8 @@ mod tests {
             for idx in [0i64, 5, 13, 23] {
                 let bump = |d: f64| {
                     let w = v.copy();
-                    let _ = w
-                        .view([-1])
-                        .get(idx)
-                        .fill_(v.view([-1]).get(idx).double_value(&[]) + d);
+                    let _ =
+                        w.view([-1]).get(idx).fill_(v.view([-1]).get(idx).double_value(&[]) + d);
                     f(&w).double_value(&[])
                 };
                 let fd = (bump(h) - bump(-h)) / (2.0 * h);
@@ -307,32 +280,13 @@ mod tests {
     #[test]
     fn negative_noise_level_and_bad_shapes_are_errors() {
         let (x, v, sigma, sigma_next) = inputs(Kind::Float);
-        let err = reverse_step(
-            &params(SdeType::Sde, -0.5),
-            &v,
-            &x,
-            &sigma,
-            &sigma_next,
-            Draw::Given(&x),
-        )
-        .unwrap_err();
-        assert!(
-            err.to_string().contains("noise_level: -0.5 is not allowed"),
-            "{err}"
-        );
-        let short = v.narrow(2, 0, 2);
-        let err = reverse_step(
-            &params(SdeType::Sde, 0.5),
-            &short,
-            &x,
-            &sigma,
-            &sigma_next,
-            Draw::Given(&x),
-        )
-        .unwrap_err();
-        assert!(
-            err.to_string().contains("model_output has shape [2, 3, 2]"),
-            "{err}"
-        );
+        let error = |v: &Tensor, eta: f64| {
+            let p = params(SdeType::Sde, eta);
+            reverse_step(&p, v, &x, &sigma, &sigma_next, Draw::Given(&x)).unwrap_err().to_string()
+        };
+        let err = error(&v, -0.5);
+        assert!(err.contains("noise_level: -0.5 is not allowed"), "{err}");
+        let err = error(&v.narrow(2, 0, 2), 0.5);
+        assert!(err.contains("model_output has shape [2, 3, 2]"), "{err}");
     }
 }

@@ -25,9 +25,7 @@ pub enum WindowStrategy {
 impl SamplerConfig {
     /// Checks the window against a rollout of `steps` denoising steps; returns `[lo, hi)`.
     pub fn window_range(&self, steps: usize) -> Result<Range<usize>, SamplingError> {
-        let [lo, hi] = self
-            .sde_window_range
-            .unwrap_or([0, steps.saturating_sub(1)]);
+        let [lo, hi] = self.sde_window_range.unwrap_or([0, steps.saturating_sub(1)]);
         if lo >= hi || hi > steps {
             return Err(SamplingError::setting(
                 "sde_window_range",
@@ -39,10 +37,7 @@ impl SamplerConfig {
             return Err(SamplingError::setting(
                 "sde_window_size",
                 self.sde_window_size,
-                format!(
-                    "at most the {} steps of sde_window_range [{lo}, {hi}]",
-                    hi - lo
-                ),
+                format!("at most the {} steps of sde_window_range [{lo}, {hi}]", hi - lo),
             ));
         }
         if self.sde_window_strategy == WindowStrategy::Progressive && self.iters_per_group == 0 {
@@ -111,9 +106,8 @@ mod tests {
     #[test]
     fn progressive_slides_then_clamps() {
         let w = window(3, WindowStrategy::Progressive);
-        let starts: Vec<usize> = (0..12)
-            .map(|k| w.draw_window(10, k, &mut SampleRng::new(0)).unwrap().start)
-            .collect();
+        let starts: Vec<usize> =
+            (0..12).map(|k| w.draw_window(10, k, &mut SampleRng::new(0)).unwrap().start).collect();
         // ⌊k/2⌋·3, clamped at hi − W = 5.
         assert_eq!(starts, [0, 0, 3, 3, 5, 5, 5, 5, 5, 5, 5, 5]);
     }
@@ -132,16 +126,12 @@ mod tests {
 
     #[test]
     fn seeded_window_is_shared_by_the_batch() {
-        let w = SamplerConfig {
-            sde_window_seed: Some(9),
-            ..window(2, WindowStrategy::Random)
-        };
+        let w = SamplerConfig { sde_window_seed: Some(9), ..window(2, WindowStrategy::Random) };
         let a = w.draw_window(10, 4, &mut SampleRng::new(1)).unwrap();
         let b = w.draw_window(10, 4, &mut SampleRng::new(2)).unwrap();
         assert_eq!(a, b);
-        let starts: std::collections::HashSet<usize> = (1..40)
-            .map(|k| w.draw_window(10, k, &mut SampleRng::new(0)).unwrap().start)
-            .collect();
+        let starts: std::collections::HashSet<usize> =
+            (1..40).map(|k| w.draw_window(10, k, &mut SampleRng::new(0)).unwrap().start).collect();
         assert!(starts.len() > 1, "the start moves between training steps");
     }
 

@@ -8,11 +8,7 @@ use serde_json::Value;
 use tch::Tensor;
 
 fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_f64().expect("number") as f32)
-        .collect()
+    v.as_array().expect("array").iter().map(|x| x.as_f64().expect("number") as f32).collect()
 }
 
 fn grid_of(case: &Value) -> SigmaGrid {
@@ -27,10 +23,7 @@ fn grid_of(case: &Value) -> SigmaGrid {
 }
 
 fn schedule_case<'a>(cases: &'a [Value], name: &str) -> &'a Value {
-    cases
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("no schedule {name}"))
+    cases.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no schedule {name}"))
 }
 
 #[test]
@@ -61,9 +54,7 @@ fn sigma_grids_match_diffusers() {
         // The trainer's exact lookup finds every timestep of the reference grid.
         for (i, t) in timesteps.iter().enumerate() {
             if grid.index_of(*t).ok() != Some(i) {
-                check.fail(format!(
-                    "{name}: reference timestep {t} is not step {i} of our grid"
-                ));
+                check.fail(format!("{name}: reference timestep {t} is not step {i} of our grid"));
             }
         }
     }
@@ -83,22 +74,14 @@ fn reverse_steps_match_reference() {
     let (sample, model_output) = (&t["sample"], &t["model_output"]);
     let rows = sample.size()[0];
     let mut check = Checker::new("sde_steps.*");
-    check.close(
-        "grid sigmas",
-        &Tensor::from_slice(&grid.sigmas),
-        &Tensor::from_slice(&sigmas),
-    );
+    check.close("grid sigmas", &Tensor::from_slice(&grid.sigmas), &Tensor::from_slice(&sigmas));
     for case in spec["cases"].as_array().expect("cases") {
         check.case();
         let key = case["key"].as_str().expect("key");
         let step = case["step"].as_u64().expect("step") as usize;
         let sde_type: SdeType = serde_json::from_value(case["sde_type"].clone()).expect("sde_type");
         let (sigma, sigma_next) = grid.step_sigmas(grid.timesteps[step]).expect("on grid");
-        check.close_scalar(
-            &format!("{key} sigma"),
-            sigma as f64,
-            case["sigma"].as_f64().unwrap(),
-        );
+        check.close_scalar(&format!("{key} sigma"), sigma as f64, case["sigma"].as_f64().unwrap());
         check.close_scalar(
             &format!("{key} sigma_prev"),
             sigma_next as f64,
@@ -126,11 +109,7 @@ fn reverse_steps_match_reference() {
             &drawn.prev_sample_mean,
             &t[&format!("{key}.prev_sample_mean")],
         );
-        check.close(
-            &format!("{key}.log_prob"),
-            &drawn.log_prob,
-            &t[&format!("{key}.log_prob")],
-        );
+        check.close(&format!("{key}.log_prob"), &drawn.log_prob, &t[&format!("{key}.log_prob")]);
         for (field, out) in [("std_dev_t", &drawn.std_dev_t), ("sqrt_dt", &drawn.sqrt_dt)] {
             let want = case[field].as_f64().expect(field);
             check.close(

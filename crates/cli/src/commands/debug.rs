@@ -49,12 +49,7 @@ pub fn run(command: DebugCommand) -> Result<(), Failure> {
         } => {
             let config = SchedulerConfig::from_file(&scheduler_config).map_err(Failure::input)?;
             let steps = steps.unwrap_or_default();
-            let request = GridRequest {
-                steps,
-                pipeline,
-                image_seq_len,
-                sigmas,
-            };
+            let request = GridRequest { steps, pipeline, image_seq_len, sigmas };
             let grid = SigmaGrid::new(&config, &request).map_err(Failure::input)?;
             let mut out =
                 json!({ "sigmas": grid.sigmas, "timesteps": grid.timesteps, "mu": grid.mu });
@@ -67,10 +62,7 @@ pub fn run(command: DebugCommand) -> Result<(), Failure> {
                     "sigma_next": grid.sigmas[index + 1],
                 });
             }
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&out).expect("JSON of numbers")
-            );
+            println!("{}", serde_json::to_string_pretty(&out).expect("JSON of numbers"));
             Ok(())
         }
     }

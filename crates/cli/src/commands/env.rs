@@ -23,10 +23,8 @@ pub fn run(arg: &DeviceArg) -> Result<(), Failure> {
     let a = Tensor::f_ones([64, 64], (Kind::Float, device))
         .context("allocating on the device")
         .map_err(Failure::Runtime)?;
-    let sum = a
-        .f_matmul(&a)
-        .and_then(|p| p.f_sum(Kind::Double))
-        .and_then(|s| s.f_double_value(&[]));
+    let sum =
+        a.f_matmul(&a).and_then(|p| p.f_sum(Kind::Double)).and_then(|s| s.f_double_value(&[]));
     match sum {
         Ok(s) if s == 64.0 * 64.0 * 64.0 => {
             println!("device: {} (matmul check passed)", device::name(device))

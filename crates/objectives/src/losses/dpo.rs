@@ -36,9 +36,7 @@ pub fn dpo_loss(batch: &DpoBatch<'_>, beta: f64) -> Result<LossOutput, Objective
     }
     let target = batch.noise - batch.latents;
     let err = mean_elems(&(batch.model_pred - &target).square()).reshape([rows / 2, 2]);
-    let ref_err = mean_elems(&(batch.ref_pred - &target).square())
-        .reshape([rows / 2, 2])
-        .detach();
+    let ref_err = mean_elems(&(batch.ref_pred - &target).square()).reshape([rows / 2, 2]).detach();
     let scale = -0.5 * beta;
     let chosen = (err.select(1, 0) - ref_err.select(1, 0)) * scale;
     let rejected = (err.select(1, 1) - ref_err.select(1, 1)) * scale;
@@ -47,18 +45,9 @@ pub fn dpo_loss(batch: &DpoBatch<'_>, beta: f64) -> Result<LossOutput, Objective
     let metrics = Metrics::from([
         ("actor/dpo_loss".to_string(), scalar(&loss)?),
         ("actor/implicit_acc".to_string(), fraction(&z.gt(0.0))?),
-        (
-            "actor/rewards/chosen".to_string(),
-            scalar(&chosen.mean(Kind::Float))?,
-        ),
-        (
-            "actor/rewards/rejected".to_string(),
-            scalar(&rejected.mean(Kind::Float))?,
-        ),
-        (
-            "actor/rewards/margins".to_string(),
-            scalar(&z.mean(Kind::Float))?,
-        ),
+        ("actor/rewards/chosen".to_string(), scalar(&chosen.mean(Kind::Float))?),
+        ("actor/rewards/rejected".to_string(), scalar(&rejected.mean(Kind::Float))?),
+        ("actor/rewards/margins".to_string(), scalar(&z.mean(Kind::Float))?),
     ]);
     Ok(LossOutput { loss, metrics })
 }

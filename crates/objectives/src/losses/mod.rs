@@ -110,11 +110,7 @@ impl LossConfig {
             ));
         }
         if self.old_policy_update_interval == 0 {
-            return Err(ObjectiveError::invalid(
-                "old_policy_update_interval",
-                0,
-                "≥ 1",
-            ));
+            return Err(ObjectiveError::invalid("old_policy_update_interval", 0, "≥ 1"));
         }
         Ok(())
     }
@@ -135,9 +131,7 @@ fn rows(t: &Tensor, b: i64, name: &str) -> Result<Tensor, ObjectiveError> {
     match t.numel() as i64 {
         n if n == b => Ok(t.reshape([b])),
         1 => Ok(t.reshape([1])),
-        n => Err(ObjectiveError::Shape(format!(
-            "{name} has {n} values for a batch of {b}"
-        ))),
+        n => Err(ObjectiveError::Shape(format!("{name} has {n} values for a batch of {b}"))),
     }
 }
 

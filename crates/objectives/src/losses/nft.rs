@@ -82,31 +82,20 @@ pub fn nft_loss(
     let weighted_error = |v: &Tensor| {
         let x0_hat = batch.xt - &t * v;
         let diff = x0_hat - batch.x0;
-        let w = mean_elems(&diff.abs())
-            .clamp_min(1e-5)
-            .detach()
-            .reshape(shape.as_slice());
+        let w = mean_elems(&diff.abs()).clamp_min(1e-5).detach().reshape(shape.as_slice());
         mean_elems(&(diff.square() / w))
     };
     let l_pos = weighted_error(&positive);
     let l_neg = weighted_error(&negative);
     let per_row: Tensor = (&r * &l_pos + (1.0 - &r) * &l_neg) / beta * adv_clip_max;
     let policy = per_row.mean(Kind::Float);
-    let kl = (batch.policy_pred - batch.ref_pred.detach())
-        .square()
-        .mean(Kind::Float);
+    let kl = (batch.policy_pred - batch.ref_pred.detach()).square().mean(Kind::Float);
     let loss = &policy + &kl * ref_kl_coef;
     let metrics = Metrics::from([
         ("actor/policy_loss".to_string(), scalar(&policy)?),
         ("actor/kl_loss".to_string(), scalar(&kl)?),
-        (
-            "actor/loss_positive".to_string(),
-            scalar(&l_pos.mean(Kind::Float))?,
-        ),
-        (
-            "actor/loss_negative".to_string(),
-            scalar(&l_neg.mean(Kind::Float))?,
-        ),
+        ("actor/loss_positive".to_string(), scalar(&l_pos.mean(Kind::Float))?),
+        ("actor/loss_negative".to_string(), scalar(&l_neg.mean(Kind::Float))?),
     ]);
     Ok(LossOutput { loss, metrics })
 }
@@ -183,10 +172,7 @@ mod tests {
 
     #[test]
     fn copy_refresh_equals_policy_and_ema_lags_it() {
-        let theta = [
-            Tensor::from_slice(&[1.0f32, 2.0]),
-            Tensor::from_slice(&[3.0f32]),
-        ];
+        let theta = [Tensor::from_slice(&[1.0f32, 2.0]), Tensor::from_slice(&[3.0f32])];
         let old = [
             Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)),
             Tensor::zeros([1], (Kind::Float, tch::Device::Cpu)),
@@ -197,9 +183,7 @@ mod tests {
             Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)),
             Tensor::zeros([1], (Kind::Float, tch::Device::Cpu)),
         ];
-        OldPolicyDecay::LinearTo0_5
-            .update(500, &old, &theta)
-            .unwrap();
+        OldPolicyDecay::LinearTo0_5.update(500, &old, &theta).unwrap();
         assert_eq!(Vec::<f32>::try_from(&old[0]).unwrap(), [0.5, 1.0]);
     }
 

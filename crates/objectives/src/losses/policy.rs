@@ -98,23 +98,15 @@ impl PolicyLoss {
                     .gt(1.0)
                     .logical_and(&a.gt(0.0))
                     .logical_or(&ratio.lt(1.0).logical_and(&a.lt(0.0)));
-                let drop = divergence
-                    .ge(config.kl_mask_threshold)
-                    .logical_and(&favoured)
-                    .detach();
+                let drop = divergence.ge(config.kl_mask_threshold).logical_and(&favoured).detach();
                 let objective = -(a * &ratio);
-                let loss = objective
-                    .where_scalarother(&drop.logical_not(), 0.0)
-                    .mean(Kind::Float);
+                let loss = objective.where_scalarother(&drop.logical_not(), 0.0).mean(Kind::Float);
                 ratio_metrics(&mut metrics, &ratio, config.clip_ratio)?;
                 metrics.insert("actor/masked_fraction".into(), fraction(&drop)?);
                 loss
             }
         };
-        metrics.insert(
-            "actor/ppo_kl".into(),
-            scalar(&(-&log_ratio).mean(Kind::Float))?,
-        );
+        metrics.insert("actor/ppo_kl".into(), scalar(&(-&log_ratio).mean(Kind::Float))?);
         metrics.insert("actor/pg_loss".into(), scalar(&out)?);
         Ok(LossOutput { loss: out, metrics })
     }
@@ -130,18 +122,10 @@ impl PolicyLoss {
         };
         let mean = need(batch.prev_sample_mean, "prev_sample_mean")?;
         let old_mean = need(batch.old_prev_sample_mean, "old_prev_sample_mean")?;
-        same_shape(&[
-            ("prev_sample_mean", mean),
-            ("old_prev_sample_mean", old_mean),
-        ])?;
+        same_shape(&[("prev_sample_mean", mean), ("old_prev_sample_mean", old_mean)])?;
         let std = rows(need(batch.std_dev_t, "std_dev_t")?, b, "std_dev_t")?;
         let sqrt_dt = rows(need(batch.sqrt_dt, "sqrt_dt")?, b, "sqrt_dt")?;
-        Ok(Means {
-            mean,
-            old_mean,
-            std,
-            sqrt_dt,
-        })
+        Ok(Means { mean, old_mean, std, sqrt_dt })
     }
 }
 
@@ -174,24 +158,11 @@ fn clipped(
 
 fn ratio_metrics(metrics: &mut Metrics, ratio: &Tensor, eps: f64) -> Result<(), ObjectiveError> {
     let r = ratio.detach();
-    metrics.insert(
-        "actor/pg_clipfrac".into(),
-        fraction(&(&r - 1.0).abs().gt(eps))?,
-    );
-    metrics.insert(
-        "actor/pg_clipfrac_higher".into(),
-        fraction(&r.gt(1.0 + eps))?,
-    );
-    metrics.insert(
-        "actor/pg_clipfrac_lower".into(),
-        fraction(&r.lt(1.0 - eps))?,
-    );
+    metrics.insert("actor/pg_clipfrac".into(), fraction(&(&r - 1.0).abs().gt(eps))?);
+    metrics.insert("actor/pg_clipfrac_higher".into(), fraction(&r.gt(1.0 + eps))?);
+    metrics.insert("actor/pg_clipfrac_lower".into(), fraction(&r.lt(1.0 - eps))?);
     metrics.insert("actor/ratio_mean".into(), scalar(&r.mean(Kind::Float))?);
-    let std = if r.numel() > 1 {
-        scalar(&r.std(true))?
-    } else {
-        0.0
-    };
+    let std = if r.numel() > 1 { scalar(&r.std(true))? } else { 0.0 };
     metrics.insert("actor/ratio_std".into(), std);
     Ok(())
 }
@@ -234,10 +205,7 @@ mod tests {
             std_dev_t: None,
             sqrt_dt: None,
         };
-        let config = LossConfig {
-            clip_ratio: 1e-5,
-            ..Default::default()
-        };
+        let config = LossConfig { clip_ratio: 1e-5, ..Default::default() };
         let out = PolicyLoss::Clipped.compute(&batch, &config).unwrap();
         assert_eq!(out.metrics["actor/ratio_mean"], 1.0);
         assert_eq!(out.metrics["actor/ratio_std"], 0.0);
@@ -261,10 +229,8 @@ mod tests {
             std_dev_t: None,
             sqrt_dt: None,
         };
-        let err = PolicyLoss::Guard
-            .compute(&batch, &LossConfig::default())
-            .unwrap_err()
-            .to_string();
+        let err =
+            PolicyLoss::Guard.compute(&batch, &LossConfig::default()).unwrap_err().to_string();
         assert!(err.contains("grpo_guard needs `prev_sample_mean`"), "{err}");
     }
 }
