@@ -1,0 +1,42 @@
+//! Diffusion model families in the diffusers layout. Each module tree mirrors its checkpoint keys
+//! (`transformer_blocks.3.attn.to_q`), configs mirror `config.json`, and LoRA adapters attach by
+//! the same dotted names users give PEFT.
+
+pub mod lora;
+pub mod nn;
+pub mod sd3;
+pub mod weights;
+
+pub use lora::{AdapterSwitch, LoraConfig};
+pub use weights::{load_weights, LoadOptions};
+
+/// Errors of model loading and running: they name the file, the tensor and what was expected.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("cannot read {path}: {message}")]
+    Io { path: String, message: String },
+    #[error("{path}: {message}")]
+    Format { path: String, message: String },
+    #[error("{path}: missing tensor(s) {names}")]
+    Missing { path: String, names: String },
+    #[error("{path}: unexpected tensor(s) {names} (not part of the model this config describes)")]
+    Unexpected { path: String, names: String },
+    #[error("{path}: tensor {name} has shape {found:?}, the config expects {expected:?}")]
+    Shape { path: String, name: String, expected: Vec<i64>, found: Vec<i64> },
+    #[error("{0}")]
+    Input(String),
+    #[error(transparent)]
+    Torch(#[from] tch::TchError),
+}
+
+/// Reads a JSON config file into its typed mirror, naming the file on failure.
+pub fn read_config<T: serde::de::DeserializeOwned>(
+    path: &std::path::Path,
+) -> Result<T, ModelError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ModelError::Io { path: path.display().to_string(), message: e.to_string() })?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Format {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
+}

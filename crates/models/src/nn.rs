@@ -1,0 +1,168 @@
+//! Building blocks whose variables are named like the checkpoint keys, and the LoRA-aware linear
+//! layer. A [`Scope`] is a position in the module tree: `scope / "attn" / "to_q"`.
+
+use std::ops::Div;
+
+use tch::nn::{Init, Path};
+use tch::{Kind, Tensor};
+
+use crate::lora::{AdapterSwitch, LoraConfig, LoraPair};
+
+/// Where adapters are created while a model is built.
+#[derive(Clone)]
+pub struct LoraScope<'a> {
+    pub path: Path<'a>,
+    pub config: &'a LoraConfig,
+    pub switch: AdapterSwitch,
+}
+
+/// A position in the module tree: the base variables' path, its dotted name, and (with LoRA) the
+/// adapters' path.
+#[derive(Clone)]
+pub struct Scope<'a> {
+    pub path: Path<'a>,
+    pub name: String,
+    pub lora: Option<LoraScope<'a>>,
+}
+
+impl<'a> Scope<'a> {
+    /// The root of a model's tree.
+    pub fn root(path: Path<'a>, lora: Option<LoraScope<'a>>) -> Self {
+        Self { path, name: String::new(), lora }
+    }
+
+    /// A variable at this position, named `name`.
+    pub fn var(&self, name: &str, dims: &[i64]) -> Tensor {
+        self.path.var(name, dims, Init::Const(0.0))
+    }
+
+    /// A linear layer (`weight`: out × in, optional `bias`), with an adapter when LoRA targets it.
+    pub fn linear(&self, input: i64, output: i64, bias: bool) -> Linear {
+        let weight = self.var("weight", &[output, input]);
+        let bias = bias.then(|| self.var("bias", &[output]));
+        let lora = self.lora.as_ref().filter(|l| l.config.targets(&self.name)).map(|l| {
+            let r = l.config.rank;
+            let (a_path, b_path) = (&l.path / "lora_A", &l.path / "lora_B");
+            let a = match l.config.init {
+                crate::lora::LoraInit::Gaussian => a_path.var(
+                    "weight",
+                    &[r, input],
+                    Init::Randn { mean: 0.0, stdev: 1.0 / r as f64 },
+                ),
+                crate::lora::LoraInit::Kaiming => {
+                    a_path.var("weight", &[r, input], tch::nn::init::DEFAULT_KAIMING_UNIFORM)
+                }
+            };
+            let b = b_path.var("weight", &[output, r], Init::Const(0.0));
+            (LoraPair { a, b, scale: l.config.scale() }, l.switch.clone())
+        });
+        Linear { weight, bias, lora }
+    }
+
+    /// A 2-D convolution (`weight`: out × in × k × k, `bias`).
+    pub fn conv2d(
+        &self,
+        input: i64,
+        output: i64,
+        kernel: i64,
+        stride: i64,
+        padding: i64,
+    ) -> Conv2d {
+        Conv2d {
+            weight: self.var("weight", &[output, input, kernel, kernel]),
+            bias: self.var("bias", &[output]),
+            stride,
+            padding,
+        }
+    }
+}
+
+impl<'a, T: ToString> Div<T> for &Scope<'a> {
+    type Output = Scope<'a>;
+
+    fn div(self, child: T) -> Scope<'a> {
+        let child = child.to_string();
+        let name =
+            if self.name.is_empty() { child.clone() } else { format!("{}.{child}", self.name) };
+        Scope {
+            path: &self.path / &child,
+            name,
+            lora: self.lora.as_ref().map(|l| LoraScope { path: &l.path / &child, ..l.clone() }),
+        }
+    }
+}
+
+/// `y = x·Wᵀ + b (+ (α/r)·B·A·x when the adapter is on)`.
+#[derive(Debug)]
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    pub lora: Option<(LoraPair, AdapterSwitch)>,
+}
+
+impl Linear {
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let y = x.linear(&self.weight, self.bias.as_ref());
+        match &self.lora {
+            Some((pair, switch)) if switch.enabled() => {
+                let delta = x
+                    .to_kind(pair.a.kind())
+                    .linear::<Tensor>(&pair.a, None)
+                    .linear::<Tensor>(&pair.b, None)
+                    * pair.scale;
+                y + delta.to_kind(x.kind())
+            }
+            _ => y,
+        }
+    }
+}
+
+/// A 2-D convolution with bias.
+#[derive(Debug)]
+pub struct Conv2d {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub stride: i64,
+    pub padding: i64,
+}
+
+impl Conv2d {
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.conv2d(&self.weight, Some(&self.bias), [self.stride; 2], [self.padding; 2], [1, 1], 1)
+    }
+}
+
+/// Layer norm over the last dimension without affine parameters.
+pub fn layer_norm(x: &Tensor, eps: f64) -> Tensor {
+    let dim = *x.size().last().expect("a tensor with dimensions");
+    x.layer_norm([dim], None::<Tensor>, None::<Tensor>, eps, true)
+}
+
+/// RMS norm over the last dimension with a learned scale (diffusers' `RMSNorm`: statistics in f32,
+/// result in the weight's dtype when that is half precision).
+#[derive(Debug)]
+pub struct RmsNorm {
+    pub weight: Tensor,
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(scope: &Scope<'_>, dim: i64, eps: f64) -> Self {
+        Self { weight: scope.var("weight", &[dim]), eps }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let variance = x.to_kind(Kind::Float).square().mean_dim(-1, true, Kind::Float);
+        let normed = x * (variance + self.eps).rsqrt();
+        let normed = match self.weight.kind() {
+            Kind::Half | Kind::BFloat16 => normed.to_kind(self.weight.kind()),
+            _ => normed,
+        };
+        normed * &self.weight
+    }
+}
+
+/// GELU with the tanh approximation (`gelu-approximate`).
+pub fn gelu_tanh(x: &Tensor) -> Tensor {
+    x.gelu("tanh")
+}

@@ -1,0 +1,123 @@
+//! Joint attention (`JointAttnProcessor2_0`): image and text tokens attend together, each with
+//! its own projections; and the plain self-attention of SD3.5's second (image-only) attention.
+
+use tch::Tensor;
+
+use crate::nn::{Linear, RmsNorm, Scope};
+
+/// q/k RMS-normalisation per head (SD3.5 `qk_norm: rms_norm`).
+pub struct QkNorm {
+    pub q: RmsNorm,
+    pub k: RmsNorm,
+}
+
+/// `Attention` with optional added (context) projections.
+pub struct Attention {
+    pub to_q: Linear,
+    pub to_k: Linear,
+    pub to_v: Linear,
+    pub to_out: Linear,
+    pub norm: Option<QkNorm>,
+    pub added: Option<AddedProjections>,
+    pub heads: i64,
+}
+
+/// The context stream's projections; `to_add_out` is absent in the last (context-pre-only) block.
+pub struct AddedProjections {
+    pub add_q_proj: Linear,
+    pub add_k_proj: Linear,
+    pub add_v_proj: Linear,
+    pub to_add_out: Option<Linear>,
+    pub norm: Option<QkNorm>,
+}
+
+const QK_EPS: f64 = 1e-6;
+
+impl Attention {
+    /// `joint`: with context projections; `context_out`: whether the context stream continues.
+    pub fn new(
+        scope: &Scope<'_>,
+        dim: i64,
+        heads: i64,
+        head_dim: i64,
+        qk_norm: bool,
+        joint: bool,
+        context_out: bool,
+    ) -> Self {
+        let norm_pair = |q: &str, k: &str| {
+            qk_norm.then(|| QkNorm {
+                q: RmsNorm::new(&(scope / q), head_dim, QK_EPS),
+                k: RmsNorm::new(&(scope / k), head_dim, QK_EPS),
+            })
+        };
+        let inner = heads * head_dim;
+        Self {
+            to_q: (scope / "to_q").linear(dim, inner, true),
+            to_k: (scope / "to_k").linear(dim, inner, true),
+            to_v: (scope / "to_v").linear(dim, inner, true),
+            to_out: (&(scope / "to_out") / 0).linear(inner, dim, true),
+            norm: norm_pair("norm_q", "norm_k"),
+            added: joint.then(|| AddedProjections {
+                add_q_proj: (scope / "add_q_proj").linear(dim, inner, true),
+                add_k_proj: (scope / "add_k_proj").linear(dim, inner, true),
+                add_v_proj: (scope / "add_v_proj").linear(dim, inner, true),
+                to_add_out: context_out.then(|| (scope / "to_add_out").linear(inner, dim, true)),
+                norm: norm_pair("norm_added_q", "norm_added_k"),
+            }),
+            heads,
+        }
+    }
+
+    /// (B, N, D) → (B, heads, N, head_dim), normalised if configured.
+    fn heads_of(&self, x: &Tensor, proj: &Linear, norm: Option<&RmsNorm>) -> Tensor {
+        let (b, n) = (x.size()[0], x.size()[1]);
+        let t = proj.forward(x).view([b, n, self.heads, -1]).transpose(1, 2);
+        match norm {
+            Some(norm) => norm.forward(&t),
+            None => t,
+        }
+    }
+
+    /// Self-attention over `x` alone.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let (q, k, v) = self.qkv(x);
+        let out = attend(&q, &k, &v);
+        self.to_out.forward(&out)
+    }
+
+    fn qkv(&self, x: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let norm = self.norm.as_ref();
+        (
+            self.heads_of(x, &self.to_q, norm.map(|n| &n.q)),
+            self.heads_of(x, &self.to_k, norm.map(|n| &n.k)),
+            self.heads_of(x, &self.to_v, None),
+        )
+    }
+
+    /// Joint attention: image tokens `x` first, then context tokens `c`. Returns the image
+    /// output and (unless context-pre-only) the context output.
+    pub fn forward_joint(&self, x: &Tensor, c: &Tensor) -> (Tensor, Option<Tensor>) {
+        let added = self.added.as_ref().expect("joint attention has context projections");
+        let (q, k, v) = self.qkv(x);
+        let norm = added.norm.as_ref();
+        let cq = self.heads_of(c, &added.add_q_proj, norm.map(|n| &n.q));
+        let ck = self.heads_of(c, &added.add_k_proj, norm.map(|n| &n.k));
+        let cv = self.heads_of(c, &added.add_v_proj, None);
+        let out =
+            attend(&Tensor::cat(&[q, cq], 2), &Tensor::cat(&[k, ck], 2), &Tensor::cat(&[v, cv], 2));
+        let n = x.size()[1];
+        let total = out.size()[1];
+        let image = self.to_out.forward(&out.narrow(1, 0, n));
+        let context =
+            added.to_add_out.as_ref().map(|proj| proj.forward(&out.narrow(1, n, total - n)));
+        (image, context)
+    }
+}
+
+/// Scaled dot-product attention (fused kernels on GPU, with backward); (B, H, N, d) → (B, N, H·d).
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
+    let out =
+        Tensor::scaled_dot_product_attention(q, k, v, None::<Tensor>, 0.0, false, None, false);
+    let (b, h, n, d) = out.size4().expect("4-d attention output");
+    out.transpose(1, 2).reshape([b, n, h * d])
+}

@@ -1,0 +1,213 @@
+//! `SD3Transformer2DModel`: patchify, embed, joint blocks, continuous AdaLN, unpatchify.
+
+use std::path::Path;
+
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use super::block::JointTransformerBlock;
+use super::config::Sd3TransformerConfig;
+use super::embeddings::{PatchEmbed, TimeTextEmbed};
+use crate::lora::{self, AdapterSwitch, LoraConfig};
+use crate::nn::{layer_norm, Linear, LoraScope, Scope};
+use crate::weights::{checkpoint_files, load_weights, LoadOptions};
+use crate::{read_config, ModelError};
+
+/// The SD3 / SD3.5 denoiser, predicting the flow-matching velocity.
+pub struct Sd3Transformer {
+    pub config: Sd3TransformerConfig,
+    pub pos_embed: PatchEmbed,
+    pub time_text_embed: TimeTextEmbed,
+    pub context_embedder: Linear,
+    pub transformer_blocks: Vec<JointTransformerBlock>,
+    /// `norm_out.linear` of the final continuous AdaLN.
+    pub norm_out: Linear,
+    pub proj_out: Linear,
+    /// Base weights (frozen when adapters exist).
+    pub store: VarStore,
+    /// Adapter weights and their on/off switch, when built with LoRA.
+    pub adapters: Option<(VarStore, AdapterSwitch)>,
+}
+
+impl Sd3Transformer {
+    /// Builds the module tree for `config` on `device`, with adapters when `lora` is given.
+    /// Weights start at zero; load them with [`Self::load`] or fill them for a fresh model.
+    pub fn new(
+        config: &Sd3TransformerConfig,
+        device: Device,
+        lora: Option<&LoraConfig>,
+    ) -> Result<Self, ModelError> {
+        config.validate().map_err(ModelError::Input)?;
+        let store = VarStore::new(device);
+        let adapter_store = lora.map(|_| VarStore::new(device));
+        let switch = AdapterSwitch::default();
+        let lora_scope = lora.zip(adapter_store.as_ref()).map(|(config, vs)| LoraScope {
+            path: vs.root(),
+            config,
+            switch: switch.clone(),
+        });
+        let root = Scope::root(store.root(), lora_scope);
+        let c = config;
+        let dim = c.inner_dim();
+        let blocks = (0..c.num_layers)
+            .map(|i| {
+                let pre_only = i + 1 == c.num_layers;
+                let dual = c.dual_attention_layers.contains(&i);
+                let scope = &(&root / "transformer_blocks") / i;
+                JointTransformerBlock::new(
+                    &scope,
+                    dim,
+                    c.num_attention_heads,
+                    c.attention_head_dim,
+                    pre_only,
+                    c.qk_norm.is_some(),
+                    dual,
+                )
+            })
+            .collect();
+        let model = Self {
+            pos_embed: PatchEmbed::new(
+                &(&root / "pos_embed"),
+                c.in_channels,
+                dim,
+                c.patch_size,
+                c.pos_embed_max_size,
+            ),
+            time_text_embed: TimeTextEmbed::new(
+                &(&root / "time_text_embed"),
+                dim,
+                c.pooled_projection_dim,
+            ),
+            context_embedder: (&root / "context_embedder").linear(
+                c.joint_attention_dim,
+                c.caption_projection_dim,
+                true,
+            ),
+            transformer_blocks: blocks,
+            norm_out: (&(&root / "norm_out") / "linear").linear(dim, 2 * dim, true),
+            proj_out: (&root / "proj_out").linear(
+                dim,
+                c.patch_size * c.patch_size * c.out_channels(),
+                true,
+            ),
+            config: config.clone(),
+            store,
+            adapters: adapter_store.map(|vs| (vs, switch)),
+        };
+        Ok(model)
+    }
+
+    /// Loads a diffusers `transformer/` directory (config.json + safetensors, sharded or not).
+    pub fn load(
+        dir: &Path,
+        device: Device,
+        kind: Kind,
+        lora: Option<&LoraConfig>,
+    ) -> Result<Self, ModelError> {
+        let config: Sd3TransformerConfig = read_config(&dir.join("config.json"))?;
+        let mut model = Self::new(&config, device, lora)?;
+        load_weights(&mut model.store, &checkpoint_files(dir)?, LoadOptions { kind: Some(kind) })?;
+        if model.adapters.is_some() {
+            model.store.freeze();
+        }
+        Ok(model)
+    }
+
+    /// Loads adapter weights saved in the diffusers/PEFT layout (`transformer.<module>.lora_A.weight`).
+    pub fn load_lora(&mut self, path: &Path) -> Result<(), ModelError> {
+        let (store, _) = self
+            .adapters
+            .as_mut()
+            .ok_or_else(|| ModelError::Input("the model was built without LoRA adapters".into()))?;
+        lora::load(store, "transformer", path)
+    }
+
+    /// Turns the adapters on or off (off: the base model, the KL reference).
+    pub fn set_adapters_enabled(&self, on: bool) {
+        if let Some((_, switch)) = &self.adapters {
+            switch.set(on);
+        }
+    }
+
+    /// Velocity for latents (B, C, H, W), text tokens (B, L, joint_dim), pooled text (B, pooled_dim)
+    /// and timesteps (B,) on the 0‥1000 scale.
+    pub fn forward(
+        &self,
+        hidden_states: &Tensor,
+        encoder_hidden_states: &Tensor,
+        pooled: &Tensor,
+        timestep: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        self.check_inputs(hidden_states, encoder_hidden_states, pooled, timestep)?;
+        let c = &self.config;
+        let (b, _, h, w) = hidden_states.size4()?;
+        let mut x = self.pos_embed.forward(hidden_states);
+        let temb = self.time_text_embed.forward(timestep, pooled);
+        let mut context = Some(self.context_embedder.forward(encoder_hidden_states));
+        for block in &self.transformer_blocks {
+            let ctx = context.expect("only the last block ends the context stream");
+            let (nx, nc) = block.forward(&x, &ctx, &temb);
+            x = nx;
+            context = nc;
+        }
+        // AdaLayerNormContinuous: (scale, shift).
+        let mods = self.norm_out.forward(&temb.silu()).chunk(2, 1);
+        let x = layer_norm(&x, 1e-6) * (mods[0].unsqueeze(1) + 1.0) + mods[1].unsqueeze(1);
+        let x = self.proj_out.forward(&x);
+        let (p, oc) = (c.patch_size, c.out_channels());
+        let (gh, gw) = (h / p, w / p);
+        Ok(x.reshape([b, gh, gw, p, p, oc]).permute([0, 5, 1, 3, 2, 4]).reshape([b, oc, h, w]))
+    }
+
+    fn check_inputs(
+        &self,
+        x: &Tensor,
+        text: &Tensor,
+        pooled: &Tensor,
+        t: &Tensor,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let bad = |what: &str, found: Vec<i64>, expected: String| {
+            Err(ModelError::Input(format!("{what} has shape {found:?}, expected {expected}")))
+        };
+        let xs = x.size();
+        if xs.len() != 4 || xs[1] != c.in_channels {
+            return bad("hidden_states", xs, format!("[B, {}, H, W]", c.in_channels));
+        }
+        let (b, h, w) = (xs[0], xs[2], xs[3]);
+        if h % c.patch_size != 0
+            || w % c.patch_size != 0
+            || h / c.patch_size > c.pos_embed_max_size
+            || w / c.patch_size > c.pos_embed_max_size
+        {
+            return bad(
+                "hidden_states",
+                xs,
+                format!(
+                    "H and W multiples of {} and at most {}",
+                    c.patch_size,
+                    c.patch_size * c.pos_embed_max_size
+                ),
+            );
+        }
+        let ts = text.size();
+        if ts.len() != 3 || ts[0] != b || ts[2] != c.joint_attention_dim {
+            return bad(
+                "encoder_hidden_states",
+                ts,
+                format!("[{b}, L, {}]", c.joint_attention_dim),
+            );
+        }
+        if pooled.size() != [b, c.pooled_projection_dim] {
+            return bad(
+                "pooled_projections",
+                pooled.size(),
+                format!("[{b}, {}]", c.pooled_projection_dim),
+            );
+        }
+        if t.size() != [b] {
+            return bad("timestep", t.size(), format!("[{b}]"));
+        }
+        Ok(())
+    }
+}

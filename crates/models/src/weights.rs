@@ -1,0 +1,151 @@
+//! Loading safetensors checkpoints (single file or sharded with `*.safetensors.index.json`) into
+//! a model's variables, memory-mapped, with the dtype and device chosen at load time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors};
+use tch::{nn::VarStore, Kind, Tensor};
+
+use crate::ModelError;
+
+/// How a component's weights are read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// Convert every floating tensor to this kind (None: keep the variables' kind).
+    pub kind: Option<Kind>,
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> ModelError {
+    ModelError::Io { path: path.display().to_string(), message: e.to_string() }
+}
+
+/// The safetensors files of a component directory: the shards named by an index file, or the one
+/// `*.safetensors` file.
+pub fn checkpoint_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| io(dir, e))?;
+    let mut singles = vec![];
+    let mut indexes = vec![];
+    for entry in entries {
+        let path = entry.map_err(|e| io(dir, e))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        if name.ends_with(".safetensors.index.json") {
+            indexes.push(path);
+        } else if name.ends_with(".safetensors") {
+            singles.push(path);
+        }
+    }
+    match (indexes.as_slice(), singles.as_slice()) {
+        ([index], _) => {
+            #[derive(serde::Deserialize)]
+            struct Index {
+                weight_map: BTreeMap<String, String>,
+            }
+            let parsed: Index = crate::read_config(index)?;
+            let shards: BTreeSet<String> = parsed.weight_map.into_values().collect();
+            Ok(shards.into_iter().map(|s| dir.join(s)).collect())
+        }
+        ([], [single]) => Ok(vec![single.clone()]),
+        ([], []) => Err(ModelError::Format {
+            path: dir.display().to_string(),
+            message: "no *.safetensors checkpoint in this directory".into(),
+        }),
+        ([], _) => Err(ModelError::Format {
+            path: dir.display().to_string(),
+            message: format!(
+                "{} *.safetensors files and no *.safetensors.index.json to say which to use",
+                singles.len()
+            ),
+        }),
+        _ => Err(ModelError::Format {
+            path: dir.display().to_string(),
+            message: "more than one *.safetensors.index.json".into(),
+        }),
+    }
+}
+
+fn kind_of(dtype: Dtype) -> Option<Kind> {
+    Some(match dtype {
+        Dtype::F32 => Kind::Float,
+        Dtype::F16 => Kind::Half,
+        Dtype::BF16 => Kind::BFloat16,
+        Dtype::F64 => Kind::Double,
+        Dtype::I64 => Kind::Int64,
+        Dtype::I32 => Kind::Int,
+        Dtype::I16 => Kind::Int16,
+        Dtype::I8 => Kind::Int8,
+        Dtype::U8 => Kind::Uint8,
+        Dtype::BOOL => Kind::Bool,
+        _ => return None,
+    })
+}
+
+/// Copies every variable of `vs` from the checkpoint files, failing on a missing, unexpected or
+/// misshaped tensor. Floating variables are converted to `options.kind` first, if given.
+pub fn load_weights(
+    vs: &mut VarStore,
+    files: &[PathBuf],
+    options: LoadOptions,
+) -> Result<(), ModelError> {
+    if let Some(kind) = options.kind {
+        vs.set_kind(kind);
+    }
+    let variables = vs.variables();
+    let mut remaining: BTreeSet<&str> = variables.keys().map(String::as_str).collect();
+    let mut unexpected = vec![];
+    let label = files.first().map(|f| f.display().to_string()).unwrap_or_default();
+    let _guard = tch::no_grad_guard();
+    for file in files {
+        let handle = std::fs::File::open(file).map_err(|e| io(file, e))?;
+        // SAFETY: the file is mapped read-only and not modified while mapped.
+        let map = unsafe { memmap2::Mmap::map(&handle) }.map_err(|e| io(file, e))?;
+        let tensors = SafeTensors::deserialize(&map).map_err(|e| ModelError::Format {
+            path: file.display().to_string(),
+            message: format!("not a safetensors file: {e}"),
+        })?;
+        for (name, view) in tensors.tensors() {
+            let Some(var) = variables.get(&name) else {
+                unexpected.push(name);
+                continue;
+            };
+            remaining.remove(name.as_str());
+            let found: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+            if found != var.size() {
+                return Err(ModelError::Shape {
+                    path: file.display().to_string(),
+                    name,
+                    expected: var.size(),
+                    found,
+                });
+            }
+            let kind = kind_of(view.dtype()).ok_or_else(|| ModelError::Format {
+                path: file.display().to_string(),
+                message: format!("tensor {name} has unsupported dtype {:?}", view.dtype()),
+            })?;
+            let source = Tensor::f_from_data_size(view.data(), &found, kind)?;
+            var.shallow_clone().f_copy_(&source)?;
+        }
+    }
+    if !remaining.is_empty() {
+        return Err(ModelError::Missing { path: label, names: list(remaining.iter().copied()) });
+    }
+    if !unexpected.is_empty() {
+        unexpected.sort();
+        return Err(ModelError::Unexpected {
+            path: label,
+            names: list(unexpected.iter().map(String::as_str)),
+        });
+    }
+    Ok(())
+}
+
+/// At most eight names, then a count.
+fn list<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let all: Vec<&str> = names.collect();
+    let shown = all.iter().take(8).copied().collect::<Vec<_>>().join(", ");
+    if all.len() > 8 {
+        format!("{shown} and {} more", all.len() - 8)
+    } else {
+        shown
+    }
+}
