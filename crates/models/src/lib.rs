@@ -5,6 +5,8 @@
 pub mod lora;
 pub mod nn;
 pub mod sd3;
+pub mod text_encoders;
+pub mod vae;
 pub mod weights;
 
 pub use lora::{AdapterSwitch, LoraConfig};

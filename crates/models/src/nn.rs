@@ -166,3 +166,61 @@ impl RmsNorm {
 pub fn gelu_tanh(x: &Tensor) -> Tensor {
     x.gelu("tanh")
 }
+
+/// Layer norm over the last dimension with `weight` and `bias`.
+#[derive(Debug)]
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(scope: &Scope<'_>, dim: i64, eps: f64) -> Self {
+        Self { weight: scope.var("weight", &[dim]), bias: scope.var("bias", &[dim]), eps }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.layer_norm([self.weight.size()[0]], Some(&self.weight), Some(&self.bias), self.eps, true)
+    }
+}
+
+/// Group norm over channels (dim 1) with `weight` and `bias`.
+#[derive(Debug)]
+pub struct GroupNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub groups: i64,
+    pub eps: f64,
+}
+
+impl GroupNorm {
+    pub fn new(scope: &Scope<'_>, groups: i64, channels: i64, eps: f64) -> Self {
+        Self {
+            weight: scope.var("weight", &[channels]),
+            bias: scope.var("bias", &[channels]),
+            groups,
+            eps,
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.group_norm(self.groups, Some(&self.weight), Some(&self.bias), self.eps, true)
+    }
+}
+
+/// A lookup table `weight` (vocab × dim).
+#[derive(Debug)]
+pub struct Embedding {
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    pub fn new(scope: &Scope<'_>, vocab: i64, dim: i64) -> Self {
+        Self { weight: scope.var("weight", &[vocab, dim]) }
+    }
+
+    pub fn forward(&self, ids: &Tensor) -> Tensor {
+        Tensor::embedding(&self.weight, ids, -1, false, false)
+    }
+}

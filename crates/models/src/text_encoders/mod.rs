@@ -1,0 +1,24 @@
+//! Text encoders of the diffusers pipelines, in the transformers layout.
+
+pub mod clip;
+pub mod t5;
+
+use std::path::Path;
+
+use tch::nn::VarStore;
+use tch::{Device, Kind};
+
+use crate::weights::{checkpoint_files, load_weights, LoadOptions};
+use crate::ModelError;
+
+/// Loads the weights of a component directory into `store`, frozen (text encoders are not trained).
+fn load_frozen(store: &mut VarStore, dir: &Path, kind: Kind) -> Result<(), ModelError> {
+    load_weights(store, &checkpoint_files(dir)?, LoadOptions { kind: Some(kind) })?;
+    store.freeze();
+    Ok(())
+}
+
+/// A fresh store on `device`.
+fn store(device: Device) -> VarStore {
+    VarStore::new(device)
+}
