@@ -42,3 +42,50 @@ pub fn read_config<T: serde::de::DeserializeOwned>(
         message: e.to_string(),
     })
 }
+
+/// Text conditioning of a denoiser: token states and, for models that use one, a pooled vector.
+pub struct TextConditioning {
+    /// (B, L, D) token states.
+    pub embeds: tch::Tensor,
+    /// (B, P) pooled text, where the model takes one (SD3, Flux).
+    pub pooled: Option<tch::Tensor>,
+}
+
+impl TextConditioning {
+    /// Rows `[self; other]` stacked, for one batched CFG forward.
+    pub fn concat(&self, other: &Self) -> Self {
+        Self {
+            embeds: tch::Tensor::cat(&[&self.embeds, &other.embeds], 0),
+            pooled: self
+                .pooled
+                .as_ref()
+                .zip(other.pooled.as_ref())
+                .map(|(a, b)| tch::Tensor::cat(&[a, b], 0)),
+        }
+    }
+}
+
+/// A flow-matching denoiser: velocity of latents at timesteps (0‥1000) given text.
+pub trait Denoiser {
+    fn velocity(
+        &self,
+        latents: &tch::Tensor,
+        timestep: &tch::Tensor,
+        text: &TextConditioning,
+    ) -> Result<tch::Tensor, ModelError>;
+}
+
+impl Denoiser for sd3::Sd3Transformer {
+    fn velocity(
+        &self,
+        latents: &tch::Tensor,
+        timestep: &tch::Tensor,
+        text: &TextConditioning,
+    ) -> Result<tch::Tensor, ModelError> {
+        let pooled = text
+            .pooled
+            .as_ref()
+            .ok_or_else(|| ModelError::Input("SD3 needs pooled text embeddings".into()))?;
+        self.forward(latents, &text.embeds, pooled, timestep)
+    }
+}

@@ -67,14 +67,15 @@ pub struct T5Encoder {
 
 impl T5Encoder {
     pub fn new(config: &T5Config, device: Device) -> Result<Self, ModelError> {
-        let gated =
-            match config.feed_forward_proj.as_str() {
-                "gated-gelu" => true,
-                "relu" => false,
-                other => return Err(ModelError::Input(format!(
+        let gated = match config.feed_forward_proj.as_str() {
+            "gated-gelu" => true,
+            "relu" => false,
+            other => {
+                return Err(ModelError::Input(format!(
                     "T5 feed_forward_proj `{other}` is not supported; expected gated-gelu or relu"
-                ))),
-            };
+                )))
+            }
+        };
         let store = super::store(device);
         let root = Scope::root(store.root(), None);
         let (d, inner, eps) =

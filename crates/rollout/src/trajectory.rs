@@ -1,0 +1,133 @@
+//! One batched trajectory: CFG velocities, SDE steps inside each row's window, Euler outside,
+//! recording the window's latents, log-probs and timesteps.
+
+use std::ops::Range;
+
+use flowtune_models::{Denoiser, TextConditioning};
+use flowtune_sampling::{euler_step, reverse_step, Draw, SigmaGrid, StepParams};
+use tch::{Kind, Tensor};
+
+use crate::RolloutError;
+
+/// Classifier-free guidance: `v = v_neg + g·(v_pos − v_neg)` when `g > 1`.
+pub struct Guidance<'a> {
+    pub scale: f64,
+    pub negative: Option<&'a TextConditioning>,
+}
+
+/// Everything one trajectory needs besides the model.
+pub struct TrajectoryRequest<'a> {
+    pub grid: &'a SigmaGrid,
+    pub text: &'a TextConditioning,
+    pub guidance: Guidance<'a>,
+    /// Step settings inside the window (noise level, SDE type, normaliser).
+    pub step: StepParams,
+    /// Per row: the stochastic steps (all rows the same length W).
+    pub windows: &'a [Range<usize>],
+    /// Initial latents (B, C, H, W).
+    pub initial: &'a Tensor,
+}
+
+/// A recorded trajectory.
+#[derive(Debug)]
+pub struct Trajectory {
+    /// (B, W+1, C, H, W): the latent entering the first window step, then after each window step.
+    pub all_latents: Tensor,
+    /// (B, W) log-probs of the window steps.
+    pub all_log_probs: Tensor,
+    /// (B, W) timesteps of the window steps.
+    pub all_timesteps: Tensor,
+    /// (B, C, H, W) clean latents at the end.
+    pub final_latents: Tensor,
+}
+
+/// Samples a trajectory; `step_noise(i)` gives the (B, C, H, W) Gaussian of step i, drawn for
+/// every step as the seeds contract requires.
+pub fn sample_trajectory(
+    model: &impl Denoiser,
+    request: &TrajectoryRequest<'_>,
+    mut step_noise: impl FnMut(usize) -> Tensor,
+) -> Result<Trajectory, RolloutError> {
+    let grid = request.grid;
+    let b = request.initial.size()[0];
+    let w = request.windows.first().map_or(0, Range::len);
+    if request.windows.len() as i64 != b
+        || request.windows.iter().any(|r| r.len() != w || r.end > grid.steps())
+    {
+        return Err(RolloutError::Input(format!(
+            "{} windows for {b} rows; each must have the same length and end by step {}",
+            request.windows.len(),
+            grid.steps()
+        )));
+    }
+    let device = request.initial.device();
+    let guided = request.guidance.scale > 1.0;
+    let both = match (guided, request.guidance.negative) {
+        (true, Some(neg)) => Some(neg.concat(request.text)),
+        (true, None) => {
+            return Err(RolloutError::Input(
+                "guidance_scale > 1 needs negative text conditioning".into(),
+            ))
+        }
+        _ => None,
+    };
+    let mut x = request.initial.to_kind(Kind::Float);
+    let mut latents: Vec<Vec<Tensor>> = (0..b).map(|_| vec![]).collect();
+    let mut log_probs: Vec<Vec<Tensor>> = (0..b).map(|_| vec![]).collect();
+    let mut timesteps: Vec<Vec<f32>> = vec![vec![]; b as usize];
+    for i in 0..grid.steps() {
+        let t = Tensor::full([b], grid.timesteps[i] as f64, (Kind::Float, device));
+        let v = match &both {
+            Some(cond) => {
+                let out = model
+                    .velocity(&Tensor::cat(&[&x, &x], 0), &Tensor::cat(&[&t, &t], 0), cond)?
+                    .to_kind(Kind::Float);
+                let parts = out.chunk(2, 0);
+                &parts[0] + (&parts[1] - &parts[0]) * request.guidance.scale
+            }
+            None => model.velocity(&x, &t, request.text)?.to_kind(Kind::Float),
+        };
+        let z = step_noise(i);
+        let sigma = Tensor::full([b], grid.sigmas[i] as f64, (Kind::Float, device));
+        let sigma_next = Tensor::full([b], grid.sigmas[i + 1] as f64, (Kind::Float, device));
+        let in_window: Vec<bool> = request.windows.iter().map(|r| r.contains(&i)).collect();
+        let next = if in_window.iter().any(|&s| s) {
+            let out = reverse_step(&request.step, &v, &x, &sigma, &sigma_next, Draw::Noise(&z))?;
+            let euler = euler_step(&x, &v, &sigma, &sigma_next);
+            for (row, &stochastic) in in_window.iter().enumerate() {
+                if stochastic {
+                    let r = row as i64;
+                    if request.windows[row].start == i {
+                        latents[row].push(x.get(r));
+                    }
+                    latents[row].push(out.prev_sample.get(r));
+                    log_probs[row].push(out.log_prob.get(r));
+                    timesteps[row].push(grid.timesteps[i]);
+                }
+            }
+            let mask = Tensor::from_slice(&in_window).to_device(device).view([b, 1, 1, 1]);
+            out.prev_sample.where_self(&mask, &euler)
+        } else {
+            euler_step(&x, &v, &sigma, &sigma_next)
+        };
+        x = next;
+    }
+    let stack_rows = |rows: Vec<Vec<Tensor>>| {
+        Tensor::stack(&rows.into_iter().map(|r| Tensor::stack(&r, 0)).collect::<Vec<_>>(), 0)
+    };
+    let all_timesteps: Vec<f32> = timesteps.concat();
+    Ok(Trajectory {
+        all_latents: if w > 0 {
+            stack_rows(latents)
+        } else {
+            Tensor::empty([b, 0], (Kind::Float, device))
+        },
+        all_log_probs: if w > 0 {
+            stack_rows(log_probs)
+        } else {
+            Tensor::empty([b, 0], (Kind::Float, device))
+        },
+        all_timesteps: Tensor::from_slice(&all_timesteps).view([b, w as i64]).to_device(device),
+        final_latents: x,
+    })
+}
