@@ -6,7 +6,7 @@ export FLOWTUNE_CACHE ?= $(HOME)/.cache/flowtune
 export FLOWTUNE_VENV ?= $(FLOWTUNE_CACHE)/venv
 ENV := source scripts/env.sh &&
 
-.PHONY: test setup build lint fmt
+.PHONY: test setup build fmt
 
 ## test: set up the torch venv if needed, check formatting and lints, run the whole test suite
 test: setup

@@ -63,9 +63,10 @@ impl Recipe {
         }
         let recipe: Self = serde_path_to_error::deserialize(tree).map_err(|e| {
             let key = key_of(e.path());
+            let error_path: Vec<&str> = key.split('.').collect();
             let culprit = overrides.iter().rev().find(|o| {
-                let k = o.key();
-                k.starts_with(&key) || key.starts_with(&k)
+                let shared = o.path.iter().zip(&error_path).take_while(|(a, b)| a == *b).count();
+                shared == o.path.len().min(error_path.len())
             });
             ConfigError::Override {
                 text: culprit.map_or_else(|| overrides_text(&overrides), |o| o.text.clone()),

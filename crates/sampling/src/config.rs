@@ -70,11 +70,14 @@ impl SamplerConfig {
                 "a finite number ≥ 0",
             ));
         }
-        for (key, value) in [("n", self.n), ("steps", self.steps), ("eval_steps", self.eval_steps)]
-        {
+        for (key, value) in [("n", self.n), ("eval_steps", self.eval_steps)] {
             if value == 0 {
                 return Err(SamplingError::setting(key, value, "≥ 1"));
             }
+        }
+        if self.steps < 2 {
+            let why = "≥ 2 (the last step is deterministic, so fewer leave nothing to train)";
+            return Err(SamplingError::setting("steps", self.steps, why));
         }
         self.window_range(self.steps).map(|_| ())
     }

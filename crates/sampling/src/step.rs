@@ -69,7 +69,7 @@ pub fn euler_step(
 ) -> Tensor {
     let kind = math_kind(sample);
     let x = sample.to_kind(kind);
-    let dt = per_row(&(sigma_next - sigma), &x);
+    let dt = per_row(&(sigma_next - sigma).to_kind(kind).to_device(x.device()), &x);
     &x + model_output.to_kind(kind) * dt
 }
 
@@ -94,8 +94,8 @@ pub fn reverse_step(
     let kind = math_kind(sample);
     let x = sample.to_kind(kind);
     let v = model_output.to_kind(kind);
-    let sigma = per_row(&sigma.to_kind(kind), &x);
-    let sigma_next = per_row(&sigma_next.to_kind(kind), &x);
+    let sigma = per_row(&sigma.to_kind(kind).to_device(x.device()), &x);
+    let sigma_next = per_row(&sigma_next.to_kind(kind).to_device(x.device()), &x);
     let dt = &sigma_next - &sigma;
     let sqrt_dt = (-&dt).sqrt();
 

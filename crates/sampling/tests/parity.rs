@@ -51,6 +51,10 @@ fn sigma_grids_match_diffusers() {
             (None, None) => {}
             (want, got) => check.fail(format!("{name} mu: got {got:?}, reference {want:?}")),
         }
+        // The spec asks for bit-identical grids: the rollout and the trainer must agree exactly.
+        if grid.sigmas != sigmas || grid.timesteps != timesteps {
+            check.fail(format!("{name}: the grid is not bit-identical to diffusers'"));
+        }
         // The trainer's exact lookup finds every timestep of the reference grid.
         for (i, t) in timesteps.iter().enumerate() {
             if grid.index_of(*t).ok() != Some(i) {

@@ -25,7 +25,7 @@ pub enum DebugCommand {
         #[arg(long, default_value = "sd3", value_parser = parse_pipeline)]
         pipeline: Pipeline,
         /// Explicit sigmas, comma-separated, instead of the pipeline's own (N = their count).
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', conflicts_with = "steps")]
         sigmas: Option<Vec<f64>>,
         /// Also look this timestep up on the grid (exact match), as the trainer does.
         #[arg(long)]

@@ -28,7 +28,7 @@ pub fn dpo_loss(batch: &DpoBatch<'_>, beta: f64) -> Result<LossOutput, Objective
         ("model_pred", batch.model_pred),
         ("ref_pred", batch.ref_pred),
     ])?;
-    let rows = batch.latents.size()[0];
+    let rows = super::batch_rows(batch.latents, "latents")?;
     if rows == 0 || rows % 2 != 0 {
         return Err(ObjectiveError::Shape(format!(
             "DPO needs (chosen, rejected) pairs: got {rows} rows"

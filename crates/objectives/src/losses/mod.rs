@@ -135,10 +135,20 @@ fn rows(t: &Tensor, b: i64, name: &str) -> Result<Tensor, ObjectiveError> {
     }
 }
 
+/// The batch size of a (B, …) tensor with at least one non-batch dimension.
+fn batch_rows(t: &Tensor, name: &str) -> Result<i64, ObjectiveError> {
+    match t.size().as_slice() {
+        [b, _, ..] => Ok(*b),
+        other => Err(ObjectiveError::Shape(format!(
+            "{name} must be (B, …) with a non-batch dimension, got {other:?}"
+        ))),
+    }
+}
+
 /// Mean over every non-batch dimension: (B, …) → (B,).
 fn mean_elems(t: &Tensor) -> Tensor {
     let dims: Vec<i64> = (1..t.dim() as i64).collect();
-    t.mean_dim(dims.as_slice(), false, Kind::Float)
+    t.mean_dim(dims.as_slice(), false, t.kind())
 }
 
 /// Checks that every named tensor has the same shape as the first.

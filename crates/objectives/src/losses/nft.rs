@@ -71,7 +71,7 @@ pub fn nft_loss(
         ("old_pred", batch.old_pred),
         ("ref_pred", batch.ref_pred),
     ])?;
-    let b = batch.x0.size()[0];
+    let b = super::batch_rows(batch.x0, "x0")?;
     let mut shape = vec![b];
     shape.extend(std::iter::repeat_n(1, batch.x0.dim() - 1));
     let t = rows(batch.t, b, "t")?.reshape(shape.as_slice());

@@ -57,7 +57,13 @@ impl PolicyLoss {
         batch: &PolicyBatch<'_>,
         config: &LossConfig,
     ) -> Result<LossOutput, ObjectiveError> {
-        let b = batch.log_prob.numel() as i64;
+        if batch.log_prob.dim() != 1 {
+            return Err(ObjectiveError::Shape(format!(
+                "log_prob must be (B,), got {:?}",
+                batch.log_prob.size()
+            )));
+        }
+        let b = batch.log_prob.size()[0];
         same_shape(&[
             ("log_prob", batch.log_prob),
             ("old_log_prob", batch.old_log_prob),
@@ -123,6 +129,12 @@ impl PolicyLoss {
         let mean = need(batch.prev_sample_mean, "prev_sample_mean")?;
         let old_mean = need(batch.old_prev_sample_mean, "old_prev_sample_mean")?;
         same_shape(&[("prev_sample_mean", mean), ("old_prev_sample_mean", old_mean)])?;
+        if mean.dim() < 2 || mean.size()[0] != b {
+            return Err(ObjectiveError::Shape(format!(
+                "prev_sample_mean has shape {:?} for a batch of {b}",
+                mean.size()
+            )));
+        }
         let std = rows(need(batch.std_dev_t, "std_dev_t")?, b, "std_dev_t")?;
         let sqrt_dt = rows(need(batch.sqrt_dt, "sqrt_dt")?, b, "sqrt_dt")?;
         Ok(Means { mean, old_mean, std, sqrt_dt })
@@ -178,7 +190,7 @@ pub fn kl_to_reference(
         ("prev_sample_mean", prev_sample_mean),
         ("ref_prev_sample_mean", ref_prev_sample_mean),
     ])?;
-    let b = prev_sample_mean.size()[0];
+    let b = super::batch_rows(prev_sample_mean, "prev_sample_mean")?;
     let s = rows(std_dev_t, b, "std_dev_t")?;
     let per_row: Tensor =
         mean_elems(&(prev_sample_mean - ref_prev_sample_mean).square()) / (2.0 * s.square());
@@ -215,6 +227,23 @@ mod tests {
         // ∂L/∂logp = −clamp(A)/B exactly: no gradient is lost to clipping.
         let grad: Vec<f32> = Vec::try_from(&logp.grad()).unwrap();
         assert_eq!(grad, [-5.0 / 4.0, 0.4 / 4.0, -0.3 / 4.0, 5.0 / 4.0]);
+    }
+
+    #[test]
+    fn non_vector_log_probs_are_rejected() {
+        let t = Tensor::zeros([2, 1], (Kind::Float, tch::Device::Cpu));
+        let batch = PolicyBatch {
+            log_prob: &t,
+            old_log_prob: &t,
+            advantages: &t,
+            prev_sample_mean: None,
+            old_prev_sample_mean: None,
+            std_dev_t: None,
+            sqrt_dt: None,
+        };
+        let err =
+            PolicyLoss::Clipped.compute(&batch, &LossConfig::default()).unwrap_err().to_string();
+        assert!(err.contains("log_prob must be (B,), got [2, 1]"), "{err}");
     }
 
     #[test]
