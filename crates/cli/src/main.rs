@@ -31,6 +31,9 @@ enum Command {
     /// Resolve and inspect recipes.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Write a small random-initialised pipeline in the diffusers layout.
+    #[command(subcommand)]
+    MakeTiny(commands::make_tiny::MakeTiny),
     /// Tools for people porting models and checking the math.
     #[command(subcommand)]
     Debug(DebugCommand),
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
         Command::List => commands::list::run(),
         Command::Config(c) => commands::config::run(c),
         Command::Debug(c) => commands::debug::run(c),
+        Command::MakeTiny(c) => commands::make_tiny::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

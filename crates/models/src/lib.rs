@@ -4,8 +4,10 @@
 
 pub mod lora;
 pub mod nn;
+pub mod pipeline;
 pub mod sd3;
 pub mod text_encoders;
+pub mod tokenizer;
 pub mod vae;
 pub mod weights;
 
@@ -29,6 +31,8 @@ pub enum ModelError {
     Input(String),
     #[error(transparent)]
     Torch(#[from] tch::TchError),
+    #[error(transparent)]
+    Sampling(#[from] flowtune_sampling::SamplingError),
 }
 
 /// Reads a JSON config file into its typed mirror, naming the file on failure.
@@ -88,4 +92,11 @@ impl Denoiser for sd3::Sd3Transformer {
             .ok_or_else(|| ModelError::Input("SD3 needs pooled text embeddings".into()))?;
         self.forward(latents, &text.embeds, pooled, timestep)
     }
+}
+
+/// Writes a JSON file (pretty, trailing newline), naming the file on failure.
+pub fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(), ModelError> {
+    let text = serde_json::to_string_pretty(value).expect("JSON-serialisable config") + "\n";
+    std::fs::write(path, text)
+        .map_err(|e| ModelError::Io { path: path.display().to_string(), message: e.to_string() })
 }

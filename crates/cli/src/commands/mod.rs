@@ -4,3 +4,4 @@ pub mod config;
 pub mod debug;
 pub mod env;
 pub mod list;
+pub mod make_tiny;

@@ -4,7 +4,11 @@ mod attention;
 mod block;
 mod config;
 mod embeddings;
+mod pipeline;
+mod tiny;
 mod transformer;
 
 pub use config::Sd3TransformerConfig;
+pub use pipeline::{ClipBranch, Dtypes, Sd3Pipeline};
+pub use tiny::{write_tiny_sd3, TinySd3Spec};
 pub use transformer::Sd3Transformer;

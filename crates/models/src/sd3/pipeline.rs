@@ -1,0 +1,155 @@
+//! The SD3 / SD3.5 pipeline: a diffusers `StableDiffusion3Pipeline` directory loaded as
+//! components, and the SD3 prompt encoding.
+
+use std::path::Path;
+
+use flowtune_sampling::SchedulerConfig;
+use tch::{Device, Kind, Tensor};
+
+use super::Sd3Transformer;
+use crate::lora::LoraConfig;
+use crate::pipeline::PipelineDir;
+use crate::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
+use crate::tokenizer::TextTokenizer;
+use crate::vae::AutoencoderKl;
+use crate::{ModelError, TextConditioning};
+
+/// Per-component dtypes (scheduler math stays f32 regardless).
+#[derive(Debug, Clone, Copy)]
+pub struct Dtypes {
+    pub transformer: Kind,
+    pub text_encoders: Kind,
+    pub vae: Kind,
+}
+
+impl Dtypes {
+    /// One dtype for everything.
+    pub fn all(kind: Kind) -> Self {
+        Self { transformer: kind, text_encoders: kind, vae: kind }
+    }
+}
+
+/// A CLIP encoder with its tokenizer.
+pub struct ClipBranch {
+    pub tokenizer: TextTokenizer,
+    pub encoder: ClipTextModel,
+}
+
+/// Every component of an SD3 pipeline.
+pub struct Sd3Pipeline {
+    pub dir: PipelineDir,
+    pub transformer: Sd3Transformer,
+    pub vae: AutoencoderKl,
+    pub clip_l: ClipBranch,
+    pub clip_g: ClipBranch,
+    /// T5 and its tokenizer; SD3 runs without them (zeros in their place).
+    pub t5: Option<(TextTokenizer, T5Encoder)>,
+    pub scheduler: SchedulerConfig,
+    /// Tokens of the T5 part of the prompt (diffusers' `max_sequence_length`, default 256).
+    pub t5_max_length: usize,
+}
+
+const CLIP_CLASSES: &[&str] = &["CLIPTextModelWithProjection"];
+const CLIP_TOKENIZERS: &[&str] = &["CLIPTokenizer", "CLIPTokenizerFast"];
+const CLIP_LENGTH: usize = 77;
+
+impl Sd3Pipeline {
+    /// Loads a `StableDiffusion3Pipeline` directory.
+    pub fn load(
+        dir: &Path,
+        device: Device,
+        dtypes: Dtypes,
+        lora: Option<&LoraConfig>,
+    ) -> Result<Self, ModelError> {
+        let dir = PipelineDir::open(dir)?;
+        if dir.index.class_name != "StableDiffusion3Pipeline" {
+            return Err(ModelError::Input(format!(
+                "{}: `{}` is not a StableDiffusion3Pipeline",
+                dir.root.display(),
+                dir.index.class_name
+            )));
+        }
+        let clip = |encoder: &str, tokenizer: &str| -> Result<ClipBranch, ModelError> {
+            Ok(ClipBranch {
+                tokenizer: TextTokenizer::load(&dir.component(tokenizer, CLIP_TOKENIZERS)?)?,
+                encoder: ClipTextModel::load(
+                    &dir.component(encoder, CLIP_CLASSES)?,
+                    device,
+                    dtypes.text_encoders,
+                )?,
+            })
+        };
+        let t5 = if dir.has("text_encoder_3") {
+            Some((
+                TextTokenizer::load(
+                    &dir.component("tokenizer_3", &["T5TokenizerFast", "T5Tokenizer"])?,
+                )?,
+                T5Encoder::load(
+                    &dir.component("text_encoder_3", &["T5EncoderModel"])?,
+                    device,
+                    dtypes.text_encoders,
+                )?,
+            ))
+        } else {
+            None
+        };
+        let scheduler_dir = dir.component("scheduler", &["FlowMatchEulerDiscreteScheduler"])?;
+        Ok(Self {
+            transformer: Sd3Transformer::load(
+                &dir.component("transformer", &["SD3Transformer2DModel"])?,
+                device,
+                dtypes.transformer,
+                lora,
+            )?,
+            vae: AutoencoderKl::load(
+                &dir.component("vae", &["AutoencoderKL"])?,
+                device,
+                dtypes.vae,
+            )?,
+            clip_l: clip("text_encoder", "tokenizer")?,
+            clip_g: clip("text_encoder_2", "tokenizer_2")?,
+            t5,
+            scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
+            t5_max_length: 256,
+            dir,
+        })
+    }
+
+    /// SD3 prompt encoding: CLIP-L ‖ CLIP-G penultimate states (zero-padded to the T5 width),
+    /// then T5 states along the sequence (77 + T tokens); pooled = CLIP-L ‖ CLIP-G projections.
+    pub fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
+        let kind = self.transformer.context_embedder.weight.kind();
+        let device = self.transformer.context_embedder.weight.device();
+        let mut states = vec![];
+        let mut pooled = vec![];
+        for branch in [&self.clip_l, &self.clip_g] {
+            let ids = branch.tokenizer.encode(prompts, CLIP_LENGTH)?.to_device(device);
+            let out = branch.encoder.forward(&ids)?;
+            states.push(out.penultimate_hidden_state);
+            pooled.push(out.text_embeds);
+        }
+        let clip = Tensor::cat(&states, -1).to_kind(kind);
+        let joint = self.transformer.config.joint_attention_dim;
+        let t5 = match &self.t5 {
+            Some((tokenizer, encoder)) => {
+                let ids = tokenizer.encode(prompts, self.t5_max_length)?.to_device(device);
+                encoder.forward(&ids)?.to_kind(kind)
+            }
+            None => {
+                Tensor::zeros([prompts.len() as i64, CLIP_LENGTH as i64, joint], (kind, device))
+            }
+        };
+        let width = clip.size()[2];
+        if width > joint || t5.size()[2] != joint {
+            return Err(ModelError::Input(format!(
+                "text widths do not fit: CLIP-L ‖ CLIP-G is {width}, T5 is {}, the transformer's joint_attention_dim is {joint}",
+                t5.size()[2]
+            )));
+        }
+        let clip = clip.constant_pad_nd([0, joint - width]);
+        Ok(TextConditioning {
+            embeds: Tensor::cat(&[clip, t5], 1),
+            pooled: Some(Tensor::cat(&pooled, -1).to_kind(kind)),
+        })
+    }
+}

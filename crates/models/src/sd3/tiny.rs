@@ -1,0 +1,256 @@
+//! `flowtune make-tiny sd3`: a complete random-initialised `StableDiffusion3Pipeline` directory in
+//! the exact diffusers layout (and loadable by diffusers), for tests and examples.
+
+use std::path::Path;
+
+use flowtune_sampling::SampleRng;
+use serde_json::json;
+use tch::nn::VarStore;
+use tch::{Device, Tensor};
+
+use super::{Sd3Transformer, Sd3TransformerConfig};
+use crate::text_encoders::clip::{ClipTextConfig, ClipTextModel};
+use crate::text_encoders::t5::{T5Config, T5Encoder};
+use crate::tokenizer::tiny;
+use crate::vae::{AutoencoderKl, VaeConfig};
+use crate::{write_json, ModelError};
+
+/// Sizes of a tiny pipeline.
+#[derive(Debug, Clone)]
+pub struct TinySd3Spec {
+    pub seed: u64,
+    pub layers: usize,
+    pub heads: i64,
+    pub head_dim: i64,
+    /// Latent height and width the position table covers (`sample_size`).
+    pub latent_size: i64,
+    pub dual_attention_layers: Vec<usize>,
+    pub qk_norm: bool,
+    /// VAE channels per level (the VAE downsamples 2^(levels−1)).
+    pub vae_channels: Vec<i64>,
+    pub latent_channels: i64,
+    pub clip_l_width: i64,
+    pub clip_g_width: i64,
+    pub t5_width: i64,
+    pub text_layers: usize,
+}
+
+impl Default for TinySd3Spec {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            layers: 2,
+            heads: 2,
+            head_dim: 16,
+            latent_size: 32,
+            dual_attention_layers: vec![],
+            qk_norm: false,
+            vae_channels: vec![16, 32],
+            latent_channels: 4,
+            clip_l_width: 16,
+            clip_g_width: 32,
+            t5_width: 64,
+            text_layers: 2,
+        }
+    }
+}
+
+const DIFFUSERS_VERSION: &str = "0.42.1";
+
+/// Fills every variable with N(0, scale²) noise (norm scales around 1), from a seeded stream that
+/// is the same on every machine.
+fn randomize(store: &VarStore, rng: &mut SampleRng, scale: f64) -> Result<(), ModelError> {
+    let mut vars: Vec<(String, Tensor)> = store.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    let _guard = tch::no_grad_guard();
+    for (name, var) in vars {
+        let noise = rng.normal(&var.size(), var.device()) * scale;
+        let is_norm_scale = name.ends_with(".weight")
+            && (name.contains("norm") || name.contains("layer_norm"))
+            && var.dim() == 1;
+        var.shallow_clone().f_copy_(&if is_norm_scale { noise + 1.0 } else { noise })?;
+    }
+    Ok(())
+}
+
+fn save(store: &VarStore, dir: &Path, file: &str) -> Result<(), ModelError> {
+    let mut named: Vec<(String, Tensor)> = store.variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    Tensor::write_safetensors(&named, dir.join(file))?;
+    Ok(())
+}
+
+fn mkdir(dir: &Path) -> Result<(), ModelError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| ModelError::Io { path: dir.display().to_string(), message: e.to_string() })
+}
+
+/// Writes the pipeline into `dir` (created if missing).
+pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> {
+    let mut rng = SampleRng::new(spec.seed);
+    let device = Device::Cpu;
+    let (clip_tok, clip_vocab) = tiny::clip()?;
+    let (t5_tok, t5_vocab) = tiny::t5()?;
+    let eos = (clip_vocab - 1) as i64;
+
+    // Text encoders and tokenizers.
+    for (name, width, tokenizer_dir, pad) in [
+        ("text_encoder", spec.clip_l_width, "tokenizer", "<|endoftext|>"),
+        ("text_encoder_2", spec.clip_g_width, "tokenizer_2", "!"),
+    ] {
+        let config = ClipTextConfig {
+            vocab_size: clip_vocab as i64,
+            hidden_size: width,
+            intermediate_size: 4 * width,
+            projection_dim: width,
+            num_hidden_layers: spec.text_layers,
+            num_attention_heads: 2,
+            max_position_embeddings: 77,
+            hidden_act: "quick_gelu".into(),
+            layer_norm_eps: 1e-5,
+            bos_token_id: eos - 1,
+            eos_token_id: eos,
+            pad_token_id: 1,
+        };
+        let model = ClipTextModel::new(&config, device)?;
+        randomize(&model.store, &mut rng, 0.1)?;
+        let out = dir.join(name);
+        mkdir(&out)?;
+        save(&model.store, &out, "model.safetensors")?;
+        let mut cfg = serde_json::to_value(&config).expect("config");
+        cfg["architectures"] = json!(["CLIPTextModelWithProjection"]);
+        cfg["model_type"] = json!("clip_text_model");
+        cfg["dtype"] = json!("float32");
+        write_json(&out.join("config.json"), &cfg)?;
+        tiny::write(
+            &dir.join(tokenizer_dir),
+            &clip_tok,
+            json!({
+                "tokenizer_class": "CLIPTokenizer",
+                "bos_token": "<|startoftext|>",
+                "eos_token": "<|endoftext|>",
+                "unk_token": "<|endoftext|>",
+                "pad_token": pad,
+                "model_max_length": 77,
+            }),
+        )?;
+    }
+    let t5_config = T5Config {
+        vocab_size: t5_vocab as i64,
+        d_model: spec.t5_width,
+        d_kv: spec.t5_width / 2,
+        d_ff: 2 * spec.t5_width,
+        num_layers: spec.text_layers,
+        num_heads: 2,
+        relative_attention_num_buckets: 8,
+        relative_attention_max_distance: 16,
+        layer_norm_epsilon: 1e-6,
+        feed_forward_proj: "gated-gelu".into(),
+    };
+    let t5 = T5Encoder::new(&t5_config, device)?;
+    randomize(&t5.store, &mut rng, 0.1)?;
+    let out = dir.join("text_encoder_3");
+    mkdir(&out)?;
+    save(&t5.store, &out, "model.safetensors")?;
+    let mut cfg = serde_json::to_value(&t5_config).expect("config");
+    for (k, v) in [
+        ("architectures", json!(["T5EncoderModel"])),
+        ("model_type", json!("t5")),
+        ("dense_act_fn", json!("gelu_new")),
+        ("is_gated_act", json!(true)),
+        ("pad_token_id", json!(0)),
+        ("eos_token_id", json!(1)),
+        ("decoder_start_token_id", json!(0)),
+        ("is_encoder_decoder", json!(false)),
+        ("use_cache", json!(false)),
+        ("dtype", json!("float32")),
+    ] {
+        cfg[k] = v;
+    }
+    write_json(&out.join("config.json"), &cfg)?;
+    tiny::write(
+        &dir.join("tokenizer_3"),
+        &t5_tok,
+        json!({
+            "tokenizer_class": "T5Tokenizer",
+            "eos_token": "</s>",
+            "unk_token": "<unk>",
+            "pad_token": "<pad>",
+            "extra_ids": 0,
+            "model_max_length": 512,
+        }),
+    )?;
+
+    // Transformer.
+    let transformer_config = Sd3TransformerConfig {
+        class_name: Some("SD3Transformer2DModel".into()),
+        sample_size: spec.latent_size,
+        patch_size: 2,
+        in_channels: spec.latent_channels,
+        num_layers: spec.layers,
+        attention_head_dim: spec.head_dim,
+        num_attention_heads: spec.heads,
+        joint_attention_dim: spec.t5_width,
+        caption_projection_dim: spec.heads * spec.head_dim,
+        pooled_projection_dim: spec.clip_l_width + spec.clip_g_width,
+        out_channels: Some(spec.latent_channels),
+        pos_embed_max_size: spec.latent_size / 2,
+        dual_attention_layers: spec.dual_attention_layers.clone(),
+        qk_norm: spec.qk_norm.then(|| "rms_norm".to_string()),
+    };
+    let transformer = Sd3Transformer::new(&transformer_config, device, None)?;
+    randomize(&transformer.store, &mut rng, 0.1)?;
+    let out = dir.join("transformer");
+    mkdir(&out)?;
+    save(&transformer.store, &out, "diffusion_pytorch_model.safetensors")?;
+    let mut cfg = serde_json::to_value(&transformer_config).expect("config");
+    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
+    write_json(&out.join("config.json"), &cfg)?;
+
+    // VAE.
+    let levels = spec.vae_channels.len();
+    let vae_config = VaeConfig {
+        latent_channels: spec.latent_channels,
+        block_out_channels: spec.vae_channels.clone(),
+        down_block_types: vec!["DownEncoderBlock2D".into(); levels],
+        up_block_types: vec!["UpDecoderBlock2D".into(); levels],
+        layers_per_block: 1,
+        norm_num_groups: 4,
+        sample_size: spec.latent_size << (levels - 1),
+        ..Default::default()
+    };
+    let vae = AutoencoderKl::new(&vae_config, device)?;
+    randomize(&vae.store, &mut rng, 0.1)?;
+    let out = dir.join("vae");
+    mkdir(&out)?;
+    save(&vae.store, &out, "diffusion_pytorch_model.safetensors")?;
+    let mut cfg = serde_json::to_value(&vae_config).expect("config");
+    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
+    write_json(&out.join("config.json"), &cfg)?;
+
+    // Scheduler and index.
+    let out = dir.join("scheduler");
+    mkdir(&out)?;
+    write_json(
+        &out.join("scheduler_config.json"),
+        &json!({"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": DIFFUSERS_VERSION, "num_train_timesteps": 1000, "shift": 3.0}),
+    )?;
+    write_json(
+        &dir.join("model_index.json"),
+        &json!({
+            "_class_name": "StableDiffusion3Pipeline",
+            "_diffusers_version": DIFFUSERS_VERSION,
+            "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+            "text_encoder": ["transformers", "CLIPTextModelWithProjection"],
+            "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
+            "text_encoder_3": ["transformers", "T5EncoderModel"],
+            "tokenizer": ["transformers", "CLIPTokenizer"],
+            "tokenizer_2": ["transformers", "CLIPTokenizer"],
+            "tokenizer_3": ["transformers", "T5Tokenizer"],
+            "transformer": ["diffusers", "SD3Transformer2DModel"],
+            "vae": ["diffusers", "AutoencoderKL"],
+            "image_encoder": [null, null],
+            "feature_extractor": [null, null],
+        }),
+    )
+}

@@ -1,0 +1,229 @@
+//! Tokenizers from a pipeline's `tokenizer*/tokenizer.json` (Hugging Face `tokenizers`), with the
+//! pad token and length limit of `tokenizer_config.json`, padded and truncated as transformers'
+//! fast tokenizers do with `padding="max_length", truncation=True`.
+
+use std::path::Path;
+
+use tch::Tensor;
+use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+
+use crate::ModelError;
+
+/// A loaded tokenizer and its pad token.
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    pad_id: u32,
+    pad_token: String,
+    /// `model_max_length` of `tokenizer_config.json` (77 for CLIP), if it gives one.
+    pub model_max_length: Option<usize>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct TokenizerConfig {
+    pad_token: Option<serde_json::Value>,
+    bos_token: Option<serde_json::Value>,
+    eos_token: Option<serde_json::Value>,
+    unk_token: Option<serde_json::Value>,
+    model_max_length: Option<f64>,
+}
+
+/// transformers writes special tokens as a string or as {"content": …}.
+fn token_text(value: &Option<serde_json::Value>) -> Option<String> {
+    match value {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(v) => v.get("content").and_then(|c| c.as_str()).map(str::to_string),
+        None => None,
+    }
+}
+
+impl TextTokenizer {
+    /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`.
+    pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        let file = dir.join("tokenizer.json");
+        let mut inner = Tokenizer::from_file(&file).map_err(|e| ModelError::Format {
+            path: file.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let config_file = dir.join("tokenizer_config.json");
+        let config: TokenizerConfig = if config_file.exists() {
+            crate::read_config(&config_file)?
+        } else {
+            TokenizerConfig::default()
+        };
+        // As transformers does, the config's special tokens are matched whole in the text (SD3's
+        // CLIP-G pads with "!", so a "!" in a prompt is that token).
+        let specials: Vec<tokenizers::AddedToken> =
+            [&config.bos_token, &config.eos_token, &config.unk_token, &config.pad_token]
+                .into_iter()
+                .filter_map(token_text)
+                .filter(|t| inner.token_to_id(t).is_some())
+                .map(|t| tokenizers::AddedToken::from(t, true))
+                .collect();
+        inner.add_special_tokens(&specials);
+        let pad_token = token_text(&config.pad_token)
+            .or_else(|| inner.get_padding().map(|p| p.pad_token.clone()))
+            .ok_or_else(|| ModelError::Format {
+                path: config_file.display().to_string(),
+                message: "no pad_token".into(),
+            })?;
+        let pad_id = inner.token_to_id(&pad_token).ok_or_else(|| ModelError::Format {
+            path: file.display().to_string(),
+            message: format!("pad token {pad_token:?} is not in the vocabulary"),
+        })?;
+        // Configs without a limit carry a huge sentinel.
+        let model_max_length = config.model_max_length.filter(|&m| m < 1e9).map(|m| m as usize);
+        Ok(Self { inner, pad_id, pad_token, model_max_length })
+    }
+
+    /// Token ids (B, `length`) of `texts`, truncated and padded to exactly `length`.
+    pub fn encode(&self, texts: &[&str], length: usize) -> Result<Tensor, ModelError> {
+        let mut tok = self.inner.clone();
+        tok.with_truncation(Some(TruncationParams { max_length: length, ..Default::default() }))
+            .map_err(|e| ModelError::Input(format!("tokenizer truncation: {e}")))?;
+        tok.with_padding(Some(PaddingParams {
+            strategy: PaddingStrategy::Fixed(length),
+            pad_id: self.pad_id,
+            pad_token: self.pad_token.clone(),
+            ..Default::default()
+        }));
+        let encodings = tok
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| ModelError::Input(format!("tokenizing prompts: {e}")))?;
+        let ids: Vec<i64> =
+            encodings.iter().flat_map(|e| e.get_ids().iter().map(|&i| i as i64)).collect();
+        Ok(Tensor::from_slice(&ids).view([texts.len() as i64, length as i64]))
+    }
+}
+
+/// Builders of small tokenizers with the exact structure of the real ones, for tiny pipelines.
+pub mod tiny {
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+    use tokenizers::decoders::metaspace::Metaspace as MetaspaceDecoder;
+    use tokenizers::models::bpe::BPE;
+    use tokenizers::models::unigram::Unigram;
+    use tokenizers::normalizers::{Lowercase, Replace, Sequence as NormalizerSequence, NFC};
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
+    use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
+    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+    use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
+    use tokenizers::processors::roberta::RobertaProcessing;
+    use tokenizers::processors::template::TemplateProcessing;
+    use tokenizers::{SplitDelimiterBehavior, Tokenizer};
+
+    use crate::ModelError;
+
+    const CLIP_SPLIT: &str = r"<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+";
+
+    fn build_err(e: impl std::fmt::Display) -> ModelError {
+        ModelError::Input(format!("building a tokenizer: {e}"))
+    }
+
+    /// A CLIP byte-level BPE tokenizer with no merges: every byte, alone or word-final (`</w>`),
+    /// then `<|startoftext|>` and `<|endoftext|>`. Returns it and its vocabulary size.
+    pub fn clip() -> Result<(Tokenizer, usize), ModelError> {
+        let mut chars: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+        chars.sort_unstable();
+        let mut vocab: HashMap<String, u32> = HashMap::new();
+        for c in &chars {
+            let n = vocab.len() as u32;
+            vocab.insert(c.to_string(), n);
+        }
+        for c in &chars {
+            let n = vocab.len() as u32;
+            vocab.insert(format!("{c}</w>"), n);
+        }
+        let (bos, eos) = (vocab.len() as u32, vocab.len() as u32 + 1);
+        vocab.insert("<|startoftext|>".into(), bos);
+        vocab.insert("<|endoftext|>".into(), eos);
+        let size = vocab.len();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab.into_iter().collect::<tokenizers::models::bpe::Vocab>(), vec![])
+            .unk_token("<|endoftext|>".into())
+            .end_of_word_suffix("</w>".into())
+            .build()
+            .map_err(build_err)?;
+        let mut tok = Tokenizer::new(bpe);
+        tok.with_normalizer(Some(NormalizerSequence::new(vec![
+            NFC.into(),
+            Replace::new(
+                tokenizers::normalizers::replace::ReplacePattern::Regex(r"\s+".into()),
+                " ",
+            )
+            .map_err(build_err)?
+            .into(),
+            Lowercase.into(),
+        ])));
+        let split = Split::new(
+            SplitPattern::Regex(CLIP_SPLIT.into()),
+            SplitDelimiterBehavior::Removed,
+            true,
+        )
+        .map_err(build_err)?;
+        tok.with_pre_tokenizer(Some(PreSequence::new(vec![
+            split.into(),
+            ByteLevel::new(false, true, true).into(),
+        ])));
+        tok.with_decoder(Some(ByteLevelDecoder::default()));
+        tok.with_post_processor(Some(
+            RobertaProcessing::new(("<|endoftext|>".into(), eos), ("<|startoftext|>".into(), bos))
+                .trim_offsets(false)
+                .add_prefix_space(false),
+        ));
+        Ok((tok, size))
+    }
+
+    /// A T5 unigram tokenizer over single characters (`<pad>`=0, `</s>`=1, `<unk>`=2).
+    pub fn t5() -> Result<(Tokenizer, usize), ModelError> {
+        let mut vocab: Vec<(String, f64)> = vec![
+            ("<pad>".into(), 0.0),
+            ("</s>".into(), 0.0),
+            ("<unk>".into(), 0.0),
+            ("▁".into(), -2.0),
+        ];
+        for c in (b' '..=b'~').map(char::from).filter(|c| !c.is_whitespace()) {
+            vocab.push((c.to_string(), -3.0));
+            vocab.push((format!("▁{c}"), -2.5));
+        }
+        let size = vocab.len();
+        let unigram = Unigram::from(vocab, Some(2), false).map_err(build_err)?;
+        let mut tok = Tokenizer::new(unigram);
+        tok.with_pre_tokenizer(Some(PreSequence::new(vec![
+            WhitespaceSplit.into(),
+            Metaspace::new('▁', PrependScheme::Always, true).into(),
+        ])));
+        tok.with_decoder(Some(MetaspaceDecoder::new('▁', PrependScheme::Always, true)));
+        tok.with_post_processor(Some(
+            TemplateProcessing::builder()
+                .try_single("$A </s>")
+                .map_err(build_err)?
+                .try_pair("$A </s> $B </s>")
+                .map_err(build_err)?
+                .special_tokens(vec![("</s>", 1)])
+                .build()
+                .map_err(build_err)?,
+        ));
+        Ok((tok, size))
+    }
+
+    /// Writes `tokenizer.json` and a transformers `tokenizer_config.json` into `dir`.
+    pub fn write(
+        dir: &Path,
+        tokenizer: &Tokenizer,
+        config: serde_json::Value,
+    ) -> Result<(), ModelError> {
+        std::fs::create_dir_all(dir).map_err(|e| ModelError::Io {
+            path: dir.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let file = dir.join("tokenizer.json");
+        tokenizer.save(&file, true).map_err(|e| ModelError::Io {
+            path: file.display().to_string(),
+            message: e.to_string(),
+        })?;
+        crate::write_json(&dir.join("tokenizer_config.json"), &config)
+    }
+}
