@@ -58,7 +58,7 @@ fn main() -> ExitCode {
         Command::Env => commands::env::run(&cli.device),
         Command::List => commands::list::run(),
         Command::Config(c) => commands::config::run(c),
-        Command::Debug(c) => commands::debug::run(c),
+        Command::Debug(c) => commands::debug::run(c, &cli.device),
         Command::MakeTiny(c) => commands::make_tiny::run(c),
     };
     match result {

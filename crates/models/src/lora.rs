@@ -99,28 +99,93 @@ pub struct LoraPair {
     pub scale: f64,
 }
 
-/// The file prefix of a component's adapters (`transformer.`) in the diffusers layout.
-pub fn file_key(component: &str, variable: &str) -> String {
-    format!("{component}.{variable}")
-}
+/// The safetensors metadata key diffusers reads the adapter config from.
+const METADATA_KEY: &str = "lora_adapter_metadata";
 
 /// Writes the adapters of `store` as `<component>.<module>.lora_{A,B}.weight` (f32 safetensors),
-/// atomically: a temporary file renamed into place.
-pub fn save(store: &VarStore, component: &str, path: &Path) -> Result<(), ModelError> {
-    let mut named: Vec<(String, Tensor)> = store
-        .variables()
-        .into_iter()
-        .map(|(name, t)| {
-            (file_key(component, &name), t.detach().to_kind(tch::Kind::Float).contiguous())
-        })
-        .collect();
+/// with diffusers' `lora_adapter_metadata` (`<component>.r`, `.lora_alpha`, `.target_modules`) so
+/// `pipe.load_lora_weights` applies the same α/r. Written to a temporary file, then renamed.
+pub fn save(
+    store: &VarStore,
+    config: &LoraConfig,
+    component: &str,
+    path: &Path,
+) -> Result<(), ModelError> {
+    let io = |e: &dyn std::fmt::Display| ModelError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    let mut named: Vec<(String, Vec<usize>, Vec<u8>)> = vec![];
+    for (name, t) in store.variables() {
+        let t = t.detach().to_kind(tch::Kind::Float).to_device(tch::Device::Cpu).contiguous();
+        let values = Vec::<f32>::try_from(t.flatten(0, -1))?;
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        named.push((
+            format!("{component}.{name}"),
+            t.size().iter().map(|&d| d as usize).collect(),
+            bytes,
+        ));
+    }
     named.sort_by(|a, b| a.0.cmp(&b.0));
+    let views = named
+        .iter()
+        .map(|(n, shape, bytes)| {
+            Ok((
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                    .map_err(|e| io(&e))?,
+            ))
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    let adapter = serde_json::json!({
+        format!("{component}.r"): config.rank,
+        format!("{component}.lora_alpha"): config.alpha,
+        format!("{component}.target_modules"): config.target_modules,
+    });
+    let metadata = std::collections::HashMap::from([
+        ("format".to_string(), "pt".to_string()),
+        (METADATA_KEY.to_string(), serde_json::to_string_pretty(&adapter).expect("JSON")),
+    ]);
     let tmp = path.with_extension("safetensors.tmp");
-    Tensor::write_safetensors(&named, &tmp)?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| ModelError::Io { path: path.display().to_string(), message: e.to_string() })
+    safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(|e| io(&e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io(&e))
 }
 
+/// The adapter config of a LoRA file: rank from the tensors, α and targets from diffusers'
+/// metadata when present (else α = r and every adapted module as a target).
+pub fn read_config(path: &Path, component: &str) -> Result<LoraConfig, ModelError> {
+    let format = |message: String| ModelError::Format { path: path.display().to_string(), message };
+    let bytes = std::fs::read(path)
+        .map_err(|e| ModelError::Io { path: path.display().to_string(), message: e.to_string() })?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
+        .map_err(|e| format(format!("not a safetensors file: {e}")))?;
+    let tensors =
+        safetensors::SafeTensors::deserialize(&bytes).map_err(|e| format(e.to_string()))?;
+    let prefix = format!("{component}.");
+    let mut rank = None;
+    let mut modules = vec![];
+    for (name, view) in tensors.tensors() {
+        if let Some(module) =
+            name.strip_prefix(&prefix).and_then(|n| n.strip_suffix(".lora_A.weight"))
+        {
+            rank = Some(view.shape()[0] as i64);
+            modules.push(module.to_string());
+        }
+    }
+    let rank = rank.ok_or_else(|| format(format!("no `{prefix}*.lora_A.weight` tensors")))?;
+    let meta: Option<serde_json::Value> = header
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(METADATA_KEY))
+        .and_then(|raw| serde_json::from_str(raw).ok());
+    let field =
+        |key: &str| meta.as_ref().and_then(|m| m.get(format!("{component}.{key}")).cloned());
+    let alpha = field("lora_alpha").and_then(|v| v.as_f64()).unwrap_or(rank as f64);
+    let target_modules = field("target_modules")
+        .and_then(|v| serde_json::from_value::<Vec<String>>(v).ok())
+        .unwrap_or(modules);
+    Ok(LoraConfig { rank, alpha, target_modules, ..Default::default() })
+}
 /// Reads adapters saved by [`save`] or by diffusers/PEFT into `store`, checking names and shapes.
 /// Keys for other components (another prefix) are ignored.
 pub fn load(store: &mut VarStore, component: &str, path: &Path) -> Result<(), ModelError> {

@@ -75,3 +75,38 @@ fn sd3_transformers_match_diffusers() {
     }
     check.finish();
 }
+
+#[test]
+fn lora_files_round_trip_with_their_config() {
+    let model_dir = dir().join("sd3_tiny");
+    let io = tensors("sd3_tiny_io.safetensors");
+    let lora = LoraConfig { rank: 4, alpha: 8.0, ..Default::default() };
+    let mut model =
+        Sd3Transformer::load(&model_dir, Device::Cpu, Kind::Float, Some(&lora)).expect("load");
+    model.load_lora(&dir().join("sd3_tiny_lora.safetensors")).expect("fixture lora");
+    let path =
+        std::env::temp_dir().join(format!("flowtune-lora-{}.safetensors", std::process::id()));
+    model.save_lora(&lora, &path).expect("save");
+    let read = flowtune_models::lora::read_config(&path, "transformer").expect("read config");
+    assert_eq!((read.rank, read.alpha, &read.target_modules), (4, 8.0, &lora.target_modules));
+    let mut again =
+        Sd3Transformer::load(&model_dir, Device::Cpu, Kind::Float, Some(&read)).expect("load");
+    again.load_lora(&path).expect("load saved lora");
+    let run = |m: &Sd3Transformer| {
+        tch::no_grad(|| {
+            m.forward(
+                &io["input.hidden_states"],
+                &io["input.encoder_hidden_states"],
+                &io["input.pooled_projections"],
+                &io["input.timestep"],
+            )
+        })
+        .expect("forward")
+    };
+    let (a, b) = (run(&model), run(&again));
+    assert!(a.equal(&b), "a saved and reloaded LoRA gives the same output");
+    let rel = (&a - &io["output.sample_with_lora"]).norm().double_value(&[])
+        / io["output.sample_with_lora"].norm().double_value(&[]);
+    assert!(rel < MODEL_RTOL, "{rel}");
+    let _ = std::fs::remove_file(&path);
+}

@@ -6,10 +6,42 @@ use clap::Subcommand;
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig, SigmaGrid};
 use serde_json::json;
 
+use crate::device::DeviceArg;
 use crate::Failure;
 
 #[derive(Subcommand)]
 pub enum DebugCommand {
+    /// Run one component (transformer, VAE decoder, CLIP, T5) on `input.*` tensors, write `output.*`.
+    Forward {
+        /// A component directory (config.json + safetensors).
+        #[arg(long)]
+        component: PathBuf,
+        /// Safetensors with the inputs, named like the fixtures (`input.hidden_states`, …).
+        #[arg(long)]
+        inputs: PathBuf,
+        /// Where to write the outputs.
+        #[arg(long)]
+        out: PathBuf,
+        /// A LoRA file in the diffusers/PEFT layout to apply (transformers only).
+        #[arg(long)]
+        lora: Option<PathBuf>,
+        /// LoRA alpha, for files without diffusers' adapter metadata (default: the rank).
+        #[arg(long, requires = "lora")]
+        lora_alpha: Option<f64>,
+    },
+    /// Write random LoRA adapters for an SD3 transformer directory (diffusers/PEFT layout).
+    MakeLora {
+        #[arg(long)]
+        component: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 4)]
+        rank: i64,
+        #[arg(long, default_value_t = 8.0)]
+        alpha: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Print the sigma grid of a diffusers scheduler config as JSON {sigmas, timesteps, mu}.
     Schedule {
         /// A diffusers `scheduler_config.json` (FlowMatchEulerDiscreteScheduler).
@@ -37,8 +69,15 @@ fn parse_pipeline(text: &str) -> Result<Pipeline, String> {
     Pipeline::parse(text).map_err(|e| e.to_string())
 }
 
-pub fn run(command: DebugCommand) -> Result<(), Failure> {
+pub fn run(command: DebugCommand, device: &DeviceArg) -> Result<(), Failure> {
     match command {
+        DebugCommand::Forward { component, inputs, out, lora, lora_alpha } => {
+            let lora = lora.as_deref().map(|f| (f, lora_alpha));
+            super::forward::forward(&component, &inputs, &out, lora, device.resolve()?)
+        }
+        DebugCommand::MakeLora { component, out, rank, alpha, seed } => {
+            super::forward::make_lora(&component, &out, rank, alpha, seed)
+        }
         DebugCommand::Schedule {
             scheduler_config,
             steps,

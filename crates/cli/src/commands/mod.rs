@@ -3,5 +3,6 @@
 pub mod config;
 pub mod debug;
 pub mod env;
+pub mod forward;
 pub mod list;
 pub mod make_tiny;

@@ -122,6 +122,15 @@ impl Sd3Transformer {
         lora::load(store, "transformer", path)
     }
 
+    /// Writes the adapters in the diffusers/PEFT layout (see [`lora::save`]).
+    pub fn save_lora(&self, config: &LoraConfig, path: &Path) -> Result<(), ModelError> {
+        let (store, _) = self
+            .adapters
+            .as_ref()
+            .ok_or_else(|| ModelError::Input("the model has no LoRA adapters".into()))?;
+        lora::save(store, config, "transformer", path)
+    }
+
     /// Turns the adapters on or off (off: the base model, the KL reference).
     pub fn set_adapters_enabled(&self, on: bool) {
         if let Some((_, switch)) = &self.adapters {

@@ -1,0 +1,138 @@
+//! `flowtune debug forward` and `flowtune debug make-lora`: run one component on fixture-style
+//! tensors (`input.*` → `output.*`), and write a random LoRA, for people porting models.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{anyhow, Context};
+use flowtune_models::lora::{self, LoraConfig};
+use flowtune_models::sd3::Sd3Transformer;
+use flowtune_models::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
+use flowtune_models::vae::AutoencoderKl;
+use flowtune_sampling::SampleRng;
+use tch::{Device, Kind, Tensor};
+
+use crate::Failure;
+
+/// The class a component directory holds: diffusers' `_class_name` or transformers' `architectures[0]`.
+fn class_of(dir: &Path) -> Result<String, Failure> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))
+        .map_err(Failure::BadInput)?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| path.display().to_string())
+        .map_err(Failure::BadInput)?;
+    v.get("_class_name")
+        .and_then(|c| c.as_str())
+        .or_else(|| v.get("architectures").and_then(|a| a.get(0)).and_then(|c| c.as_str()))
+        .map(str::to_string)
+        .ok_or_else(|| {
+            Failure::input(anyhow!("{}: neither `_class_name` nor `architectures`", path.display()))
+        })
+}
+
+fn input<'a>(
+    inputs: &'a HashMap<String, Tensor>,
+    name: &str,
+    file: &Path,
+) -> Result<&'a Tensor, Failure> {
+    inputs
+        .get(name)
+        .ok_or_else(|| Failure::input(anyhow!("{}: no tensor `{name}`", file.display())))
+}
+
+/// Runs `component` on `inputs_file` and writes `out`.
+pub fn forward(
+    component: &Path,
+    inputs_file: &Path,
+    out: &Path,
+    lora_file: Option<(&Path, Option<f64>)>,
+    device: Device,
+) -> Result<(), Failure> {
+    let inputs: HashMap<String, Tensor> = Tensor::read_safetensors(inputs_file)
+        .with_context(|| format!("cannot read {}", inputs_file.display()))
+        .map_err(Failure::BadInput)?
+        .into_iter()
+        .map(|(n, t)| (n, t.to_device(device)))
+        .collect();
+    let get = |name: &str| input(&inputs, name, inputs_file);
+    let class = class_of(component)?;
+    let outputs: Vec<(String, Tensor)> = match class.as_str() {
+        "SD3Transformer2DModel" => {
+            let lora = match lora_file {
+                Some((f, alpha)) => {
+                    let mut config = lora::read_config(f, "transformer").map_err(Failure::input)?;
+                    config.alpha = alpha.unwrap_or(config.alpha);
+                    Some(config)
+                }
+                None => None,
+            };
+            let mut model = Sd3Transformer::load(component, device, Kind::Float, lora.as_ref()).map_err(Failure::input)?;
+            if let Some((f, _)) = lora_file {
+                model.load_lora(f).map_err(Failure::input)?;
+            }
+            let sample = tch::no_grad(|| model.forward(get("input.hidden_states")?, get("input.encoder_hidden_states")?, get("input.pooled_projections")?, get("input.timestep")?).map_err(Failure::input))?;
+            let name = if lora_file.is_some() { "output.sample_with_lora" } else { "output.sample" };
+            vec![(name.into(), sample)]
+        }
+        "AutoencoderKL" => {
+            let vae = AutoencoderKl::load(component, device, Kind::Float).map_err(Failure::input)?;
+            let latents = get("input.latents")?;
+            vec![("output.image".into(), tch::no_grad(|| vae.decode(latents)))]
+        }
+        "CLIPTextModelWithProjection" => {
+            let clip = ClipTextModel::load(component, device, Kind::Float).map_err(Failure::input)?;
+            let o = tch::no_grad(|| clip.forward(get("input.input_ids")?).map_err(Failure::input))?;
+            vec![
+                ("output.text_embeds".into(), o.text_embeds),
+                ("output.last_hidden_state".into(), o.last_hidden_state),
+                ("output.penultimate_hidden_state".into(), o.penultimate_hidden_state),
+            ]
+        }
+        "T5EncoderModel" => {
+            let t5 = T5Encoder::load(component, device, Kind::Float).map_err(Failure::input)?;
+            vec![("output.last_hidden_state".into(), tch::no_grad(|| t5.forward(get("input.input_ids")?).map_err(Failure::input))?)]
+        }
+        other => {
+            return Err(Failure::input(anyhow!(
+                "{}: class `{other}` is not supported; expected SD3Transformer2DModel, AutoencoderKL, CLIPTextModelWithProjection or T5EncoderModel",
+                component.display()
+            )))
+        }
+    };
+    let cpu: Vec<(String, Tensor)> =
+        outputs.into_iter().map(|(n, t)| (n, t.to_device(Device::Cpu).contiguous())).collect();
+    Tensor::write_safetensors(&cpu, out)
+        .with_context(|| format!("cannot write {}", out.display()))
+        .map_err(Failure::Runtime)?;
+    for (n, t) in &cpu {
+        println!("{n}: {:?}", t.size());
+    }
+    Ok(())
+}
+
+/// Writes random (non-zero) adapters for an SD3 transformer directory.
+pub fn make_lora(
+    component: &Path,
+    out: &Path,
+    rank: i64,
+    alpha: f64,
+    seed: u64,
+) -> Result<(), Failure> {
+    let config = LoraConfig { rank, alpha, ..Default::default() };
+    let model = Sd3Transformer::load(component, Device::Cpu, Kind::Float, Some(&config))
+        .map_err(Failure::input)?;
+    let (store, _) = model.adapters.as_ref().expect("built with LoRA");
+    let mut rng = SampleRng::new(seed);
+    let mut vars: Vec<(String, Tensor)> = store.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    tch::no_grad(|| {
+        for (_, v) in &vars {
+            v.shallow_clone().copy_(&(rng.normal(&v.size(), Device::Cpu) * 0.1));
+        }
+    });
+    model.save_lora(&config, out).map_err(|e| Failure::Runtime(e.into()))?;
+    println!("wrote {} ({} adapter tensors, r {rank}, alpha {alpha})", out.display(), vars.len());
+    Ok(())
+}

@@ -1,0 +1,52 @@
+"""Check that a LoRA written by flowtune gives the same transformer output in diffusers.
+
+Usage (needs `pip install torch diffusers transformers peft`):
+    flowtune make-tiny sd3 /tmp/tiny
+    flowtune debug make-lora --component /tmp/tiny/transformer --out /tmp/lora.safetensors
+    python scripts/check_lora_in_diffusers.py /tmp/tiny /tmp/lora.safetensors target/release/flowtune
+
+Loads the pipeline in diffusers, applies the LoRA with `pipe.load_lora_weights`, runs the
+transformer on random inputs, runs `flowtune debug forward --lora` on the same inputs, and prints
+the relative difference (and the LoRA's effect, to show it was applied). Exit code 1 above 1e-3.
+"""
+import subprocess
+import sys
+import tempfile
+
+import torch
+from diffusers import StableDiffusion3Pipeline
+from safetensors.torch import load_file, save_file
+
+
+def main(pipeline_dir, lora_file, flowtune):
+    pipe = StableDiffusion3Pipeline.from_pretrained(pipeline_dir)
+    t = pipe.transformer.eval()
+    c = t.config
+    g = torch.Generator().manual_seed(0)
+    inputs = {
+        "input.hidden_states": torch.randn(2, c.in_channels, 16, 12, generator=g),
+        "input.encoder_hidden_states": torch.randn(2, 9, c.joint_attention_dim, generator=g),
+        "input.pooled_projections": torch.randn(2, c.pooled_projection_dim, generator=g),
+        "input.timestep": torch.tensor([999.0, 312.5]),
+    }
+    args = {k.removeprefix("input."): v for k, v in inputs.items()}
+    with torch.no_grad():
+        base = t(**args, return_dict=False)[0]
+        pipe.load_lora_weights(lora_file)
+        ours_ref = t(**args, return_dict=False)[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        save_file(inputs, f"{tmp}/in.safetensors")
+        subprocess.run(
+            [flowtune, "debug", "forward", "--component", f"{pipeline_dir}/transformer", "--inputs", f"{tmp}/in.safetensors",
+             "--out", f"{tmp}/out.safetensors", "--lora", lora_file],
+            check=True,
+        )
+        flowtune_out = load_file(f"{tmp}/out.safetensors")["output.sample_with_lora"]
+    diff = ((flowtune_out - ours_ref).norm() / ours_ref.norm()).item()
+    effect = ((ours_ref - base).norm() / base.norm()).item()
+    print(f"relative difference flowtune vs diffusers with LoRA: {diff:.2e} (LoRA changes the output by {effect:.2e})")
+    sys.exit(0 if diff < 1e-3 and effect > 1e-3 else 1)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
