@@ -31,6 +31,9 @@ enum Command {
     /// Resolve and inspect recipes.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Benchmarks (timings as throughput; compare with the PyTorch anchors under scripts/).
+    #[command(subcommand)]
+    Bench(commands::bench::BenchCommand),
     /// Write a small random-initialised pipeline in the diffusers layout.
     #[command(subcommand)]
     MakeTiny(commands::make_tiny::MakeTiny),
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Config(c) => commands::config::run(c),
         Command::Debug(c) => commands::debug::run(c, &cli.device),
         Command::MakeTiny(c) => commands::make_tiny::run(c),
+        Command::Bench(c) => commands::bench::run(c, &cli.device),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -91,6 +91,37 @@ impl AdapterSwitch {
     }
 }
 
+/// A model's adapters: their weights (the only trainable variables), switch and config.
+#[derive(Debug)]
+pub struct Adapters {
+    pub store: VarStore,
+    pub switch: AdapterSwitch,
+    pub config: LoraConfig,
+}
+
+impl Adapters {
+    /// Folds the adapters into the base weights, `W ← W + (α/r)·B·A`, and switches them off, so
+    /// the base model alone computes what base + adapters did (for export).
+    pub fn merge_into(&self, base: &VarStore) -> Result<(), ModelError> {
+        let adapters = self.store.variables();
+        let weights = base.variables();
+        let _guard = tch::no_grad_guard();
+        for (name, a) in &adapters {
+            let Some(module) = name.strip_suffix(".lora_A.weight") else { continue };
+            let b = &adapters[&format!("{module}.lora_B.weight")];
+            let w = weights.get(&format!("{module}.weight")).ok_or_else(|| {
+                ModelError::Missing { path: "base model".into(), names: format!("{module}.weight") }
+            })?;
+            let delta = (b.to_kind(tch::Kind::Float).matmul(&a.to_kind(tch::Kind::Float))
+                * self.config.scale())
+            .to_kind(w.kind());
+            let _ = w.shallow_clone().f_add_(&delta)?;
+        }
+        self.switch.set(false);
+        Ok(())
+    }
+}
+
 /// One adapter pair.
 #[derive(Debug)]
 pub struct LoraPair {

@@ -55,7 +55,7 @@ fn sd3_transformers_match_diffusers() {
             MODEL_RTOL,
         );
         (out * &io["loss_weight"]).mean(Kind::Float).backward();
-        let (store, _) = model.adapters.as_ref().expect("adapters");
+        let store = &model.adapters.as_ref().expect("adapters").store;
         let vars = store.variables();
         let mut grads = 0;
         for (key, want) in io.iter().filter(|(k, _)| k.starts_with("grad.transformer.")) {
@@ -86,7 +86,7 @@ fn lora_files_round_trip_with_their_config() {
     model.load_lora(&dir().join("sd3_tiny_lora.safetensors")).expect("fixture lora");
     let path =
         std::env::temp_dir().join(format!("flowtune-lora-{}.safetensors", std::process::id()));
-    model.save_lora(&lora, &path).expect("save");
+    model.save_lora(&path).expect("save");
     let read = flowtune_models::lora::read_config(&path, "transformer").expect("read config");
     assert_eq!((read.rank, read.alpha, &read.target_modules), (4, 8.0, &lora.target_modules));
     let mut again =
@@ -109,4 +109,11 @@ fn lora_files_round_trip_with_their_config() {
         / io["output.sample_with_lora"].norm().double_value(&[]);
     assert!(rel < MODEL_RTOL, "{rel}");
     let _ = std::fs::remove_file(&path);
+
+    // Merged into the base weights, the adapters' effect stays and they switch off.
+    again.merge_lora().expect("merge");
+    let merged = run(&again);
+    let rel = (&merged - &a).norm().double_value(&[]) / a.norm().double_value(&[]);
+    assert!(rel < 1e-5, "merged output differs by {rel}");
+    assert!(!again.adapters.as_ref().unwrap().switch.enabled());
 }

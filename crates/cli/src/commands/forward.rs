@@ -123,7 +123,7 @@ pub fn make_lora(
     let config = LoraConfig { rank, alpha, ..Default::default() };
     let model = Sd3Transformer::load(component, Device::Cpu, Kind::Float, Some(&config))
         .map_err(Failure::input)?;
-    let (store, _) = model.adapters.as_ref().expect("built with LoRA");
+    let store = &model.adapters.as_ref().expect("built with LoRA").store;
     let mut rng = SampleRng::new(seed);
     let mut vars: Vec<(String, Tensor)> = store.variables().into_iter().collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
@@ -132,7 +132,7 @@ pub fn make_lora(
             v.shallow_clone().copy_(&(rng.normal(&v.size(), Device::Cpu) * 0.1));
         }
     });
-    model.save_lora(&config, out).map_err(|e| Failure::Runtime(e.into()))?;
+    model.save_lora(out).map_err(|e| Failure::Runtime(e.into()))?;
     println!("wrote {} ({} adapter tensors, r {rank}, alpha {alpha})", out.display(), vars.len());
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod config;
 pub mod debug;
 pub mod env;

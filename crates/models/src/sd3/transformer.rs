@@ -8,7 +8,7 @@ use tch::{Device, Kind, Tensor};
 use super::block::JointTransformerBlock;
 use super::config::Sd3TransformerConfig;
 use super::embeddings::{PatchEmbed, TimeTextEmbed};
-use crate::lora::{self, AdapterSwitch, LoraConfig};
+use crate::lora::{self, AdapterSwitch, Adapters, LoraConfig};
 use crate::nn::{layer_norm, Linear, LoraScope, Scope};
 use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, ModelError};
@@ -26,7 +26,7 @@ pub struct Sd3Transformer {
     /// Base weights (frozen when adapters exist).
     pub store: VarStore,
     /// Adapter weights and their on/off switch, when built with LoRA.
-    pub adapters: Option<(VarStore, AdapterSwitch)>,
+    pub adapters: Option<Adapters>,
 }
 
 impl Sd3Transformer {
@@ -92,7 +92,11 @@ impl Sd3Transformer {
             ),
             config: config.clone(),
             store,
-            adapters: adapter_store.map(|vs| (vs, switch)),
+            adapters: adapter_store.zip(lora).map(|(store, config)| Adapters {
+                store,
+                switch,
+                config: config.clone(),
+            }),
         };
         Ok(model)
     }
@@ -113,28 +117,36 @@ impl Sd3Transformer {
         Ok(model)
     }
 
+    fn adapters(&self) -> Result<&Adapters, ModelError> {
+        self.adapters
+            .as_ref()
+            .ok_or_else(|| ModelError::Input("the model was built without LoRA adapters".into()))
+    }
+
     /// Loads adapter weights saved in the diffusers/PEFT layout (`transformer.<module>.lora_A.weight`).
     pub fn load_lora(&mut self, path: &Path) -> Result<(), ModelError> {
-        let (store, _) = self
+        let adapters = self
             .adapters
             .as_mut()
             .ok_or_else(|| ModelError::Input("the model was built without LoRA adapters".into()))?;
-        lora::load(store, "transformer", path)
+        lora::load(&mut adapters.store, "transformer", path)
     }
 
-    /// Writes the adapters in the diffusers/PEFT layout (see [`lora::save`]).
-    pub fn save_lora(&self, config: &LoraConfig, path: &Path) -> Result<(), ModelError> {
-        let (store, _) = self
-            .adapters
-            .as_ref()
-            .ok_or_else(|| ModelError::Input("the model has no LoRA adapters".into()))?;
-        lora::save(store, config, "transformer", path)
+    /// Writes the adapters in the diffusers/PEFT layout with their config (see [`lora::save`]).
+    pub fn save_lora(&self, path: &Path) -> Result<(), ModelError> {
+        let adapters = self.adapters()?;
+        lora::save(&adapters.store, &adapters.config, "transformer", path)
+    }
+
+    /// Folds the adapters into the base weights and switches them off (see [`Adapters::merge_into`]).
+    pub fn merge_lora(&self) -> Result<(), ModelError> {
+        self.adapters()?.merge_into(&self.store)
     }
 
     /// Turns the adapters on or off (off: the base model, the KL reference).
     pub fn set_adapters_enabled(&self, on: bool) {
-        if let Some((_, switch)) = &self.adapters {
-            switch.set(on);
+        if let Some(adapters) = &self.adapters {
+            adapters.switch.set(on);
         }
     }
 

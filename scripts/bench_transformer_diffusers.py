@@ -1,0 +1,57 @@
+"""The PyTorch-eager anchor for `flowtune bench transformer`: the same shapes and weights in diffusers.
+
+Usage (needs `pip install torch diffusers peft`):
+    python scripts/bench_transformer_diffusers.py DIR [--batch 2 --latent 64 --text-len 77 --iters 5 --lora-rank 32]
+"""
+import argparse
+import time
+
+import torch
+from diffusers import SD3Transformer2DModel
+from peft import LoraConfig
+
+TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
+
+
+def timed(iters, fn):
+    fn()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - start) / iters
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--latent", type=int, default=64)
+    ap.add_argument("--text-len", type=int, default=77)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--lora-rank", type=int, default=32)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    model = SD3Transformer2DModel.from_pretrained(a.dir).eval()
+    c = model.config
+    x = torch.randn(a.batch, c.in_channels, a.latent, a.latent)
+    text = torch.randn(a.batch, a.text_len, c.joint_attention_dim)
+    pooled = torch.randn(a.batch, c.pooled_projection_dim)
+    t = torch.full((a.batch,), 500.0)
+    with torch.no_grad():
+        fwd = timed(a.iters, lambda: model(x, text, pooled, t, return_dict=False))
+    model.add_adapter(LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, target_modules=TARGETS, init_lora_weights="gaussian"))
+    for n, p in model.named_parameters():
+        p.requires_grad_("lora_" in n)
+
+    def step():
+        model(x, text, pooled, t, return_dict=False)[0].square().mean().backward()
+
+    bwd = timed(a.iters, step)
+    tokens = a.batch * (a.latent // c.patch_size) ** 2
+    print(f"diffusers threads {torch.get_num_threads()}")
+    print(f"forward:               {fwd * 1e3:8.1f} ms  {tokens / fwd:10.0f} image tokens/s")
+    print(f"forward+backward LoRA: {bwd * 1e3:8.1f} ms  {tokens / bwd:10.0f} image tokens/s")
+
+
+if __name__ == "__main__":
+    main()
