@@ -130,3 +130,48 @@ fn bad_input_gives_one_clear_line_and_exit_2() {
     );
     assert_bad_input(&flowtune(&["--device", "cuda:7", "env"]), &["--device cuda:7"]);
 }
+
+#[test]
+fn debug_forward_reproduces_the_fixture_outputs() {
+    let out =
+        std::env::temp_dir().join(format!("flowtune-forward-{}.safetensors", std::process::id()));
+    let run = flowtune(&[
+        "debug",
+        "forward",
+        "--component",
+        &repo("fixtures/sd3_tiny"),
+        "--inputs",
+        &repo("fixtures/sd3_tiny_io.safetensors"),
+        "--out",
+        &out.display().to_string(),
+        "--lora",
+        &repo("fixtures/sd3_tiny_lora.safetensors"),
+        "--lora-alpha",
+        "8",
+    ]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let got: std::collections::HashMap<String, tch::Tensor> =
+        tch::Tensor::read_safetensors(&out).unwrap().into_iter().collect();
+    let want: std::collections::HashMap<String, tch::Tensor> =
+        tch::Tensor::read_safetensors(repo("fixtures/sd3_tiny_io.safetensors"))
+            .unwrap()
+            .into_iter()
+            .collect();
+    let (g, w) = (&got["output.sample_with_lora"], &want["output.sample_with_lora"]);
+    let rel = (g - w).norm().double_value(&[]) / w.norm().double_value(&[]);
+    assert!(rel < 1e-3, "relative error {rel}");
+    let _ = std::fs::remove_file(&out);
+    assert_bad_input(
+        &flowtune(&[
+            "debug",
+            "forward",
+            "--component",
+            &repo("fixtures"),
+            "--inputs",
+            "x",
+            "--out",
+            "y",
+        ]),
+        &["cannot read", "x"],
+    );
+}

@@ -112,3 +112,23 @@ pub fn lookup(class_name: &str, algorithm: &str) -> Result<&'static PipelineEntr
     }
     Ok(entry)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_is_keyed_by_class_and_algorithm() {
+        assert_eq!(
+            lookup("StableDiffusion3Pipeline", "flow_grpo").unwrap().schedule,
+            Pipeline::Sd3
+        );
+        let err = lookup("FluxPipeline", "flow_grpo").unwrap_err().to_string();
+        assert!(
+            err.contains("`FluxPipeline` is not supported; supported: StableDiffusion3Pipeline"),
+            "{err}"
+        );
+        let err = lookup("StableDiffusion3Pipeline", "ppo").unwrap_err().to_string();
+        assert!(err.contains("does not support algorithm `ppo`"), "{err}");
+    }
+}

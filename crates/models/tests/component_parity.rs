@@ -31,6 +31,30 @@ fn vae_decode_matches_diffusers() {
     });
 }
 
+/// Encoder fixtures (`<name>_encode_io.safetensors`, from `scripts/reference_vae_encode.py`) are
+/// checked for every VAE that has one.
+#[test]
+fn vae_encode_matches_diffusers() {
+    each("vae", |check, name, model_dir| {
+        let file = format!("{name}_encode_io.safetensors");
+        if !dir().join(&file).exists() {
+            return;
+        }
+        let io = tensors(&file);
+        let vae = AutoencoderKl::load(&model_dir, Device::Cpu, Kind::Float).expect("load");
+        let (latents, logvar) = tch::no_grad(|| vae.encode(&io["input.image"]));
+        let c = &vae.config;
+        let mean = latents / c.scaling_factor + c.shift_factor.unwrap_or(0.0);
+        check.close_within(&format!("{name} output.mean"), &mean, &io["output.mean"], MODEL_RTOL);
+        check.close_within(
+            &format!("{name} output.logvar"),
+            &logvar,
+            &io["output.logvar"],
+            MODEL_RTOL,
+        );
+    });
+}
+
 #[test]
 fn clip_matches_transformers() {
     each("clip_text", |check, name, model_dir| {

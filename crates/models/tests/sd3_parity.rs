@@ -66,6 +66,9 @@ fn sd3_transformers_match_diffusers() {
             }
             grads += 1;
         }
+        if model.store.variables().values().any(|v| v.requires_grad() || v.grad().defined()) {
+            check.fail(format!("{name}: base weights must not train"));
+        }
         if grads != vars.len() || entry["lora_params"].as_u64() != Some(grads as u64) {
             check.fail(format!(
                 "{name}: {grads} reference gradients, {} adapter tensors",

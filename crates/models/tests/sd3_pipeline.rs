@@ -42,6 +42,18 @@ fn tiny_pipeline_encodes_prompts_like_diffusers() {
         &want["negative_prompt_embeds"],
         MODEL_RTOL,
     );
+
+    // The whole pipeline runs: one velocity, then VAE decode to u8 RGB at 2× the latent size.
+    let latents = tch::Tensor::randn([3, 4, 8, 12], (Kind::Float, Device::Cpu));
+    let t = tch::Tensor::from_slice(&[1000.0f32, 500.0, 10.0]);
+    let v = tch::no_grad(|| {
+        pipe.transformer.forward(&latents, &text.embeds, text.pooled.as_ref().unwrap(), &t)
+    })
+    .expect("velocity");
+    assert_eq!(v.size(), [3, 4, 8, 12]);
+    let rgb =
+        flowtune_models::vae::AutoencoderKl::to_rgb8(&tch::no_grad(|| pipe.vae.decode(&latents)));
+    assert_eq!((rgb.size(), rgb.kind()), (vec![3, 16, 24, 3], Kind::Uint8));
     let _ = std::fs::remove_dir_all(&dir);
     check.finish();
 }

@@ -65,7 +65,7 @@ impl Sd3Transformer {
                 )
             })
             .collect();
-        let model = Self {
+        let mut model = Self {
             pos_embed: PatchEmbed::new(
                 &(&root / "pos_embed"),
                 c.in_channels,
@@ -98,6 +98,10 @@ impl Sd3Transformer {
                 config: config.clone(),
             }),
         };
+        if model.adapters.is_some() {
+            // Only adapter parameters train.
+            model.store.freeze();
+        }
         Ok(model)
     }
 
@@ -111,9 +115,6 @@ impl Sd3Transformer {
         let config: Sd3TransformerConfig = read_config(&dir.join("config.json"))?;
         let mut model = Self::new(&config, device, lora)?;
         load_weights(&mut model.store, &checkpoint_files(dir)?, LoadOptions { kind: Some(kind) })?;
-        if model.adapters.is_some() {
-            model.store.freeze();
-        }
         Ok(model)
     }
 
