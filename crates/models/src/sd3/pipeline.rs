@@ -63,10 +63,13 @@ impl Sd3Pipeline {
     ) -> Result<Self, ModelError> {
         let dir = PipelineDir::open(dir)?;
         if dir.index.class_name != "StableDiffusion3Pipeline" {
+            let supported: Vec<&str> =
+                crate::pipeline::PIPELINES.iter().map(|p| p.class_name).collect();
             return Err(ModelError::Input(format!(
-                "{}: `{}` is not a StableDiffusion3Pipeline",
-                dir.root.display(),
-                dir.index.class_name
+                "{}: pipeline class `{}` is not supported; supported: {}",
+                dir.root.join("model_index.json").display(),
+                dir.index.class_name,
+                supported.join(", ")
             )));
         }
         let clip = |encoder: &str, tokenizer: &str| -> Result<ClipBranch, ModelError> {
