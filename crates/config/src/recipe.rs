@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use flowtune_objectives::{AdvantageConfig, LossConfig, ObjectiveError};
+use flowtune_rewards::RewardConfig;
 use flowtune_sampling::{SamplerConfig, SamplingError};
 use serde::{Deserialize, Serialize};
 use serde_yaml::Value;
@@ -20,6 +21,7 @@ pub struct Recipe {
     pub rollout: SamplerConfig,
     pub advantage: AdvantageConfig,
     pub actor: LossConfig,
+    pub reward: RewardConfig,
 }
 
 impl Default for Recipe {
@@ -30,6 +32,7 @@ impl Default for Recipe {
             rollout: SamplerConfig::default(),
             advantage: AdvantageConfig::default(),
             actor: LossConfig::default(),
+            reward: RewardConfig::default(),
         }
     }
 }
@@ -103,6 +106,7 @@ impl Recipe {
             }
             other => ("actor".to_string(), other.to_string()),
         })?;
+        flowtune_rewards::build(&self.reward).map_err(|e| ("reward".to_string(), e.to_string()))?;
         Ok(())
     }
 
@@ -185,6 +189,8 @@ mod tests {
         assert_eq!(err, "r.yaml: actor.clip_ratio: 0 is not allowed; expected a finite number > 0");
         let err = load("algorithm: ppo\n", &[]).unwrap_err();
         assert!(err.contains("unknown algorithm `ppo`; known: flow_grpo"), "{err}");
+        let err = load("reward:\n  functions: [{name: aesthetic}]\n", &[]).unwrap_err();
+        assert!(err.contains("r.yaml: reward: reward config: unknown reward `aesthetic`"), "{err}");
         let err = load(RECIPE, &["actor.nope=1"]).unwrap_err();
         assert!(
             err.starts_with("override `actor.nope=1`") && err.contains("`clip_ratio`"),

@@ -13,5 +13,9 @@ pub fn run() -> Result<(), Failure> {
     }
     println!("sde types: {}", SdeType::NAMES.join(", "));
     println!("pipelines: {}", Pipeline::NAMES.join(", "));
+    println!("rewards: {}", flowtune_rewards::REWARD_NAMES.join(", "));
+    let classes: Vec<&str> =
+        flowtune_models::pipeline::PIPELINES.iter().map(|p| p.class_name).collect();
+    println!("model families: {}", classes.join(", "));
     Ok(())
 }

@@ -1,0 +1,234 @@
+//! Rewards: what a generated image is worth. A [`Reward`] scores a batch of samples; the
+//! registry builds scorers by name from the recipe's `reward` section; [`score_batch`] combines
+//! weighted scorers and applies the failure policy — a failed or NaN score stops the step with a
+//! clear message, or (with `on_error: skip_sample`) drops the sample and counts it, never a
+//! silent 0.
+
+mod config;
+mod jpeg;
+mod registry;
+
+use std::collections::BTreeMap;
+
+pub use config::{OnError, RewardConfig, RewardFunction};
+pub use jpeg::JpegSize;
+pub use registry::{build, REWARD_NAMES};
+
+/// An RGB image, row-major u8 (H × W × 3).
+pub type RgbImage = image::RgbImage;
+
+/// One sample to score.
+pub struct Sample<'a> {
+    pub image: &'a RgbImage,
+    pub prompt: &'a str,
+    /// The target the prompt asks for (e.g. the quoted text of an OCR prompt).
+    pub ground_truth: Option<&'a str>,
+    pub data_source: &'a str,
+    pub extra_info: &'a serde_json::Value,
+}
+
+/// A sample's score and named extras (logged as `critic/<name>/mean`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Score {
+    pub value: f64,
+    pub extras: BTreeMap<String, f64>,
+}
+
+/// Why scoring failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RewardError {
+    #[error("reward `{reward}`: {message}")]
+    Failed { reward: String, message: String },
+    #[error("reward config: {0}")]
+    Config(String),
+}
+
+/// A scorer of samples.
+pub trait Reward: Send + Sync {
+    /// The registry name (`jpeg_compressibility`, …).
+    fn name(&self) -> &str;
+    /// One score per sample, in order; an error fails the whole batch.
+    fn score(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError>;
+}
+
+/// The combined scores of a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScoredBatch {
+    /// Weighted total per sample; `None` for a sample dropped under `on_error: skip_sample`.
+    pub totals: Vec<Option<f64>>,
+    /// `critic/<name>/mean` per scorer and extra, and `critic/rewards/skipped`.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// Scores `samples` with every weighted scorer and sums them, applying `on_error`.
+pub fn score_batch(
+    scorers: &[(Box<dyn Reward>, f64)],
+    samples: &[Sample<'_>],
+    on_error: OnError,
+) -> Result<ScoredBatch, RewardError> {
+    let mut totals: Vec<Option<f64>> = vec![Some(0.0); samples.len()];
+    let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    let mut failed_scorers = 0.0;
+    for (scorer, weight) in scorers {
+        let scores = match scorer.score(samples) {
+            Ok(s) if s.len() == samples.len() => s,
+            Ok(s) => {
+                return Err(RewardError::Failed {
+                    reward: scorer.name().into(),
+                    message: format!("returned {} scores for {} samples", s.len(), samples.len()),
+                })
+            }
+            Err(_) if on_error == OnError::SkipSample => {
+                // A batch-level failure touches every sample of the batch.
+                totals.iter_mut().for_each(|t| *t = None);
+                failed_scorers += 1.0;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        for (i, score) in scores.iter().enumerate() {
+            if !score.value.is_finite() {
+                if on_error == OnError::SkipSample {
+                    totals[i] = None;
+                    continue;
+                }
+                return Err(RewardError::Failed {
+                    reward: scorer.name().into(),
+                    message: format!("score {} for sample {i} (prompt {:?}); set reward.on_error: skip_sample to drop such samples", score.value, samples[i].prompt),
+                });
+            }
+            if let Some(t) = totals[i].as_mut() {
+                *t += weight * score.value;
+            }
+            let entry = sums.entry(format!("critic/{}/mean", scorer.name())).or_default();
+            entry.0 += score.value;
+            entry.1 += 1;
+            for (k, v) in &score.extras {
+                let entry = sums.entry(format!("critic/{k}/mean")).or_default();
+                entry.0 += v;
+                entry.1 += 1;
+            }
+        }
+    }
+    let mut metrics: BTreeMap<String, f64> =
+        sums.into_iter().map(|(k, (s, n))| (k, s / n as f64)).collect();
+    metrics.insert(
+        "critic/rewards/skipped".into(),
+        totals.iter().filter(|t| t.is_none()).count() as f64,
+    );
+    metrics.insert("critic/rewards/failed_scorers".into(), failed_scorers);
+    Ok(ScoredBatch { totals, metrics })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flat() -> RgbImage {
+        RgbImage::from_pixel(32, 32, image::Rgb([120, 30, 200]))
+    }
+
+    fn noisy() -> RgbImage {
+        let mut state = 12345u32;
+        RgbImage::from_fn(32, 32, |_, _| {
+            let mut next = || {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 24) as u8
+            };
+            image::Rgb([next(), next(), next()])
+        })
+    }
+
+    fn sample(image: &RgbImage) -> Sample<'_> {
+        Sample {
+            image,
+            prompt: "a cat",
+            ground_truth: None,
+            data_source: "test",
+            extra_info: &serde_json::Value::Null,
+        }
+    }
+
+    /// A scorer returning fixed values, or failing.
+    struct Fixed(Vec<f64>, bool);
+
+    impl Reward for Fixed {
+        fn name(&self) -> &str {
+            "fixed"
+        }
+        fn score(&self, _: &[Sample<'_>]) -> Result<Vec<Score>, RewardError> {
+            if self.1 {
+                return Err(RewardError::Failed {
+                    reward: "fixed".into(),
+                    message: "server down".into(),
+                });
+            }
+            Ok(self.0.iter().map(|&value| Score { value, ..Default::default() }).collect())
+        }
+    }
+
+    #[test]
+    fn jpeg_rewards_order_flat_and_noisy_images() {
+        let (flat, noisy) = (flat(), noisy());
+        let samples = [sample(&flat), sample(&noisy)];
+        let small = JpegSize { compressible: true }.score(&samples).unwrap();
+        let big = JpegSize { compressible: false }.score(&samples).unwrap();
+        assert!(small[0].value > small[1].value, "flat images compress better: {small:?}");
+        assert!(big[1].value > big[0].value);
+        assert!((small[1].value + big[1].value / 500.0).abs() < 1e-12, "compressibility = −kB/500");
+    }
+
+    #[test]
+    fn weighted_scorers_sum_and_report_means() {
+        let img = flat();
+        let samples = [sample(&img), sample(&img)];
+        let scorers: Vec<(Box<dyn Reward>, f64)> = vec![
+            (Box::new(Fixed(vec![1.0, 3.0], false)), 0.5),
+            (Box::new(Fixed(vec![2.0, 2.0], false)), 2.0),
+        ];
+        let out = score_batch(&scorers, &samples, OnError::Fail).unwrap();
+        assert_eq!(out.totals, [Some(4.5), Some(5.5)]);
+        assert_eq!(out.metrics["critic/fixed/mean"], 2.0);
+        assert_eq!(out.metrics["critic/rewards/skipped"], 0.0);
+    }
+
+    #[test]
+    fn nan_and_failures_fail_or_skip_never_zero() {
+        let img = flat();
+        let samples = [sample(&img), sample(&img)];
+        let nan: Vec<(Box<dyn Reward>, f64)> =
+            vec![(Box::new(Fixed(vec![1.0, f64::NAN], false)), 1.0)];
+        let err = score_batch(&nan, &samples, OnError::Fail).unwrap_err().to_string();
+        assert!(
+            err.contains("reward `fixed`: score NaN for sample 1 (prompt \"a cat\")")
+                && err.contains("skip_sample"),
+            "{err}"
+        );
+        let out = score_batch(&nan, &samples, OnError::SkipSample).unwrap();
+        assert_eq!(out.totals, [Some(1.0), None]);
+        assert_eq!(out.metrics["critic/rewards/skipped"], 1.0);
+        let down: Vec<(Box<dyn Reward>, f64)> = vec![(Box::new(Fixed(vec![], true)), 1.0)];
+        assert!(score_batch(&down, &samples, OnError::Fail)
+            .unwrap_err()
+            .to_string()
+            .contains("server down"));
+        let out = score_batch(&down, &samples, OnError::SkipSample).unwrap();
+        assert_eq!(out.totals, [None, None]);
+        assert_eq!(out.metrics["critic/rewards/failed_scorers"], 1.0);
+    }
+
+    #[test]
+    fn unknown_reward_lists_known_ones() {
+        let config = RewardConfig {
+            functions: vec![RewardFunction { name: "aesthetic".into(), weight: 1.0 }],
+            ..Default::default()
+        };
+        let err = build(&config).err().unwrap().to_string();
+        assert!(
+            err.contains(
+                "unknown reward `aesthetic`; known: jpeg_compressibility, jpeg_incompressibility"
+            ),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,38 @@
+//! The reward registry: scorer names → constructors.
+
+use crate::{JpegSize, Reward, RewardConfig, RewardError};
+
+/// Every registered reward name.
+pub const REWARD_NAMES: [&str; 2] = ["jpeg_compressibility", "jpeg_incompressibility"];
+
+/// The weighted scorers of a `reward` section; an unknown name lists the known ones.
+pub fn build(config: &RewardConfig) -> Result<Vec<(Box<dyn Reward>, f64)>, RewardError> {
+    if config.functions.is_empty() {
+        return Err(RewardError::Config(
+            "reward.functions is empty; name at least one reward".into(),
+        ));
+    }
+    config
+        .functions
+        .iter()
+        .map(|f| {
+            if !f.weight.is_finite() {
+                return Err(RewardError::Config(format!(
+                    "reward `{}`: weight {} is not finite",
+                    f.name, f.weight
+                )));
+            }
+            let scorer: Box<dyn Reward> = match f.name.as_str() {
+                "jpeg_compressibility" => Box::new(JpegSize { compressible: true }),
+                "jpeg_incompressibility" => Box::new(JpegSize { compressible: false }),
+                other => {
+                    return Err(RewardError::Config(format!(
+                        "unknown reward `{other}`; known: {}",
+                        REWARD_NAMES.join(", ")
+                    )));
+                }
+            };
+            Ok((scorer, f.weight))
+        })
+        .collect()
+}
