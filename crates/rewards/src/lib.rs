@@ -51,6 +51,9 @@ pub trait Reward: Send + Sync {
     fn score(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError>;
 }
 
+/// A scorer and its weight in the total.
+pub type Weighted = (Box<dyn Reward>, f64);
+
 /// The combined scores of a batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScoredBatch {
@@ -182,7 +185,7 @@ mod tests {
     fn weighted_scorers_sum_and_report_means() {
         let img = flat();
         let samples = [sample(&img), sample(&img)];
-        let scorers: Vec<(Box<dyn Reward>, f64)> = vec![
+        let scorers: Vec<Weighted> = vec![
             (Box::new(Fixed(vec![1.0, 3.0], false)), 0.5),
             (Box::new(Fixed(vec![2.0, 2.0], false)), 2.0),
         ];
@@ -196,8 +199,7 @@ mod tests {
     fn nan_and_failures_fail_or_skip_never_zero() {
         let img = flat();
         let samples = [sample(&img), sample(&img)];
-        let nan: Vec<(Box<dyn Reward>, f64)> =
-            vec![(Box::new(Fixed(vec![1.0, f64::NAN], false)), 1.0)];
+        let nan: Vec<Weighted> = vec![(Box::new(Fixed(vec![1.0, f64::NAN], false)), 1.0)];
         let err = score_batch(&nan, &samples, OnError::Fail).unwrap_err().to_string();
         assert!(
             err.contains("reward `fixed`: score NaN for sample 1 (prompt \"a cat\")")
@@ -207,7 +209,7 @@ mod tests {
         let out = score_batch(&nan, &samples, OnError::SkipSample).unwrap();
         assert_eq!(out.totals, [Some(1.0), None]);
         assert_eq!(out.metrics["critic/rewards/skipped"], 1.0);
-        let down: Vec<(Box<dyn Reward>, f64)> = vec![(Box::new(Fixed(vec![], true)), 1.0)];
+        let down: Vec<Weighted> = vec![(Box::new(Fixed(vec![], true)), 1.0)];
         assert!(score_batch(&down, &samples, OnError::Fail)
             .unwrap_err()
             .to_string()

@@ -1,12 +1,12 @@
 //! The reward registry: scorer names → constructors.
 
-use crate::{JpegSize, Reward, RewardConfig, RewardError};
+use crate::{JpegSize, Reward, RewardConfig, RewardError, Weighted};
 
 /// Every registered reward name.
 pub const REWARD_NAMES: [&str; 2] = ["jpeg_compressibility", "jpeg_incompressibility"];
 
 /// The weighted scorers of a `reward` section; an unknown name lists the known ones.
-pub fn build(config: &RewardConfig) -> Result<Vec<(Box<dyn Reward>, f64)>, RewardError> {
+pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
     if config.functions.is_empty() {
         return Err(RewardError::Config(
             "reward.functions is empty; name at least one reward".into(),
