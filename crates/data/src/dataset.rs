@@ -1,0 +1,142 @@
+//! Prompt records and the file formats they come from.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::DataError;
+
+/// One prompt and what its rewards need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptRecord {
+    pub prompt: String,
+    pub negative_prompt: Option<String>,
+    /// The dataset a record belongs to (validation metrics are grouped by it).
+    pub data_source: String,
+    /// What the image must show, e.g. the text an OCR prompt quotes.
+    pub ground_truth: Option<String>,
+    pub extra_info: Value,
+}
+
+/// The text between the first pair of double quotes (straight or curly), as OCR prompts quote
+/// their target: `A sign that says "OPEN"` → `OPEN`.
+pub fn quoted_target(prompt: &str) -> Option<String> {
+    let start = prompt.find(['"', '“'])?;
+    let rest = &prompt[start + prompt[start..].chars().next()?.len_utf8()..];
+    let end = rest.find(['"', '”'])?;
+    Some(rest[..end].to_string()).filter(|s| !s.is_empty())
+}
+
+/// Prompts of one file.
+#[derive(Debug, Clone)]
+pub struct PromptDataset {
+    pub records: Vec<PromptRecord>,
+}
+
+impl PromptDataset {
+    /// Reads `.txt` (one prompt per line) or `.jsonl` / `.json` lines.
+    pub fn load(path: &Path) -> Result<Self, DataError> {
+        let text = std::fs::read_to_string(path).map_err(|e| DataError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let source = path.file_stem().and_then(|s| s.to_str()).unwrap_or("prompts").to_string();
+        let is_jsonl = matches!(path.extension().and_then(|e| e.to_str()), Some("jsonl" | "json"));
+        let mut records = vec![];
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let record = if is_jsonl {
+                parse_json_record(line, &source).map_err(|message| DataError::Record {
+                    path: path.display().to_string(),
+                    line: i + 1,
+                    message,
+                })?
+            } else {
+                let prompt = line.trim().to_string();
+                PromptRecord {
+                    ground_truth: quoted_target(&prompt),
+                    prompt,
+                    negative_prompt: None,
+                    data_source: source.clone(),
+                    extra_info: Value::Null,
+                }
+            };
+            records.push(record);
+        }
+        if records.is_empty() {
+            return Err(DataError::Invalid(format!("{}: no prompts", path.display())));
+        }
+        Ok(Self { records })
+    }
+}
+
+/// A JSONL record: `prompt` (a string, or chat messages whose user turn is the prompt),
+/// `data_source`, `negative_prompt`, `reward_model.ground_truth`, `extra_info`.
+fn parse_json_record(line: &str, default_source: &str) -> Result<PromptRecord, String> {
+    let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    let prompt = match &v["prompt"] {
+        Value::String(s) => s.clone(),
+        Value::Array(messages) => messages
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .and_then(|m| m["content"].as_str())
+            .ok_or("`prompt` messages have no user turn with string content")?
+            .to_string(),
+        Value::Null => return Err("no `prompt`".into()),
+        other => return Err(format!("`prompt` must be a string or chat messages, got {other}")),
+    };
+    let text = |key: &Value| key.as_str().map(str::to_string);
+    let ground_truth = match &v["reward_model"]["ground_truth"] {
+        Value::Null => quoted_target(&prompt),
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    };
+    Ok(PromptRecord {
+        negative_prompt: text(&v["negative_prompt"]),
+        data_source: text(&v["data_source"]).unwrap_or_else(|| default_source.to_string()),
+        ground_truth,
+        extra_info: v.get("extra_info").cloned().unwrap_or(Value::Null),
+        prompt,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoted_targets() {
+        assert_eq!(
+            quoted_target(r#"A shop sign that reads "OPEN 24H" in neon"#).as_deref(),
+            Some("OPEN 24H")
+        );
+        assert_eq!(quoted_target("A poster saying “Hello”").as_deref(), Some("Hello"));
+        assert_eq!(quoted_target("a red circle"), None);
+        assert_eq!(quoted_target(r#"an empty "" pair"#), None);
+    }
+
+    #[test]
+    fn jsonl_records_in_the_reference_layout() {
+        let chat = r#"{"data_source": "ocr", "prompt": [{"role": "system", "content": "x"}, {"role": "user", "content": "A sign \"GO\""}], "reward_model": {"ground_truth": "GO!"}, "extra_info": {"id": 3}}"#;
+        let r = parse_json_record(chat, "file").unwrap();
+        assert_eq!(
+            (r.prompt.as_str(), r.data_source.as_str(), r.ground_truth.as_deref()),
+            ("A sign \"GO\"", "ocr", Some("GO!"))
+        );
+        assert_eq!(r.extra_info["id"], 3);
+        let plain = parse_json_record(
+            r#"{"prompt": "a cat \"MEOW\"", "negative_prompt": "blurry"}"#,
+            "file",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                plain.data_source.as_str(),
+                plain.ground_truth.as_deref(),
+                plain.negative_prompt.as_deref()
+            ),
+            ("file", Some("MEOW"), Some("blurry"))
+        );
+        assert!(parse_json_record(r#"{"text": "x"}"#, "f").unwrap_err().contains("no `prompt`"));
+    }
+}

@@ -1,0 +1,20 @@
+//! Prompts: datasets read from text (one prompt per line) or JSONL in the reference layout, and
+//! the seeded loader that yields each training step's prompts, every one repeated `n` times with
+//! its copies adjacent and one uid per prompt.
+
+mod dataset;
+mod loader;
+
+pub use dataset::{quoted_target, PromptDataset, PromptRecord};
+pub use loader::{LoaderState, PromptLoader, Row};
+
+/// Why a dataset could not be read or served.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("cannot read {path}: {message}")]
+    Io { path: String, message: String },
+    #[error("{path}:{line}: {message}")]
+    Record { path: String, line: usize, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
