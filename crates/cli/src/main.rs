@@ -24,6 +24,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Train with online RL from a recipe.
+    Train(commands::train::TrainArgs),
     /// Show the torch build, CUDA devices and threads flowtune sees.
     Env,
     /// List the registered algorithms, SDE types and pipelines.
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Env => commands::env::run(&cli.device),
+        Command::Train(a) => commands::train::run(a, &cli.device),
         Command::List => commands::list::run(),
         Command::Config(c) => commands::config::run(c),
         Command::Debug(c) => commands::debug::run(c, &cli.device),

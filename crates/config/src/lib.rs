@@ -4,9 +4,11 @@
 
 mod overrides;
 mod recipe;
+mod sections;
 
 pub use overrides::Override;
 pub use recipe::Recipe;
+pub use sections::{DataSection, LrSchedule, ModelSection, OldLogProb, TrainerSection};
 
 /// Why a recipe could not be resolved.
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,7 @@ use flowtune_sampling::{SamplerConfig, SamplingError};
 use serde::{Deserialize, Serialize};
 use serde_yaml::Value;
 
-use crate::{ConfigError, Override};
+use crate::{ConfigError, DataSection, ModelSection, Override, TrainerSection};
 
 /// A resolved training recipe.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -18,10 +18,13 @@ pub struct Recipe {
     pub algorithm: String,
     /// Base seed: rollout row seeds derive from it and the training step.
     pub seed: u64,
+    pub model: ModelSection,
+    pub data: DataSection,
     pub rollout: SamplerConfig,
     pub advantage: AdvantageConfig,
     pub actor: LossConfig,
     pub reward: RewardConfig,
+    pub trainer: TrainerSection,
 }
 
 impl Default for Recipe {
@@ -29,10 +32,13 @@ impl Default for Recipe {
         Self {
             algorithm: "flow_grpo".into(),
             seed: 42,
+            model: ModelSection::default(),
+            data: DataSection::default(),
             rollout: SamplerConfig::default(),
             advantage: AdvantageConfig::default(),
             actor: LossConfig::default(),
             reward: RewardConfig::default(),
+            trainer: TrainerSection::default(),
         }
     }
 }
@@ -107,6 +113,7 @@ impl Recipe {
             other => ("actor".to_string(), other.to_string()),
         })?;
         flowtune_rewards::build(&self.reward).map_err(|e| ("reward".to_string(), e.to_string()))?;
+        self.trainer.validate()?;
         Ok(())
     }
 

@@ -100,6 +100,31 @@ pub struct Adapters {
 }
 
 impl Adapters {
+    /// Fresh adapter weights from `seed`: A per `config.init`, B = 0 (so the model is unchanged).
+    pub fn initialize(&self, seed: u64) -> Result<(), ModelError> {
+        let mut rng = flowtune_sampling::SampleRng::new(seed);
+        let mut vars: Vec<(String, Tensor)> = self.store.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let _guard = tch::no_grad_guard();
+        for (name, var) in vars {
+            let value = if name.ends_with(".lora_A.weight") {
+                let (shape, device) = (var.size(), var.device());
+                match self.config.init {
+                    LoraInit::Gaussian => rng.normal(&shape, device) / self.config.rank as f64,
+                    // Kaiming-uniform with a = √5: U(±1/√fan_in), as nn.Linear and PEFT.
+                    LoraInit::Kaiming => {
+                        rng.uniform(&shape, device) * (2.0 / (shape[1] as f64).sqrt())
+                            - 1.0 / (shape[1] as f64).sqrt()
+                    }
+                }
+            } else {
+                var.zeros_like()
+            };
+            var.shallow_clone().f_copy_(&value)?;
+        }
+        Ok(())
+    }
+
     /// Folds the adapters into the base weights, `W ← W + (α/r)·B·A`, and switches them off, so
     /// the base model alone computes what base + adapters did (for export).
     pub fn merge_into(&self, base: &VarStore) -> Result<(), ModelError> {

@@ -43,16 +43,8 @@ impl<'a> Scope<'a> {
         let lora = self.lora.as_ref().filter(|l| l.config.targets(&self.name)).map(|l| {
             let r = l.config.rank;
             let (a_path, b_path) = (&l.path / "lora_A", &l.path / "lora_B");
-            let a = match l.config.init {
-                crate::lora::LoraInit::Gaussian => a_path.var(
-                    "weight",
-                    &[r, input],
-                    Init::Randn { mean: 0.0, stdev: 1.0 / r as f64 },
-                ),
-                crate::lora::LoraInit::Kaiming => {
-                    a_path.var("weight", &[r, input], tch::nn::init::DEFAULT_KAIMING_UNIFORM)
-                }
-            };
+            // Values come from `Adapters::initialize`, seeded and machine-independent.
+            let a = a_path.var("weight", &[r, input], Init::Const(0.0));
             let b = b_path.var("weight", &[output, r], Init::Const(0.0));
             (LoraPair { a, b, scale: l.config.scale() }, l.switch.clone())
         });

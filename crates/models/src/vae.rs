@@ -314,6 +314,11 @@ impl AutoencoderKl {
         (mean, parts[1].clamp(-30.0, 20.0))
     }
 
+    /// The dtype of the decoder weights (latents are cast to it).
+    pub fn decoder_kind(&self) -> Kind {
+        self.decoder.conv_in.weight.kind()
+    }
+
     /// Decoded images as u8 RGB (B, H, W, 3).
     pub fn to_rgb8(images: &Tensor) -> Tensor {
         ((images.to_kind(Kind::Float) + 1.0) * 127.5)

@@ -41,6 +41,13 @@ impl SampleRng {
         Tensor::from_slice(&values).reshape(shape).to_kind(Kind::Float).to_device(device)
     }
 
+    /// A tensor of uniform f32 values in [0, 1) of `shape`, placed on `device`.
+    pub fn uniform(&mut self, shape: &[i64], device: Device) -> Tensor {
+        let n: i64 = shape.iter().product();
+        let values: Vec<f32> = (0..n).map(|_| self.0.random::<f32>()).collect();
+        Tensor::from_slice(&values).reshape(shape).to_device(device)
+    }
+
     /// A uniform integer in `lo..=hi`.
     pub fn uniform_int(&mut self, lo: usize, hi: usize) -> usize {
         self.0.random_range(lo..=hi)

@@ -7,3 +7,4 @@ pub mod env;
 pub mod forward;
 pub mod list;
 pub mod make_tiny;
+pub mod train;

@@ -98,9 +98,10 @@ impl Sd3Transformer {
                 config: config.clone(),
             }),
         };
-        if model.adapters.is_some() {
+        if let Some(adapters) = &model.adapters {
             // Only adapter parameters train.
             model.store.freeze();
+            adapters.initialize(0)?;
         }
         Ok(model)
     }

@@ -1,0 +1,29 @@
+//! `flowtune train RECIPE [KEY=VALUE…]`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use flowtune_config::Recipe;
+use flowtune_trainer::{train, TrainError};
+
+use crate::device::DeviceArg;
+use crate::Failure;
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// A YAML recipe.
+    recipe: PathBuf,
+    /// Overrides like `trainer.total_steps=20`.
+    overrides: Vec<String>,
+}
+
+pub fn run(args: TrainArgs, device: &DeviceArg) -> Result<(), Failure> {
+    let recipe = Recipe::load(&args.recipe, &args.overrides).map_err(Failure::input)?;
+    let device = device.resolve()?;
+    let summary = train(&recipe, device).map_err(|e| match e {
+        TrainError::Invalid(_) | TrainError::Model(_) | TrainError::Data(_) => Failure::input(e),
+        other => Failure::Runtime(other.into()),
+    })?;
+    println!("trained {} steps; LoRA written to {}", summary.steps_run, summary.lora.display());
+    Ok(())
+}

@@ -1,0 +1,164 @@
+//! The recipe sections that belong to no single library crate: model, data and trainer.
+
+use std::path::PathBuf;
+
+use flowtune_models::lora::LoraConfig;
+use serde::{Deserialize, Serialize};
+
+/// `model:` — the pipeline directory, dtypes and adapters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// A diffusers pipeline directory (`model_index.json`).
+    pub path: PathBuf,
+    /// f32 | bf16 | f16 for the transformer (scheduler math stays f32).
+    pub dtype: String,
+    /// f32 | bf16 | f16 for the text encoders and VAE.
+    pub frozen_dtype: String,
+    pub lora: LoraConfig,
+    /// Tokens of the T5 part of SD3 prompts.
+    pub max_sequence_length: usize,
+    /// Image height and width in pixels.
+    pub resolution: i64,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::new(),
+            dtype: "f32".into(),
+            frozen_dtype: "f32".into(),
+            lora: LoraConfig::default(),
+            max_sequence_length: 256,
+            resolution: 512,
+        }
+    }
+}
+
+/// `data:` — prompt files and how they are served.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataSection {
+    /// Text (one prompt per line) or JSONL files.
+    pub train_files: Vec<PathBuf>,
+    pub val_files: Vec<PathBuf>,
+    /// Prompts per training step (each sampled `rollout.n` times).
+    pub prompts_per_step: usize,
+    pub shuffle: bool,
+    pub drop_last: bool,
+}
+
+impl Default for DataSection {
+    fn default() -> Self {
+        Self {
+            train_files: vec![],
+            val_files: vec![],
+            prompts_per_step: 2,
+            shuffle: true,
+            drop_last: true,
+        }
+    }
+}
+
+/// How the LR changes over training.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LrSchedule {
+    #[default]
+    Constant,
+    /// Linear warm-up over `warmup_steps`, then constant.
+    Warmup,
+    /// Linear warm-up, then cosine decay to 0 at `total_steps`.
+    Cosine,
+}
+
+/// Where old log-probs come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OldLogProb {
+    /// Recomputed by the trainer before any update (default).
+    #[default]
+    Recompute,
+    /// Taken from the rollout (saves a forward pass).
+    Bypass,
+}
+
+/// `trainer:` — optimisation, schedule and checkpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainerSection {
+    pub total_steps: u64,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub betas: [f64; 2],
+    pub eps: f64,
+    pub max_grad_norm: f64,
+    pub lr_schedule: LrSchedule,
+    pub warmup_steps: u64,
+    pub ppo_epochs: usize,
+    /// Prompt groups per optimizer step (`ppo_mini_batch_size × n` samples).
+    pub ppo_mini_batch_size: usize,
+    /// Samples per forward/backward pass.
+    pub micro_batch_size: usize,
+    pub old_log_prob: OldLogProb,
+    /// Output directory: metrics, checkpoints, the exported LoRA.
+    pub output_dir: PathBuf,
+    /// Save a checkpoint every this many steps (0: only at the end).
+    pub save_freq: u64,
+    /// Checkpoints kept.
+    pub keep_last: usize,
+    /// `auto` (newest complete checkpoint in output_dir), `none`, or a checkpoint directory.
+    pub resume: String,
+}
+
+impl Default for TrainerSection {
+    fn default() -> Self {
+        Self {
+            total_steps: 100,
+            lr: 3e-4,
+            weight_decay: 1e-4,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            max_grad_norm: 1.0,
+            lr_schedule: LrSchedule::Constant,
+            warmup_steps: 0,
+            ppo_epochs: 1,
+            ppo_mini_batch_size: 1,
+            micro_batch_size: 4,
+            old_log_prob: OldLogProb::Recompute,
+            output_dir: PathBuf::from("runs/flowtune"),
+            save_freq: 10,
+            keep_last: 2,
+            resume: "auto".into(),
+        }
+    }
+}
+
+impl TrainerSection {
+    /// Checks ranges; the error is the key and what is wrong with it.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let bad = |key: &str, value: String, expected: &str| {
+            Err((format!("trainer.{key}"), format!("{value} is not allowed; expected {expected}")))
+        };
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return bad("lr", self.lr.to_string(), "a finite number > 0");
+        }
+        if !(self.max_grad_norm > 0.0 && self.max_grad_norm.is_finite()) {
+            return bad("max_grad_norm", self.max_grad_norm.to_string(), "> 0");
+        }
+        for (key, v) in [
+            ("ppo_epochs", self.ppo_epochs),
+            ("ppo_mini_batch_size", self.ppo_mini_batch_size),
+            ("micro_batch_size", self.micro_batch_size),
+            ("keep_last", self.keep_last),
+        ] {
+            if v == 0 {
+                return bad(key, v.to_string(), "≥ 1");
+            }
+        }
+        if self.total_steps == 0 {
+            return bad("total_steps", "0".into(), "≥ 1");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,103 @@
+//! Checkpoints: `checkpoints/step_NNNNNN/` with the adapters (diffusers/PEFT layout), the
+//! optimizer state and the loop state. Written into a temporary directory and renamed, so a
+//! crash mid-write leaves the previous checkpoint as the newest complete one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use flowtune_data::LoaderState;
+use flowtune_models::sd3::Sd3Transformer;
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+use crate::optim::AdamW;
+use crate::TrainError;
+
+/// The loop state saved beside the weights.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LoopState {
+    /// Training steps completed.
+    pub step: u64,
+    pub loader: LoaderState,
+    pub optimizer_steps: i64,
+}
+
+const ADAPTERS: &str = "adapters.safetensors";
+const OPTIMIZER: &str = "optimizer.safetensors";
+const STATE: &str = "state.json";
+
+fn io(path: &Path, e: impl std::fmt::Display) -> TrainError {
+    TrainError::Io(format!("{}: {e}", path.display()))
+}
+
+/// Writes a checkpoint for `state.step` and keeps the newest `keep`.
+pub fn save(
+    root: &Path,
+    model: &Sd3Transformer,
+    optimizer: &AdamW,
+    state: &LoopState,
+    keep: usize,
+) -> Result<PathBuf, TrainError> {
+    let dir = root.join(format!("step_{:06}", state.step));
+    let tmp = root.join(format!(".step_{:06}.tmp", state.step));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    model.save_lora(&tmp.join(ADAPTERS))?;
+    let mut named: Vec<(String, Tensor)> = vec![];
+    for (name, t) in optimizer.exp_avg.iter() {
+        named.push((format!("exp_avg.{name}"), t.shallow_clone()));
+        named.push((format!("exp_avg_sq.{name}"), optimizer.exp_avg_sq[name].shallow_clone()));
+    }
+    Tensor::write_safetensors(&named, tmp.join(OPTIMIZER))?;
+    let text = serde_json::to_string_pretty(state).expect("state is JSON");
+    std::fs::write(tmp.join(STATE), text).map_err(|e| io(&tmp, e))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&tmp, &dir).map_err(|e| io(&dir, e))?;
+    for old in complete_checkpoints(root)?.into_iter().rev().skip(keep) {
+        let _ = std::fs::remove_dir_all(old);
+    }
+    Ok(dir)
+}
+
+/// Complete checkpoints under `root`, oldest first.
+pub fn complete_checkpoints(root: &Path) -> Result<Vec<PathBuf>, TrainError> {
+    let Ok(entries) = std::fs::read_dir(root) else { return Ok(vec![]) };
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("step_"))
+                && p.join(STATE).exists()
+        })
+        .collect();
+    dirs.sort();
+    Ok(dirs)
+}
+
+/// Restores adapters, optimizer state and loop state from `dir`.
+pub fn load(
+    dir: &Path,
+    model: &mut Sd3Transformer,
+    optimizer: &mut AdamW,
+) -> Result<LoopState, TrainError> {
+    let state: LoopState =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(STATE)).map_err(|e| io(dir, e))?)
+            .map_err(|e| io(&dir.join(STATE), e))?;
+    model.load_lora(&dir.join(ADAPTERS))?;
+    let saved: BTreeMap<String, Tensor> =
+        Tensor::read_safetensors(dir.join(OPTIMIZER))?.into_iter().collect();
+    let _guard = tch::no_grad_guard();
+    for (name, m) in optimizer.exp_avg.iter() {
+        let (sm, sv) =
+            (saved.get(&format!("exp_avg.{name}")), saved.get(&format!("exp_avg_sq.{name}")));
+        let (Some(sm), Some(sv)) = (sm, sv) else {
+            return Err(TrainError::Io(format!(
+                "{}: no optimizer state for {name}",
+                dir.join(OPTIMIZER).display()
+            )));
+        };
+        m.shallow_clone().copy_(sm);
+        optimizer.exp_avg_sq[name].shallow_clone().copy_(sv);
+    }
+    optimizer.steps = state.optimizer_steps;
+    Ok(state)
+}

@@ -1,0 +1,374 @@
+//! The training loop, step by step as the algorithm reads.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use flowtune_config::{OldLogProb, Recipe};
+use flowtune_data::{PromptDataset, PromptLoader};
+use flowtune_models::sd3::{Dtypes, Sd3Pipeline};
+use flowtune_objectives::losses::{kl_to_reference, PolicyBatch};
+use flowtune_objectives::{group_advantages, Metrics, Objective};
+use flowtune_rewards::{score_batch, Sample};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use tch::{Device, Kind, Tensor};
+
+use crate::checkpoint::{self, LoopState};
+use crate::engine::{Engine, RolloutBatch};
+use crate::optim::{learning_rate, AdamW};
+use crate::TrainError;
+
+/// What a finished run leaves behind.
+#[derive(Debug)]
+pub struct TrainSummary {
+    /// Metrics of each step run in this process.
+    pub metrics: Vec<Metrics>,
+    /// The exported LoRA (diffusers/PEFT layout).
+    pub lora: PathBuf,
+    pub steps_run: u64,
+}
+
+fn kind_of(name: &str) -> Result<Kind, TrainError> {
+    match name {
+        "f32" => Ok(Kind::Float),
+        "bf16" => Ok(Kind::BFloat16),
+        "f16" => Ok(Kind::Half),
+        other => {
+            Err(TrainError::Invalid(format!("model.dtype `{other}`: expected f32, bf16 or f16")))
+        }
+    }
+}
+
+/// Old-policy quantities of every (row, window step): log-probs and transition means.
+struct OldPolicy {
+    log_probs: Tensor,
+    means: Option<Tensor>,
+    std: Option<Tensor>,
+    sqrt_dt: Option<Tensor>,
+}
+
+/// Replays every window step of all rows without gradient.
+fn replay_all(
+    engine: &Engine<'_>,
+    batch: &RolloutBatch,
+    rows: &Tensor,
+    w: i64,
+    keep_means: bool,
+) -> Result<OldPolicy, TrainError> {
+    tch::no_grad(|| {
+        let (mut lp, mut means, mut std, mut dt) = (vec![], vec![], vec![], vec![]);
+        for j in 0..w {
+            let out = engine.replay(batch, rows, j)?;
+            lp.push(out.log_prob);
+            if keep_means {
+                means.push(out.prev_sample_mean);
+                std.push(out.std_dev_t.reshape([-1]));
+                dt.push(out.sqrt_dt.reshape([-1]));
+            }
+        }
+        let stack = |v: Vec<Tensor>| (!v.is_empty()).then(|| Tensor::stack(&v, 1));
+        Ok(OldPolicy {
+            log_probs: Tensor::stack(&lp, 1),
+            means: stack(means),
+            std: stack(std),
+            sqrt_dt: stack(dt),
+        })
+    })
+}
+
+fn mean_into(acc: &mut BTreeMap<String, (f64, usize)>, metrics: &Metrics) {
+    for (k, v) in metrics {
+        let e = acc.entry(k.clone()).or_default();
+        e.0 += v;
+        e.1 += 1;
+    }
+}
+
+fn stats(prefix: &str, values: &[f64], out: &mut Metrics) {
+    let n = values.len().max(1) as f64;
+    out.insert(format!("{prefix}/mean"), values.iter().sum::<f64>() / n);
+    out.insert(format!("{prefix}/max"), values.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
+    out.insert(format!("{prefix}/min"), values.iter().cloned().fold(f64::INFINITY, f64::min));
+}
+
+/// Runs `recipe` on `device` until `trainer.total_steps`, resuming as `trainer.resume` says.
+pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError> {
+    let algorithm = flowtune_objectives::algorithm(&recipe.algorithm)?;
+    let Objective::Policy(loss_kind) = algorithm.objective else {
+        return Err(TrainError::Invalid(format!("algorithm `{}` is not yet supported by the trainer; use a policy-gradient algorithm (flow_grpo, dance_grpo, mix_grpo, grpo_guard, flow_dppo)", algorithm.name)));
+    };
+    let t = &recipe.trainer;
+    if t.old_log_prob == OldLogProb::Bypass && loss_kind.needs_means() {
+        return Err(TrainError::Invalid(format!(
+            "{} needs the old policy's transition means, which bypass mode does not compute; set trainer.old_log_prob: recompute",
+            loss_kind.name()
+        )));
+    }
+    let out_dir = &t.output_dir;
+    std::fs::create_dir_all(out_dir)
+        .map_err(|e| TrainError::Io(format!("{}: {e}", out_dir.display())))?;
+    let ckpt_root = out_dir.join("checkpoints");
+
+    let dtypes = Dtypes {
+        transformer: kind_of(&recipe.model.dtype)?,
+        text_encoders: kind_of(&recipe.model.frozen_dtype)?,
+        vae: kind_of(&recipe.model.frozen_dtype)?,
+    };
+    let mut pipe = Sd3Pipeline::load(&recipe.model.path, device, dtypes, Some(&recipe.model.lora))?;
+    pipe.t5_max_length = recipe.model.max_sequence_length;
+
+    let files = &recipe.data.train_files;
+    if files.is_empty() {
+        return Err(TrainError::Invalid(
+            "data.train_files is empty; give at least one prompt file".into(),
+        ));
+    }
+    let mut records = vec![];
+    for f in files {
+        records.extend(PromptDataset::load(f)?.records);
+    }
+    let n = recipe.rollout.n;
+    let mut loader =
+        PromptLoader::new(PromptDataset { records }, recipe.data.prompts_per_step, n, recipe.seed)?;
+    loader.shuffle = recipe.data.shuffle;
+    loader.drop_last = recipe.data.drop_last;
+    let scorers = flowtune_rewards::build(&recipe.reward)?;
+
+    let params: BTreeMap<String, Tensor> = pipe
+        .transformer
+        .adapters
+        .as_ref()
+        .expect("built with LoRA")
+        .store
+        .variables()
+        .into_iter()
+        .collect();
+    let mut optimizer = AdamW::new(params, t.betas, t.eps, t.weight_decay);
+    let resume_from = match t.resume.as_str() {
+        "none" => None,
+        "auto" => checkpoint::complete_checkpoints(&ckpt_root)?.pop(),
+        path => Some(PathBuf::from(path)),
+    };
+    let mut start = 0;
+    if let Some(dir) = &resume_from {
+        let state = checkpoint::load(dir, &mut pipe.transformer, &mut optimizer)?;
+        loader.state = state.loader;
+        start = state.step;
+        eprintln!("resumed from {} (step {start})", dir.display());
+    }
+
+    let engine = Engine::new(&pipe, &recipe.rollout, recipe.model.resolution, recipe.seed)?;
+    let mut metrics_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out_dir.join("metrics.jsonl"))
+        .map_err(|e| TrainError::Io(format!("{}: {e}", out_dir.join("metrics.jsonl").display())))?;
+    let mut all = vec![];
+    for k in start + 1..=t.total_steps {
+        let step_start = Instant::now();
+        let mut m = Metrics::new();
+        let rows = loader.next_step();
+        let prompts: Vec<&str> = rows.iter().map(|r| loader.record(r).prompt.as_str()).collect();
+        let negatives: Vec<&str> = rows
+            .iter()
+            .map(|r| loader.record(r).negative_prompt.as_deref().unwrap_or(""))
+            .collect();
+
+        // gen
+        let timer = Instant::now();
+        let batch = engine.rollout(&prompts, &negatives, k)?;
+        m.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
+
+        // reward
+        let timer = Instant::now();
+        let samples: Vec<Sample<'_>> = rows
+            .iter()
+            .zip(&batch.images)
+            .map(|(r, image)| {
+                let rec = loader.record(r);
+                Sample {
+                    image,
+                    prompt: &rec.prompt,
+                    ground_truth: rec.ground_truth.as_deref(),
+                    data_source: &rec.data_source,
+                    extra_info: &rec.extra_info,
+                }
+            })
+            .collect();
+        let scored = score_batch(&scorers, &samples, recipe.reward.on_error)?;
+        m.extend(scored.metrics.clone());
+        m.insert("timing_s/reward".into(), timer.elapsed().as_secs_f64());
+        let kept: Vec<usize> = (0..rows.len()).filter(|&i| scored.totals[i].is_some()).collect();
+        if kept.is_empty() {
+            return Err(TrainError::Invalid(format!(
+                "step {k}: every sample was dropped by reward.on_error: skip_sample"
+            )));
+        }
+        let rewards: Vec<f32> = kept.iter().map(|&i| scored.totals[i].unwrap() as f32).collect();
+        let uids: Vec<&str> = kept.iter().map(|&i| rows[i].uid.as_str()).collect();
+        stats("critic/rewards", &rewards.iter().map(|&r| r as f64).collect::<Vec<_>>(), &mut m);
+
+        // old log-probs
+        let w = batch.windows[0].len() as i64;
+        let kept_idx = Tensor::from_slice(&kept.iter().map(|&i| i as i64).collect::<Vec<_>>())
+            .to_device(device);
+        let rollout_lp = batch.trajectory.all_log_probs.index_select(0, &kept_idx);
+        let timer = Instant::now();
+        let old = match t.old_log_prob {
+            OldLogProb::Recompute => {
+                let old = replay_all(&engine, &batch, &kept_idx, w, loss_kind.needs_means())?;
+                let drift = (&old.log_probs - &rollout_lp).abs();
+                m.insert(
+                    "rollout_corr/logprob_abs_diff_mean".into(),
+                    drift.mean(Kind::Float).double_value(&[]),
+                );
+                m.insert("rollout_corr/logprob_abs_diff_max".into(), drift.max().double_value(&[]));
+                old
+            }
+            OldLogProb::Bypass => {
+                OldPolicy { log_probs: rollout_lp, means: None, std: None, sqrt_dt: None }
+            }
+        };
+        m.insert("timing_s/old_log_prob".into(), timer.elapsed().as_secs_f64());
+
+        // ref
+        let timer = Instant::now();
+        let reference = if recipe.actor.use_kl_loss {
+            pipe.transformer.set_adapters_enabled(false);
+            let r = replay_all(&engine, &batch, &kept_idx, w, true);
+            pipe.transformer.set_adapters_enabled(true);
+            Some(r?)
+        } else {
+            None
+        };
+        m.insert("timing_s/ref".into(), timer.elapsed().as_secs_f64());
+
+        // adv
+        let timer = Instant::now();
+        let adv = group_advantages(&rewards, &uids, w as usize, &recipe.advantage)?;
+        m.insert("critic/rewards/zero_std_ratio".into(), adv.zero_std_ratio);
+        let adv_values = adv.values.to_device(device);
+        let a: Vec<f64> =
+            Vec::<f32>::try_from(adv.values.select(1, 0))?.into_iter().map(f64::from).collect();
+        stats("critic/advantages", &a, &mut m);
+        m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+
+        // update
+        let timer = Instant::now();
+        let lr = learning_rate(t.lr_schedule, t.lr, k - 1, t.warmup_steps, t.total_steps);
+        let mut acc: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+        let mini = t.ppo_mini_batch_size * n;
+        let (mut grad_norms, mut skipped) = (vec![], 0.0);
+        for epoch in 0..t.ppo_epochs {
+            let mut order: Vec<usize> = (0..kept.len()).collect();
+            order.shuffle(&mut ChaCha8Rng::seed_from_u64(recipe.seed ^ (k << 16) ^ epoch as u64));
+            for mb in order.chunks(mini) {
+                let micros: Vec<&[usize]> = mb.chunks(t.micro_batch_size).collect();
+                let scale = 1.0 / (micros.len() as f64 * w as f64);
+                for micro in &micros {
+                    let local =
+                        Tensor::from_slice(&micro.iter().map(|&i| i as i64).collect::<Vec<_>>())
+                            .to_device(device);
+                    let rows_idx = kept_idx.index_select(0, &local);
+                    for j in 0..w {
+                        let out = engine.replay(&batch, &rows_idx, j)?;
+                        let old_lp = old.log_probs.index_select(0, &local).select(1, j);
+                        let advantages = adv_values.index_select(0, &local).select(1, j);
+                        let pick = |t: &Option<Tensor>| {
+                            t.as_ref().map(|t| t.index_select(0, &local).select(1, j))
+                        };
+                        let (old_mean, old_std, old_dt) =
+                            (pick(&old.means), pick(&old.std), pick(&old.sqrt_dt));
+                        let pg = loss_kind.compute(
+                            &PolicyBatch {
+                                log_prob: &out.log_prob,
+                                old_log_prob: &old_lp,
+                                advantages: &advantages,
+                                prev_sample_mean: Some(&out.prev_sample_mean),
+                                old_prev_sample_mean: old_mean.as_ref(),
+                                std_dev_t: old_std.as_ref().or(Some(&out.std_dev_t)),
+                                sqrt_dt: old_dt.as_ref().or(Some(&out.sqrt_dt)),
+                            },
+                            &recipe.actor,
+                        )?;
+                        mean_into(&mut acc, &pg.metrics);
+                        let mut loss = pg.loss;
+                        if let Some(r) = &reference {
+                            let ref_mean = r
+                                .means
+                                .as_ref()
+                                .expect("kept means")
+                                .index_select(0, &local)
+                                .select(1, j);
+                            let kl =
+                                kl_to_reference(&out.prev_sample_mean, &ref_mean, &out.std_dev_t)?;
+                            mean_into(&mut acc, &kl.metrics);
+                            loss = loss + kl.loss * recipe.actor.kl_loss_coef;
+                        }
+                        let total = loss.double_value(&[]);
+                        if !total.is_finite() {
+                            return Err(TrainError::Invalid(format!("step {k}: the loss is {total} (window step {j}); stopping before it reaches the weights")));
+                        }
+                        mean_into(&mut acc, &Metrics::from([("actor/loss".to_string(), total)]));
+                        (loss * scale).backward();
+                    }
+                }
+                let norm = optimizer.clip_grad_norm(t.max_grad_norm);
+                if norm.is_finite() {
+                    optimizer.step(lr);
+                    grad_norms.push(norm);
+                } else {
+                    skipped += 1.0;
+                }
+                optimizer.zero_grad();
+            }
+        }
+        m.extend(acc.into_iter().map(|(k, (s, c))| (k, s / c as f64)));
+        m.insert(
+            "actor/grad_norm".into(),
+            grad_norms.iter().sum::<f64>() / grad_norms.len().max(1) as f64,
+        );
+        m.insert("actor/skipped_steps".into(), skipped);
+        m.insert("actor/lr".into(), lr);
+        m.insert("timing_s/update_actor".into(), timer.elapsed().as_secs_f64());
+
+        // checkpoint
+        let timer = Instant::now();
+        if (t.save_freq > 0 && k % t.save_freq == 0) || k == t.total_steps {
+            let state =
+                LoopState { step: k, loader: loader.state, optimizer_steps: optimizer.steps };
+            checkpoint::save(&ckpt_root, &pipe.transformer, &optimizer, &state, t.keep_last)?;
+        }
+        m.insert("timing_s/save_checkpoint".into(), timer.elapsed().as_secs_f64());
+        let elapsed = step_start.elapsed().as_secs_f64();
+        m.insert("timing_s/step".into(), elapsed);
+        m.insert("perf/throughput".into(), rows.len() as f64 / elapsed);
+
+        let mut line = serde_json::Map::new();
+        line.insert("step".into(), k.into());
+        for (key, v) in &m {
+            line.insert(key.clone(), serde_json::json!(v));
+        }
+        writeln!(metrics_file, "{}", serde_json::Value::Object(line))
+            .map_err(|e| TrainError::Io(e.to_string()))?;
+        eprintln!(
+            "step {k}/{}  reward {:.4}  loss {:.4}  clipfrac {:.3}  kl {:.2e}  {:.1}s",
+            t.total_steps,
+            m["critic/rewards/mean"],
+            m.get("actor/loss").copied().unwrap_or(f64::NAN),
+            m.get("actor/pg_clipfrac").copied().unwrap_or(0.0),
+            m.get("actor/ppo_kl").copied().unwrap_or(0.0),
+            elapsed
+        );
+        all.push(m);
+    }
+    let lora_dir = out_dir.join("lora");
+    std::fs::create_dir_all(&lora_dir)
+        .map_err(|e| TrainError::Io(format!("{}: {e}", lora_dir.display())))?;
+    let lora = lora_dir.join("pytorch_lora_weights.safetensors");
+    pipe.transformer.save_lora(&lora)?;
+    Ok(TrainSummary { metrics: all, lora, steps_run: t.total_steps.saturating_sub(start) })
+}
