@@ -306,7 +306,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
                             let kl =
                                 kl_to_reference(&out.prev_sample_mean, &ref_mean, &out.std_dev_t)?;
                             mean_into(&mut acc, &kl.metrics);
-                            loss = loss + kl.loss * recipe.actor.kl_loss_coef;
+                            loss += kl.loss * recipe.actor.kl_loss_coef;
                         }
                         let total = loss.double_value(&[]);
                         if !total.is_finite() {
