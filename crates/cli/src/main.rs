@@ -26,6 +26,15 @@ struct Cli {
 enum Command {
     /// Train with online RL from a recipe.
     Train(commands::train::TrainArgs),
+    /// Generate images (ODE sampling, batched) with an optional LoRA.
+    Sample(commands::sample::SampleArgs),
+    /// Write a checkpoint's LoRA in the diffusers/PEFT layout (`pipe.load_lora_weights`).
+    ExportLora {
+        /// A checkpoint directory (`checkpoints/step_NNNNNN`).
+        checkpoint: std::path::PathBuf,
+        /// Output .safetensors file.
+        out: std::path::PathBuf,
+    },
     /// Show the torch build, CUDA devices and threads flowtune sees.
     Env,
     /// List the registered algorithms, SDE types and pipelines.
@@ -62,6 +71,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Env => commands::env::run(&cli.device),
         Command::Train(a) => commands::train::run(a, &cli.device),
+        Command::Sample(a) => commands::sample::sample(a, &cli.device),
+        Command::ExportLora { checkpoint, out } => commands::sample::export_lora(&checkpoint, &out),
         Command::List => commands::list::run(),
         Command::Config(c) => commands::config::run(c),
         Command::Debug(c) => commands::debug::run(c, &cli.device),

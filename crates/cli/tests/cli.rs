@@ -175,3 +175,40 @@ fn debug_forward_reproduces_the_fixture_outputs() {
         &["cannot read", "x"],
     );
 }
+
+#[test]
+fn make_tiny_then_sample_writes_pngs() {
+    let root = std::env::temp_dir().join(format!("flowtune-cli-sample-{}", std::process::id()));
+    let (model, out) = (root.join("tiny"), root.join("samples"));
+    let made = flowtune(&["make-tiny", "sd3", &model.display().to_string(), "--seed", "5"]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let run = flowtune(&[
+        "sample",
+        "--model",
+        &model.display().to_string(),
+        "--prompts",
+        &repo("examples/prompts/tiny.txt"),
+        "--steps",
+        "3",
+        "--resolution",
+        "32",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    for i in 0..4 {
+        let img = image_size(&out.join(format!("{i:05}.png")));
+        assert_eq!(img, (32, 32));
+    }
+    let index = std::fs::read_to_string(out.join("prompts.jsonl")).unwrap();
+    assert_eq!(index.lines().count(), 4);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Width and height from a PNG header.
+fn image_size(path: &std::path::Path) -> (u32, u32) {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[1..4], b"PNG", "{} is a PNG", path.display());
+    let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    (be(&bytes[16..20]), be(&bytes[20..24]))
+}

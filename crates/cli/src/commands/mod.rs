@@ -7,4 +7,5 @@ pub mod env;
 pub mod forward;
 pub mod list;
 pub mod make_tiny;
+pub mod sample;
 pub mod train;

@@ -1,0 +1,122 @@
+//! `flowtune sample` (ODE sampling to PNGs, with or without a LoRA) and `flowtune export-lora`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context};
+use clap::Args;
+use flowtune_data::PromptDataset;
+use flowtune_models::lora;
+use flowtune_models::sd3::{Dtypes, Sd3Pipeline};
+use flowtune_sampling::SamplerConfig;
+use flowtune_trainer::engine::Engine;
+use tch::Kind;
+
+use crate::device::DeviceArg;
+use crate::Failure;
+
+#[derive(Args)]
+pub struct SampleArgs {
+    /// A diffusers pipeline directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// A LoRA in the diffusers/PEFT layout (e.g. a run's lora/pytorch_lora_weights.safetensors).
+    #[arg(long)]
+    lora: Option<PathBuf>,
+    /// Prompts: text (one per line) or JSONL.
+    #[arg(long)]
+    prompts: PathBuf,
+    #[arg(long, default_value_t = 40)]
+    steps: usize,
+    #[arg(long, default_value_t = 4.5)]
+    guidance: f64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Image height and width in pixels.
+    #[arg(long, default_value_t = 512)]
+    resolution: i64,
+    /// Images per forward batch.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Output directory for `NNNNN.png` and `prompts.jsonl`.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
+    let device = device.resolve()?;
+    let lora_config = a
+        .lora
+        .as_deref()
+        .map(|f| lora::read_config(f, "transformer"))
+        .transpose()
+        .map_err(Failure::input)?;
+    let mut pipe =
+        Sd3Pipeline::load(&a.model, device, Dtypes::all(Kind::Float), lora_config.as_ref())
+            .map_err(Failure::input)?;
+    if let Some(f) = &a.lora {
+        pipe.transformer.load_lora(f).map_err(Failure::input)?;
+    }
+    let records = PromptDataset::load(&a.prompts).map_err(Failure::input)?.records;
+    let sampler = SamplerConfig {
+        n: 1,
+        steps: a.steps,
+        guidance_scale: a.guidance,
+        noise_level: 0.0,
+        ..Default::default()
+    };
+    sampler.validate().map_err(Failure::input)?;
+    let engine = Engine::new(&pipe, &sampler, a.resolution, a.seed).map_err(Failure::input)?;
+    std::fs::create_dir_all(&a.out)
+        .with_context(|| a.out.display().to_string())
+        .map_err(Failure::Runtime)?;
+    let mut index = vec![];
+    for (chunk_no, chunk) in records.chunks(a.batch.max(1)).enumerate() {
+        let prompts: Vec<&str> = chunk.iter().map(|r| r.prompt.as_str()).collect();
+        let negatives: Vec<&str> =
+            chunk.iter().map(|r| r.negative_prompt.as_deref().unwrap_or("")).collect();
+        // Each chunk is its own "step" of the seed formula, so every image has its own noise.
+        let batch = engine
+            .rollout(&prompts, &negatives, chunk_no as u64 + 1)
+            .map_err(|e| Failure::Runtime(e.into()))?;
+        for (i, (image, prompt)) in batch.images.iter().zip(&prompts).enumerate() {
+            let file = format!("{:05}.png", chunk_no * a.batch.max(1) + i);
+            image
+                .save(a.out.join(&file))
+                .with_context(|| file.clone())
+                .map_err(Failure::Runtime)?;
+            index.push(serde_json::json!({ "file": file, "prompt": prompt }).to_string());
+        }
+        eprintln!("sampled {}/{}", (chunk_no * a.batch.max(1) + chunk.len()), records.len());
+    }
+    std::fs::write(a.out.join("prompts.jsonl"), index.join("\n") + "\n")
+        .map_err(|e| Failure::Runtime(e.into()))?;
+    println!("wrote {} images to {}", index.len(), a.out.display());
+    Ok(())
+}
+
+/// Copies a checkpoint's adapters (already in the diffusers/PEFT layout) to `out`, after checking them.
+pub fn export_lora(checkpoint: &Path, out: &Path) -> Result<(), Failure> {
+    let source = if checkpoint.is_dir() {
+        checkpoint.join("adapters.safetensors")
+    } else {
+        checkpoint.to_path_buf()
+    };
+    if !source.exists() {
+        return Err(Failure::input(anyhow!(
+            "{}: no adapters.safetensors (expected a checkpoint directory)",
+            checkpoint.display()
+        )));
+    }
+    let config = lora::read_config(&source, "transformer").map_err(Failure::input)?;
+    std::fs::copy(&source, out)
+        .with_context(|| format!("copying to {}", out.display()))
+        .map_err(Failure::Runtime)?;
+    println!(
+        "wrote {} (r {}, alpha {}, {} target modules)",
+        out.display(),
+        config.rank,
+        config.alpha,
+        config.target_modules.len()
+    );
+    Ok(())
+}
