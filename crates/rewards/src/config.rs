@@ -21,6 +21,34 @@ pub struct RewardFunction {
     pub name: String,
     #[serde(default = "one")]
     pub weight: f64,
+    /// `http`: the scorer's endpoint (`http://host:port/path`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// `http`: the settings of the client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpSettings>,
+}
+
+/// How the HTTP reward client talks to a scorer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Seconds one request may take.
+    pub timeout_s: f64,
+    /// Retries after a failed request (connection error, timeout, HTTP error), with doubling backoff.
+    pub max_retries: u32,
+    /// Seconds before the first retry.
+    pub backoff_s: f64,
+    /// Samples per request.
+    pub batch_size: usize,
+    /// Requests in flight at once.
+    pub max_concurrency: usize,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self { timeout_s: 60.0, max_retries: 2, backoff_s: 0.5, batch_size: 16, max_concurrency: 4 }
+    }
 }
 
 fn one() -> f64 {
@@ -38,7 +66,12 @@ pub struct RewardConfig {
 impl Default for RewardConfig {
     fn default() -> Self {
         Self {
-            functions: vec![RewardFunction { name: "jpeg_compressibility".into(), weight: 1.0 }],
+            functions: vec![RewardFunction {
+                name: "jpeg_compressibility".into(),
+                weight: 1.0,
+                url: None,
+                http: None,
+            }],
             on_error: OnError::Fail,
         }
     }

@@ -5,12 +5,14 @@
 //! silent 0.
 
 mod config;
+mod http;
 mod jpeg;
 mod registry;
 
 use std::collections::BTreeMap;
 
-pub use config::{OnError, RewardConfig, RewardFunction};
+pub use config::{HttpSettings, OnError, RewardConfig, RewardFunction};
+pub use http::HttpReward;
 pub use jpeg::JpegSize;
 pub use registry::{build, REWARD_NAMES};
 
@@ -222,13 +224,18 @@ mod tests {
     #[test]
     fn unknown_reward_lists_known_ones() {
         let config = RewardConfig {
-            functions: vec![RewardFunction { name: "aesthetic".into(), weight: 1.0 }],
+            functions: vec![RewardFunction {
+                name: "aesthetic".into(),
+                weight: 1.0,
+                url: None,
+                http: None,
+            }],
             ..Default::default()
         };
         let err = build(&config).err().unwrap().to_string();
         assert!(
             err.contains(
-                "unknown reward `aesthetic`; known: jpeg_compressibility, jpeg_incompressibility"
+                "unknown reward `aesthetic`; known: jpeg_compressibility, jpeg_incompressibility, http"
             ),
             "{err}"
         );

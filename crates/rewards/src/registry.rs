@@ -1,9 +1,9 @@
 //! The reward registry: scorer names → constructors.
 
-use crate::{JpegSize, Reward, RewardConfig, RewardError, Weighted};
+use crate::{HttpReward, JpegSize, Reward, RewardConfig, RewardError, Weighted};
 
 /// Every registered reward name.
-pub const REWARD_NAMES: [&str; 2] = ["jpeg_compressibility", "jpeg_incompressibility"];
+pub const REWARD_NAMES: [&str; 3] = ["jpeg_compressibility", "jpeg_incompressibility", "http"];
 
 /// The weighted scorers of a `reward` section; an unknown name lists the known ones.
 pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
@@ -25,6 +25,14 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
             let scorer: Box<dyn Reward> = match f.name.as_str() {
                 "jpeg_compressibility" => Box::new(JpegSize { compressible: true }),
                 "jpeg_incompressibility" => Box::new(JpegSize { compressible: false }),
+                "http" => {
+                    let url = f.url.clone().ok_or_else(|| {
+                        RewardError::Config(
+                            "reward `http` needs `url: http://host:port/path`".into(),
+                        )
+                    })?;
+                    Box::new(HttpReward::new(url, f.http.clone().unwrap_or_default())?)
+                }
                 other => {
                     return Err(RewardError::Config(format!(
                         "unknown reward `{other}`; known: {}",
