@@ -27,7 +27,9 @@ impl HttpReward {
         if !url.starts_with("http://") {
             return Err(RewardError::Config(format!("reward `http`: url {url:?} must start with http:// (serve the scorer over plain HTTP, e.g. on localhost)")));
         }
-        if settings.batch_size == 0 || settings.max_concurrency == 0 || !(settings.timeout_s > 0.0)
+        if settings.batch_size == 0
+            || settings.max_concurrency == 0
+            || !(settings.timeout_s > 0.0 && settings.timeout_s.is_finite())
         {
             return Err(RewardError::Config(
                 "reward `http`: batch_size, max_concurrency and timeout_s must be > 0".into(),
