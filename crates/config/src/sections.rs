@@ -109,6 +109,10 @@ pub struct TrainerSection {
     pub keep_last: usize,
     /// `auto` (newest complete checkpoint in output_dir), `none`, or a checkpoint directory.
     pub resume: String,
+    /// Save a grid of the step's training images every this many steps (0: never).
+    pub image_freq: u64,
+    /// Validate (η = 0, `rollout.eval_steps`, seed 42) on `data.val_files` every this many steps (0: never).
+    pub val_freq: u64,
 }
 
 impl Default for TrainerSection {
@@ -130,6 +134,8 @@ impl Default for TrainerSection {
             save_freq: 10,
             keep_last: 2,
             resume: "auto".into(),
+            image_freq: 10,
+            val_freq: 0,
         }
     }
 }

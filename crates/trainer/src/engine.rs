@@ -82,29 +82,33 @@ impl<'a> Engine<'a> {
         self.pipe.transformer.context_embedder.weight.device()
     }
 
-    /// Samples every row at training step `step` (1-based): row r is seeded `row_seed(seed, step, r)`.
+    /// The training seeds of `rows` rows at step `step` (1-based): `row_seed(seed, step, r)`.
+    pub fn row_seeds(&self, rows: usize, step: u64) -> Vec<u64> {
+        (0..rows as u64).map(|r| row_seed(self.seed, step, r)).collect()
+    }
+
+    /// Samples every row from its own seed; `step` (1-based) drives the SDE-window strategies.
     pub fn rollout(
         &self,
         prompts: &[&str],
         negatives: &[&str],
+        seeds: &[u64],
         step: u64,
     ) -> Result<RolloutBatch, TrainError> {
+        if seeds.len() != prompts.len() {
+            return Err(TrainError::Invalid(format!(
+                "{} seeds for {} prompts",
+                seeds.len(),
+                prompts.len()
+            )));
+        }
         let text = encode_rows(self.pipe, prompts)?;
         let guided = self.sampler.guidance_scale > 1.0;
         let negative = if guided { Some(encode_rows(self.pipe, negatives)?) } else { None };
         let [c, h, w] = self.latent_shape;
-        let mut streams = prompts
+        let mut streams = seeds
             .iter()
-            .enumerate()
-            .map(|(r, _)| {
-                SampleNoise::new(
-                    self.sampler,
-                    row_seed(self.seed, step, r as u64),
-                    step,
-                    &[1, c, h, w],
-                    self.device(),
-                )
-            })
+            .map(|&seed| SampleNoise::new(self.sampler, seed, step, &[1, c, h, w], self.device()))
             .collect::<Result<Vec<_>, _>>()?;
         let initial =
             Tensor::cat(&streams.iter().map(|s| s.initial.shallow_clone()).collect::<Vec<_>>(), 0);

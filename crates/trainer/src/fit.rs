@@ -136,6 +136,15 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     loader.shuffle = recipe.data.shuffle;
     loader.drop_last = recipe.data.drop_last;
     let scorers = flowtune_rewards::build(&recipe.reward)?;
+    let mut val_records = vec![];
+    for f in &recipe.data.val_files {
+        val_records.extend(PromptDataset::load(f)?.records);
+    }
+    if t.val_freq > 0 && val_records.is_empty() {
+        return Err(TrainError::Invalid(
+            "trainer.val_freq > 0 needs prompts in data.val_files".into(),
+        ));
+    }
 
     let params: BTreeMap<String, Tensor> = pipe
         .transformer
@@ -179,7 +188,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
 
         // gen
         let timer = Instant::now();
-        let batch = engine.rollout(&prompts, &negatives, k)?;
+        let batch = engine.rollout(&prompts, &negatives, &engine.row_seeds(prompts.len(), k), k)?;
         m.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
 
         // reward
@@ -201,6 +210,18 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         let scored = score_batch(&scorers, &samples, recipe.reward.on_error)?;
         m.extend(scored.metrics.clone());
         m.insert("timing_s/reward".into(), timer.elapsed().as_secs_f64());
+        if t.image_freq > 0 && k % t.image_freq == 0 {
+            let shown = batch.images.len().min(16);
+            let captions: Vec<(String, f64)> = (0..shown)
+                .map(|i| (prompts[i].to_string(), scored.totals[i].unwrap_or(f64::NAN)))
+                .collect();
+            crate::images::save_grid(
+                &out_dir.join("images"),
+                &format!("train_step_{k:06}"),
+                &batch.images[..shown],
+                &captions,
+            )?;
+        }
         let kept: Vec<usize> = (0..rows.len()).filter(|&i| scored.totals[i].is_some()).collect();
         if kept.is_empty() {
             return Err(TrainError::Invalid(format!(
@@ -335,6 +356,13 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         m.insert("actor/lr".into(), lr);
         m.insert("timing_s/update_actor".into(), timer.elapsed().as_secs_f64());
 
+        // testing
+        if t.val_freq > 0 && (k % t.val_freq == 0 || k == t.total_steps) {
+            let timer = Instant::now();
+            m.extend(validate(&pipe, recipe, &val_records, &scorers, k)?);
+            m.insert("timing_s/testing".into(), timer.elapsed().as_secs_f64());
+        }
+
         // checkpoint
         let timer = Instant::now();
         if (t.save_freq > 0 && k % t.save_freq == 0) || k == t.total_steps {
@@ -371,4 +399,63 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     let lora = lora_dir.join("pytorch_lora_weights.safetensors");
     pipe.transformer.save_lora(&lora)?;
     Ok(TrainSummary { metrics: all, lora, steps_run: t.total_steps.saturating_sub(start) })
+}
+
+/// Validation rollouts: η = 0, `rollout.eval_steps`, the fixed seed 42 for every prompt; rewards
+/// averaged per data source as `val-core/<source>/reward/mean@1`, and a grid of the images.
+fn validate(
+    pipe: &Sd3Pipeline,
+    recipe: &Recipe,
+    records: &[flowtune_data::PromptRecord],
+    scorers: &[flowtune_rewards::Weighted],
+    k: u64,
+) -> Result<Metrics, TrainError> {
+    const VAL_SEED: u64 = 42;
+    let sampler = flowtune_sampling::SamplerConfig {
+        noise_level: 0.0,
+        steps: recipe.rollout.eval_steps,
+        sde_window_size: 0,
+        ..recipe.rollout.clone()
+    };
+    let engine = Engine::new(pipe, &sampler, recipe.model.resolution, VAL_SEED)?;
+    let mut per_source: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let (mut images, mut captions) = (vec![], vec![]);
+    for chunk in records.chunks(recipe.trainer.micro_batch_size) {
+        let prompts: Vec<&str> = chunk.iter().map(|r| r.prompt.as_str()).collect();
+        let negatives: Vec<&str> =
+            chunk.iter().map(|r| r.negative_prompt.as_deref().unwrap_or("")).collect();
+        let batch = engine.rollout(&prompts, &negatives, &vec![VAL_SEED; chunk.len()], 1)?;
+        let samples: Vec<Sample<'_>> = chunk
+            .iter()
+            .zip(&batch.images)
+            .map(|(r, image)| Sample {
+                image,
+                prompt: &r.prompt,
+                ground_truth: r.ground_truth.as_deref(),
+                data_source: &r.data_source,
+                extra_info: &r.extra_info,
+            })
+            .collect();
+        let scored = score_batch(scorers, &samples, recipe.reward.on_error)?;
+        for (r, total) in chunk.iter().zip(&scored.totals) {
+            if let Some(v) = total {
+                per_source.entry(r.data_source.clone()).or_default().push(*v);
+            }
+            captions.push((r.prompt.clone(), total.unwrap_or(f64::NAN)));
+        }
+        images.extend(batch.images);
+    }
+    let shown = images.len().min(16);
+    crate::images::save_grid(
+        &recipe.trainer.output_dir.join("images"),
+        &format!("val_step_{k:06}"),
+        &images[..shown],
+        &captions[..shown],
+    )?;
+    Ok(per_source
+        .into_iter()
+        .map(|(source, v)| {
+            (format!("val-core/{source}/reward/mean@1"), v.iter().sum::<f64>() / v.len() as f64)
+        })
+        .collect())
 }

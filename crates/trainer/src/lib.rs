@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub mod engine;
 mod fit;
+pub mod images;
 pub mod optim;
 
 pub use fit::{train, TrainSummary};

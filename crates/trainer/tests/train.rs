@@ -52,11 +52,16 @@ fn metric_lines(out: &Path) -> Vec<serde_json::Value> {
 #[test]
 fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
     let out = scratch("e2e");
-    let summary = train(
-        &recipe(&out, &["actor.use_kl_loss=true".into(), "trainer.total_steps=3".into()]),
-        Device::Cpu,
-    )
-    .expect("train");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let val = format!("data.val_files=[{}]", root.join("examples/prompts/tiny.txt").display());
+    let overrides = [
+        "actor.use_kl_loss=true".into(),
+        "trainer.total_steps=3".into(),
+        "trainer.image_freq=2".into(),
+        "trainer.val_freq=2".into(),
+        val,
+    ];
+    let summary = train(&recipe(&out, &overrides), Device::Cpu).expect("train");
     assert_eq!(summary.metrics.len(), 3);
     for m in &summary.metrics {
         assert!(m.values().all(|v| v.is_finite()), "finite metrics: {m:?}");
@@ -81,6 +86,19 @@ fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
     assert!(out.join("checkpoints/step_000002/adapters.safetensors").exists());
     assert!(out.join("checkpoints/step_000003/state.json").exists());
     assert_eq!(metric_lines(&out).len(), 3);
+    // Pictures: a training grid at step 2, validation grids at steps 2 and 3, captions beside them.
+    for stem in ["train_step_000002", "val_step_000002", "val_step_000003"] {
+        assert!(out.join(format!("images/{stem}.png")).exists(), "{stem}.png");
+        assert!(
+            std::fs::read_to_string(out.join(format!("images/{stem}.jsonl")))
+                .unwrap()
+                .lines()
+                .count()
+                >= 4
+        );
+    }
+    let val = summary.metrics[1]["val-core/tiny/reward/mean@1"];
+    assert!(val.is_finite() && val > 0.0, "{val}");
 }
 
 #[test]

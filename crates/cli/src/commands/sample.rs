@@ -74,9 +74,13 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
         let prompts: Vec<&str> = chunk.iter().map(|r| r.prompt.as_str()).collect();
         let negatives: Vec<&str> =
             chunk.iter().map(|r| r.negative_prompt.as_deref().unwrap_or("")).collect();
-        // Each chunk is its own "step" of the seed formula, so every image has its own noise.
+        // Image i is seeded `row_seed(seed, 1, i)`: the batch size does not change the images.
+        let first = (chunk_no * a.batch.max(1)) as u64;
+        let seeds: Vec<u64> = (first..first + prompts.len() as u64)
+            .map(|i| flowtune_sampling::row_seed(a.seed, 1, i))
+            .collect();
         let batch = engine
-            .rollout(&prompts, &negatives, chunk_no as u64 + 1)
+            .rollout(&prompts, &negatives, &seeds, 1)
             .map_err(|e| Failure::Runtime(e.into()))?;
         for (i, (image, prompt)) in batch.images.iter().zip(&prompts).enumerate() {
             let file = format!("{:05}.png", chunk_no * a.batch.max(1) + i);
