@@ -175,6 +175,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         .append(true)
         .open(out_dir.join("metrics.jsonl"))
         .map_err(|e| TrainError::Io(format!("{}: {e}", out_dir.join("metrics.jsonl").display())))?;
+    let mut events = crate::tensorboard::EventWriter::create(&out_dir.join("tensorboard"))?;
     let mut all = vec![];
     for k in start + 1..=t.total_steps {
         let step_start = Instant::now();
@@ -382,6 +383,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         }
         writeln!(metrics_file, "{}", serde_json::Value::Object(line))
             .map_err(|e| TrainError::Io(e.to_string()))?;
+        events.scalars(k, &m)?;
         eprintln!(
             "step {k}/{}  reward {:.4}  loss {:.4}  clipfrac {:.3}  kl {:.2e}  {:.1}s",
             t.total_steps,

@@ -86,6 +86,8 @@ fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
     assert!(out.join("checkpoints/step_000002/adapters.safetensors").exists());
     assert!(out.join("checkpoints/step_000003/state.json").exists());
     assert_eq!(metric_lines(&out).len(), 3);
+    let events = std::fs::read_dir(out.join("tensorboard")).unwrap().count();
+    assert_eq!(events, 1, "one TensorBoard event file");
     // Pictures: a training grid at step 2, validation grids at steps 2 and 3, captions beside them.
     for stem in ["train_step_000002", "val_step_000002", "val_step_000003"] {
         assert!(out.join(format!("images/{stem}.png")).exists(), "{stem}.png");
