@@ -176,6 +176,14 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         .open(out_dir.join("metrics.jsonl"))
         .map_err(|e| TrainError::Io(format!("{}: {e}", out_dir.join("metrics.jsonl").display())))?;
     let mut events = crate::tensorboard::EventWriter::create(&out_dir.join("tensorboard"))?;
+    let bar = indicatif::ProgressBar::new(t.total_steps).with_position(start);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} step {pos}/{len} [{bar:30}] {elapsed_precise} (eta {eta}) {msg}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
     let mut all = vec![];
     for k in start + 1..=t.total_steps {
         let step_start = Instant::now();
@@ -188,11 +196,13 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
             .collect();
 
         // gen
+        bar.set_message("rollout");
         let timer = Instant::now();
         let batch = engine.rollout(&prompts, &negatives, &engine.row_seeds(prompts.len(), k), k)?;
         m.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
 
         // reward
+        bar.set_message("reward");
         let timer = Instant::now();
         let samples: Vec<Sample<'_>> = rows
             .iter()
@@ -234,6 +244,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         stats("critic/rewards", &rewards.iter().map(|&r| r as f64).collect::<Vec<_>>(), &mut m);
 
         // old log-probs
+        bar.set_message("old log-probs");
         let w = batch.windows[0].len() as i64;
         let kept_idx = Tensor::from_slice(&kept.iter().map(|&i| i as i64).collect::<Vec<_>>())
             .to_device(device);
@@ -279,6 +290,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
 
         // update
+        bar.set_message("update");
         let timer = Instant::now();
         let lr = learning_rate(t.lr_schedule, t.lr, k - 1, t.warmup_steps, t.total_steps);
         let mut acc: BTreeMap<String, (f64, usize)> = BTreeMap::new();
@@ -384,7 +396,8 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         writeln!(metrics_file, "{}", serde_json::Value::Object(line))
             .map_err(|e| TrainError::Io(e.to_string()))?;
         events.scalars(k, &m)?;
-        eprintln!(
+        bar.inc(1);
+        let line = format!(
             "step {k}/{}  reward {:.4}  loss {:.4}  clipfrac {:.3}  kl {:.2e}  {:.1}s",
             t.total_steps,
             m["critic/rewards/mean"],
@@ -393,8 +406,15 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
             m.get("actor/ppo_kl").copied().unwrap_or(0.0),
             elapsed
         );
+        // Without a terminal the bar is hidden and the compact line goes to stderr as it is.
+        if bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
+        }
         all.push(m);
     }
+    bar.finish_and_clear();
     let lora_dir = out_dir.join("lora");
     std::fs::create_dir_all(&lora_dir)
         .map_err(|e| TrainError::Io(format!("{}: {e}", lora_dir.display())))?;
