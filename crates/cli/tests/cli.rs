@@ -212,3 +212,108 @@ fn image_size(path: &std::path::Path) -> (u32, u32) {
     let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
     (be(&bytes[16..20]), be(&bytes[20..24]))
 }
+
+/// SIGKILL at any moment (possibly mid-checkpoint) leaves only complete checkpoints behind, and a
+/// rerun with `resume: auto` continues from the newest one to the end.
+#[test]
+fn a_killed_run_resumes_from_its_last_complete_checkpoint() {
+    let root = std::env::temp_dir().join(format!("flowtune-cli-kill-{}", std::process::id()));
+    let (model, out) = (root.join("tiny"), root.join("run"));
+    assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
+    let args = |steps: &str| {
+        vec![
+            "train".to_string(),
+            repo("examples/flow_grpo_tiny.yaml"),
+            format!("model.path={}", model.display()),
+            format!("data.train_files=[{}]", repo("examples/prompts/tiny.txt")),
+            format!("trainer.output_dir={}", out.display()),
+            format!("trainer.total_steps={steps}"),
+            "trainer.save_freq=1".into(),
+        ]
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flowtune"))
+        .args(args("400"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for a few checkpoints, then kill without warning.
+    let ckpts = out.join("checkpoints");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::fs::read_dir(&ckpts).map(|d| d.count()).unwrap_or(0) < 2
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let complete: Vec<String> = std::fs::read_dir(&ckpts)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step_"))
+        .collect();
+    assert!(!complete.is_empty(), "at least one checkpoint was complete before the kill");
+    for name in &complete {
+        assert!(ckpts.join(name).join("state.json").exists(), "{name} is complete");
+    }
+    let newest: u64 = complete.iter().map(|n| n["step_".len()..].parse().unwrap()).max().unwrap();
+    let target = (newest + 2).to_string();
+    let resumed =
+        Command::new(env!("CARGO_BIN_EXE_flowtune")).args(args(&target)).output().unwrap();
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("(step {newest})")),
+        "resumed from the newest complete checkpoint: {stderr}"
+    );
+    assert!(stdout_of(&resumed).contains("trained 2 steps"));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+fn stdout_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Ctrl-C (SIGINT) finishes the step, saves a checkpoint for it and exits cleanly.
+#[test]
+fn ctrl_c_saves_a_checkpoint_and_exits_cleanly() {
+    let root = std::env::temp_dir().join(format!("flowtune-cli-int-{}", std::process::id()));
+    let (model, out) = (root.join("tiny"), root.join("run"));
+    assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
+    let child = Command::new(env!("CARGO_BIN_EXE_flowtune"))
+        .args([
+            "train".to_string(),
+            repo("examples/flow_grpo_tiny.yaml"),
+            format!("model.path={}", model.display()),
+            format!("data.train_files=[{}]", repo("examples/prompts/tiny.txt")),
+            format!("trainer.output_dir={}", out.display()),
+            "trainer.total_steps=400".into(),
+            "trainer.save_freq=0".into(),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let metrics = out.join("metrics.jsonl");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::fs::read_to_string(&metrics).map(|s| s.lines().count()).unwrap_or(0) < 2
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{stderr}");
+    let steps = std::fs::read_to_string(&metrics).unwrap().lines().count();
+    assert!(
+        stderr.contains(&format!("interrupted: saved a checkpoint at step {steps}")),
+        "{stderr}"
+    );
+    assert!(out.join(format!("checkpoints/step_{steps:06}/state.json")).exists());
+    let _ = std::fs::remove_dir_all(&root);
+}

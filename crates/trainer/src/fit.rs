@@ -184,7 +184,13 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         .expect("a valid template")
         .progress_chars("=> "),
     );
+    // Ctrl-C finishes the current step, saves a checkpoint and returns.
+    let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = interrupted.clone();
+    // A second trainer in the same process cannot install a handler again; it then runs without one.
+    let _ = ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst));
     let mut all = vec![];
+    let mut last = start;
     for k in start + 1..=t.total_steps {
         let step_start = Instant::now();
         let mut m = Metrics::new();
@@ -378,7 +384,8 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
 
         // checkpoint
         let timer = Instant::now();
-        if (t.save_freq > 0 && k % t.save_freq == 0) || k == t.total_steps {
+        let stop = interrupted.load(std::sync::atomic::Ordering::SeqCst);
+        if (t.save_freq > 0 && k % t.save_freq == 0) || k == t.total_steps || stop {
             let state =
                 LoopState { step: k, loader: loader.state, optimizer_steps: optimizer.steps };
             checkpoint::save(&ckpt_root, &pipe.transformer, &optimizer, &state, t.keep_last)?;
@@ -413,6 +420,11 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
             bar.println(line);
         }
         all.push(m);
+        last = k;
+        if stop {
+            eprintln!("interrupted: saved a checkpoint at step {k}; rerun with trainer.resume: auto to continue");
+            break;
+        }
     }
     bar.finish_and_clear();
     let lora_dir = out_dir.join("lora");
@@ -420,7 +432,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         .map_err(|e| TrainError::Io(format!("{}: {e}", lora_dir.display())))?;
     let lora = lora_dir.join("pytorch_lora_weights.safetensors");
     pipe.transformer.save_lora(&lora)?;
-    Ok(TrainSummary { metrics: all, lora, steps_run: t.total_steps.saturating_sub(start) })
+    Ok(TrainSummary { metrics: all, lora, steps_run: last - start })
 }
 
 /// Validation rollouts: η = 0, `rollout.eval_steps`, the fixed seed 42 for every prompt; rewards
