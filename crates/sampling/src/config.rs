@@ -12,6 +12,8 @@ use crate::SamplingError;
 pub struct SamplerConfig {
     /// Samples per prompt (the GRPO group size).
     pub n: usize,
+    /// Rows sampled per model batch (0: all rows of a step at once), independent of `n`.
+    pub batch_size: usize,
     /// Denoising steps of a training rollout.
     pub steps: usize,
     /// Denoising steps of a validation rollout (η = 0).
@@ -38,6 +40,7 @@ impl Default for SamplerConfig {
     fn default() -> Self {
         Self {
             n: 24,
+            batch_size: 16,
             steps: 10,
             eval_steps: 40,
             guidance_scale: 4.5,

@@ -110,23 +110,52 @@ impl<'a> Engine<'a> {
             .iter()
             .map(|&seed| SampleNoise::new(self.sampler, seed, step, &[1, c, h, w], self.device()))
             .collect::<Result<Vec<_>, _>>()?;
-        let initial =
-            Tensor::cat(&streams.iter().map(|s| s.initial.shallow_clone()).collect::<Vec<_>>(), 0);
         let windows: Vec<Range<usize>> = streams.iter().map(|s| s.window.clone()).collect();
-        let request = TrajectoryRequest {
-            grid: &self.grid,
-            text: &text,
-            guidance: Guidance { scale: self.sampler.guidance_scale, negative: negative.as_ref() },
-            step: self.sampler.step_params(self.grid.sigmas[1] as f64),
-            windows: &windows,
-            initial: &initial,
+        // Rows go through the model `rollout.batch_size` at a time, independent of the group size.
+        let chunk =
+            if self.sampler.batch_size == 0 { prompts.len() } else { self.sampler.batch_size };
+        let rows_of = |c: &TextConditioning, a: i64, n: i64| TextConditioning {
+            embeds: c.embeds.narrow(0, a, n),
+            pooled: c.pooled.as_ref().map(|p| p.narrow(0, a, n)),
         };
-        let trajectory = tch::no_grad(|| {
-            sample_trajectory(&self.pipe.transformer, &request, |_| {
-                Tensor::cat(&streams.iter_mut().map(|s| s.step_noise()).collect::<Vec<_>>(), 0)
-            })
-        })?;
-        let images = tch::no_grad(|| self.decode(&trajectory.final_latents))?;
+        let mut parts = vec![];
+        let mut images = vec![];
+        for (i, streams) in streams.chunks_mut(chunk).enumerate() {
+            let (a, n) = ((i * chunk) as i64, streams.len() as i64);
+            let initial = Tensor::cat(
+                &streams.iter().map(|s| s.initial.shallow_clone()).collect::<Vec<_>>(),
+                0,
+            );
+            let text = rows_of(&text, a, n);
+            let negative = negative.as_ref().map(|c| rows_of(c, a, n));
+            let request = TrajectoryRequest {
+                grid: &self.grid,
+                text: &text,
+                guidance: Guidance {
+                    scale: self.sampler.guidance_scale,
+                    negative: negative.as_ref(),
+                },
+                step: self.sampler.step_params(self.grid.sigmas[1] as f64),
+                windows: &windows[a as usize..(a + n) as usize],
+                initial: &initial,
+            };
+            let part = tch::no_grad(|| {
+                sample_trajectory(&self.pipe.transformer, &request, |_| {
+                    Tensor::cat(&streams.iter_mut().map(|s| s.step_noise()).collect::<Vec<_>>(), 0)
+                })
+            })?;
+            images.extend(tch::no_grad(|| self.decode(&part.final_latents))?);
+            parts.push(part);
+        }
+        let cat = |f: fn(&Trajectory) -> &Tensor| {
+            Tensor::cat(&parts.iter().map(f).collect::<Vec<_>>(), 0)
+        };
+        let trajectory = Trajectory {
+            all_latents: cat(|t| &t.all_latents),
+            all_log_probs: cat(|t| &t.all_log_probs),
+            all_timesteps: cat(|t| &t.all_timesteps),
+            final_latents: cat(|t| &t.final_latents),
+        };
         Ok(RolloutBatch { text, negative, windows, trajectory, images })
     }
 
