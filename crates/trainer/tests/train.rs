@@ -151,3 +151,23 @@ fn losses_that_need_old_means_refuse_bypass_mode() {
         "{err}"
     );
 }
+
+#[test]
+fn model_batch_size_does_not_change_the_samples() {
+    let run = |name: &str, batch: &str| {
+        let out = scratch(name);
+        let overrides = ["trainer.total_steps=1".into(), format!("rollout.batch_size={batch}")];
+        train(&recipe(&out, &overrides), Device::Cpu).expect("train").metrics.remove(0)
+    };
+    let (whole, batched) = (run("batch-all", "0"), run("batch-3", "3"));
+    for key in ["critic/rewards/mean", "critic/rewards/max", "critic/rewards/min"] {
+        // JPEG sizes of the same images: equal unless float noise flips a pixel's rounding.
+        assert!(
+            (whole[key] - batched[key]).abs() <= 1e-3 * whole[key].abs(),
+            "{key}: {} vs {}",
+            whole[key],
+            batched[key]
+        );
+    }
+    assert!(batched["rollout_corr/logprob_abs_diff_max"] <= 1e-5);
+}
