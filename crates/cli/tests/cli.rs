@@ -317,3 +317,59 @@ fn ctrl_c_saves_a_checkpoint_and_exits_cleanly() {
     assert!(out.join(format!("checkpoints/step_{steps:06}/state.json")).exists());
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// 4 steps in one run equal 2 steps + resume + 2 steps: the same LoRA bits and the same metrics
+/// for steps 3–4. Each run is its own process, as a real resume is.
+#[test]
+fn resuming_gives_the_same_weights_and_metrics() {
+    let root = std::env::temp_dir().join(format!("flowtune-cli-resume-{}", std::process::id()));
+    let model = root.join("tiny");
+    assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string(), "--seed", "3"])
+        .status
+        .success());
+    let run = |out: &str, steps: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_flowtune"))
+            .args([
+                "train".to_string(),
+                repo("examples/flow_grpo_tiny.yaml"),
+                format!("model.path={}", model.display()),
+                format!("data.train_files=[{}]", repo("examples/prompts/tiny.txt")),
+                format!("trainer.output_dir={}", root.join(out).display()),
+                format!("trainer.total_steps={steps}"),
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    run("straight", "4");
+    run("resumed", "2");
+    run("resumed", "4");
+    let lora = |out: &str| -> std::collections::BTreeMap<String, tch::Tensor> {
+        tch::Tensor::read_safetensors(root.join(out).join("lora/pytorch_lora_weights.safetensors"))
+            .unwrap()
+            .into_iter()
+            .collect()
+    };
+    let (a, b) = (lora("straight"), lora("resumed"));
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    for (name, t) in &a {
+        assert!(t.equal(&b[name]), "{name} differs after resuming");
+    }
+    let lines = |out: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(root.join(out).join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let (ma, mb) = (lines("straight"), lines("resumed"));
+    assert_eq!((ma.len(), mb.len()), (4, 4));
+    for step in 2..4 {
+        for (key, value) in ma[step].as_object().unwrap() {
+            if !key.starts_with("timing_s/") && !key.starts_with("perf/") {
+                assert_eq!(value, &mb[step][key], "step {} {key}", step + 1);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

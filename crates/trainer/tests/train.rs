@@ -1,5 +1,6 @@
 //! The training loop end to end on a make-tiny SD3 pipeline (CPU): it trains, it is on-policy
-//! before the first update, and a resumed run equals an uninterrupted one.
+//! before the first update, and model batching does not change the samples. (Resuming is tested
+//! with separate processes, as it happens, in the CLI tests.)
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -101,39 +102,6 @@ fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
     }
     let val = summary.metrics[1]["val-core/tiny/reward/mean@1"];
     assert!(val.is_finite() && val > 0.0, "{val}");
-}
-
-#[test]
-fn resuming_gives_the_same_weights_and_metrics() {
-    let (a, b) = (scratch("straight"), scratch("resumed"));
-    // The uninterrupted run also samples in model batches of 3 rows: batching changes nothing.
-    train(
-        &recipe(&a, &["trainer.total_steps=4".into(), "rollout.batch_size=3".into()]),
-        Device::Cpu,
-    )
-    .expect("4 steps");
-    train(&recipe(&b, &["trainer.total_steps=2".into()]), Device::Cpu).expect("2 steps");
-    let resumed = train(&recipe(&b, &["trainer.total_steps=4".into()]), Device::Cpu)
-        .expect("resume + 2 steps");
-    assert_eq!(resumed.steps_run, 2);
-    let (wa, wb) = (
-        tensors(&a.join("lora/pytorch_lora_weights.safetensors")),
-        tensors(&b.join("lora/pytorch_lora_weights.safetensors")),
-    );
-    assert_eq!(wa.keys().collect::<Vec<_>>(), wb.keys().collect::<Vec<_>>());
-    for (name, t) in &wa {
-        let diff = (t - &wb[name]).abs().max().double_value(&[]);
-        assert!(diff <= 1e-6, "{name}: resumed differs by {diff}");
-    }
-    let (ma, mb) = (metric_lines(&a), metric_lines(&b));
-    for step in 2..4 {
-        for (key, value) in ma[step].as_object().unwrap() {
-            if key.starts_with("timing_s/") || key.starts_with("perf/") {
-                continue;
-            }
-            assert_eq!(value, &mb[step][key], "step {} {key}", step + 1);
-        }
-    }
 }
 
 #[test]
