@@ -17,6 +17,63 @@ use crate::Failure;
 pub enum BenchCommand {
     /// Time an SD3 transformer.
     Transformer(TransformerArgs),
+    /// Time rollouts (SDE sampling with log-probs, CFG, VAE decode) of a pipeline directory.
+    Rollout(RolloutArgs),
+}
+
+#[derive(Args)]
+pub struct RolloutArgs {
+    /// A diffusers pipeline directory.
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    #[arg(long, default_value_t = 4.5)]
+    guidance: f64,
+    #[arg(long, default_value_t = 512)]
+    resolution: i64,
+    /// Timed rollouts (after one warm-up).
+    #[arg(long, default_value_t = 3)]
+    iters: usize,
+}
+
+fn bench_rollout(a: RolloutArgs, device: Device) -> Result<(), Failure> {
+    use flowtune_models::sd3::{Dtypes, Sd3Pipeline};
+    let pipe = Sd3Pipeline::load(&a.model, device, Dtypes::all(Kind::Float), None)
+        .map_err(Failure::input)?;
+    let sampler = flowtune_sampling::SamplerConfig {
+        n: 1,
+        steps: a.steps,
+        guidance_scale: a.guidance,
+        batch_size: 0,
+        ..Default::default()
+    };
+    sampler.validate().map_err(Failure::input)?;
+    let engine = flowtune_trainer::engine::Engine::new(&pipe, &sampler, a.resolution, 0)
+        .map_err(Failure::input)?;
+    let prompts = vec!["a photo of a red circle next to a blue square"; a.batch];
+    let negatives = vec![""; a.batch];
+    let mut step = 0u64;
+    let seconds = time(a.iters, device, || {
+        step += 1;
+        engine
+            .rollout(&prompts, &negatives, &engine.row_seeds(a.batch, step), step)
+            .map(drop)
+            .map_err(|e| Failure::Runtime(e.into()))
+    })?;
+    println!(
+        "rollout: batch {} × {} steps at {}px, CFG {}, on {:?}: {:.1} ms per batch, {:.2} images/s",
+        a.batch,
+        a.steps,
+        a.resolution,
+        a.guidance,
+        device,
+        seconds * 1e3,
+        a.batch as f64 / seconds
+    );
+    Ok(())
 }
 
 #[derive(Args)]
@@ -64,8 +121,11 @@ fn time(
 }
 
 pub fn run(command: BenchCommand, device: &DeviceArg) -> Result<(), Failure> {
-    let BenchCommand::Transformer(a) = command;
     let device = device.resolve()?;
+    let a = match command {
+        BenchCommand::Transformer(a) => a,
+        BenchCommand::Rollout(a) => return bench_rollout(a, device),
+    };
     let kind = match a.dtype.as_str() {
         "f32" => Kind::Float,
         "bf16" => Kind::BFloat16,
