@@ -34,22 +34,29 @@ pub struct PromptDataset {
 }
 
 impl PromptDataset {
-    /// Reads `.txt` (one prompt per line) or `.jsonl` / `.json` lines.
+    /// Reads `.txt` (one prompt per line), `.jsonl` / `.json` lines, or `.parquet` in the reference
+    /// layout (the same fields as the JSONL records).
     pub fn load(path: &Path) -> Result<Self, DataError> {
+        let source = path.file_stem().and_then(|s| s.to_str()).unwrap_or("prompts").to_string();
+        if path.extension().and_then(|e| e.to_str()) == Some("parquet") {
+            return Self::load_parquet(path, &source);
+        }
         let text = std::fs::read_to_string(path).map_err(|e| DataError::Io {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        let source = path.file_stem().and_then(|s| s.to_str()).unwrap_or("prompts").to_string();
         let is_jsonl = matches!(path.extension().and_then(|e| e.to_str()), Some("jsonl" | "json"));
         let mut records = vec![];
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
             let record = if is_jsonl {
-                parse_json_record(line, &source).map_err(|message| DataError::Record {
-                    path: path.display().to_string(),
-                    line: i + 1,
-                    message,
-                })?
+                serde_json::from_str(line)
+                    .map_err(|e| format!("not JSON: {e}"))
+                    .and_then(|v| record_from_json(&v, &source))
+                    .map_err(|message| DataError::Record {
+                        path: path.display().to_string(),
+                        line: i + 1,
+                        message,
+                    })?
             } else {
                 let prompt = line.trim().to_string();
                 PromptRecord {
@@ -62,17 +69,39 @@ impl PromptDataset {
             };
             records.push(record);
         }
+        Self::non_empty(path, records)
+    }
+
+    fn non_empty(path: &Path, records: Vec<PromptRecord>) -> Result<Self, DataError> {
         if records.is_empty() {
             return Err(DataError::Invalid(format!("{}: no prompts", path.display())));
         }
         Ok(Self { records })
     }
+
+    /// Parquet rows, each read as a JSON object and parsed like a JSONL record.
+    fn load_parquet(path: &Path, source: &str) -> Result<Self, DataError> {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let fail = |message: String| DataError::Io { path: path.display().to_string(), message };
+        let file = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
+        let reader = SerializedFileReader::new(file)
+            .map_err(|e| fail(format!("not a parquet file: {e}")))?;
+        let rows = reader.get_row_iter(None).map_err(|e| fail(e.to_string()))?;
+        let mut records = vec![];
+        for (i, row) in rows.enumerate() {
+            let row = row.map_err(|e| fail(e.to_string()))?;
+            let record = record_from_json(&row.to_json_value(), source).map_err(|message| {
+                DataError::Record { path: path.display().to_string(), line: i + 1, message }
+            })?;
+            records.push(record);
+        }
+        Self::non_empty(path, records)
+    }
 }
 
-/// A JSONL record: `prompt` (a string, or chat messages whose user turn is the prompt),
-/// `data_source`, `negative_prompt`, `reward_model.ground_truth`, `extra_info`.
-fn parse_json_record(line: &str, default_source: &str) -> Result<PromptRecord, String> {
-    let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+/// A record in the reference layout: `prompt` (a string, or chat messages whose user turn is the
+/// prompt), `data_source`, `negative_prompt`, `reward_model.ground_truth`, `extra_info`.
+fn record_from_json(v: &Value, default_source: &str) -> Result<PromptRecord, String> {
     let prompt = match &v["prompt"] {
         Value::String(s) => s.clone(),
         Value::Array(messages) => messages
@@ -113,6 +142,30 @@ mod tests {
         assert_eq!(quoted_target("A poster saying “Hello”").as_deref(), Some("Hello"));
         assert_eq!(quoted_target("a red circle"), None);
         assert_eq!(quoted_target(r#"an empty "" pair"#), None);
+    }
+
+    fn parse_json_record(line: &str, source: &str) -> Result<PromptRecord, String> {
+        record_from_json(&serde_json::from_str(line).unwrap(), source)
+    }
+
+    #[test]
+    fn parquet_in_the_reference_layout() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/prompts/reference_layout.parquet"
+        ));
+        let records = PromptDataset::load(path).unwrap().records;
+        assert_eq!(records.len(), 3);
+        assert_eq!(records[0].prompt, "A storefront sign that reads \"BAKERY\"");
+        assert_eq!(
+            (records[0].data_source.as_str(), records[0].ground_truth.as_deref()),
+            ("ocr", Some("BAKERY"))
+        );
+        assert_eq!(records[1].extra_info["index"], 1);
+        assert_eq!(
+            (records[2].data_source.as_str(), records[2].ground_truth.as_deref()),
+            ("geneval", None)
+        );
     }
 
     #[test]
