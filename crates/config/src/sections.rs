@@ -113,6 +113,9 @@ pub struct TrainerSection {
     pub image_freq: u64,
     /// Validate (η = 0, `rollout.eval_steps`, seed 42) on `data.val_files` every this many steps (0: never).
     pub val_freq: u64,
+    /// Keep an EMA of the trainable weights with this decay, used for validation and exported
+    /// beside the LoRA (`lora/ema_lora_weights.safetensors`); none by default.
+    pub ema_decay: Option<f64>,
 }
 
 impl Default for TrainerSection {
@@ -136,6 +139,7 @@ impl Default for TrainerSection {
             resume: "auto".into(),
             image_freq: 10,
             val_freq: 0,
+            ema_decay: None,
         }
     }
 }
@@ -160,6 +164,11 @@ impl TrainerSection {
         ] {
             if v == 0 {
                 return bad(key, v.to_string(), "≥ 1");
+            }
+        }
+        if let Some(d) = self.ema_decay {
+            if !(0.0..1.0).contains(&d) {
+                return bad("ema_decay", d.to_string(), "in [0, 1)");
             }
         }
         if self.total_steps == 0 {

@@ -10,7 +10,7 @@ use flowtune_models::sd3::Sd3Transformer;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use crate::optim::AdamW;
+use crate::optim::{AdamW, Ema};
 use crate::TrainError;
 
 /// The loop state saved beside the weights.
@@ -35,6 +35,7 @@ pub fn save(
     root: &Path,
     model: &Sd3Transformer,
     optimizer: &AdamW,
+    ema: Option<&Ema>,
     state: &LoopState,
     keep: usize,
 ) -> Result<PathBuf, TrainError> {
@@ -47,6 +48,9 @@ pub fn save(
     for (name, t) in optimizer.exp_avg.iter() {
         named.push((format!("exp_avg.{name}"), t.shallow_clone()));
         named.push((format!("exp_avg_sq.{name}"), optimizer.exp_avg_sq[name].shallow_clone()));
+        if let Some(ema) = ema {
+            named.push((format!("ema.{name}"), ema.shadow[name].shallow_clone()));
+        }
     }
     Tensor::write_safetensors(&named, tmp.join(OPTIMIZER))?;
     let text = serde_json::to_string_pretty(state).expect("state is JSON");
@@ -78,6 +82,7 @@ pub fn load(
     dir: &Path,
     model: &mut Sd3Transformer,
     optimizer: &mut AdamW,
+    ema: Option<&mut Ema>,
 ) -> Result<LoopState, TrainError> {
     let state: LoopState =
         serde_json::from_str(&std::fs::read_to_string(dir.join(STATE)).map_err(|e| io(dir, e))?)
@@ -99,5 +104,12 @@ pub fn load(
         optimizer.exp_avg_sq[name].shallow_clone().copy_(sv);
     }
     optimizer.steps = state.optimizer_steps;
+    if let Some(ema) = ema {
+        for (name, shadow) in &ema.shadow {
+            // A checkpoint from a run without EMA starts the average at the loaded weights.
+            let value = saved.get(&format!("ema.{name}")).unwrap_or(&optimizer.params[name]);
+            shadow.shallow_clone().copy_(value);
+        }
+    }
     Ok(state)
 }

@@ -155,6 +155,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         .variables()
         .into_iter()
         .collect();
+    let mut ema = t.ema_decay.map(|d| crate::optim::Ema::new(d, &params));
     let mut optimizer = AdamW::new(params, t.betas, t.eps, t.weight_decay);
     let resume_from = match t.resume.as_str() {
         "none" => None,
@@ -163,7 +164,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     };
     let mut start = 0;
     if let Some(dir) = &resume_from {
-        let state = checkpoint::load(dir, &mut pipe.transformer, &mut optimizer)?;
+        let state = checkpoint::load(dir, &mut pipe.transformer, &mut optimizer, ema.as_mut())?;
         loader.state = state.loader;
         start = state.step;
         eprintln!("resumed from {} (step {start})", dir.display());
@@ -359,6 +360,9 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
                 let norm = optimizer.clip_grad_norm(t.max_grad_norm);
                 if norm.is_finite() {
                     optimizer.step(lr);
+                    if let Some(ema) = ema.as_mut() {
+                        ema.update(&optimizer.params);
+                    }
                     grad_norms.push(norm);
                 } else {
                     skipped += 1.0;
@@ -378,7 +382,15 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         // testing
         if t.val_freq > 0 && (k % t.val_freq == 0 || k == t.total_steps) {
             let timer = Instant::now();
-            m.extend(validate(&pipe, recipe, &val_records, &scorers, k)?);
+            // Validation sees the EMA weights when there are some.
+            if let Some(ema) = ema.as_mut() {
+                ema.swap(&optimizer.params);
+            }
+            let scores = validate(&pipe, recipe, &val_records, &scorers, k);
+            if let Some(ema) = ema.as_mut() {
+                ema.swap(&optimizer.params);
+            }
+            m.extend(scores?);
             m.insert("timing_s/testing".into(), timer.elapsed().as_secs_f64());
         }
 
@@ -388,7 +400,14 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         if (t.save_freq > 0 && k % t.save_freq == 0) || k == t.total_steps || stop {
             let state =
                 LoopState { step: k, loader: loader.state, optimizer_steps: optimizer.steps };
-            checkpoint::save(&ckpt_root, &pipe.transformer, &optimizer, &state, t.keep_last)?;
+            checkpoint::save(
+                &ckpt_root,
+                &pipe.transformer,
+                &optimizer,
+                ema.as_ref(),
+                &state,
+                t.keep_last,
+            )?;
         }
         m.insert("timing_s/save_checkpoint".into(), timer.elapsed().as_secs_f64());
         let elapsed = step_start.elapsed().as_secs_f64();
@@ -432,6 +451,11 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         .map_err(|e| TrainError::Io(format!("{}: {e}", lora_dir.display())))?;
     let lora = lora_dir.join("pytorch_lora_weights.safetensors");
     pipe.transformer.save_lora(&lora)?;
+    if let Some(ema) = ema.as_mut() {
+        ema.swap(&optimizer.params);
+        pipe.transformer.save_lora(&lora_dir.join("ema_lora_weights.safetensors"))?;
+        ema.swap(&optimizer.params);
+    }
     Ok(TrainSummary { metrics: all, lora, steps_run: last - start })
 }
 

@@ -153,3 +153,55 @@ mod tests {
         assert!(learning_rate(LrSchedule::Cosine, 1.0, 110, 10, 110).abs() < 1e-12);
     }
 }
+
+/// An exponential moving average of the trainable tensors, for evaluation:
+/// `ema ← d·ema + (1 − d)·θ` after every optimizer step.
+pub struct Ema {
+    pub decay: f64,
+    pub shadow: BTreeMap<String, Tensor>,
+}
+
+impl Ema {
+    pub fn new(decay: f64, params: &BTreeMap<String, Tensor>) -> Self {
+        Self { decay, shadow: params.iter().map(|(n, p)| (n.clone(), p.detach().copy())).collect() }
+    }
+
+    pub fn update(&mut self, params: &BTreeMap<String, Tensor>) {
+        let _guard = tch::no_grad_guard();
+        for (name, p) in params {
+            let s = &self.shadow[name];
+            s.shallow_clone().copy_(&(s * self.decay + p.detach() * (1.0 - self.decay)));
+        }
+    }
+
+    /// Swaps the shadow values with the live ones (call again to swap back).
+    pub fn swap(&mut self, params: &BTreeMap<String, Tensor>) {
+        let _guard = tch::no_grad_guard();
+        for (name, p) in params {
+            let live = p.detach().copy();
+            p.shallow_clone().copy_(&self.shadow[name]);
+            self.shadow[name].shallow_clone().copy_(&live);
+        }
+    }
+}
+
+#[cfg(test)]
+mod ema_tests {
+    use super::*;
+
+    #[test]
+    fn ema_lags_and_swaps() {
+        let p = Tensor::from_slice(&[0.0f32]);
+        let params = BTreeMap::from([("p".to_string(), p.shallow_clone())]);
+        let mut ema = Ema::new(0.9, &params);
+        let _ = p.shallow_clone().fill_(1.0);
+        ema.update(&params);
+        assert!((ema.shadow["p"].double_value(&[0]) - 0.1).abs() < 1e-7);
+        ema.swap(&params);
+        assert!(
+            (p.double_value(&[0]) - 0.1).abs() < 1e-7 && ema.shadow["p"].double_value(&[0]) == 1.0
+        );
+        ema.swap(&params);
+        assert_eq!(p.double_value(&[0]), 1.0);
+    }
+}

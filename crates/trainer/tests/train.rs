@@ -60,6 +60,7 @@ fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
         "trainer.total_steps=3".into(),
         "trainer.image_freq=2".into(),
         "trainer.val_freq=2".into(),
+        "trainer.ema_decay=0.9".into(),
         val,
     ];
     let summary = train(&recipe(&out, &overrides), Device::Cpu).expect("train");
@@ -87,6 +88,10 @@ fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
     assert!(out.join("checkpoints/step_000002/adapters.safetensors").exists());
     assert!(out.join("checkpoints/step_000003/state.json").exists());
     assert_eq!(metric_lines(&out).len(), 3);
+    // The EMA lags the trained weights.
+    let ema = tensors(&out.join("lora/ema_lora_weights.safetensors"));
+    let lagging = lora.iter().filter(|(k, _)| k.contains("lora_B")).any(|(k, t)| !t.equal(&ema[k]));
+    assert!(lagging, "EMA weights differ from the final ones");
     let events = std::fs::read_dir(out.join("tensorboard")).unwrap().count();
     assert_eq!(events, 1, "one TensorBoard event file");
     // Pictures: a training grid at step 2, validation grids at steps 2 and 3, captions beside them.
