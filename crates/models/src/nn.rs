@@ -216,3 +216,16 @@ impl Embedding {
         Tensor::embedding(&self.weight, ids, -1, false, false)
     }
 }
+
+/// Scaled dot-product attention over (B, H, N, d) (libtorch's fused kernels, with backward):
+/// `causal` masks future positions, `bias` is added to the scores, `scale` replaces 1/√d.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: Option<&Tensor>,
+    causal: bool,
+    scale: Option<f64>,
+) -> Tensor {
+    Tensor::scaled_dot_product_attention(q, k, v, bias, 0.0, causal, scale, false)
+}

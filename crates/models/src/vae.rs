@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use crate::nn::{Conv2d, GroupNorm, Linear, Scope};
+use crate::nn::{attention, Conv2d, GroupNorm, Linear, Scope};
 use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, ModelError};
 
@@ -145,16 +145,7 @@ impl MidBlock {
                     heads(k.forward(&tokens)),
                     heads(v.forward(&tokens)),
                 );
-                let attn = Tensor::scaled_dot_product_attention(
-                    &q,
-                    &k,
-                    &v,
-                    None::<Tensor>,
-                    0.0,
-                    false,
-                    None,
-                    false,
-                );
+                let attn = attention(&q, &k, &v, None, false, None);
                 let out = out.forward(&attn.squeeze_dim(1));
                 out.transpose(1, 2).reshape([b, c, h, w]) + &x
             }

@@ -3,7 +3,7 @@
 
 use tch::Tensor;
 
-use crate::nn::{Linear, RmsNorm, Scope};
+use crate::nn::{attention, Linear, RmsNorm, Scope};
 
 /// q/k RMS-normalisation per head (SD3.5 `qk_norm: rms_norm`).
 pub struct QkNorm {
@@ -116,8 +116,7 @@ impl Attention {
 
 /// Scaled dot-product attention (fused kernels on GPU, with backward); (B, H, N, d) → (B, N, H·d).
 fn attend(q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
-    let out =
-        Tensor::scaled_dot_product_attention(q, k, v, None::<Tensor>, 0.0, false, None, false);
+    let out = attention(q, k, v, None, false, None);
     let (b, h, n, d) = out.size4().expect("4-d attention output");
     out.transpose(1, 2).reshape([b, n, h * d])
 }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use crate::nn::{Embedding, LayerNorm, Linear, Scope};
+use crate::nn::{attention, Embedding, LayerNorm, Linear, Scope};
 use crate::{read_config, ModelError};
 
 /// Mirror of the transformers `CLIPTextConfig` fields the model uses.
@@ -171,16 +171,7 @@ impl ClipTextModel {
                 split(layer.k_proj.forward(&h)),
                 split(layer.v_proj.forward(&h)),
             );
-            let attn = Tensor::scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                None::<Tensor>,
-                0.0,
-                true,
-                None,
-                false,
-            );
+            let attn = attention(&q, &k, &v, None, true, None);
             x = &x + layer.out_proj.forward(&attn.transpose(1, 2).reshape([b, l, -1]));
             let h = layer.layer_norm2.forward(&x);
             x = &x + layer.fc2.forward(&self.act(&layer.fc1.forward(&h)));

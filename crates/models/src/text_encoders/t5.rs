@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use crate::nn::{Embedding, Linear, RmsNorm, Scope};
+use crate::nn::{attention, Embedding, Linear, RmsNorm, Scope};
 use crate::{read_config, ModelError};
 
 /// Mirror of the transformers `T5Config` fields the encoder uses.
@@ -154,16 +154,7 @@ impl T5Encoder {
                 split(block.v.forward(&h)),
             );
             // T5 does not scale scores by 1/√d: scale 1 with the bias as an additive mask.
-            let attn = Tensor::scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                Some(&bias),
-                0.0,
-                false,
-                1.0,
-                false,
-            );
+            let attn = attention(&q, &k, &v, Some(&bias), false, Some(1.0));
             x = &x + block.o.forward(&attn.transpose(1, 2).reshape([b, l, -1]));
             let h = block.ff_norm.forward(&x).to_kind(x.kind());
             let hidden = match &block.wi_1 {

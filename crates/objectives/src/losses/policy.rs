@@ -208,15 +208,7 @@ mod tests {
         let logp = Tensor::from_slice(&[-1.3f32, 0.2, 2.0, -0.7]).set_requires_grad(true);
         let old = logp.detach();
         let adv = Tensor::from_slice(&[7.0f32, -0.4, 0.3, -9.0]);
-        let batch = PolicyBatch {
-            log_prob: &logp,
-            old_log_prob: &old,
-            advantages: &adv,
-            prev_sample_mean: None,
-            old_prev_sample_mean: None,
-            std_dev_t: None,
-            sqrt_dt: None,
-        };
+        let batch = without_means(&logp, &old, &adv);
         let config = LossConfig { clip_ratio: 1e-5, ..Default::default() };
         let out = PolicyLoss::Clipped.compute(&batch, &config).unwrap();
         assert_eq!(out.metrics["actor/ratio_mean"], 1.0);
@@ -229,18 +221,27 @@ mod tests {
         assert_eq!(grad, [-5.0 / 4.0, 0.4 / 4.0, -0.3 / 4.0, 5.0 / 4.0]);
     }
 
-    #[test]
-    fn non_vector_log_probs_are_rejected() {
-        let t = Tensor::zeros([2, 1], (Kind::Float, tch::Device::Cpu));
-        let batch = PolicyBatch {
-            log_prob: &t,
-            old_log_prob: &t,
-            advantages: &t,
+    /// A batch with only log-probs and advantages.
+    fn without_means<'a>(
+        log_prob: &'a Tensor,
+        old_log_prob: &'a Tensor,
+        advantages: &'a Tensor,
+    ) -> PolicyBatch<'a> {
+        PolicyBatch {
+            log_prob,
+            old_log_prob,
+            advantages,
             prev_sample_mean: None,
             old_prev_sample_mean: None,
             std_dev_t: None,
             sqrt_dt: None,
-        };
+        }
+    }
+
+    #[test]
+    fn non_vector_log_probs_are_rejected() {
+        let t = Tensor::zeros([2, 1], (Kind::Float, tch::Device::Cpu));
+        let batch = without_means(&t, &t, &t);
         let err =
             PolicyLoss::Clipped.compute(&batch, &LossConfig::default()).unwrap_err().to_string();
         assert!(err.contains("log_prob must be (B,), got [2, 1]"), "{err}");
@@ -249,15 +250,7 @@ mod tests {
     #[test]
     fn guard_without_means_says_what_is_missing() {
         let t = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
-        let batch = PolicyBatch {
-            log_prob: &t,
-            old_log_prob: &t,
-            advantages: &t,
-            prev_sample_mean: None,
-            old_prev_sample_mean: None,
-            std_dev_t: None,
-            sqrt_dt: None,
-        };
+        let batch = without_means(&t, &t, &t);
         let err =
             PolicyLoss::Guard.compute(&batch, &LossConfig::default()).unwrap_err().to_string();
         assert!(err.contains("grpo_guard needs `prev_sample_mean`"), "{err}");
