@@ -267,6 +267,13 @@ fn a_killed_run_resumes_from_its_last_complete_checkpoint() {
         "resumed from the newest complete checkpoint: {stderr}"
     );
     assert!(stdout_of(&resumed).contains("trained 2 steps"));
+    // Steps logged after the last checkpoint by the killed run are replaced, not repeated.
+    let steps: Vec<u64> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, (1..=newest + 2).collect::<Vec<_>>());
     let _ = std::fs::remove_dir_all(&root);
 }
 

@@ -198,6 +198,13 @@ mod tests {
         assert!(err.contains("unknown algorithm `ppo`; known: flow_grpo"), "{err}");
         let err = load("reward:\n  functions: [{name: aesthetic}]\n", &[]).unwrap_err();
         assert!(err.contains("r.yaml: reward: reward config: unknown reward `aesthetic`"), "{err}");
+        let err = load(RECIPE, &["trainer.betas=[1.0, 0.999]"]).unwrap_err();
+        assert!(
+            err.contains(
+                "trainer.betas: [1.0, 0.999] is not allowed; expected two numbers in [0, 1)"
+            ),
+            "{err}"
+        );
         let err = load(RECIPE, &["actor.nope=1"]).unwrap_err();
         assert!(
             err.starts_with("override `actor.nope=1`") && err.contains("`clip_ratio`"),

@@ -153,6 +153,15 @@ impl TrainerSection {
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return bad("lr", self.lr.to_string(), "a finite number > 0");
         }
+        if !self.betas.iter().all(|b| (0.0..1.0).contains(b)) {
+            return bad("betas", format!("{:?}", self.betas), "two numbers in [0, 1)");
+        }
+        if !(self.eps > 0.0 && self.eps.is_finite()) {
+            return bad("eps", self.eps.to_string(), "a finite number > 0");
+        }
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
+            return bad("weight_decay", self.weight_decay.to_string(), "a finite number ≥ 0");
+        }
         if !(self.max_grad_norm > 0.0 && self.max_grad_norm.is_finite()) {
             return bad("max_grad_norm", self.max_grad_norm.to_string(), "> 0");
         }

@@ -47,12 +47,12 @@ impl PromptLoader {
     ) -> Result<Self, DataError> {
         if prompts_per_step == 0 || n == 0 {
             return Err(DataError::Invalid(format!(
-                "prompts per step ({prompts_per_step}) and n ({n}) must be ≥ 1"
+                "data.prompts_per_step ({prompts_per_step}) and rollout.n ({n}) must be ≥ 1"
             )));
         }
         if prompts_per_step > dataset.records.len() {
             return Err(DataError::Invalid(format!(
-                "{prompts_per_step} prompts per step, but the dataset has only {}",
+                "data.prompts_per_step is {prompts_per_step}, but the dataset has only {} prompts",
                 dataset.records.len()
             )));
         }
@@ -80,7 +80,8 @@ impl PromptLoader {
     /// `drop_last`, an epoch's incomplete tail is skipped; without, the last step is shorter.
     pub fn next_step(&mut self) -> Vec<Row> {
         let total = self.dataset.records.len();
-        let remaining = total - self.state.cursor;
+        // A resumed state from a larger dataset starts the next epoch.
+        let remaining = total.saturating_sub(self.state.cursor);
         if remaining == 0 || (self.drop_last && remaining < self.prompts_per_step) {
             self.state = LoaderState { epoch: self.state.epoch + 1, cursor: 0 };
         }

@@ -30,9 +30,10 @@ impl HttpReward {
         if settings.batch_size == 0
             || settings.max_concurrency == 0
             || !(settings.timeout_s > 0.0 && settings.timeout_s.is_finite())
+            || !(settings.backoff_s >= 0.0 && settings.backoff_s.is_finite())
         {
             return Err(RewardError::Config(
-                "reward `http`: batch_size, max_concurrency and timeout_s must be > 0".into(),
+                "reward `http`: batch_size, max_concurrency and timeout_s must be > 0, backoff_s ≥ 0".into(),
             ));
         }
         let agent =

@@ -63,6 +63,8 @@ pub struct ScoredBatch {
     pub totals: Vec<Option<f64>>,
     /// `critic/<name>/mean` per scorer and extra, and `critic/rewards/skipped`.
     pub metrics: BTreeMap<String, f64>,
+    /// Scorer failures tolerated under `skip_sample`, for the log.
+    pub errors: Vec<String>,
 }
 
 /// Scores `samples` with every weighted scorer and sums them, applying `on_error`.
@@ -74,6 +76,7 @@ pub fn score_batch(
     let mut totals: Vec<Option<f64>> = vec![Some(0.0); samples.len()];
     let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
     let mut failed_scorers = 0.0;
+    let mut errors = vec![];
     for (scorer, weight) in scorers {
         let scores = match scorer.score(samples) {
             Ok(s) if s.len() == samples.len() => s,
@@ -83,10 +86,11 @@ pub fn score_batch(
                     message: format!("returned {} scores for {} samples", s.len(), samples.len()),
                 })
             }
-            Err(_) if on_error == OnError::SkipSample => {
+            Err(e) if on_error == OnError::SkipSample => {
                 // A batch-level failure touches every sample of the batch.
                 totals.iter_mut().for_each(|t| *t = None);
                 failed_scorers += 1.0;
+                errors.push(e.to_string());
                 continue;
             }
             Err(e) => return Err(e),
@@ -122,7 +126,7 @@ pub fn score_batch(
         totals.iter().filter(|t| t.is_none()).count() as f64,
     );
     metrics.insert("critic/rewards/failed_scorers".into(), failed_scorers);
-    Ok(ScoredBatch { totals, metrics })
+    Ok(ScoredBatch { totals, metrics, errors })
 }
 
 #[cfg(test)]
@@ -219,6 +223,7 @@ mod tests {
         let out = score_batch(&down, &samples, OnError::SkipSample).unwrap();
         assert_eq!(out.totals, [None, None]);
         assert_eq!(out.metrics["critic/rewards/failed_scorers"], 1.0);
+        assert!(out.errors[0].contains("server down"), "the error is kept for the log");
     }
 
     #[test]

@@ -55,23 +55,38 @@ pub fn save(
     Tensor::write_safetensors(&named, tmp.join(OPTIMIZER))?;
     let text = serde_json::to_string_pretty(state).expect("state is JSON");
     std::fs::write(tmp.join(STATE), text).map_err(|e| io(&tmp, e))?;
+    // On disk before the rename makes the checkpoint visible.
+    for name in [ADAPTERS, OPTIMIZER, STATE] {
+        std::fs::File::open(tmp.join(name))
+            .and_then(|f| f.sync_all())
+            .map_err(|e| io(&tmp.join(name), e))?;
+    }
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir).map_err(|e| io(&dir, e))?;
-    for old in complete_checkpoints(root)?.into_iter().rev().skip(keep) {
-        let _ = std::fs::remove_dir_all(old);
+    let _ = std::fs::File::open(root).and_then(|d| d.sync_all());
+    // Keep the newest `keep` up to this step; drop those after it (the abandoned future of a run
+    // resumed from an older checkpoint) and crash leftovers.
+    let older = complete_checkpoints(root)?.into_iter().rev().filter(|(s, _)| *s != state.step);
+    for (i, (step, path)) in older.enumerate() {
+        if step > state.step || i + 1 >= keep {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+    for entry in std::fs::read_dir(root).map_err(|e| io(root, e))?.flatten() {
+        if entry.file_name().to_string_lossy().ends_with(".tmp") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
     Ok(dir)
 }
 
-/// Complete checkpoints under `root`, oldest first.
-pub fn complete_checkpoints(root: &Path) -> Result<Vec<PathBuf>, TrainError> {
+/// Complete checkpoints under `root` as (step, directory), oldest first.
+pub fn complete_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>, TrainError> {
     let Ok(entries) = std::fs::read_dir(root) else { return Ok(vec![]) };
-    let mut dirs: Vec<PathBuf> = entries
+    let mut dirs: Vec<(u64, PathBuf)> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("step_"))
-                && p.join(STATE).exists()
-        })
+        .filter(|p| p.join(STATE).exists())
+        .filter_map(|p| Some((p.file_name()?.to_str()?.strip_prefix("step_")?.parse().ok()?, p)))
         .collect();
     dirs.sort();
     Ok(dirs)

@@ -64,6 +64,12 @@ impl<'a> Engine<'a> {
         seed: u64,
     ) -> Result<Self, TrainError> {
         let factor = 1i64 << (pipe.vae.config.block_out_channels.len() - 1);
+        let multiple = factor * pipe.transformer.config.patch_size;
+        if resolution <= 0 || resolution % multiple != 0 {
+            return Err(TrainError::Invalid(format!(
+                "model.resolution {resolution}: expected a positive multiple of {multiple} (VAE factor × patch size)"
+            )));
+        }
         let side = resolution / factor;
         let grid = SigmaGrid::new(
             &pipe.scheduler,

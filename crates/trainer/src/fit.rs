@@ -107,6 +107,20 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
             loss_kind.name()
         )));
     }
+    if recipe.rollout.noise_level == 0.0 {
+        return Err(TrainError::Invalid(
+            "rollout.noise_level is 0: deterministic steps have no log-prob to train; set it > 0 (e.g. 0.7)".into(),
+        ));
+    }
+    let val_sampler = validation_sampler(recipe);
+    if t.val_freq > 0 {
+        val_sampler.validate().map_err(|e| {
+            TrainError::Invalid(format!(
+                "validation sampler (rollout.eval_steps {}): {e}",
+                recipe.rollout.eval_steps
+            ))
+        })?;
+    }
     let out_dir = &t.output_dir;
     std::fs::create_dir_all(out_dir)
         .map_err(|e| TrainError::Io(format!("{}: {e}", out_dir.display())))?;
@@ -159,8 +173,16 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     let mut optimizer = AdamW::new(params, t.betas, t.eps, t.weight_decay);
     let resume_from = match t.resume.as_str() {
         "none" => None,
-        "auto" => checkpoint::complete_checkpoints(&ckpt_root)?.pop(),
-        path => Some(PathBuf::from(path)),
+        "auto" => checkpoint::complete_checkpoints(&ckpt_root)?.pop().map(|(_, dir)| dir),
+        path => {
+            let dir = PathBuf::from(path);
+            if !dir.join("state.json").exists() {
+                return Err(TrainError::Invalid(format!(
+                    "trainer.resume: {path} is not a complete checkpoint directory (no state.json); use auto, none or a checkpoints/step_NNNNNN directory"
+                )));
+            }
+            Some(dir)
+        }
     };
     let mut start = 0;
     if let Some(dir) = &resume_from {
@@ -171,11 +193,13 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     }
 
     let engine = Engine::new(&pipe, &recipe.rollout, recipe.model.resolution, recipe.seed)?;
+    let metrics_path = out_dir.join("metrics.jsonl");
+    keep_metrics_up_to(&metrics_path, start)?;
     let mut metrics_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(out_dir.join("metrics.jsonl"))
-        .map_err(|e| TrainError::Io(format!("{}: {e}", out_dir.join("metrics.jsonl").display())))?;
+        .open(&metrics_path)
+        .map_err(|e| TrainError::Io(format!("{}: {e}", metrics_path.display())))?;
     let mut events = crate::tensorboard::EventWriter::create(&out_dir.join("tensorboard"))?;
     let bar = indicatif::ProgressBar::new(t.total_steps).with_position(start);
     bar.set_style(
@@ -226,6 +250,9 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
             })
             .collect();
         let scored = score_batch(&scorers, &samples, recipe.reward.on_error)?;
+        for e in &scored.errors {
+            eprintln!("step {k}: skipped samples after a reward failure: {e}");
+        }
         m.extend(scored.metrics.clone());
         m.insert("timing_s/reward".into(), timer.elapsed().as_secs_f64());
         if t.image_freq > 0 && k % t.image_freq == 0 {
@@ -242,8 +269,13 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         }
         let kept: Vec<usize> = (0..rows.len()).filter(|&i| scored.totals[i].is_some()).collect();
         if kept.is_empty() {
+            let why = if scored.errors.is_empty() {
+                "non-finite scores".to_string()
+            } else {
+                scored.errors.join("; ")
+            };
             return Err(TrainError::Invalid(format!(
-                "step {k}: every sample was dropped by reward.on_error: skip_sample"
+                "step {k}: every sample was dropped by reward.on_error: skip_sample ({why})"
             )));
         }
         let rewards: Vec<f32> = kept.iter().map(|&i| scored.totals[i].unwrap() as f32).collect();
@@ -371,10 +403,12 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
             }
         }
         m.extend(acc.into_iter().map(|(k, (s, c))| (k, s / c as f64)));
-        m.insert(
-            "actor/grad_norm".into(),
-            grad_norms.iter().sum::<f64>() / grad_norms.len().max(1) as f64,
-        );
+        let mean_norm = if grad_norms.is_empty() {
+            f64::NAN
+        } else {
+            grad_norms.iter().sum::<f64>() / grad_norms.len() as f64
+        };
+        m.insert("actor/grad_norm".into(), mean_norm);
         m.insert("actor/skipped_steps".into(), skipped);
         m.insert("actor/lr".into(), lr);
         m.insert("timing_s/update_actor".into(), timer.elapsed().as_secs_f64());
@@ -469,12 +503,7 @@ fn validate(
     k: u64,
 ) -> Result<Metrics, TrainError> {
     const VAL_SEED: u64 = 42;
-    let sampler = flowtune_sampling::SamplerConfig {
-        noise_level: 0.0,
-        steps: recipe.rollout.eval_steps,
-        sde_window_size: 0,
-        ..recipe.rollout.clone()
-    };
+    let sampler = validation_sampler(recipe);
     let engine = Engine::new(pipe, &sampler, recipe.model.resolution, VAL_SEED)?;
     let mut per_source: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let (mut images, mut captions) = (vec![], vec![]);
@@ -516,4 +545,31 @@ fn validate(
             (format!("val-core/{source}/reward/mean@1"), v.iter().sum::<f64>() / v.len() as f64)
         })
         .collect())
+}
+
+/// The sampler of validation rollouts: η = 0, `rollout.eval_steps`, no SDE window.
+fn validation_sampler(recipe: &Recipe) -> flowtune_sampling::SamplerConfig {
+    flowtune_sampling::SamplerConfig {
+        noise_level: 0.0,
+        steps: recipe.rollout.eval_steps,
+        sde_window_size: 0,
+        sde_window_range: None,
+        ..recipe.rollout.clone()
+    }
+}
+
+/// Drops the lines of steps after `step` (logged after the checkpoint a run resumes from).
+fn keep_metrics_up_to(path: &std::path::Path, step: u64) -> Result<(), TrainError> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s <= step)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(path, kept).map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))
 }

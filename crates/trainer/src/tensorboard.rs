@@ -53,7 +53,11 @@ impl EventWriter {
     pub fn create(dir: &Path) -> Result<Self, TrainError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| TrainError::Io(format!("{}: {e}", dir.display())))?;
-        let path = dir.join(format!("events.out.tfevents.{}.flowtune", now() as u64));
+        let path = dir.join(format!(
+            "events.out.tfevents.{}.flowtune.{}",
+            now() as u64,
+            std::process::id()
+        ));
         let file =
             File::create(&path).map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
         let mut w = Self { file };

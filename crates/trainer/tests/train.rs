@@ -123,6 +123,13 @@ fn losses_that_need_old_means_refuse_bypass_mode() {
             && err.contains("trainer.old_log_prob: recompute"),
         "{err}"
     );
+    let err = train(&recipe(&out, &["rollout.noise_level=0".into()]), Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rollout.noise_level is 0"), "{err}");
+    let err =
+        train(&recipe(&out, &["model.resolution=30".into()]), Device::Cpu).unwrap_err().to_string();
+    assert!(err.contains("model.resolution 30: expected a positive multiple of 4"), "{err}");
 }
 
 #[test]
