@@ -6,6 +6,18 @@ use flowtune_models::lora::LoraConfig;
 use flowtune_models::sd3::Sd3Transformer;
 use tch::{Device, Kind};
 
+/// The transformer on a fixture's `input.*` tensors.
+fn forward(m: &Sd3Transformer, io: &std::collections::HashMap<String, tch::Tensor>) -> tch::Tensor {
+    let input = |k: &str| &io[&format!("input.{k}")];
+    m.forward(
+        input("hidden_states"),
+        input("encoder_hidden_states"),
+        input("pooled_projections"),
+        input("timestep"),
+    )
+    .expect("forward")
+}
+
 #[test]
 fn sd3_transformers_match_diffusers() {
     let mut check = Checker::new("manifest.json sd3_transformer");
@@ -29,15 +41,7 @@ fn sd3_transformers_match_diffusers() {
         let mut model =
             Sd3Transformer::load(&model_dir, Device::Cpu, Kind::Float, Some(&lora)).expect("load");
         model.load_lora(&dir().join(format!("{name}_lora.safetensors"))).expect("load lora");
-        let run = |m: &Sd3Transformer| {
-            m.forward(
-                &io["input.hidden_states"],
-                &io["input.encoder_hidden_states"],
-                &io["input.pooled_projections"],
-                &io["input.timestep"],
-            )
-            .expect("forward")
-        };
+        let run = |m: &Sd3Transformer| forward(m, &io);
         model.set_adapters_enabled(false);
         let plain = tch::no_grad(|| run(&model));
         check.close_within(
@@ -86,6 +90,14 @@ fn lora_files_round_trip_with_their_config() {
     let lora = LoraConfig { rank: 4, alpha: 8.0, ..Default::default() };
     let mut model =
         Sd3Transformer::load(&model_dir, Device::Cpu, Kind::Float, Some(&lora)).expect("load");
+    // Fresh adapters (B = 0) leave the model unchanged.
+    let fresh = tch::no_grad(|| forward(&model, &io));
+    model.set_adapters_enabled(false);
+    assert!(
+        fresh.equal(&tch::no_grad(|| forward(&model, &io))),
+        "fresh adapters change the output"
+    );
+    model.set_adapters_enabled(true);
     model.load_lora(&dir().join("sd3_tiny_lora.safetensors")).expect("fixture lora");
     let path =
         std::env::temp_dir().join(format!("flowtune-lora-{}.safetensors", std::process::id()));
@@ -95,17 +107,7 @@ fn lora_files_round_trip_with_their_config() {
     let mut again =
         Sd3Transformer::load(&model_dir, Device::Cpu, Kind::Float, Some(&read)).expect("load");
     again.load_lora(&path).expect("load saved lora");
-    let run = |m: &Sd3Transformer| {
-        tch::no_grad(|| {
-            m.forward(
-                &io["input.hidden_states"],
-                &io["input.encoder_hidden_states"],
-                &io["input.pooled_projections"],
-                &io["input.timestep"],
-            )
-        })
-        .expect("forward")
-    };
+    let run = |m: &Sd3Transformer| tch::no_grad(|| forward(m, &io));
     let (a, b) = (run(&model), run(&again));
     assert!(a.equal(&b), "a saved and reloaded LoRA gives the same output");
     let rel = (&a - &io["output.sample_with_lora"]).norm().double_value(&[])
