@@ -8,6 +8,7 @@ mod fit;
 pub mod images;
 pub mod optim;
 pub mod tensorboard;
+mod update;
 
 pub use fit::{train, TrainSummary};
 
