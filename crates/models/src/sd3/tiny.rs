@@ -80,6 +80,18 @@ fn save(store: &VarStore, dir: &Path, file: &str) -> Result<(), ModelError> {
     Ok(())
 }
 
+/// A component folder: its weights (`file`) and `config.json`.
+fn write_component(
+    out: &Path,
+    store: &VarStore,
+    file: &str,
+    config: &serde_json::Value,
+) -> Result<(), ModelError> {
+    mkdir(out)?;
+    save(store, out, file)?;
+    write_json(&out.join("config.json"), config)
+}
+
 fn mkdir(dir: &Path) -> Result<(), ModelError> {
     std::fs::create_dir_all(dir)
         .map_err(|e| ModelError::Io { path: dir.display().to_string(), message: e.to_string() })
@@ -114,14 +126,11 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
         };
         let model = ClipTextModel::new(&config, device)?;
         randomize(&model.store, &mut rng, 0.1)?;
-        let out = dir.join(name);
-        mkdir(&out)?;
-        save(&model.store, &out, "model.safetensors")?;
         let mut cfg = serde_json::to_value(&config).expect("config");
         cfg["architectures"] = json!(["CLIPTextModelWithProjection"]);
         cfg["model_type"] = json!("clip_text_model");
         cfg["dtype"] = json!("float32");
-        write_json(&out.join("config.json"), &cfg)?;
+        write_component(&dir.join(name), &model.store, "model.safetensors", &cfg)?;
         tiny::write(
             &dir.join(tokenizer_dir),
             &clip_tok,
@@ -149,9 +158,6 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
     };
     let t5 = T5Encoder::new(&t5_config, device)?;
     randomize(&t5.store, &mut rng, 0.1)?;
-    let out = dir.join("text_encoder_3");
-    mkdir(&out)?;
-    save(&t5.store, &out, "model.safetensors")?;
     let mut cfg = serde_json::to_value(&t5_config).expect("config");
     for (k, v) in [
         ("architectures", json!(["T5EncoderModel"])),
@@ -167,7 +173,7 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
     ] {
         cfg[k] = v;
     }
-    write_json(&out.join("config.json"), &cfg)?;
+    write_component(&dir.join("text_encoder_3"), &t5.store, "model.safetensors", &cfg)?;
     tiny::write(
         &dir.join("tokenizer_3"),
         &t5_tok,
@@ -200,12 +206,14 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
     };
     let transformer = Sd3Transformer::new(&transformer_config, device, None)?;
     randomize(&transformer.store, &mut rng, 0.1)?;
-    let out = dir.join("transformer");
-    mkdir(&out)?;
-    save(&transformer.store, &out, "diffusion_pytorch_model.safetensors")?;
     let mut cfg = serde_json::to_value(&transformer_config).expect("config");
     cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
-    write_json(&out.join("config.json"), &cfg)?;
+    write_component(
+        &dir.join("transformer"),
+        &transformer.store,
+        "diffusion_pytorch_model.safetensors",
+        &cfg,
+    )?;
 
     // VAE.
     let levels = spec.vae_channels.len();
@@ -221,12 +229,9 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
     };
     let vae = AutoencoderKl::new(&vae_config, device)?;
     randomize(&vae.store, &mut rng, 0.1)?;
-    let out = dir.join("vae");
-    mkdir(&out)?;
-    save(&vae.store, &out, "diffusion_pytorch_model.safetensors")?;
     let mut cfg = serde_json::to_value(&vae_config).expect("config");
     cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
-    write_json(&out.join("config.json"), &cfg)?;
+    write_component(&dir.join("vae"), &vae.store, "diffusion_pytorch_model.safetensors", &cfg)?;
 
     // Scheduler and index.
     let out = dir.join("scheduler");
