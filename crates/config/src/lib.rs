@@ -8,7 +8,7 @@ mod sections;
 
 pub use overrides::Override;
 pub use recipe::Recipe;
-pub use sections::{DataSection, LrSchedule, ModelSection, OldLogProb, TrainerSection};
+pub use sections::{DataSection, Finetune, LrSchedule, ModelSection, OldLogProb, TrainerSection};
 
 /// Why a recipe could not be resolved.
 #[derive(Debug, thiserror::Error)]

@@ -15,6 +15,8 @@ pub struct ModelSection {
     pub dtype: String,
     /// f32 | bf16 | f16 for the text encoders and VAE.
     pub frozen_dtype: String,
+    /// What trains: LoRA adapters (default) or every transformer weight.
+    pub finetune: Finetune,
     pub lora: LoraConfig,
     /// Tokens of the T5 part of SD3 prompts.
     pub max_sequence_length: usize,
@@ -28,6 +30,7 @@ impl Default for ModelSection {
             path: PathBuf::new(),
             dtype: "f32".into(),
             frozen_dtype: "f32".into(),
+            finetune: Finetune::Lora,
             lora: LoraConfig::default(),
             max_sequence_length: 256,
             resolution: 512,
@@ -70,6 +73,17 @@ pub enum LrSchedule {
     Warmup,
     /// Linear warm-up, then cosine decay to 0 at `total_steps`.
     Cosine,
+}
+
+/// What the trainer updates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Finetune {
+    /// LoRA adapters on `model.lora.target_modules`; the reference policy is the base model.
+    #[default]
+    Lora,
+    /// Every transformer weight; the reference policy is a frozen copy of the starting model.
+    Full,
 }
 
 /// Where old log-probs come from.

@@ -104,12 +104,13 @@ pub mod tiny {
     use tokenizers::decoders::metaspace::Metaspace as MetaspaceDecoder;
     use tokenizers::models::bpe::BPE;
     use tokenizers::models::unigram::Unigram;
+    use tokenizers::models::wordlevel::WordLevel;
     use tokenizers::normalizers::{Lowercase, Replace, Sequence as NormalizerSequence, NFC};
     use tokenizers::pre_tokenizers::byte_level::ByteLevel;
     use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
     use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
     use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-    use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
+    use tokenizers::pre_tokenizers::whitespace::{Whitespace, WhitespaceSplit};
     use tokenizers::processors::roberta::RobertaProcessing;
     use tokenizers::processors::template::TemplateProcessing;
     use tokenizers::{SplitDelimiterBehavior, Tokenizer};
@@ -172,6 +173,38 @@ pub mod tiny {
             RobertaProcessing::new(("<|endoftext|>".into(), eos), ("<|startoftext|>".into(), bos))
                 .trim_offsets(false)
                 .add_prefix_space(false),
+        ));
+        Ok((tok, size))
+    }
+
+    /// A CLIP-style word-level tokenizer: lower-cased words split at whitespace and punctuation,
+    /// `<|startoftext|> … <|endoftext|>` around them; ids are `<unk>`, the words in order, then
+    /// the start and end tokens (the end token has the largest id, as CLIP's pooling expects).
+    pub fn clip_words(words: &[String]) -> Result<(Tokenizer, usize), ModelError> {
+        let mut vocab: HashMap<String, u32> = HashMap::new();
+        for w in std::iter::once("<unk>").chain(words.iter().map(String::as_str)) {
+            let n = vocab.len() as u32;
+            vocab.entry(w.to_lowercase()).or_insert(n);
+        }
+        let (bos, eos) = (vocab.len() as u32, vocab.len() as u32 + 1);
+        vocab.insert("<|startoftext|>".into(), bos);
+        vocab.insert("<|endoftext|>".into(), eos);
+        let size = vocab.len();
+        let model = WordLevel::builder()
+            .vocab(vocab.into_iter().collect())
+            .unk_token("<unk>".into())
+            .build()
+            .map_err(build_err)?;
+        let mut tok = Tokenizer::new(model);
+        tok.with_normalizer(Some(Lowercase));
+        tok.with_pre_tokenizer(Some(Whitespace {}));
+        tok.with_post_processor(Some(
+            TemplateProcessing::builder()
+                .try_single("<|startoftext|> $A <|endoftext|>")
+                .map_err(build_err)?
+                .special_tokens(vec![("<|startoftext|>", bos), ("<|endoftext|>", eos)])
+                .build()
+                .map_err(build_err)?,
         ));
         Ok((tok, size))
     }

@@ -51,8 +51,7 @@ fn tiny_pipeline_encodes_prompts_like_diffusers() {
     })
     .expect("velocity");
     assert_eq!(v.size(), [3, 4, 8, 12]);
-    let rgb =
-        flowtune_models::vae::AutoencoderKl::to_rgb8(&tch::no_grad(|| pipe.vae.decode(&latents)));
+    let rgb = tch::no_grad(|| pipe.decode_rgb8(&latents));
     assert_eq!((rgb.size(), rgb.kind()), (vec![3, 16, 24, 3], Kind::Uint8));
     let _ = std::fs::remove_dir_all(&dir);
     check.finish();

@@ -1,6 +1,7 @@
-//! Checkpoints: `checkpoints/step_NNNNNN/` with the adapters (diffusers/PEFT layout), the
-//! optimizer state and the loop state. Written into a temporary directory and renamed, so a
-//! crash mid-write leaves the previous checkpoint as the newest complete one.
+//! Checkpoints: `checkpoints/step_NNNNNN/` with the adapters (diffusers/PEFT layout) or, under full
+//! fine-tuning, the transformer's weights, the optimizer state and the loop state. Written into a
+//! temporary directory and renamed, so a crash mid-write leaves the previous checkpoint as the
+//! newest complete one.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,8 @@ pub struct LoopState {
 }
 
 const ADAPTERS: &str = "adapters.safetensors";
+/// The transformer's weights, under full fine-tuning.
+const WEIGHTS: &str = "transformer.safetensors";
 const OPTIMIZER: &str = "optimizer.safetensors";
 const STATE: &str = "state.json";
 
@@ -43,7 +46,12 @@ pub fn save(
     let tmp = root.join(format!(".step_{:06}.tmp", state.step));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
-    model.save_lora(&tmp.join(ADAPTERS))?;
+    let weights = if model.adapters.is_some() { ADAPTERS } else { WEIGHTS };
+    if model.adapters.is_some() {
+        model.save_lora(&tmp.join(ADAPTERS))?;
+    } else {
+        model.save_weights(&tmp.join(WEIGHTS))?;
+    }
     let mut named: Vec<(String, Tensor)> = vec![];
     for (name, t) in optimizer.exp_avg.iter() {
         named.push((format!("exp_avg.{name}"), t.shallow_clone()));
@@ -56,7 +64,7 @@ pub fn save(
     let text = serde_json::to_string_pretty(state).expect("state is JSON");
     std::fs::write(tmp.join(STATE), text).map_err(|e| io(&tmp, e))?;
     // On disk before the rename makes the checkpoint visible.
-    for name in [ADAPTERS, OPTIMIZER, STATE] {
+    for name in [weights, OPTIMIZER, STATE] {
         std::fs::File::open(tmp.join(name))
             .and_then(|f| f.sync_all())
             .map_err(|e| io(&tmp.join(name), e))?;
@@ -102,7 +110,18 @@ pub fn load(
     let state: LoopState =
         serde_json::from_str(&std::fs::read_to_string(dir.join(STATE)).map_err(|e| io(dir, e))?)
             .map_err(|e| io(&dir.join(STATE), e))?;
-    model.load_lora(&dir.join(ADAPTERS))?;
+    match (model.adapters.is_some(), dir.join(ADAPTERS).exists()) {
+        (true, true) => model.load_lora(&dir.join(ADAPTERS))?,
+        (false, false) => model.load_weights_file(&dir.join(WEIGHTS))?,
+        (lora, _) => {
+            return Err(TrainError::Invalid(format!(
+                "{}: this checkpoint holds {}, but model.finetune is {}",
+                dir.display(),
+                if lora { "full transformer weights" } else { "LoRA adapters" },
+                if lora { "lora" } else { "full" }
+            )))
+        }
+    }
     let saved: BTreeMap<String, Tensor> =
         Tensor::read_safetensors(dir.join(OPTIMIZER))?.into_iter().collect();
     let _guard = tch::no_grad_guard();

@@ -4,8 +4,7 @@
 
 use std::ops::Range;
 
-use flowtune_models::sd3::Sd3Pipeline;
-use flowtune_models::vae::AutoencoderKl;
+use flowtune_models::sd3::{Sd3Pipeline, Sd3Transformer};
 use flowtune_models::{Denoiser, ModelError, TextConditioning};
 use flowtune_rewards::RgbImage;
 use flowtune_rollout::{sample_trajectory, Guidance, RolloutError, Trajectory, TrajectoryRequest};
@@ -56,14 +55,14 @@ pub fn encode_rows(pipe: &Sd3Pipeline, prompts: &[&str]) -> Result<TextCondition
 }
 
 impl<'a> Engine<'a> {
-    /// Latents are `resolution / 2^(VAE levels − 1)` on a side.
+    /// Latents are `resolution / VAE factor` on a side.
     pub fn new(
         pipe: &'a Sd3Pipeline,
         sampler: &'a SamplerConfig,
         resolution: i64,
         seed: u64,
     ) -> Result<Self, TrainError> {
-        let factor = 1i64 << (pipe.vae.config.block_out_channels.len() - 1);
+        let factor = pipe.vae_scale_factor();
         let multiple = factor * pipe.transformer.config.patch_size;
         if resolution <= 0 || resolution % multiple != 0 {
             return Err(TrainError::Invalid(format!(
@@ -167,10 +166,7 @@ impl<'a> Engine<'a> {
 
     /// u8 RGB images of clean latents.
     pub fn decode(&self, latents: &Tensor) -> Result<Vec<RgbImage>, TrainError> {
-        let vae = &self.pipe.vae;
-        let kind = vae.decoder_kind();
-        let rgb =
-            AutoencoderKl::to_rgb8(&vae.decode(&latents.to_kind(kind))).to_device(Device::Cpu);
+        let rgb = self.pipe.decode_rgb8(latents).to_device(Device::Cpu);
         let (b, h, w, _) = rgb.size4()?;
         (0..b)
             .map(|i| {
@@ -185,6 +181,17 @@ impl<'a> Engine<'a> {
     /// log-density of the recorded next latent.
     pub fn replay(
         &self,
+        batch: &RolloutBatch,
+        rows: &Tensor,
+        j: i64,
+    ) -> Result<StepOutput, TrainError> {
+        self.replay_with(&self.pipe.transformer, batch, rows, j)
+    }
+
+    /// [`Self::replay`] with another denoiser (a frozen reference copy).
+    pub fn replay_with(
+        &self,
+        model: &Sd3Transformer,
         batch: &RolloutBatch,
         rows: &Tensor,
         j: i64,
@@ -208,7 +215,6 @@ impl<'a> Engine<'a> {
             pooled: c.pooled.as_ref().map(|p| p.index_select(0, rows)),
         };
         let text = pick(&batch.text);
-        let model = &self.pipe.transformer;
         let v = match &batch.negative {
             Some(neg) => {
                 let both = pick(neg).concat(&text);

@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use flowtune_config::{OldLogProb, Recipe};
+use flowtune_config::{Finetune, OldLogProb, Recipe};
 use flowtune_data::{PromptDataset, PromptLoader};
-use flowtune_models::sd3::{Dtypes, Sd3Pipeline};
+use flowtune_models::sd3::{Dtypes, Sd3Pipeline, Sd3Transformer};
 use flowtune_objectives::{group_advantages, Metrics, Objective};
 use flowtune_rewards::{score_batch, Sample};
 use tch::{Device, Kind, Tensor};
@@ -23,8 +23,9 @@ use crate::TrainError;
 pub struct TrainSummary {
     /// Metrics of each step run in this process.
     pub metrics: Vec<Metrics>,
-    /// The exported LoRA (diffusers/PEFT layout).
-    pub lora: PathBuf,
+    /// The exported weights: the LoRA (diffusers/PEFT layout) or, after full fine-tuning, the
+    /// transformer's safetensors in a diffusers `transformer/` folder.
+    pub export: PathBuf,
     pub steps_run: u64,
 }
 
@@ -83,7 +84,9 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         text_encoders: kind_of(&recipe.model.frozen_dtype)?,
         vae: kind_of(&recipe.model.frozen_dtype)?,
     };
-    let mut pipe = Sd3Pipeline::load(&recipe.model.path, device, dtypes, Some(&recipe.model.lora))?;
+    let finetune = recipe.model.finetune;
+    let lora = (finetune == Finetune::Lora).then_some(&recipe.model.lora);
+    let mut pipe = Sd3Pipeline::load(&recipe.model.path, device, dtypes, lora)?;
     pipe.t5_max_length = recipe.model.max_sequence_length;
 
     let files = &recipe.data.train_files;
@@ -112,15 +115,19 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         ));
     }
 
-    let params: BTreeMap<String, Tensor> = pipe
-        .transformer
-        .adapters
-        .as_ref()
-        .expect("built with LoRA")
-        .store
-        .variables()
-        .into_iter()
-        .collect();
+    let params: BTreeMap<String, Tensor> = match &pipe.transformer.adapters {
+        Some(adapters) => adapters.store.variables().into_iter().collect(),
+        None => pipe.transformer.full_parameters(),
+    };
+    // The KL reference: the base model under LoRA (adapters off), a frozen copy otherwise.
+    let frozen_reference = if finetune == Finetune::Full && recipe.actor.use_kl_loss {
+        let dir = pipe.dir.component("transformer", &["SD3Transformer2DModel"])?;
+        let mut copy = Sd3Transformer::load(&dir, device, dtypes.transformer, None)?;
+        copy.store.freeze();
+        Some(copy)
+    } else {
+        None
+    };
     let mut ema = t.ema_decay.map(|d| crate::optim::Ema::new(d, &params));
     let mut optimizer = AdamW::new(params, t.betas, t.eps, t.weight_decay);
     let resume_from = match t.resume.as_str() {
@@ -243,7 +250,14 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         let timer = Instant::now();
         let old = match t.old_log_prob {
             OldLogProb::Recompute => {
-                let old = replay_all(&engine, &batch, &kept_idx, w, loss_kind.needs_means())?;
+                let old = replay_all(
+                    &engine,
+                    &pipe.transformer,
+                    &batch,
+                    &kept_idx,
+                    w,
+                    loss_kind.needs_means(),
+                )?;
                 let drift = (&old.log_probs - &rollout_lp).abs();
                 m.insert(
                     "rollout_corr/logprob_abs_diff_mean".into(),
@@ -260,13 +274,15 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
 
         // ref
         let timer = Instant::now();
-        let reference = if recipe.actor.use_kl_loss {
-            pipe.transformer.set_adapters_enabled(false);
-            let r = replay_all(&engine, &batch, &kept_idx, w, true);
-            pipe.transformer.set_adapters_enabled(true);
-            Some(r?)
-        } else {
-            None
+        let reference = match &frozen_reference {
+            _ if !recipe.actor.use_kl_loss => None,
+            Some(copy) => Some(replay_all(&engine, copy, &batch, &kept_idx, w, true)?),
+            None => {
+                pipe.transformer.set_adapters_enabled(false);
+                let r = replay_all(&engine, &pipe.transformer, &batch, &kept_idx, w, true);
+                pipe.transformer.set_adapters_enabled(true);
+                Some(r?)
+            }
         };
         m.insert("timing_s/ref".into(), timer.elapsed().as_secs_f64());
 
@@ -365,17 +381,38 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         }
     }
     bar.finish_and_clear();
-    let lora_dir = out_dir.join("lora");
-    std::fs::create_dir_all(&lora_dir)
-        .map_err(|e| TrainError::Io(format!("{}: {e}", lora_dir.display())))?;
-    let lora = lora_dir.join("pytorch_lora_weights.safetensors");
-    pipe.transformer.save_lora(&lora)?;
+    let export = export_weights(&pipe, out_dir, false)?;
     if let Some(ema) = ema.as_mut() {
         ema.swap(&optimizer.params);
-        pipe.transformer.save_lora(&lora_dir.join("ema_lora_weights.safetensors"))?;
+        let saved = export_weights(&pipe, out_dir, true);
         ema.swap(&optimizer.params);
+        saved?;
     }
-    Ok(TrainSummary { metrics: all, lora, steps_run: last - start })
+    Ok(TrainSummary { metrics: all, export, steps_run: last - start })
+}
+
+/// Writes the trained weights for use outside flowtune: the LoRA in the diffusers/PEFT layout
+/// (`lora/pytorch_lora_weights.safetensors`), or after full fine-tuning a diffusers
+/// `transformer/` folder to put in place of the pipeline's. `ema` names the EMA variant.
+fn export_weights(pipe: &Sd3Pipeline, out_dir: &Path, ema: bool) -> Result<PathBuf, TrainError> {
+    let io = |p: &Path, e: std::io::Error| TrainError::Io(format!("{}: {e}", p.display()));
+    let model = &pipe.transformer;
+    let (dir, file) = match (&model.adapters, ema) {
+        (Some(_), false) => (out_dir.join("lora"), "pytorch_lora_weights.safetensors"),
+        (Some(_), true) => (out_dir.join("lora"), "ema_lora_weights.safetensors"),
+        (None, false) => (out_dir.join("transformer"), "diffusion_pytorch_model.safetensors"),
+        (None, true) => (out_dir.join("ema_transformer"), "diffusion_pytorch_model.safetensors"),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+    let path = dir.join(file);
+    if model.adapters.is_some() {
+        model.save_lora(&path)?;
+    } else {
+        model.save_weights(&path)?;
+        let config = pipe.dir.root.join("transformer").join("config.json");
+        std::fs::copy(&config, dir.join("config.json")).map_err(|e| io(&config, e))?;
+    }
+    Ok(path)
 }
 
 /// Validation rollouts: η = 0, `rollout.eval_steps`, the fixed seed 42 for every prompt; rewards

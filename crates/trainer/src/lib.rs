@@ -7,6 +7,7 @@ pub mod engine;
 mod fit;
 pub mod images;
 pub mod optim;
+pub mod pretrain;
 pub mod tensorboard;
 mod update;
 

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use flowtune_config::Recipe;
+use flowtune_models::sd3::Sd3Transformer;
 use flowtune_objectives::losses::{kl_to_reference, PolicyBatch, PolicyLoss};
 use flowtune_objectives::Metrics;
 use rand::seq::SliceRandom;
@@ -24,9 +25,10 @@ pub(crate) struct OldPolicy {
     pub sqrt_dt: Option<Tensor>,
 }
 
-/// Replays every window step of all rows without gradient.
+/// Replays every window step of all rows with `model` without gradient.
 pub(crate) fn replay_all(
     engine: &Engine<'_>,
+    model: &Sd3Transformer,
     batch: &RolloutBatch,
     rows: &Tensor,
     w: i64,
@@ -35,7 +37,7 @@ pub(crate) fn replay_all(
     tch::no_grad(|| {
         let (mut lp, mut means, mut std, mut dt) = (vec![], vec![], vec![], vec![]);
         for j in 0..w {
-            let out = engine.replay(batch, rows, j)?;
+            let out = engine.replay_with(model, batch, rows, j)?;
             lp.push(out.log_prob);
             if keep_means {
                 means.push(out.prev_sample_mean);

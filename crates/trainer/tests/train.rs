@@ -79,7 +79,7 @@ fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
         "after updates the policy leaves the reference"
     );
     // The LoRA changed, checkpoints and the exported adapter exist.
-    let lora = tensors(&summary.lora);
+    let lora = tensors(&summary.export);
     assert!(lora.iter().filter(|(k, _)| k.contains("lora_B")).any(|(_, t)| t
         .abs()
         .max()
@@ -150,4 +150,38 @@ fn model_batch_size_does_not_change_the_samples() {
         );
     }
     assert!(batched["rollout_corr/logprob_abs_diff_max"] <= 1e-5);
+}
+
+#[test]
+fn full_fine_tuning_trains_every_weight_against_a_frozen_reference() {
+    let out = scratch("full");
+    let overrides = [
+        "model.finetune=full".into(),
+        "actor.use_kl_loss=true".into(),
+        "trainer.total_steps=2".into(),
+        "trainer.save_freq=1".into(),
+    ];
+    let summary = train(&recipe(&out, &overrides), Device::Cpu).expect("train");
+    let first = &summary.metrics[0];
+    assert!((first["actor/ratio_mean"] - 1.0).abs() <= 1e-6, "{first:?}");
+    assert_eq!(first["actor/kl_loss"], 0.0, "the copy equals the policy before any update");
+    assert!(summary.metrics[1]["actor/kl_loss"] > 0.0, "{:?}", summary.metrics[1]);
+    // A diffusers transformer folder comes out; its weights moved, the position table did not.
+    assert_eq!(summary.export, out.join("transformer/diffusion_pytorch_model.safetensors"));
+    assert!(out.join("transformer/config.json").exists());
+    let before = tensors(&pipeline().join("transformer/diffusion_pytorch_model.safetensors"));
+    let after = tensors(&summary.export);
+    assert_eq!(before.keys().collect::<Vec<_>>(), after.keys().collect::<Vec<_>>());
+    let moved = after.iter().filter(|(k, t)| !t.equal(&before[*k])).count();
+    assert!(moved > before.len() / 2, "{moved} of {} tensors changed", before.len());
+    assert!(after["pos_embed.pos_embed"].equal(&before["pos_embed.pos_embed"]));
+    // Checkpoints hold the weights; resuming in LoRA mode is refused with the reason.
+    assert!(out.join("checkpoints/step_000001/transformer.safetensors").exists());
+    let err = train(
+        &recipe(&out, &["trainer.total_steps=3".into(), "trainer.resume=auto".into()]),
+        Device::Cpu,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("holds full transformer weights, but model.finetune is lora"), "{err}");
 }

@@ -105,6 +105,12 @@ pub fn export_lora(checkpoint: &Path, out: &Path) -> Result<(), Failure> {
     } else {
         checkpoint.to_path_buf()
     };
+    if checkpoint.join("transformer.safetensors").exists() {
+        return Err(Failure::input(anyhow!(
+            "{}: a full fine-tuning checkpoint has no LoRA; its weights are transformer.safetensors (diffusers names), and training writes a transformer/ folder at the end",
+            checkpoint.display()
+        )));
+    }
     if !source.exists() {
         return Err(Failure::input(anyhow!(
             "{}: no adapters.safetensors (expected a checkpoint directory)",

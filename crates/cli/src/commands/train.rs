@@ -24,6 +24,10 @@ pub fn run(args: TrainArgs, device: &DeviceArg) -> Result<(), Failure> {
         TrainError::Invalid(_) | TrainError::Model(_) | TrainError::Data(_) => Failure::input(e),
         other => Failure::Runtime(other.into()),
     })?;
-    println!("trained {} steps; LoRA written to {}", summary.steps_run, summary.lora.display());
+    println!(
+        "trained {} steps; weights written to {}",
+        summary.steps_run,
+        summary.export.display()
+    );
     Ok(())
 }

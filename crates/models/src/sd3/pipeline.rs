@@ -39,7 +39,9 @@ pub struct ClipBranch {
 pub struct Sd3Pipeline {
     pub dir: PipelineDir,
     pub transformer: Sd3Transformer,
-    pub vae: AutoencoderKl,
+    /// The VAE; `None` for a pixel-space pipeline (`"vae": [null, null]` in the index), whose
+    /// latents are the image itself in [−1, 1].
+    pub vae: Option<AutoencoderKl>,
     pub clip_l: ClipBranch,
     pub clip_g: ClipBranch,
     /// T5 and its tokenizer; SD3 runs without them (zeros in their place).
@@ -51,6 +53,7 @@ pub struct Sd3Pipeline {
 
 const CLIP_CLASSES: &[&str] = &["CLIPTextModelWithProjection"];
 const CLIP_TOKENIZERS: &[&str] = &["CLIPTokenizer", "CLIPTokenizerFast"];
+/// CLIP's context when the tokenizer config gives no `model_max_length`.
 const CLIP_LENGTH: usize = 77;
 
 impl Sd3Pipeline {
@@ -104,11 +107,15 @@ impl Sd3Pipeline {
                 dtypes.transformer,
                 lora,
             )?,
-            vae: AutoencoderKl::load(
-                &dir.component("vae", &["AutoencoderKL"])?,
-                device,
-                dtypes.vae,
-            )?,
+            vae: if dir.has("vae") {
+                Some(AutoencoderKl::load(
+                    &dir.component("vae", &["AutoencoderKL"])?,
+                    device,
+                    dtypes.vae,
+                )?)
+            } else {
+                None
+            },
             clip_l: clip("text_encoder", "tokenizer")?,
             clip_g: clip("text_encoder_2", "tokenizer_2")?,
             t5,
@@ -118,15 +125,37 @@ impl Sd3Pipeline {
         })
     }
 
+    /// How many pixels one latent cell spans on a side (1 without a VAE).
+    pub fn vae_scale_factor(&self) -> i64 {
+        self.vae.as_ref().map_or(1, |v| 1 << (v.config.block_out_channels.len() - 1))
+    }
+
+    /// Clean latents → u8 RGB images (B × H × W × 3, on the latents' device).
+    pub fn decode_rgb8(&self, latents: &Tensor) -> Tensor {
+        let images = match &self.vae {
+            Some(vae) => vae.decode(&latents.to_kind(vae.decoder_kind())),
+            None => latents.shallow_clone(),
+        };
+        AutoencoderKl::to_rgb8(&images)
+    }
+
+    /// Tokens per CLIP branch: the tokenizer's `model_max_length` (diffusers'
+    /// `tokenizer_max_length`), 77 for the real CLIP models.
+    pub fn clip_length(&self) -> usize {
+        self.clip_l.tokenizer.model_max_length.unwrap_or(CLIP_LENGTH)
+    }
+
     /// SD3 prompt encoding: CLIP-L ‖ CLIP-G penultimate states (zero-padded to the T5 width),
-    /// then T5 states along the sequence (77 + T tokens); pooled = CLIP-L ‖ CLIP-G projections.
+    /// then T5 states along the sequence (77 + T tokens; zeros of the CLIP length without T5);
+    /// pooled = CLIP-L ‖ CLIP-G projections.
     pub fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
         let kind = self.transformer.context_embedder.weight.kind();
         let device = self.transformer.context_embedder.weight.device();
+        let clip_length = self.clip_length();
         let mut states = vec![];
         let mut pooled = vec![];
         for branch in [&self.clip_l, &self.clip_g] {
-            let ids = branch.tokenizer.encode(prompts, CLIP_LENGTH)?.to_device(device);
+            let ids = branch.tokenizer.encode(prompts, clip_length)?.to_device(device);
             let out = branch.encoder.forward(&ids)?;
             states.push(out.penultimate_hidden_state);
             pooled.push(out.text_embeds);
@@ -139,7 +168,7 @@ impl Sd3Pipeline {
                 encoder.forward(&ids)?.to_kind(kind)
             }
             None => {
-                Tensor::zeros([prompts.len() as i64, CLIP_LENGTH as i64, joint], (kind, device))
+                Tensor::zeros([prompts.len() as i64, clip_length as i64, joint], (kind, device))
             }
         };
         let width = clip.size()[2];

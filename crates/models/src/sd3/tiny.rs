@@ -31,8 +31,32 @@ pub struct TinySd3Spec {
     pub latent_channels: i64,
     pub clip_l_width: i64,
     pub clip_g_width: i64,
+    /// Width of T5's states, which is also the transformer's `joint_attention_dim`.
     pub t5_width: i64,
     pub text_layers: usize,
+    pub patch_size: i64,
+    /// No VAE: the transformer works on RGB pixels in [−1, 1] (`"vae": [null, null]`).
+    pub pixel_space: bool,
+    /// Write T5 (`text_encoder_3`); without it SD3 uses zeros in its place.
+    pub t5: bool,
+    /// Word-level CLIP tokenizers over these words (instead of byte-level BPE), with a context
+    /// of `clip_length` tokens.
+    pub vocabulary: Option<Vec<String>>,
+    pub clip_length: usize,
+    pub init: WeightInit,
+    /// The scheduler's timestep `shift`.
+    pub shift: f64,
+}
+
+/// How random weights are drawn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum WeightInit {
+    /// Every variable N(0, σ²) (norm scales around 1): exercises every weight, for parity tests.
+    Normal(f64),
+    /// For training from scratch: matrices N(0, 1/fan-in), biases 0, norm scales 1, the
+    /// transformer's output projection and modulations 0 (DiT's adaLN-zero), the position table
+    /// the 2-D sin-cos table.
+    FanIn,
 }
 
 impl Default for TinySd3Spec {
@@ -51,26 +75,71 @@ impl Default for TinySd3Spec {
             clip_g_width: 32,
             t5_width: 64,
             text_layers: 2,
+            patch_size: 2,
+            pixel_space: false,
+            t5: true,
+            vocabulary: None,
+            clip_length: 77,
+            init: WeightInit::Normal(0.1),
+            shift: 3.0,
         }
     }
 }
 
 const DIFFUSERS_VERSION: &str = "0.42.1";
 
-/// Fills every variable with N(0, scale²) noise (norm scales around 1), from a seeded stream that
-/// is the same on every machine.
-fn randomize(store: &VarStore, rng: &mut SampleRng, scale: f64) -> Result<(), ModelError> {
+/// Fills every variable as `init` says, from a seeded stream that is the same on every machine.
+fn randomize(store: &VarStore, rng: &mut SampleRng, init: WeightInit) -> Result<(), ModelError> {
     let mut vars: Vec<(String, Tensor)> = store.variables().into_iter().collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
     let _guard = tch::no_grad_guard();
     for (name, var) in vars {
-        let noise = rng.normal(&var.size(), var.device()) * scale;
+        let size = var.size();
+        let noise = rng.normal(&size, var.device());
         let is_norm_scale = name.ends_with(".weight")
             && (name.contains("norm") || name.contains("layer_norm"))
             && var.dim() == 1;
-        var.shallow_clone().f_copy_(&if is_norm_scale { noise + 1.0 } else { noise })?;
+        let value = match init {
+            WeightInit::Normal(scale) if is_norm_scale => noise * scale + 1.0,
+            WeightInit::Normal(scale) => noise * scale,
+            WeightInit::FanIn if name == "pos_embed.pos_embed" => sincos_table(&size),
+            WeightInit::FanIn if is_norm_scale => noise.ones_like(),
+            WeightInit::FanIn
+                if var.dim() == 1
+                    || name.starts_with("proj_out")
+                    || name.contains("norm1.linear")
+                    || name.contains("norm1_context.linear")
+                    || name.contains("norm_out.linear") =>
+            {
+                noise.zeros_like()
+            }
+            WeightInit::FanIn => {
+                let fan_in: i64 =
+                    if name.contains("embedding") { 1 } else { size[1..].iter().product() };
+                noise / (fan_in as f64).sqrt()
+            }
+        };
+        var.shallow_clone().f_copy_(&value)?;
     }
     Ok(())
+}
+
+/// SD3's position table (1, M², D): for the cell at row i, column j of an M × M grid, the 1-D
+/// sin-cos embedding of j in the first D/2 channels and of i in the rest.
+fn sincos_table(size: &[i64]) -> Tensor {
+    let (cells, dim) = (size[1], size[2]);
+    let m = (cells as f64).sqrt() as i64;
+    let half = dim / 2;
+    let omega = (Tensor::arange(half / 2, (tch::Kind::Double, Device::Cpu)) / (half / 2) as f64
+        * -(10_000f64.ln()))
+    .exp();
+    let embed = |pos: &Tensor| {
+        let angles = pos.unsqueeze(1) * omega.unsqueeze(0);
+        Tensor::cat(&[angles.sin(), angles.cos()], 1)
+    };
+    let idx = Tensor::arange(cells, (tch::Kind::Double, Device::Cpu));
+    let (rows, cols) = ((&idx / m as f64).floor(), idx.remainder(m as f64));
+    Tensor::cat(&[embed(&cols), embed(&rows)], 1).unsqueeze(0).to_kind(tch::Kind::Float)
 }
 
 fn save(store: &VarStore, dir: &Path, file: &str) -> Result<(), ModelError> {
@@ -101,8 +170,10 @@ fn mkdir(dir: &Path) -> Result<(), ModelError> {
 pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> {
     let mut rng = SampleRng::new(spec.seed);
     let device = Device::Cpu;
-    let (clip_tok, clip_vocab) = tiny::clip()?;
-    let (t5_tok, t5_vocab) = tiny::t5()?;
+    let (clip_tok, clip_vocab) = match &spec.vocabulary {
+        Some(words) => tiny::clip_words(words)?,
+        None => tiny::clip()?,
+    };
     let eos = (clip_vocab - 1) as i64;
 
     // Text encoders and tokenizers.
@@ -117,7 +188,7 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
             projection_dim: width,
             num_hidden_layers: spec.text_layers,
             num_attention_heads: 2,
-            max_position_embeddings: 77,
+            max_position_embeddings: spec.clip_length as i64,
             hidden_act: "quick_gelu".into(),
             layer_norm_eps: 1e-5,
             bos_token_id: eos - 1,
@@ -125,7 +196,7 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
             pad_token_id: 1,
         };
         let model = ClipTextModel::new(&config, device)?;
-        randomize(&model.store, &mut rng, 0.1)?;
+        randomize(&model.store, &mut rng, spec.init)?;
         let mut cfg = serde_json::to_value(&config).expect("config");
         cfg["architectures"] = json!(["CLIPTextModelWithProjection"]);
         cfg["model_type"] = json!("clip_text_model");
@@ -140,10 +211,77 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
                 "eos_token": "<|endoftext|>",
                 "unk_token": "<|endoftext|>",
                 "pad_token": pad,
-                "model_max_length": 77,
+                "model_max_length": spec.clip_length,
             }),
         )?;
     }
+    if spec.t5 {
+        write_t5(dir, spec, &mut rng)?;
+    }
+
+    // Transformer.
+    let latent_channels = if spec.pixel_space { 3 } else { spec.latent_channels };
+    let transformer_config = Sd3TransformerConfig {
+        class_name: Some("SD3Transformer2DModel".into()),
+        sample_size: spec.latent_size,
+        patch_size: spec.patch_size,
+        in_channels: latent_channels,
+        num_layers: spec.layers,
+        attention_head_dim: spec.head_dim,
+        num_attention_heads: spec.heads,
+        joint_attention_dim: spec.t5_width,
+        caption_projection_dim: spec.heads * spec.head_dim,
+        pooled_projection_dim: spec.clip_l_width + spec.clip_g_width,
+        out_channels: Some(latent_channels),
+        pos_embed_max_size: spec.latent_size / spec.patch_size,
+        dual_attention_layers: spec.dual_attention_layers.clone(),
+        qk_norm: spec.qk_norm.then(|| "rms_norm".to_string()),
+    };
+    let transformer = Sd3Transformer::new(&transformer_config, device, None)?;
+    randomize(&transformer.store, &mut rng, spec.init)?;
+    let mut cfg = serde_json::to_value(&transformer_config).expect("config");
+    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
+    write_component(
+        &dir.join("transformer"),
+        &transformer.store,
+        "diffusion_pytorch_model.safetensors",
+        &cfg,
+    )?;
+
+    if !spec.pixel_space {
+        write_vae(dir, spec, &mut rng)?;
+    }
+
+    // Scheduler and index.
+    let out = dir.join("scheduler");
+    mkdir(&out)?;
+    write_json(
+        &out.join("scheduler_config.json"),
+        &json!({"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": DIFFUSERS_VERSION, "num_train_timesteps": 1000, "shift": spec.shift}),
+    )?;
+    write_json(
+        &dir.join("model_index.json"),
+        &json!({
+            "_class_name": "StableDiffusion3Pipeline",
+            "_diffusers_version": DIFFUSERS_VERSION,
+            "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+            "text_encoder": ["transformers", "CLIPTextModelWithProjection"],
+            "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
+            "text_encoder_3": optional(spec.t5, "transformers", "T5EncoderModel"),
+            "tokenizer": ["transformers", "CLIPTokenizer"],
+            "tokenizer_2": ["transformers", "CLIPTokenizer"],
+            "tokenizer_3": optional(spec.t5, "transformers", "T5Tokenizer"),
+            "transformer": ["diffusers", "SD3Transformer2DModel"],
+            "vae": optional(!spec.pixel_space, "diffusers", "AutoencoderKL"),
+            "image_encoder": [null, null],
+            "feature_extractor": [null, null],
+        }),
+    )
+}
+
+/// T5 and its tokenizer.
+fn write_t5(dir: &Path, spec: &TinySd3Spec, rng: &mut SampleRng) -> Result<(), ModelError> {
+    let (t5_tok, t5_vocab) = tiny::t5()?;
     let t5_config = T5Config {
         vocab_size: t5_vocab as i64,
         d_model: spec.t5_width,
@@ -156,8 +294,8 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
         layer_norm_epsilon: 1e-6,
         feed_forward_proj: "gated-gelu".into(),
     };
-    let t5 = T5Encoder::new(&t5_config, device)?;
-    randomize(&t5.store, &mut rng, 0.1)?;
+    let t5 = T5Encoder::new(&t5_config, Device::Cpu)?;
+    randomize(&t5.store, rng, spec.init)?;
     let mut cfg = serde_json::to_value(&t5_config).expect("config");
     for (k, v) in [
         ("architectures", json!(["T5EncoderModel"])),
@@ -187,35 +325,11 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
         }),
     )?;
 
-    // Transformer.
-    let transformer_config = Sd3TransformerConfig {
-        class_name: Some("SD3Transformer2DModel".into()),
-        sample_size: spec.latent_size,
-        patch_size: 2,
-        in_channels: spec.latent_channels,
-        num_layers: spec.layers,
-        attention_head_dim: spec.head_dim,
-        num_attention_heads: spec.heads,
-        joint_attention_dim: spec.t5_width,
-        caption_projection_dim: spec.heads * spec.head_dim,
-        pooled_projection_dim: spec.clip_l_width + spec.clip_g_width,
-        out_channels: Some(spec.latent_channels),
-        pos_embed_max_size: spec.latent_size / 2,
-        dual_attention_layers: spec.dual_attention_layers.clone(),
-        qk_norm: spec.qk_norm.then(|| "rms_norm".to_string()),
-    };
-    let transformer = Sd3Transformer::new(&transformer_config, device, None)?;
-    randomize(&transformer.store, &mut rng, 0.1)?;
-    let mut cfg = serde_json::to_value(&transformer_config).expect("config");
-    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
-    write_component(
-        &dir.join("transformer"),
-        &transformer.store,
-        "diffusion_pytorch_model.safetensors",
-        &cfg,
-    )?;
+    Ok(())
+}
 
-    // VAE.
+/// The VAE.
+fn write_vae(dir: &Path, spec: &TinySd3Spec, rng: &mut SampleRng) -> Result<(), ModelError> {
     let levels = spec.vae_channels.len();
     let vae_config = VaeConfig {
         latent_channels: spec.latent_channels,
@@ -227,35 +341,20 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
         sample_size: spec.latent_size << (levels - 1),
         ..Default::default()
     };
-    let vae = AutoencoderKl::new(&vae_config, device)?;
-    randomize(&vae.store, &mut rng, 0.1)?;
+    let vae = AutoencoderKl::new(&vae_config, Device::Cpu)?;
+    randomize(&vae.store, rng, spec.init)?;
     let mut cfg = serde_json::to_value(&vae_config).expect("config");
     cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
     write_component(&dir.join("vae"), &vae.store, "diffusion_pytorch_model.safetensors", &cfg)?;
 
-    // Scheduler and index.
-    let out = dir.join("scheduler");
-    mkdir(&out)?;
-    write_json(
-        &out.join("scheduler_config.json"),
-        &json!({"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": DIFFUSERS_VERSION, "num_train_timesteps": 1000, "shift": 3.0}),
-    )?;
-    write_json(
-        &dir.join("model_index.json"),
-        &json!({
-            "_class_name": "StableDiffusion3Pipeline",
-            "_diffusers_version": DIFFUSERS_VERSION,
-            "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-            "text_encoder": ["transformers", "CLIPTextModelWithProjection"],
-            "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
-            "text_encoder_3": ["transformers", "T5EncoderModel"],
-            "tokenizer": ["transformers", "CLIPTokenizer"],
-            "tokenizer_2": ["transformers", "CLIPTokenizer"],
-            "tokenizer_3": ["transformers", "T5Tokenizer"],
-            "transformer": ["diffusers", "SD3Transformer2DModel"],
-            "vae": ["diffusers", "AutoencoderKL"],
-            "image_encoder": [null, null],
-            "feature_extractor": [null, null],
-        }),
-    )
+    Ok(())
+}
+
+/// An index entry, or `[null, null]` for an absent optional component.
+fn optional(present: bool, library: &str, class: &str) -> serde_json::Value {
+    if present {
+        json!([library, class])
+    } else {
+        json!([null, null])
+    }
 }

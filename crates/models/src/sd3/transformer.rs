@@ -13,6 +13,9 @@ use crate::nn::{layer_norm, Linear, LoraScope, Scope};
 use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, ModelError};
 
+/// The position table's checkpoint name.
+const POSITION_TABLE: &str = "pos_embed.pos_embed";
+
 /// The SD3 / SD3.5 denoiser, predicting the flow-matching velocity.
 pub struct Sd3Transformer {
     pub config: Sd3TransformerConfig,
@@ -138,6 +141,37 @@ impl Sd3Transformer {
     pub fn save_lora(&self, path: &Path) -> Result<(), ModelError> {
         let adapters = self.adapters()?;
         lora::save(&adapters.store, &adapters.config, "transformer", path)
+    }
+
+    /// The weights full fine-tuning trains, by checkpoint name: all but the position table (a
+    /// buffer in diffusers), which is marked as not requiring gradients.
+    pub fn full_parameters(&self) -> std::collections::BTreeMap<String, Tensor> {
+        self.store
+            .variables()
+            .into_iter()
+            .filter_map(|(name, var)| {
+                let trainable = name != POSITION_TABLE;
+                let var = var.set_requires_grad(trainable);
+                trainable.then_some((name, var))
+            })
+            .collect()
+    }
+
+    /// Writes every base weight (checkpoint names, on the CPU) as one safetensors file.
+    pub fn save_weights(&self, path: &Path) -> Result<(), ModelError> {
+        let mut named: Vec<(String, Tensor)> = self
+            .store
+            .variables()
+            .into_iter()
+            .map(|(n, t)| (n, t.detach().to_device(tch::Device::Cpu)))
+            .collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(Tensor::write_safetensors(&named, path)?)
+    }
+
+    /// Reads base weights saved by [`Self::save_weights`] (names and shapes checked).
+    pub fn load_weights_file(&mut self, path: &Path) -> Result<(), ModelError> {
+        load_weights(&mut self.store, &[path.to_path_buf()], LoadOptions { kind: None })
     }
 
     /// Folds the adapters into the base weights and switches them off (see [`Adapters::merge_into`]).

@@ -1,0 +1,239 @@
+//! `flowtune pretrain`: plain flow-matching training of every parameter of a pipeline (transformer
+//! and both CLIP text encoders) on captioned images, the way SD3 was trained: σ from a shifted
+//! logit-normal, `x_σ = (1 − σ)·x₀ + σ·ε`, the model regresses the velocity `ε − x₀`; the caption is
+//! dropped (empty prompt) with probability `caption_dropout` so classifier-free guidance works.
+//! The result is written as a complete pipeline directory in the diffusers layout.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use flowtune_config::LrSchedule;
+use flowtune_models::sd3::{Dtypes, Sd3Pipeline};
+use flowtune_models::Denoiser;
+use flowtune_rewards::RgbImage;
+use flowtune_sampling::SampleRng;
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::optim::{learning_rate, AdamW, Ema};
+use crate::TrainError;
+
+/// Settings of a pre-training run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PretrainConfig {
+    /// The pipeline to start from (e.g. `flowtune make-tiny shapes`).
+    pub model: PathBuf,
+    /// Where the trained pipeline goes (a complete copy of `model` with new weights).
+    pub out: PathBuf,
+    pub steps: u64,
+    pub batch_size: usize,
+    pub lr: f64,
+    pub warmup_steps: u64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    pub caption_dropout: f64,
+    /// EMA of the weights, which is what gets saved; `None` saves the live weights.
+    pub ema_decay: Option<f64>,
+    pub resolution: i64,
+    pub seed: u64,
+    /// Save the pipeline every this many steps (and at the end).
+    pub save_every: u64,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PretrainSummary {
+    pub steps: u64,
+    /// Mean loss over the last 10 % of steps.
+    pub final_loss: f64,
+    pub wall_seconds: f64,
+}
+
+/// The trainable components, as (folder, weights file, store).
+fn components(pipe: &Sd3Pipeline) -> [(&'static str, &'static str, &VarStore); 3] {
+    [
+        ("transformer", "diffusion_pytorch_model.safetensors", &pipe.transformer.store),
+        ("text_encoder", "model.safetensors", &pipe.clip_l.encoder.store),
+        ("text_encoder_2", "model.safetensors", &pipe.clip_g.encoder.store),
+    ]
+}
+
+/// Trains every parameter of the pipeline at `config.model` on `examples(index)` (a caption and
+/// an image of `config.resolution` pixels, deterministic in `index`) and writes it to `config.out`.
+pub fn pretrain(
+    config: &PretrainConfig,
+    examples: &(dyn Fn(u64) -> (String, RgbImage) + Sync),
+    device: Device,
+) -> Result<PretrainSummary, TrainError> {
+    let pipe = Sd3Pipeline::load(&config.model, device, Dtypes::all(Kind::Float), None)?;
+    if pipe.vae.is_some() {
+        return Err(TrainError::Invalid(format!(
+            "{}: pretrain trains pixel-space pipelines (no VAE); this one has a VAE",
+            config.model.display()
+        )));
+    }
+    let mut params: BTreeMap<String, Tensor> = pipe
+        .transformer
+        .full_parameters()
+        .into_iter()
+        .map(|(n, v)| (format!("transformer.{n}"), v))
+        .collect();
+    for (folder, _, store) in &components(&pipe)[1..] {
+        for (name, var) in store.variables() {
+            params.insert(format!("{folder}.{name}"), var.set_requires_grad(true));
+        }
+    }
+    let mut optimizer = AdamW::new(params, [0.9, 0.999], 1e-8, config.weight_decay);
+    let mut ema = config.ema_decay.map(|d| Ema::new(d, &optimizer.params));
+    let mut rng = SampleRng::new(config.seed);
+    let shift = pipe.scheduler.shift;
+    let bar = indicatif::ProgressBar::new(config.steps);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} pretrain {pos}/{len} [{bar:30}] {elapsed_precise} (eta {eta}) {msg}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    let start = Instant::now();
+    let mut losses = vec![];
+    for step in 1..=config.steps {
+        let first = (step - 1) * config.batch_size as u64;
+        let batch: Vec<(String, RgbImage)> =
+            (first..first + config.batch_size as u64).map(examples).collect();
+        let x0 = images_to_tensor(&batch, config.resolution)?.to_device(device);
+        let b = x0.size()[0];
+        let drop = rng.uniform(&[b], Device::Cpu);
+        let prompts: Vec<&str> = batch
+            .iter()
+            .enumerate()
+            .map(|(i, (caption, _))| {
+                if drop.double_value(&[i as i64]) < config.caption_dropout {
+                    ""
+                } else {
+                    caption.as_str()
+                }
+            })
+            .collect();
+        // σ: logit-normal u, shifted as the scheduler shifts its grid.
+        let u = rng.normal(&[b], device).sigmoid();
+        let sigma = &u * shift / (&u * (shift - 1.0) + 1.0);
+        let noise = rng.normal(&x0.size(), device);
+        let s = sigma.view([b, 1, 1, 1]);
+        let noisy = (1.0 - &s) * &x0 + &s * &noise;
+        let text = pipe.encode_prompts(&prompts)?;
+        let v = pipe.transformer.velocity(&noisy, &(&sigma * 1000.0), &text)?;
+        let loss = (v - (&noise - &x0)).square().mean(Kind::Float);
+        let value = loss.double_value(&[]);
+        if !value.is_finite() {
+            return Err(TrainError::Invalid(format!(
+                "pretrain step {step}: loss is {value}; lower --lr (now {})",
+                config.lr
+            )));
+        }
+        loss.backward();
+        optimizer.clip_grad_norm(config.max_grad_norm);
+        let lr = learning_rate(
+            LrSchedule::Cosine,
+            config.lr,
+            step - 1,
+            config.warmup_steps,
+            config.steps,
+        );
+        optimizer.step(lr);
+        optimizer.zero_grad();
+        if let Some(ema) = ema.as_mut() {
+            ema.update(&optimizer.params);
+        }
+        losses.push(value);
+        let recent = &losses[losses.len().saturating_sub(50)..];
+        bar.set_message(format!(
+            "loss {:.4}  lr {lr:.2e}",
+            recent.iter().sum::<f64>() / recent.len() as f64
+        ));
+        bar.inc(1);
+        if step % config.save_every == 0 || step == config.steps {
+            if let Some(ema) = ema.as_mut() {
+                ema.swap(&optimizer.params);
+            }
+            let saved = save_pipeline(&pipe, &config.model, &config.out);
+            if let Some(ema) = ema.as_mut() {
+                ema.swap(&optimizer.params);
+            }
+            saved?;
+        }
+    }
+    bar.finish();
+    let tail = &losses[losses.len() - (losses.len() / 10).max(1)..];
+    let summary = PretrainSummary {
+        steps: config.steps,
+        final_loss: tail.iter().sum::<f64>() / tail.len() as f64,
+        wall_seconds: start.elapsed().as_secs_f64(),
+    };
+    let record = serde_json::json!({ "config": config, "summary": summary });
+    let path = config.out.join("pretrain.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&record).expect("JSON") + "\n")
+        .map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
+    Ok(summary)
+}
+
+/// (B, 3, R, R) floats in [−1, 1], checking every image is R × R.
+fn images_to_tensor(batch: &[(String, RgbImage)], resolution: i64) -> Result<Tensor, TrainError> {
+    let mut bytes = Vec::with_capacity(batch.len() * (3 * resolution * resolution) as usize);
+    for (caption, image) in batch {
+        if (image.width() as i64, image.height() as i64) != (resolution, resolution) {
+            return Err(TrainError::Invalid(format!(
+                "example {caption:?} is {}×{}, expected {resolution}×{resolution}",
+                image.width(),
+                image.height()
+            )));
+        }
+        bytes.extend_from_slice(image.as_raw());
+    }
+    let t = Tensor::from_slice(&bytes).view([batch.len() as i64, resolution, resolution, 3]);
+    Ok(t.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 127.5 - 1.0)
+}
+
+/// Writes the pipeline at `out`: every file of `source` but the weights, then each trained
+/// component's weights; built in a temporary directory and renamed into place.
+fn save_pipeline(pipe: &Sd3Pipeline, source: &Path, out: &Path) -> Result<(), TrainError> {
+    let io = |p: &Path, e: std::io::Error| TrainError::Io(format!("{}: {e}", p.display()));
+    let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("pipeline");
+    let tmp = out.with_file_name(format!(".{name}.tmp"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    copy_without_weights(source, &tmp)?;
+    for (folder, file, store) in components(pipe) {
+        let mut named: Vec<(String, Tensor)> = store.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        let named: Vec<(String, Tensor)> =
+            named.into_iter().map(|(n, t)| (n, t.detach().to_device(Device::Cpu))).collect();
+        Tensor::write_safetensors(&named, tmp.join(folder).join(file))?;
+    }
+    let old = out.with_file_name(format!(".{name}.old"));
+    let _ = std::fs::remove_dir_all(&old);
+    if out.exists() {
+        std::fs::rename(out, &old).map_err(|e| io(out, e))?;
+    }
+    std::fs::rename(&tmp, out).map_err(|e| io(out, e))?;
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(())
+}
+
+/// Copies the tree at `from` to `to`, leaving out `*.safetensors` and the run record.
+fn copy_without_weights(from: &Path, to: &Path) -> Result<(), TrainError> {
+    let io = |p: &Path, e: std::io::Error| TrainError::Io(format!("{}: {e}", p.display()));
+    std::fs::create_dir_all(to).map_err(|e| io(to, e))?;
+    for entry in std::fs::read_dir(from).map_err(|e| io(from, e))? {
+        let path = entry.map_err(|e| io(from, e))?.path();
+        let target = to.join(path.file_name().expect("a named entry"));
+        if path.is_dir() {
+            copy_without_weights(&path, &target)?;
+        } else if path.extension().is_none_or(|e| e != "safetensors")
+            && path.file_name().is_some_and(|n| n != "pretrain.json")
+        {
+            std::fs::copy(&path, &target).map_err(|e| io(&path, e))?;
+        }
+    }
+    Ok(())
+}
