@@ -26,6 +26,10 @@ struct Cli {
 enum Command {
     /// Train with online RL from a recipe.
     Train(commands::train::TrainArgs),
+    /// The shapes-world demo: FlowGRPO on the shipped base model, pictures and accuracy before/after.
+    Demo(commands::demo::DemoArgs),
+    /// Pre-train every weight of a pipeline with the flow-matching loss (shapes world).
+    Pretrain(commands::pretrain::PretrainArgs),
     /// Generate images (ODE sampling, batched) with an optional LoRA.
     Sample(commands::sample::SampleArgs),
     /// Write a checkpoint's LoRA in the diffusers/PEFT layout (`pipe.load_lora_weights`).
@@ -45,6 +49,9 @@ enum Command {
     /// Benchmarks (timings as throughput; compare with the PyTorch anchors under scripts/).
     #[command(subcommand)]
     Bench(commands::bench::BenchCommand),
+    /// The shapes-world task: prompt files, ground-truth pictures, scoring per category.
+    #[command(subcommand)]
+    Shapes(commands::shapes::ShapesCommand),
     /// Write a small random-initialised pipeline in the diffusers layout.
     #[command(subcommand)]
     MakeTiny(commands::make_tiny::MakeTiny),
@@ -73,6 +80,9 @@ fn main() -> ExitCode {
         Command::Train(a) => commands::train::run(a, &cli.device),
         Command::Sample(a) => commands::sample::sample(a, &cli.device),
         Command::ExportLora { checkpoint, out } => commands::sample::export_lora(&checkpoint, &out),
+        Command::Pretrain(a) => commands::pretrain::run(a, &cli.device),
+        Command::Shapes(c) => commands::shapes::run(c),
+        Command::Demo(a) => commands::demo::run(a, &cli.device),
         Command::List => commands::list::run(),
         Command::Config(c) => commands::config::run(c),
         Command::Debug(c) => commands::debug::run(c, &cli.device),

@@ -127,6 +127,9 @@ pub struct TrainerSection {
     pub image_freq: u64,
     /// Validate (η = 0, `rollout.eval_steps`, seed 42) on `data.val_files` every this many steps (0: never).
     pub val_freq: u64,
+    /// Validate once before the first step (logged as step 0), as the reference's
+    /// `val_before_train`; needs `data.val_files`.
+    pub val_before_train: bool,
     /// Keep an EMA of the trainable weights with this decay, used for validation and exported
     /// beside the LoRA (`lora/ema_lora_weights.safetensors`); none by default.
     pub ema_decay: Option<f64>,
@@ -153,6 +156,7 @@ impl Default for TrainerSection {
             resume: "auto".into(),
             image_freq: 10,
             val_freq: 0,
+            val_before_train: false,
             ema_decay: None,
         }
     }

@@ -16,8 +16,9 @@ pub struct Caption {
 const PAD: u32 = 6;
 const LINE: u32 = 10;
 
-/// Tiles `images` in `columns` columns, each resized (nearest neighbour, so pixels stay crisp) to
-/// `cell` × `cell` with its caption wrapped below in at most `caption_lines` lines, on white.
+/// Tiles `images` in `columns` columns, each resized to `cell` × `cell` (nearest neighbour when
+/// enlarging, so pixels stay crisp) with its caption wrapped below in at most `caption_lines`
+/// lines, on white.
 pub fn captioned_grid(
     images: &[RgbImage],
     captions: &[Caption],
@@ -32,7 +33,8 @@ pub fn captioned_grid(
     let chars_per_line = (cell / 8) as usize;
     for (i, img) in images.iter().enumerate() {
         let (x, y) = ((i as u32 % columns) * w + PAD, (i as u32 / columns) * h + PAD);
-        let scaled = image::imageops::resize(img, cell, cell, FilterType::Nearest);
+        let filter = if img.width() <= cell { FilterType::Nearest } else { FilterType::Triangle };
+        let scaled = image::imageops::resize(img, cell, cell, filter);
         image::imageops::replace(&mut out, &scaled, x as i64, y as i64);
         let Some(caption) = captions.get(i) else { continue };
         let colour = match caption.verdict {

@@ -27,6 +27,9 @@ pub struct RewardFunction {
     /// `http`: the settings of the client.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpSettings>,
+    /// `shapes_geneval`: score the fraction of checks passed instead of 1 / 0.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partial: bool,
 }
 
 /// How the HTTP reward client talks to a scorer.
@@ -71,6 +74,7 @@ impl Default for RewardConfig {
                 weight: 1.0,
                 url: None,
                 http: None,
+                partial: false,
             }],
             on_error: OnError::Fail,
         }

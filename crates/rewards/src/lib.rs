@@ -8,6 +8,7 @@ mod config;
 mod http;
 mod jpeg;
 mod registry;
+mod shapes;
 
 use std::collections::BTreeMap;
 
@@ -15,6 +16,7 @@ pub use config::{HttpSettings, OnError, RewardConfig, RewardFunction};
 pub use http::HttpReward;
 pub use jpeg::JpegSize;
 pub use registry::{build, REWARD_NAMES};
+pub use shapes::ShapesGeneval;
 
 /// An RGB image, row-major u8 (H × W × 3).
 pub type RgbImage = image::RgbImage;
@@ -56,15 +58,59 @@ pub trait Reward: Send + Sync {
 /// A scorer and its weight in the total.
 pub type Weighted = (Box<dyn Reward>, f64);
 
+/// What the scorers said about one sample: each scorer's finite value by name, and the extras.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SampleScores {
+    pub by_scorer: BTreeMap<String, f64>,
+    pub extras: BTreeMap<String, f64>,
+}
+
 /// The combined scores of a batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScoredBatch {
     /// Weighted total per sample; `None` for a sample dropped under `on_error: skip_sample`.
     pub totals: Vec<Option<f64>>,
-    /// `critic/<name>/mean` per scorer and extra, and `critic/rewards/skipped`.
-    pub metrics: BTreeMap<String, f64>,
+    /// Per sample, what each scorer returned.
+    pub details: Vec<SampleScores>,
+    /// Scorers whose whole call failed (tolerated under `skip_sample`).
+    pub failed_scorers: usize,
     /// Scorer failures tolerated under `skip_sample`, for the log.
     pub errors: Vec<String>,
+}
+
+impl ScoredBatch {
+    /// `critic/<name>/mean` per scorer and extra (over the samples that have it),
+    /// `critic/rewards/skipped` and `critic/rewards/failed_scorers`.
+    pub fn metrics(&self) -> BTreeMap<String, f64> {
+        let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+        for d in &self.details {
+            for (k, v) in d.by_scorer.iter().chain(&d.extras) {
+                let e = sums.entry(format!("critic/{k}/mean")).or_default();
+                e.0 += v;
+                e.1 += 1;
+            }
+        }
+        let mut metrics: BTreeMap<String, f64> =
+            sums.into_iter().map(|(k, (s, n))| (k, s / n as f64)).collect();
+        let skipped = self.totals.iter().filter(|t| t.is_none()).count();
+        metrics.insert("critic/rewards/skipped".into(), skipped as f64);
+        metrics.insert("critic/rewards/failed_scorers".into(), self.failed_scorers as f64);
+        metrics
+    }
+
+    /// The batches one after the other, as if scored together (a scorer that failed on any of
+    /// them counts once per batch).
+    pub fn concat(parts: Vec<ScoredBatch>) -> ScoredBatch {
+        let mut out =
+            ScoredBatch { totals: vec![], details: vec![], failed_scorers: 0, errors: vec![] };
+        for p in parts {
+            out.totals.extend(p.totals);
+            out.details.extend(p.details);
+            out.failed_scorers += p.failed_scorers;
+            out.errors.extend(p.errors);
+        }
+        out
+    }
 }
 
 /// Scores `samples` with every weighted scorer and sums them, applying `on_error`.
@@ -74,8 +120,8 @@ pub fn score_batch(
     on_error: OnError,
 ) -> Result<ScoredBatch, RewardError> {
     let mut totals: Vec<Option<f64>> = vec![Some(0.0); samples.len()];
-    let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
-    let mut failed_scorers = 0.0;
+    let mut details = vec![SampleScores::default(); samples.len()];
+    let mut failed_scorers = 0;
     let mut errors = vec![];
     for (scorer, weight) in scorers {
         let scores = match scorer.score(samples) {
@@ -89,13 +135,13 @@ pub fn score_batch(
             Err(e) if on_error == OnError::SkipSample => {
                 // A batch-level failure touches every sample of the batch.
                 totals.iter_mut().for_each(|t| *t = None);
-                failed_scorers += 1.0;
+                failed_scorers += 1;
                 errors.push(e.to_string());
                 continue;
             }
             Err(e) => return Err(e),
         };
-        for (i, score) in scores.iter().enumerate() {
+        for (i, score) in scores.into_iter().enumerate() {
             if !score.value.is_finite() {
                 if on_error == OnError::SkipSample {
                     totals[i] = None;
@@ -109,24 +155,11 @@ pub fn score_batch(
             if let Some(t) = totals[i].as_mut() {
                 *t += weight * score.value;
             }
-            let entry = sums.entry(format!("critic/{}/mean", scorer.name())).or_default();
-            entry.0 += score.value;
-            entry.1 += 1;
-            for (k, v) in &score.extras {
-                let entry = sums.entry(format!("critic/{k}/mean")).or_default();
-                entry.0 += v;
-                entry.1 += 1;
-            }
+            details[i].by_scorer.insert(scorer.name().to_string(), score.value);
+            details[i].extras.extend(score.extras);
         }
     }
-    let mut metrics: BTreeMap<String, f64> =
-        sums.into_iter().map(|(k, (s, n))| (k, s / n as f64)).collect();
-    metrics.insert(
-        "critic/rewards/skipped".into(),
-        totals.iter().filter(|t| t.is_none()).count() as f64,
-    );
-    metrics.insert("critic/rewards/failed_scorers".into(), failed_scorers);
-    Ok(ScoredBatch { totals, metrics, errors })
+    Ok(ScoredBatch { totals, details, failed_scorers, errors })
 }
 
 #[cfg(test)]
@@ -197,8 +230,8 @@ mod tests {
         ];
         let out = score_batch(&scorers, &samples, OnError::Fail).unwrap();
         assert_eq!(out.totals, [Some(4.5), Some(5.5)]);
-        assert_eq!(out.metrics["critic/fixed/mean"], 2.0);
-        assert_eq!(out.metrics["critic/rewards/skipped"], 0.0);
+        assert_eq!(out.metrics()["critic/fixed/mean"], 2.0);
+        assert_eq!(out.metrics()["critic/rewards/skipped"], 0.0);
     }
 
     #[test]
@@ -214,7 +247,7 @@ mod tests {
         );
         let out = score_batch(&nan, &samples, OnError::SkipSample).unwrap();
         assert_eq!(out.totals, [Some(1.0), None]);
-        assert_eq!(out.metrics["critic/rewards/skipped"], 1.0);
+        assert_eq!(out.metrics()["critic/rewards/skipped"], 1.0);
         let down: Vec<Weighted> = vec![(Box::new(Fixed(vec![], true)), 1.0)];
         assert!(score_batch(&down, &samples, OnError::Fail)
             .unwrap_err()
@@ -222,7 +255,7 @@ mod tests {
             .contains("server down"));
         let out = score_batch(&down, &samples, OnError::SkipSample).unwrap();
         assert_eq!(out.totals, [None, None]);
-        assert_eq!(out.metrics["critic/rewards/failed_scorers"], 1.0);
+        assert_eq!(out.metrics()["critic/rewards/failed_scorers"], 1.0);
         assert!(out.errors[0].contains("server down"), "the error is kept for the log");
     }
 
@@ -234,13 +267,14 @@ mod tests {
                 weight: 1.0,
                 url: None,
                 http: None,
+                partial: false,
             }],
             ..Default::default()
         };
         let err = build(&config).err().unwrap().to_string();
         assert!(
             err.contains(
-                "unknown reward `aesthetic`; known: jpeg_compressibility, jpeg_incompressibility, http"
+                "unknown reward `aesthetic`; known: jpeg_compressibility, jpeg_incompressibility, http, shapes_geneval"
             ),
             "{err}"
         );

@@ -1,9 +1,10 @@
 //! The reward registry: scorer names → constructors.
 
-use crate::{HttpReward, JpegSize, Reward, RewardConfig, RewardError, Weighted};
+use crate::{HttpReward, JpegSize, Reward, RewardConfig, RewardError, ShapesGeneval, Weighted};
 
 /// Every registered reward name.
-pub const REWARD_NAMES: [&str; 3] = ["jpeg_compressibility", "jpeg_incompressibility", "http"];
+pub const REWARD_NAMES: [&str; 4] =
+    ["jpeg_compressibility", "jpeg_incompressibility", "http", "shapes_geneval"];
 
 /// The weighted scorers of a `reward` section; an unknown name lists the known ones.
 pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
@@ -33,6 +34,7 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
                     })?;
                     Box::new(HttpReward::new(url, f.http.clone().unwrap_or_default())?)
                 }
+                "shapes_geneval" => Box::new(ShapesGeneval { partial: f.partial }),
                 other => {
                     return Err(RewardError::Config(format!(
                         "unknown reward `{other}`; known: {}",
@@ -40,6 +42,12 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
                     )));
                 }
             };
+            if f.partial && f.name != "shapes_geneval" {
+                return Err(RewardError::Config(format!(
+                    "reward `{}`: `partial` applies only to shapes_geneval",
+                    f.name
+                )));
+            }
             Ok((scorer, f.weight))
         })
         .collect()

@@ -126,5 +126,5 @@ fn down_slow_and_garbage_servers_are_clear_errors() {
     let scorers: Vec<(Box<dyn Reward>, f64)> = vec![(Box::new(client(garbage.1, quick())), 1.0)];
     let out = score_batch(&scorers, &samples(&imgs), OnError::SkipSample).unwrap();
     assert!(out.totals.iter().all(Option::is_none));
-    assert_eq!(out.metrics["critic/rewards/failed_scorers"], 1.0);
+    assert_eq!(out.metrics()["critic/rewards/failed_scorers"], 1.0);
 }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 pub const BACKGROUND: Rgb<u8> = Rgb([255, 255, 255]);
 
 /// A pixel farther than this (Euclidean RGB) from every colour–background blend is no colour.
-pub const MAX_RESIDUAL: f64 = 70.0;
+pub const MAX_RESIDUAL: f64 = 50.0;
 
 /// A shape colour. The RGB values are far apart (≥ 171 between any two) and so are their blends
 /// with the background: a half-and-half blend of one colour with white stays ≥ 63 away from every
@@ -31,7 +31,8 @@ pub enum Color {
 
 impl Color {
     /// Every colour, in prompt-sampling order.
-    pub const ALL: [Color; 5] = [Color::Red, Color::Green, Color::Blue, Color::Yellow, Color::Purple];
+    pub const ALL: [Color; 5] =
+        [Color::Red, Color::Green, Color::Blue, Color::Yellow, Color::Purple];
 
     /// The word in prompts.
     pub fn name(self) -> &'static str {
@@ -75,23 +76,30 @@ impl fmt::Display for Color {
 /// background to the colour. Blend fringes thus never read as a third colour, and thresholding at
 /// half keeps the outline of a blurred shape where it was.
 pub fn classify_pixel(pixel: Rgb<u8>) -> Option<Color> {
-    let background = BACKGROUND.0.map(f64::from);
-    let p: [f64; 3] = std::array::from_fn(|k| f64::from(pixel.0[k]) - background[k]);
-    Color::ALL
-        .into_iter()
-        .map(|color| {
-            let d: [f64; 3] = std::array::from_fn(|k| f64::from(color.rgb().0[k]) - background[k]);
-            let alpha = (dot(p, d) / dot(d, d)).clamp(0.0, 1.0);
-            let r: [f64; 3] = std::array::from_fn(|k| p[k] - alpha * d[k]);
-            (color, alpha, dot(r, r).sqrt())
-        })
-        .min_by(|a, b| a.2.total_cmp(&b.2))
-        .filter(|&(_, alpha, residual)| alpha >= 0.5 && residual <= MAX_RESIDUAL)
-        .map(|(color, _, _)| color)
+    let p = from_background(pixel);
+    let mut best = None;
+    let mut best_residual2 = MAX_RESIDUAL * MAX_RESIDUAL;
+    for color in Color::ALL {
+        let d = from_background(color.rgb());
+        let (pd, dd) = (dot(p, d), dot(d, d));
+        let alpha = (pd / dd).clamp(0.0, 1.0);
+        let residual2 = dot(p, p) - 2.0 * alpha * pd + alpha * alpha * dd;
+        if residual2 <= best_residual2 {
+            (best, best_residual2) = (Some((color, alpha)), residual2);
+        }
+    }
+    best.filter(|&(_, alpha)| alpha >= 0.5).map(|(color, _)| color)
+}
+
+/// `rgb` − [`BACKGROUND`].
+fn from_background(rgb: Rgb<u8>) -> [f64; 3] {
+    let [r, g, b] = rgb.0.map(f64::from);
+    let [r0, g0, b0] = BACKGROUND.0.map(f64::from);
+    [r - r0, g - g0, b - b0]
 }
 
 fn dot(a: [f64; 3], b: [f64; 3]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
 }
 
 #[cfg(test)]

@@ -100,6 +100,19 @@ impl<'a> Engine<'a> {
         seeds: &[u64],
         step: u64,
     ) -> Result<RolloutBatch, TrainError> {
+        self.rollout_streaming(prompts, negatives, seeds, step, &mut |_, _| {})
+    }
+
+    /// [`Self::rollout`], handing each chunk's images to `on_images(first row, images)` as soon
+    /// as they are decoded.
+    pub fn rollout_streaming(
+        &self,
+        prompts: &[&str],
+        negatives: &[&str],
+        seeds: &[u64],
+        step: u64,
+        on_images: &mut dyn FnMut(usize, &[RgbImage]),
+    ) -> Result<RolloutBatch, TrainError> {
         if seeds.len() != prompts.len() {
             return Err(TrainError::Invalid(format!(
                 "{} seeds for {} prompts",
@@ -149,7 +162,9 @@ impl<'a> Engine<'a> {
                     Tensor::cat(&streams.iter_mut().map(|s| s.step_noise()).collect::<Vec<_>>(), 0)
                 })
             })?;
-            images.extend(tch::no_grad(|| self.decode(&part.final_latents))?);
+            let decoded = tch::no_grad(|| self.decode(&part.final_latents))?;
+            on_images(a as usize, &decoded);
+            images.extend(decoded);
             parts.push(part);
         }
         let cat = |f: fn(&Trajectory) -> &Tensor| {

@@ -6,15 +6,15 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use flowtune_config::{Finetune, OldLogProb, Recipe};
-use flowtune_data::{PromptDataset, PromptLoader};
+use flowtune_data::{PromptDataset, PromptLoader, PromptRecord};
 use flowtune_models::sd3::{Dtypes, Sd3Pipeline, Sd3Transformer};
 use flowtune_objectives::{group_advantages, Metrics, Objective};
-use flowtune_rewards::{score_batch, Sample};
 use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::{self, LoopState};
 use crate::engine::Engine;
 use crate::optim::{learning_rate, AdamW};
+use crate::scoring::{rollout_and_score, Scored};
 use crate::update::{replay_all, update_actor, OldPolicy, UpdateInputs};
 use crate::TrainError;
 
@@ -66,7 +66,8 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         ));
     }
     let val_sampler = validation_sampler(recipe);
-    if t.val_freq > 0 {
+    let validating = t.val_freq > 0 || t.val_before_train;
+    if validating {
         val_sampler.validate().map_err(|e| {
             TrainError::Invalid(format!(
                 "validation sampler (rollout.eval_steps {}): {e}",
@@ -109,9 +110,10 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     for f in &recipe.data.val_files {
         val_records.extend(PromptDataset::load(f)?.records);
     }
-    if t.val_freq > 0 && val_records.is_empty() {
+    if validating && val_records.is_empty() {
         return Err(TrainError::Invalid(
-            "trainer.val_freq > 0 needs prompts in data.val_files".into(),
+            "trainer.val_freq > 0 and trainer.val_before_train need prompts in data.val_files"
+                .into(),
         ));
     }
 
@@ -175,45 +177,33 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     let _ = ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst));
     let mut all = vec![];
     let mut last = start;
+    if t.val_before_train && start == 0 {
+        bar.set_message("validation");
+        let timer = Instant::now();
+        let mut m = validate(&pipe, recipe, &val_records, &scorers, 0)?;
+        m.insert("timing_s/testing".into(), timer.elapsed().as_secs_f64());
+        log_metrics(&mut metrics_file, &mut events, 0, &m)?;
+        say(&bar, format!("validation before training: {}", summary_line(&m)));
+    }
     for k in start + 1..=t.total_steps {
         let step_start = Instant::now();
         let mut m = Metrics::new();
         let rows = loader.next_step();
-        let prompts: Vec<&str> = rows.iter().map(|r| loader.record(r).prompt.as_str()).collect();
-        let negatives: Vec<&str> = rows
-            .iter()
-            .map(|r| loader.record(r).negative_prompt.as_deref().unwrap_or(""))
-            .collect();
+        let records: Vec<&PromptRecord> = rows.iter().map(|r| loader.record(r)).collect();
+        let prompts: Vec<&str> = records.iter().map(|r| r.prompt.as_str()).collect();
 
-        // gen
-        bar.set_message("rollout");
+        // gen + reward (each rollout chunk is scored while the next one samples)
+        bar.set_message("rollout + reward");
         let timer = Instant::now();
-        let batch = engine.rollout(&prompts, &negatives, &engine.row_seeds(prompts.len(), k), k)?;
+        let seeds = engine.row_seeds(records.len(), k);
+        let Scored { batch, scores: scored, reward_seconds } =
+            rollout_and_score(&engine, &records, &seeds, k, &scorers, recipe.reward.on_error)?;
         m.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
-
-        // reward
-        bar.set_message("reward");
-        let timer = Instant::now();
-        let samples: Vec<Sample<'_>> = rows
-            .iter()
-            .zip(&batch.images)
-            .map(|(r, image)| {
-                let rec = loader.record(r);
-                Sample {
-                    image,
-                    prompt: &rec.prompt,
-                    ground_truth: rec.ground_truth.as_deref(),
-                    data_source: &rec.data_source,
-                    extra_info: &rec.extra_info,
-                }
-            })
-            .collect();
-        let scored = score_batch(&scorers, &samples, recipe.reward.on_error)?;
+        m.insert("timing_s/reward".into(), reward_seconds);
         for e in &scored.errors {
             eprintln!("step {k}: skipped samples after a reward failure: {e}");
         }
-        m.extend(scored.metrics.clone());
-        m.insert("timing_s/reward".into(), timer.elapsed().as_secs_f64());
+        m.extend(scored.metrics());
         if t.image_freq > 0 && k % t.image_freq == 0 {
             let shown = batch.images.len().min(16);
             let captions: Vec<(String, f64)> = (0..shown)
@@ -349,14 +339,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         m.insert("timing_s/step".into(), elapsed);
         m.insert("perf/throughput".into(), rows.len() as f64 / elapsed);
 
-        let mut line = serde_json::Map::new();
-        line.insert("step".into(), k.into());
-        for (key, v) in &m {
-            line.insert(key.clone(), serde_json::json!(v));
-        }
-        writeln!(metrics_file, "{}", serde_json::Value::Object(line))
-            .map_err(|e| TrainError::Io(e.to_string()))?;
-        events.scalars(k, &m)?;
+        log_metrics(&mut metrics_file, &mut events, k, &m)?;
         bar.inc(1);
         let line = format!(
             "step {k}/{}  reward {:.4}  loss {:.4}  clipfrac {:.3}  kl {:.2e}  {:.1}s",
@@ -367,11 +350,9 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
             m.get("actor/ppo_kl").copied().unwrap_or(0.0),
             elapsed
         );
-        // Without a terminal the bar is hidden and the compact line goes to stderr as it is.
-        if bar.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            bar.println(line);
+        say(&bar, line);
+        if m.contains_key("timing_s/testing") {
+            say(&bar, format!("validation at step {k}: {}", summary_line(&m)));
         }
         all.push(m);
         last = k;
@@ -416,7 +397,8 @@ fn export_weights(pipe: &Sd3Pipeline, out_dir: &Path, ema: bool) -> Result<PathB
 }
 
 /// Validation rollouts: η = 0, `rollout.eval_steps`, the fixed seed 42 for every prompt; rewards
-/// averaged per data source as `val-core/<source>/reward/mean@1`, and a grid of the images.
+/// averaged per data source as `val-core/<source>/reward/mean@1`, each reward extra as
+/// `val-core/<source>/<extra>` (e.g. `val-core/shapes/counting/acc`), and a grid of the images.
 fn validate(
     pipe: &Sd3Pipeline,
     recipe: &Recipe,
@@ -427,34 +409,30 @@ fn validate(
     const VAL_SEED: u64 = 42;
     let sampler = validation_sampler(recipe);
     let engine = Engine::new(pipe, &sampler, recipe.model.resolution, VAL_SEED)?;
-    let mut per_source: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    // Per data source: the total reward and each extra (e.g. a category's accuracy).
+    let mut per_source: BTreeMap<(String, String), (f64, usize)> = BTreeMap::new();
     let (mut images, mut captions) = (vec![], vec![]);
     for chunk in records.chunks(recipe.trainer.micro_batch_size) {
-        let prompts: Vec<&str> = chunk.iter().map(|r| r.prompt.as_str()).collect();
-        let negatives: Vec<&str> =
-            chunk.iter().map(|r| r.negative_prompt.as_deref().unwrap_or("")).collect();
-        let batch = engine.rollout(&prompts, &negatives, &vec![VAL_SEED; chunk.len()], 1)?;
-        let samples: Vec<Sample<'_>> = chunk
-            .iter()
-            .zip(&batch.images)
-            .map(|(r, image)| Sample {
-                image,
-                prompt: &r.prompt,
-                ground_truth: r.ground_truth.as_deref(),
-                data_source: &r.data_source,
-                extra_info: &r.extra_info,
-            })
-            .collect();
-        let scored = score_batch(scorers, &samples, recipe.reward.on_error)?;
-        for (r, total) in chunk.iter().zip(&scored.totals) {
+        let chunk: Vec<&PromptRecord> = chunk.iter().collect();
+        let seeds = vec![VAL_SEED; chunk.len()];
+        let Scored { batch, scores, .. } =
+            rollout_and_score(&engine, &chunk, &seeds, 1, scorers, recipe.reward.on_error)?;
+        for (i, r) in chunk.iter().enumerate() {
+            let total = scores.totals[i];
             if let Some(v) = total {
-                per_source.entry(r.data_source.clone()).or_default().push(*v);
+                let source = &r.data_source;
+                let extras = scores.details[i].extras.iter().map(|(k, v)| (k.as_str(), *v));
+                for (key, value) in std::iter::once(("reward/mean@1", v)).chain(extras) {
+                    let e = per_source.entry((source.clone(), key.to_string())).or_default();
+                    e.0 += value;
+                    e.1 += 1;
+                }
             }
             captions.push((r.prompt.clone(), total.unwrap_or(f64::NAN)));
         }
         images.extend(batch.images);
     }
-    let shown = images.len().min(16);
+    let shown = images.len().min(64);
     crate::images::save_grid(
         &recipe.trainer.output_dir.join("images"),
         &format!("val_step_{k:06}"),
@@ -463,9 +441,7 @@ fn validate(
     )?;
     Ok(per_source
         .into_iter()
-        .map(|(source, v)| {
-            (format!("val-core/{source}/reward/mean@1"), v.iter().sum::<f64>() / v.len() as f64)
-        })
+        .map(|((source, key), (sum, n))| (format!("val-core/{source}/{key}"), sum / n as f64))
         .collect())
 }
 
@@ -478,6 +454,41 @@ fn validation_sampler(recipe: &Recipe) -> flowtune_sampling::SamplerConfig {
         sde_window_range: None,
         ..recipe.rollout.clone()
     }
+}
+
+/// Appends step `k`'s metrics to the JSONL file and the TensorBoard events.
+fn log_metrics(
+    file: &mut std::fs::File,
+    events: &mut crate::tensorboard::EventWriter,
+    k: u64,
+    m: &Metrics,
+) -> Result<(), TrainError> {
+    let mut line = serde_json::Map::new();
+    line.insert("step".into(), k.into());
+    for (key, v) in m {
+        line.insert(key.clone(), serde_json::json!(v));
+    }
+    writeln!(file, "{}", serde_json::Value::Object(line))
+        .map_err(|e| TrainError::Io(e.to_string()))?;
+    events.scalars(k, m)
+}
+
+/// Prints a line above the progress bar; without a terminal (bar hidden) to stderr as it is.
+fn say(bar: &indicatif::ProgressBar, line: String) {
+    if bar.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
+/// The validation metrics as `name value` pairs on one line.
+fn summary_line(m: &Metrics) -> String {
+    m.iter()
+        .filter(|(k, _)| k.starts_with("val-core/"))
+        .map(|(k, v)| format!("{} {v:.4}", k.trim_start_matches("val-core/")))
+        .collect::<Vec<_>>()
+        .join("  ")
 }
 
 /// Drops the lines of steps after `step` (logged after the checkpoint a run resumes from).

@@ -8,6 +8,7 @@ mod fit;
 pub mod images;
 pub mod optim;
 pub mod pretrain;
+mod scoring;
 pub mod tensorboard;
 mod update;
 

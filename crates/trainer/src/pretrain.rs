@@ -143,15 +143,24 @@ pub fn pretrain(
         );
         optimizer.step(lr);
         optimizer.zero_grad();
-        if let Some(ema) = ema.as_mut() {
+        if let (Some(ema), Some(decay)) = (ema.as_mut(), config.ema_decay) {
+            // Warm-up: early on the average follows the weights closely.
+            ema.decay = decay.min((1.0 + step as f64) / (10.0 + step as f64));
             ema.update(&optimizer.params);
         }
         losses.push(value);
         let recent = &losses[losses.len().saturating_sub(50)..];
-        bar.set_message(format!(
-            "loss {:.4}  lr {lr:.2e}",
-            recent.iter().sum::<f64>() / recent.len() as f64
-        ));
+        let message =
+            format!("loss {:.4}  lr {lr:.2e}", recent.iter().sum::<f64>() / recent.len() as f64);
+        // Without a terminal the bar is hidden: a line every 100 steps instead.
+        if bar.is_hidden() && step % 100 == 0 {
+            eprintln!(
+                "pretrain step {step}/{}  {message}  {:.0} s",
+                config.steps,
+                start.elapsed().as_secs_f64()
+            );
+        }
+        bar.set_message(message);
         bar.inc(1);
         if step % config.save_every == 0 || step == config.steps {
             if let Some(ema) = ema.as_mut() {

@@ -1,9 +1,9 @@
-//! `flowtune make-tiny sd3 DIR`: a random-initialised pipeline in the diffusers layout.
+//! `flowtune make-tiny sd3|shapes DIR`: a random-initialised pipeline in the diffusers layout.
 
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use flowtune_models::sd3::{write_tiny_sd3, TinySd3Spec};
+use flowtune_models::sd3::{write_tiny_sd3, TinySd3Spec, WeightInit};
 
 use crate::Failure;
 
@@ -11,6 +11,39 @@ use crate::Failure;
 pub enum MakeTiny {
     /// A StableDiffusion3Pipeline: transformer, VAE, CLIP-L, CLIP-G, T5, tokenizers, scheduler.
     Sd3(Sd3Args),
+    /// The shapes-world base model before pre-training: a pixel-space SD3 pipeline (no VAE, no
+    /// T5) with word-level CLIP tokenizers over the shapes vocabulary, initialised for training.
+    Shapes(ShapesArgs),
+}
+
+#[derive(Args)]
+pub struct ShapesArgs {
+    /// Output directory (created if missing).
+    dir: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Joint transformer blocks.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    #[arg(long, default_value_t = 4)]
+    heads: i64,
+    #[arg(long, default_value_t = 32)]
+    head_dim: i64,
+    /// Pixels per patch side.
+    #[arg(long, default_value_t = 4)]
+    patch_size: i64,
+    /// Image height and width in pixels.
+    #[arg(long, default_value_t = 32)]
+    resolution: i64,
+    /// Width of each CLIP text encoder.
+    #[arg(long, default_value_t = 64)]
+    text_width: i64,
+    /// Layers of each CLIP text encoder.
+    #[arg(long, default_value_t = 2)]
+    text_layers: usize,
+    /// The scheduler's timestep shift (1 suits small images).
+    #[arg(long, default_value_t = 1.0)]
+    shift: f64,
 }
 
 #[derive(Args)]
@@ -55,6 +88,31 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 dual_attention_layers: a.dual_attention_layers,
                 qk_norm: a.qk_norm,
                 vae_channels: a.vae_channels,
+                ..Default::default()
+            };
+            write_tiny_sd3(&a.dir, &spec).map_err(Failure::input)?;
+            println!("wrote {}", a.dir.display());
+            Ok(())
+        }
+        MakeTiny::Shapes(a) => {
+            let spec = TinySd3Spec {
+                seed: a.seed,
+                layers: a.layers,
+                heads: a.heads,
+                head_dim: a.head_dim,
+                latent_size: a.resolution,
+                patch_size: a.patch_size,
+                pixel_space: true,
+                t5: false,
+                clip_l_width: a.text_width,
+                clip_g_width: a.text_width,
+                // The joint width only sizes the (zero) T5 slot and the CLIP padding.
+                t5_width: 2 * a.text_width,
+                text_layers: a.text_layers,
+                vocabulary: Some(flowtune_shapes::vocabulary()),
+                clip_length: flowtune_shapes::MAX_PROMPT_WORDS + 2,
+                init: WeightInit::FanIn,
+                shift: a.shift,
                 ..Default::default()
             };
             write_tiny_sd3(&a.dir, &spec).map_err(Failure::input)?;

@@ -3,9 +3,12 @@
 pub mod bench;
 pub mod config;
 pub mod debug;
+pub mod demo;
 pub mod env;
 pub mod forward;
 pub mod list;
 pub mod make_tiny;
+pub mod pretrain;
 pub mod sample;
+pub mod shapes;
 pub mod train;

@@ -10,5 +10,5 @@ mod transformer;
 
 pub use config::Sd3TransformerConfig;
 pub use pipeline::{ClipBranch, Dtypes, Sd3Pipeline};
-pub use tiny::{write_tiny_sd3, TinySd3Spec};
+pub use tiny::{write_tiny_sd3, TinySd3Spec, WeightInit};
 pub use transformer::Sd3Transformer;

@@ -176,10 +176,11 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
     };
     let eos = (clip_vocab - 1) as i64;
 
-    // Text encoders and tokenizers.
+    // Text encoders and tokenizers (SD3's CLIP-G pads with "!", which word vocabularies lack).
+    let pad_g = if spec.vocabulary.is_some() { "<|endoftext|>" } else { "!" };
     for (name, width, tokenizer_dir, pad) in [
         ("text_encoder", spec.clip_l_width, "tokenizer", "<|endoftext|>"),
-        ("text_encoder_2", spec.clip_g_width, "tokenizer_2", "!"),
+        ("text_encoder_2", spec.clip_g_width, "tokenizer_2", pad_g),
     ] {
         let config = ClipTextConfig {
             vocab_size: clip_vocab as i64,

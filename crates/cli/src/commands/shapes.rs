@@ -1,0 +1,152 @@
+//! `flowtune shapes …`: the shapes-world task — prompt files, ground-truth pictures, and scoring
+//! a folder of generated images (as `flowtune sample` writes them) per category.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context};
+use clap::{Args, Subcommand};
+use flowtune_report::{captioned_grid, Caption};
+use flowtune_shapes::{render, sample_tasks, score, Category, Task};
+
+use crate::Failure;
+
+#[derive(Subcommand)]
+pub enum ShapesCommand {
+    /// Write `count` prompts (categories in turn) as JSONL in the reference layout.
+    Prompts(PromptsArgs),
+    /// Draw the ground truth of a prompt file as a captioned grid PNG.
+    Render(RenderArgs),
+    /// Score a `flowtune sample` folder (`prompts.jsonl` + PNGs): accuracy per category.
+    Score(ScoreArgs),
+}
+
+#[derive(Args)]
+pub struct PromptsArgs {
+    /// Output `.jsonl` file.
+    out: PathBuf,
+    #[arg(long, default_value_t = 600)]
+    count: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Args)]
+pub struct RenderArgs {
+    /// A prompt file (`.jsonl` or `.txt`).
+    prompts: PathBuf,
+    /// Output PNG.
+    out: PathBuf,
+    #[arg(long, default_value_t = 32)]
+    resolution: u32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// At most this many tiles.
+    #[arg(long, default_value_t = 36)]
+    limit: usize,
+}
+
+#[derive(Args)]
+pub struct ScoreArgs {
+    /// A folder written by `flowtune sample`.
+    dir: PathBuf,
+    /// Also write the first 36 images as a grid captioned with prompt and verdict.
+    #[arg(long)]
+    grid: Option<PathBuf>,
+}
+
+pub fn run(command: ShapesCommand) -> Result<(), Failure> {
+    match command {
+        ShapesCommand::Prompts(a) => {
+            let tasks = sample_tasks(a.seed, a.count);
+            flowtune_shapes::write_prompts_jsonl(&a.out, &tasks, "shapes")
+                .with_context(|| a.out.display().to_string())
+                .map_err(Failure::input)?;
+            println!("wrote {} prompts to {}", tasks.len(), a.out.display());
+            Ok(())
+        }
+        ShapesCommand::Render(a) => {
+            let tasks = read_tasks(&a.prompts)?;
+            let shown = &tasks[..tasks.len().min(a.limit)];
+            let images: Vec<_> = shown
+                .iter()
+                .enumerate()
+                .map(|(i, t)| render(t, a.seed + i as u64, a.resolution))
+                .collect();
+            let captions: Vec<Caption> =
+                shown.iter().map(|t| Caption { text: t.prompt.clone(), verdict: None }).collect();
+            let columns = (shown.len() as f64).sqrt().ceil() as u32;
+            captioned_grid(&images, &captions, 128, columns, 4)
+                .save(&a.out)
+                .with_context(|| a.out.display().to_string())
+                .map_err(Failure::Runtime)?;
+            println!("wrote {}", a.out.display());
+            Ok(())
+        }
+        ShapesCommand::Score(a) => {
+            let index = a.dir.join("prompts.jsonl");
+            let text = std::fs::read_to_string(&index)
+                .with_context(|| {
+                    format!("{} (expected a `flowtune sample` folder)", index.display())
+                })
+                .map_err(Failure::input)?;
+            let mut per_category: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+            let (mut images, mut captions) = (vec![], vec![]);
+            for (n, line) in text.lines().enumerate() {
+                let entry: serde_json::Value = serde_json::from_str(line)
+                    .with_context(|| format!("{}:{}", index.display(), n + 1))
+                    .map_err(Failure::input)?;
+                let (Some(file), Some(prompt)) = (entry["file"].as_str(), entry["prompt"].as_str())
+                else {
+                    return Err(Failure::input(anyhow!(
+                        "{}:{}: expected file and prompt",
+                        index.display(),
+                        n + 1
+                    )));
+                };
+                let task = Task::parse(prompt).map_err(Failure::input)?;
+                let path = a.dir.join(file);
+                let image = image::open(&path)
+                    .with_context(|| path.display().to_string())
+                    .map_err(Failure::input)?
+                    .to_rgb8();
+                let correct = score(&task, &image).correct;
+                let e = per_category.entry(task.category.name()).or_default();
+                e.0 += usize::from(correct);
+                e.1 += 1;
+                if images.len() < 36 {
+                    images.push(image);
+                    captions.push(Caption { text: task.prompt, verdict: Some(correct) });
+                }
+            }
+            if let Some(out) = &a.grid {
+                captioned_grid(&images, &captions, 128, 6, 4)
+                    .save(out)
+                    .with_context(|| out.display().to_string())
+                    .map_err(Failure::Runtime)?;
+            }
+            let (right, all) = per_category.values().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+            for category in Category::ALL {
+                if let Some((r, n)) = per_category.get(category.name()) {
+                    println!(
+                        "{:<14} {:>5.1} %  ({r}/{n})",
+                        category.name(),
+                        100.0 * *r as f64 / *n as f64
+                    );
+                }
+            }
+            println!(
+                "{:<14} {:>5.1} %  ({right}/{all})",
+                "overall",
+                100.0 * right as f64 / all.max(1) as f64
+            );
+            Ok(())
+        }
+    }
+}
+
+/// The tasks of a prompt file, each prompt parsed.
+fn read_tasks(path: &Path) -> Result<Vec<Task>, Failure> {
+    let dataset = flowtune_data::PromptDataset::load(path).map_err(Failure::input)?;
+    dataset.records.iter().map(|r| Task::parse(&r.prompt).map_err(Failure::input)).collect()
+}

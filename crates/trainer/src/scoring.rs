@@ -1,0 +1,77 @@
+//! Rollout and rewards together: each chunk of images (`rollout.batch_size` rows) is scored on a
+//! worker thread while the model samples the next chunk.
+
+use std::sync::mpsc;
+use std::time::Instant;
+
+use flowtune_data::PromptRecord;
+use flowtune_rewards::{
+    score_batch, OnError, RewardError, RgbImage, Sample, ScoredBatch, Weighted,
+};
+
+use crate::engine::{Engine, RolloutBatch};
+use crate::TrainError;
+
+/// A rollout, its scores and the seconds the scorers were busy.
+pub struct Scored {
+    pub batch: RolloutBatch,
+    pub scores: ScoredBatch,
+    pub reward_seconds: f64,
+}
+
+/// Samples `records` (one row each, seeded by `seeds`) at training step `step` and scores the
+/// images as they come.
+pub fn rollout_and_score(
+    engine: &Engine<'_>,
+    records: &[&PromptRecord],
+    seeds: &[u64],
+    step: u64,
+    scorers: &[Weighted],
+    on_error: OnError,
+) -> Result<Scored, TrainError> {
+    let prompts: Vec<&str> = records.iter().map(|r| r.prompt.as_str()).collect();
+    let negatives: Vec<&str> =
+        records.iter().map(|r| r.negative_prompt.as_deref().unwrap_or("")).collect();
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel::<(usize, Vec<RgbImage>)>();
+        let worker = scope.spawn(move || score_chunks(rx, records, scorers, on_error));
+        let batch =
+            engine.rollout_streaming(&prompts, &negatives, seeds, step, &mut |first, images| {
+                // A closed channel means the worker stopped on an error, which join reports.
+                let _ = tx.send((first, images.to_vec()));
+            });
+        drop(tx);
+        let scored = worker.join().expect("the reward thread does not panic");
+        let batch = batch?;
+        let (scores, reward_seconds) = scored?;
+        Ok(Scored { batch, scores, reward_seconds })
+    })
+}
+
+/// Scores chunks `(first row, images)` in arrival order until the sender hangs up.
+fn score_chunks(
+    chunks: mpsc::Receiver<(usize, Vec<RgbImage>)>,
+    records: &[&PromptRecord],
+    scorers: &[Weighted],
+    on_error: OnError,
+) -> Result<(ScoredBatch, f64), RewardError> {
+    let mut parts = vec![];
+    let mut busy = 0.0;
+    for (first, images) in chunks {
+        let timer = Instant::now();
+        let samples: Vec<Sample<'_>> = records[first..first + images.len()]
+            .iter()
+            .zip(&images)
+            .map(|(r, image)| Sample {
+                image,
+                prompt: &r.prompt,
+                ground_truth: r.ground_truth.as_deref(),
+                data_source: &r.data_source,
+                extra_info: &r.extra_info,
+            })
+            .collect();
+        parts.push(score_batch(scorers, &samples, on_error)?);
+        busy += timer.elapsed().as_secs_f64();
+    }
+    Ok((ScoredBatch::concat(parts), busy))
+}
