@@ -6,7 +6,11 @@ export FLOWTUNE_CACHE ?= $(HOME)/.cache/flowtune
 export FLOWTUNE_VENV ?= $(FLOWTUNE_CACHE)/venv
 ENV := source scripts/env.sh &&
 
-.PHONY: test setup build fmt
+.PHONY: demo test setup build fmt
+
+## demo: Flow-GRPO on the shipped shapes model (CPU, minutes); pictures and summary in runs/demo
+demo: build
+	$(ENV) target/release/flowtune demo --out runs/demo
 
 ## test: set up the torch venv if needed, check formatting and lints, run the whole test suite
 test: setup

@@ -9,6 +9,7 @@ use flowtune_config::{Finetune, OldLogProb, Recipe};
 use flowtune_data::{PromptDataset, PromptLoader, PromptRecord};
 use flowtune_models::sd3::{Dtypes, Sd3Pipeline, Sd3Transformer};
 use flowtune_objectives::{group_advantages, Metrics, Objective};
+use flowtune_sampling::row_seed;
 use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::{self, LoopState};
@@ -396,7 +397,7 @@ fn export_weights(pipe: &Sd3Pipeline, out_dir: &Path, ema: bool) -> Result<PathB
     Ok(path)
 }
 
-/// Validation rollouts: η = 0, `rollout.eval_steps`, the fixed seed 42 for every prompt; rewards
+/// Validation rollouts: η = 0, `rollout.eval_steps`, fixed per-prompt seeds from 42; rewards
 /// averaged per data source as `val-core/<source>/reward/mean@1`, each reward extra as
 /// `val-core/<source>/<extra>` (e.g. `val-core/shapes/counting/acc`), and a grid of the images.
 fn validate(
@@ -412,9 +413,13 @@ fn validate(
     // Per data source: the total reward and each extra (e.g. a category's accuracy).
     let mut per_source: BTreeMap<(String, String), (f64, usize)> = BTreeMap::new();
     let (mut images, mut captions) = (vec![], vec![]);
-    for chunk in records.chunks(recipe.trainer.micro_batch_size) {
+    let size = recipe.trainer.micro_batch_size;
+    for (c, chunk) in records.chunks(size).enumerate() {
         let chunk: Vec<&PromptRecord> = chunk.iter().collect();
-        let seeds = vec![VAL_SEED; chunk.len()];
+        // Prompt i's noise comes from `row_seed(42, 0, i)`: fixed, and different per prompt.
+        let first = (c * size) as u64;
+        let seeds: Vec<u64> =
+            (first..first + chunk.len() as u64).map(|i| row_seed(VAL_SEED, 0, i)).collect();
         let Scored { batch, scores, .. } =
             rollout_and_score(&engine, &chunk, &seeds, 1, scorers, recipe.reward.on_error)?;
         for (i, r) in chunk.iter().enumerate() {

@@ -19,6 +19,8 @@ pub enum BenchCommand {
     Transformer(TransformerArgs),
     /// Time rollouts (SDE sampling with log-probs, CFG, VAE decode) of a pipeline directory.
     Rollout(RolloutArgs),
+    /// The algorithm sandbox: algorithms on the shapes task, accuracy before/after and speed.
+    Shapes(super::bench_shapes::ShapesBenchArgs),
 }
 
 #[derive(Args)]
@@ -125,6 +127,7 @@ pub fn run(command: BenchCommand, device: &DeviceArg) -> Result<(), Failure> {
     let a = match command {
         BenchCommand::Transformer(a) => a,
         BenchCommand::Rollout(a) => return bench_rollout(a, device),
+        BenchCommand::Shapes(a) => return super::bench_shapes::run(a, device),
     };
     let kind = match a.dtype.as_str() {
         "f32" => Kind::Float,

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_shapes;
 pub mod config;
 pub mod debug;
 pub mod demo;
@@ -11,4 +12,5 @@ pub mod make_tiny;
 pub mod pretrain;
 pub mod sample;
 pub mod shapes;
+pub mod shapes_log;
 pub mod train;

@@ -1,0 +1,73 @@
+//! Reading a shapes-world run back from its `metrics.jsonl`: the validations' accuracies.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{anyhow, Context};
+use flowtune_shapes::Category;
+
+/// One validation of a run.
+#[derive(Debug, Clone)]
+pub struct Validation {
+    pub step: u64,
+    /// `val-core/shapes/reward/mean@1`: with the 1/0 reward, the fraction of prompts right.
+    pub accuracy: f64,
+    /// `val-core/shapes/<category>/acc` by category name.
+    pub per_category: BTreeMap<String, f64>,
+}
+
+/// A run's metric lines and its shapes validations, in step order.
+pub struct RunLog {
+    pub lines: Vec<serde_json::Value>,
+    pub validations: Vec<Validation>,
+}
+
+impl RunLog {
+    /// Reads `<out>/metrics.jsonl`; a run without shapes validations is an error.
+    pub fn read(out: &Path) -> anyhow::Result<Self> {
+        let path = out.join("metrics.jsonl");
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
+            .with_context(|| path.display().to_string())?
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()
+            .with_context(|| path.display().to_string())?;
+        let validations: Vec<Validation> = lines
+            .iter()
+            .filter_map(|m| {
+                let accuracy = m.get("val-core/shapes/reward/mean@1")?.as_f64()?;
+                let per_category = Category::ALL
+                    .iter()
+                    .filter_map(|c| {
+                        let v = m[format!("val-core/shapes/{}/acc", c.name())].as_f64()?;
+                        Some((c.name().to_string(), v))
+                    })
+                    .collect();
+                Some(Validation { step: m["step"].as_u64()?, accuracy, per_category })
+            })
+            .collect();
+        if validations.is_empty() {
+            return Err(anyhow!("{}: no shapes validation was logged", path.display()));
+        }
+        Ok(Self { lines, validations })
+    }
+
+    /// The first and the last validation.
+    pub fn before_after(&self) -> (&Validation, &Validation) {
+        (&self.validations[0], self.validations.last().expect("at least one validation"))
+    }
+
+    /// Mean of metric `key` over the training steps that logged it.
+    pub fn mean_of(&self, key: &str) -> f64 {
+        let v: Vec<f64> = self.lines.iter().filter_map(|m| m.get(key)?.as_f64()).collect();
+        v.iter().sum::<f64>() / v.len().max(1) as f64
+    }
+
+    /// (step, value) of metric `key` wherever it was logged.
+    pub fn series(&self, key: &str) -> Vec<(f64, f64)> {
+        self.lines
+            .iter()
+            .filter_map(|m| Some((m.get("step")?.as_f64()?, m.get(key)?.as_f64()?)))
+            .collect()
+    }
+}
