@@ -7,7 +7,8 @@ use crate::{Reward, RewardError, Sample, Score};
 /// Finds the shapes in the image and checks the prompt's requirements: 1 when all hold, else 0
 /// (or, with `partial`, the fraction of checks passed). The task is `extra_info.task` (a `Task`
 /// as a JSON object or string) when present, else parsed from the prompt. Each score carries
-/// `<category>/acc` (1 / 0) for its category, so batch means are per-category accuracies.
+/// `acc` and `<category>/acc` (1 / 0, also in partial mode), so batch means are the accuracy
+/// overall and per category.
 pub struct ShapesGeneval {
     pub partial: bool,
 }
@@ -41,7 +42,11 @@ impl Reward for ShapesGeneval {
                 let correct = f64::from(u8::from(evaluation.correct));
                 Ok(Score {
                     value: if self.partial { evaluation.partial } else { correct },
-                    extras: [(format!("{}/acc", task.category.name()), correct)].into(),
+                    extras: [
+                        ("acc".to_string(), correct),
+                        (format!("{}/acc", task.category.name()), correct),
+                    ]
+                    .into(),
                 })
             })
             .collect()

@@ -37,8 +37,9 @@ fn right_scenes_score_one_and_wrong_ones_zero_with_per_category_accuracy() {
     let scores = ShapesGeneval { partial: false }.score(&samples).unwrap();
     let values: Vec<f64> = scores.iter().map(|s| s.value).collect();
     assert_eq!(values, [1.0, 0.0, 1.0]);
-    assert_eq!(scores[1].extras, [("position/acc".to_string(), 0.0)].into());
-    assert_eq!(scores[2].extras, [("counting/acc".to_string(), 1.0)].into());
+    let extras = |pairs: [(&str, f64); 2]| pairs.map(|(k, v)| (k.to_string(), v)).into();
+    assert_eq!(scores[1].extras, extras([("acc", 0.0), ("position/acc", 0.0)]));
+    assert_eq!(scores[2].extras, extras([("acc", 1.0), ("counting/acc", 1.0)]));
 
     let scorers = build(&config(json!({"name": "shapes_geneval", "weight": 2.0}))).unwrap();
     let batch = score_batch(&scorers, &samples, OnError::Fail).unwrap();

@@ -10,7 +10,7 @@ use flowtune_shapes::Category;
 #[derive(Debug, Clone)]
 pub struct Validation {
     pub step: u64,
-    /// `val-core/shapes/reward/mean@1`: with the 1/0 reward, the fraction of prompts right.
+    /// `val-core/shapes/acc`: the fraction of prompts drawn right.
     pub accuracy: f64,
     /// `val-core/shapes/<category>/acc` by category name.
     pub per_category: BTreeMap<String, f64>,
@@ -35,7 +35,7 @@ impl RunLog {
         let validations: Vec<Validation> = lines
             .iter()
             .filter_map(|m| {
-                let accuracy = m.get("val-core/shapes/reward/mean@1")?.as_f64()?;
+                let accuracy = m.get("val-core/shapes/acc")?.as_f64()?;
                 let per_category = Category::ALL
                     .iter()
                     .filter_map(|c| {
