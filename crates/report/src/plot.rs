@@ -19,29 +19,33 @@ const MARGIN_TOP: u32 = 36;
 const MARGIN_BOTTOM: u32 = 40;
 const TICKS: usize = 5;
 
-/// `(lo, hi)` widened to a non-empty span.
-fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) =
-        values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
-    if !lo.is_finite() {
-        return (0.0, 1.0);
-    }
-    if hi - lo < 1e-12 {
-        (lo - 0.5, hi + 0.5)
-    } else {
-        let pad = (hi - lo) * 0.05;
-        (lo - pad, hi + pad)
-    }
+/// Round tick positions covering the values: a step of 1, 2 or 5 × 10^k giving about
+/// `TICKS` intervals, and the range widened to whole steps.
+fn ticks(values: impl Iterator<Item = f64>) -> Vec<f64> {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
+    let (lo, hi) = match (lo.is_finite(), hi - lo < 1e-12) {
+        (false, _) => (0.0, 1.0),
+        (true, true) => (lo - 0.5, hi + 0.5),
+        _ => (lo, hi),
+    };
+    let raw = (hi - lo) / (TICKS - 1) as f64;
+    let magnitude = 10f64.powf(raw.log10().floor());
+    let step = magnitude
+        * match raw / magnitude {
+            n if n < 1.5 => 1.0,
+            n if n < 3.0 => 2.0,
+            n if n < 7.0 => 5.0,
+            _ => 10.0,
+        };
+    let first = (lo / step).floor() as i64;
+    let last = (hi / step).ceil() as i64;
+    (first..=last).map(|i| i as f64 * step).collect()
 }
 
-fn label(v: f64) -> String {
-    if v.abs() >= 1000.0 || v == v.round() {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
+/// A tick label with as many decimals as the tick step needs.
+fn label(v: f64, step: f64) -> String {
+    let decimals = if step >= 1.0 { 0 } else { (-step.log10()).ceil() as usize };
+    format!("{v:.decimals$}")
 }
 
 /// Draws `series` on a `width` × `height` white canvas with `title` above and axis labels.
@@ -58,8 +62,10 @@ pub fn line_plot(
         s.points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect::<Vec<_>>()
     };
     let all: Vec<(f64, f64)> = series.iter().flat_map(finite).collect();
-    let (x0, x1) = span(all.iter().map(|p| p.0));
-    let (y0, y1) = span(all.iter().map(|p| p.1));
+    let x_ticks = ticks(all.iter().map(|p| p.0));
+    let y_ticks = ticks(all.iter().map(|p| p.1));
+    let (x0, x1) = (x_ticks[0], *x_ticks.last().expect("ticks"));
+    let (y0, y1) = (y_ticks[0], *y_ticks.last().expect("ticks"));
     let (left, top) = (MARGIN_LEFT as f64, MARGIN_TOP as f64);
     let plot_w = (width - MARGIN_LEFT - MARGIN_RIGHT) as f64;
     let plot_h = (height - MARGIN_TOP - MARGIN_BOTTOM) as f64;
@@ -68,17 +74,17 @@ pub fn line_plot(
     };
     let grey = Rgb([200, 200, 200]);
     let black = Rgb([0, 0, 0]);
-    for t in 0..TICKS {
-        let f = t as f64 / (TICKS - 1) as f64;
-        let (yv, xv) = (y0 + f * (y1 - y0), x0 + f * (x1 - x0));
+    for &yv in &y_ticks {
         let (_, py) = to_px(x0, yv);
-        let (px, _) = to_px(xv, y0);
         line(&mut img, (left, py), (left + plot_w, py), grey);
-        line(&mut img, (px, top), (px, top + plot_h), grey);
-        let text = label(yv);
+        let text = label(yv, y_ticks[1] - y_ticks[0]);
         let tx = MARGIN_LEFT as i64 - 4 - text_width(&text, 1) as i64;
         draw_text(&mut img, tx, py as i64 - 4, &text, black, 1);
-        let text = label(xv);
+    }
+    for &xv in &x_ticks {
+        let (px, _) = to_px(xv, y0);
+        line(&mut img, (px, top), (px, top + plot_h), grey);
+        let text = label(xv, x_ticks[1] - x_ticks[0]);
         let tx = px as i64 - text_width(&text, 1) as i64 / 2;
         draw_text(&mut img, tx, (top + plot_h) as i64 + 6, &text, black, 1);
     }
@@ -147,6 +153,16 @@ fn dot(img: &mut RgbImage, x: f64, y: f64, colour: Rgb<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticks_are_round_and_cover_the_values() {
+        assert_eq!(ticks([0.0, 70.0].into_iter()), [0.0, 20.0, 40.0, 60.0, 80.0]);
+        let t = ticks([0.03, 0.49].into_iter());
+        assert_eq!(t.len(), 6);
+        assert!((t[0] - 0.0).abs() < 1e-12 && (t[5] - 0.5).abs() < 1e-12, "{t:?}");
+        assert_eq!(label(0.30000000000000004, 0.1), "0.3");
+        assert_eq!(label(40.0, 20.0), "40");
+    }
 
     #[test]
     fn a_rising_series_goes_from_bottom_left_to_top_right() {

@@ -64,12 +64,21 @@ fn report(out: &Path, seed: u64, wall_seconds: f64) -> anyhow::Result<()> {
     }
     let val_accuracy: Vec<(f64, f64)> =
         log.validations.iter().map(|v| (v.step as f64, v.accuracy)).collect();
+    let reward = log.series("critic/rewards/mean");
+    // The trailing 10-step mean: one step's reward is noisy (new prompts every step).
+    let smoothed: Vec<(f64, f64)> = (0..reward.len())
+        .map(|i| {
+            let window = &reward[i.saturating_sub(9)..=i];
+            (reward[i].0, window.iter().map(|p| p.1).sum::<f64>() / window.len() as f64)
+        })
+        .collect();
     let plot = line_plot(
         &[
+            Series { label: "train reward".into(), colour: [174, 199, 232], points: reward },
             Series {
-                label: "train reward".into(),
+                label: "train reward, 10-step mean".into(),
                 colour: [31, 119, 180],
-                points: log.series("critic/rewards/mean"),
+                points: smoothed,
             },
             Series {
                 label: "validation accuracy".into(),
