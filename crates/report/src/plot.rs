@@ -22,7 +22,8 @@ const TICKS: usize = 5;
 /// Round tick positions covering the values: a step of 1, 2 or 5 × 10^k giving about
 /// `TICKS` intervals, and the range widened to whole steps.
 fn ticks(values: impl Iterator<Item = f64>) -> Vec<f64> {
-    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
+    let (lo, hi) =
+        values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
     let (lo, hi) = match (lo.is_finite(), hi - lo < 1e-12) {
         (false, _) => (0.0, 1.0),
         (true, true) => (lo - 0.5, hi + 0.5),
