@@ -77,7 +77,7 @@ pub struct Sd3Args {
 }
 
 pub fn run(command: MakeTiny) -> Result<(), Failure> {
-    match command {
+    let (dir, spec) = match command {
         MakeTiny::Sd3(a) => {
             let spec = TinySd3Spec {
                 seed: a.seed,
@@ -90,9 +90,7 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 vae_channels: a.vae_channels,
                 ..Default::default()
             };
-            write_tiny_sd3(&a.dir, &spec).map_err(Failure::input)?;
-            println!("wrote {}", a.dir.display());
-            Ok(())
+            (a.dir, spec)
         }
         MakeTiny::Shapes(a) => {
             let spec = TinySd3Spec {
@@ -115,9 +113,10 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 shift: a.shift,
                 ..Default::default()
             };
-            write_tiny_sd3(&a.dir, &spec).map_err(Failure::input)?;
-            println!("wrote {}", a.dir.display());
-            Ok(())
+            (a.dir, spec)
         }
-    }
+    };
+    write_tiny_sd3(&dir, &spec).map_err(Failure::input)?;
+    println!("wrote {}", dir.display());
+    Ok(())
 }
