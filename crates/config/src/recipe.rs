@@ -2,13 +2,15 @@
 
 use std::path::Path;
 
-use flowtune_objectives::{AdvantageConfig, LossConfig, ObjectiveError};
+use flowtune_objectives::{
+    AdvantageConfig, CorrectionConfig, LossConfig, Objective, ObjectiveError,
+};
 use flowtune_rewards::RewardConfig;
-use flowtune_sampling::{SamplerConfig, SamplingError};
+use flowtune_sampling::{SamplerConfig, SamplingError, SdeType};
 use serde::{Deserialize, Serialize};
 use serde_yaml::Value;
 
-use crate::{ConfigError, DataSection, ModelSection, Override, TrainerSection};
+use crate::{ConfigError, DataSection, ModelSection, OldLogProb, Override, TrainerSection};
 
 /// A resolved training recipe.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,6 +25,8 @@ pub struct Recipe {
     pub rollout: SamplerConfig,
     pub advantage: AdvantageConfig,
     pub actor: LossConfig,
+    /// Importance weights and rejection between rollout and recomputed old log-probs.
+    pub rollout_correction: CorrectionConfig,
     pub reward: RewardConfig,
     pub trainer: TrainerSection,
 }
@@ -37,6 +41,7 @@ impl Default for Recipe {
             rollout: SamplerConfig::default(),
             advantage: AdvantageConfig::default(),
             actor: LossConfig::default(),
+            rollout_correction: CorrectionConfig::default(),
             reward: RewardConfig::default(),
             trainer: TrainerSection::default(),
         }
@@ -98,7 +103,7 @@ impl Recipe {
     /// Cross-checks settings against the registries and their allowed ranges; the error is the
     /// dotted key and what is wrong with its value.
     fn validate(&self) -> Result<(), (String, String)> {
-        flowtune_objectives::algorithm(&self.algorithm)
+        let algorithm = flowtune_objectives::algorithm(&self.algorithm)
             .map_err(|e| ("algorithm".to_string(), e.to_string()))?;
         self.rollout.validate().map_err(|e| match e {
             SamplingError::Setting { key, value, expected } => {
@@ -112,8 +117,66 @@ impl Recipe {
             }
             other => ("actor".to_string(), other.to_string()),
         })?;
+        self.rollout_correction.validate().map_err(|e| match e {
+            ObjectiveError::Invalid { key, value, expected } => (
+                format!("rollout_correction.{key}"),
+                format!("{value} is not allowed; expected {expected}"),
+            ),
+            other => ("rollout_correction".to_string(), other.to_string()),
+        })?;
         flowtune_rewards::build(&self.reward).map_err(|e| ("reward".to_string(), e.to_string()))?;
         self.trainer.validate()?;
+        self.check_algorithm(algorithm.name, algorithm.objective)
+    }
+
+    /// Settings an algorithm depends on: each error names the setting to change.
+    fn check_algorithm(&self, name: &str, objective: Objective) -> Result<(), (String, String)> {
+        let fail = |key: &str, message: String| Err((key.to_string(), message));
+        let bypass = self.trainer.old_log_prob == OldLogProb::Bypass;
+        match objective {
+            Objective::Policy(loss) => {
+                if self.rollout.noise_level == 0.0 {
+                    return fail(
+                        "rollout.noise_level",
+                        format!(
+                            "0 leaves {name} no stochastic step to train; set it > 0 (e.g. 0.7)"
+                        ),
+                    );
+                }
+                if bypass && loss.needs_means() {
+                    return fail("trainer.old_log_prob", format!("{name} needs the old policy's transition means, which bypass mode does not compute; set trainer.old_log_prob: recompute"));
+                }
+                if bypass && self.rollout_correction.enabled() {
+                    return fail("rollout_correction", "corrects rollout log-probs towards recomputed old ones, but bypass mode uses the rollout's as the old ones; set trainer.old_log_prob: recompute or turn rollout_is / rollout_rs off".into());
+                }
+                if name == "dance_grpo" && self.rollout.sde_type != SdeType::DanceSde {
+                    return fail("rollout.sde_type", "dance_grpo samples with the DanceGRPO SDE; set rollout.sde_type: dance_sde".into());
+                }
+                if name == "mix_grpo" && self.rollout.sde_window_size == 0 {
+                    return fail("rollout.sde_window_size", "mix_grpo trains an SDE window and takes ODE steps outside it; set rollout.sde_window_size ≥ 1".into());
+                }
+            }
+            Objective::Dpo | Objective::Nft if self.rollout_correction.enabled() => {
+                return fail("rollout_correction", format!("{name} trains on clean samples, not on rollout log-probs; turn rollout_is / rollout_rs off"));
+            }
+            Objective::Dpo if self.data.preference_files.is_empty() && self.rollout.n < 2 => {
+                return fail("rollout.n", "online dpo pairs the best and worst sample of each prompt, so it needs rollout.n ≥ 2 (or data.preference_files for offline pairs)".into());
+            }
+            Objective::Nft if self.rollout.n < 2 => {
+                return fail(
+                    "rollout.n",
+                    "diffusion_nft compares samples of a prompt with each other; set rollout.n ≥ 2"
+                        .into(),
+                );
+            }
+            _ => {}
+        }
+        if !self.data.preference_files.is_empty() && objective != Objective::Dpo {
+            return fail(
+                "data.preference_files",
+                format!("preference pairs train only algorithm: dpo, not {name}"),
+            );
+        }
         Ok(())
     }
 
@@ -210,5 +273,33 @@ mod tests {
             err.starts_with("override `actor.nope=1`") && err.contains("`clip_ratio`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn algorithm_settings_fail_at_config_time_naming_the_setting() {
+        let err =
+            load("algorithm: grpo_guard\ntrainer:\n  old_log_prob: bypass\n", &[]).unwrap_err();
+        assert!(
+            err.contains("trainer.old_log_prob")
+                && err.contains("set trainer.old_log_prob: recompute"),
+            "{err}"
+        );
+        let err = load("algorithm: dance_grpo\n", &[]).unwrap_err();
+        assert!(err.contains("rollout.sde_type") && err.contains("dance_sde"), "{err}");
+        let err = load("algorithm: mix_grpo\n", &[]).unwrap_err();
+        assert!(err.contains("rollout.sde_window_size"), "{err}");
+        let err = load("algorithm: dpo\n", &["rollout.n=1"]).unwrap_err();
+        assert!(err.contains("rollout.n"), "{err}");
+        let err = load(
+            "trainer:\n  old_log_prob: bypass\nrollout_correction:\n  rollout_is: token\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.contains("rollout_correction") && err.contains("recompute"), "{err}");
+        let err = load("rollout_correction:\n  rollout_is: geometric\n", &[]).unwrap_err();
+        assert!(err.contains("rollout_correction.rollout_is"), "{err}");
+        assert!(load("algorithm: diffusion_nft\nrollout:\n  noise_level: 0\n", &[]).is_ok());
+        let err = load("rollout:\n  noise_level: 0\n", &[]).unwrap_err();
+        assert!(err.contains("rollout.noise_level"), "{err}");
     }
 }

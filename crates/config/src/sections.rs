@@ -45,6 +45,9 @@ pub struct DataSection {
     /// Text (one prompt per line) or JSONL files.
     pub train_files: Vec<PathBuf>,
     pub val_files: Vec<PathBuf>,
+    /// JSONL preference pairs for offline DPO: `prompt`, `chosen` and `rejected` image paths
+    /// (relative to the file), optional `chosen_score` / `rejected_score`.
+    pub preference_files: Vec<PathBuf>,
     /// Prompts per training step (each sampled `rollout.n` times).
     pub prompts_per_step: usize,
     pub shuffle: bool,
@@ -56,6 +59,7 @@ impl Default for DataSection {
         Self {
             train_files: vec![],
             val_files: vec![],
+            preference_files: vec![],
             prompts_per_step: 2,
             shuffle: true,
             drop_last: true,

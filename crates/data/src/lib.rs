@@ -1,12 +1,14 @@
 //! Prompts: datasets read from text (one prompt per line) or JSONL in the reference layout, and
 //! the seeded loader that yields each training step's prompts, every one repeated `n` times with
-//! its copies adjacent and one uid per prompt.
+//! its copies adjacent and one uid per prompt; preference pairs for offline DPO.
 
 mod dataset;
 mod loader;
+mod pairs;
 
 pub use dataset::{quoted_target, PromptDataset, PromptRecord};
 pub use loader::{LoaderState, PromptLoader, Row};
+pub use pairs::{load_pairs, pair_prompts, PreferencePair};
 
 /// Why a dataset could not be read or served.
 #[derive(Debug, thiserror::Error)]

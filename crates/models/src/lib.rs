@@ -67,6 +67,14 @@ impl TextConditioning {
                 .map(|(a, b)| tch::Tensor::cat(&[a, b], 0)),
         }
     }
+
+    /// The rows at `index` (a 1-D int64 tensor).
+    pub fn rows(&self, index: &tch::Tensor) -> Self {
+        Self {
+            embeds: self.embeds.index_select(0, index),
+            pooled: self.pooled.as_ref().map(|p| p.index_select(0, index)),
+        }
+    }
 }
 
 /// A flow-matching denoiser: velocity of latents at timesteps (0‥1000) given text.

@@ -1,12 +1,14 @@
 //! What RL post-training optimises: group advantages ([`advantages`]), the losses of every
-//! algorithm ([`losses`]) and the registry that maps a recipe's `algorithm:` to them
+//! algorithm ([`losses`]), rollout correction ([`correction`]) and the registry that maps a recipe's `algorithm:` to them
 //! ([`registry`]). Pure functions of tensors; the trainer supplies the forwards.
 
 pub mod advantages;
+pub mod correction;
 pub mod losses;
 pub mod registry;
 
 pub use advantages::{group_advantages, AdvantageConfig, Advantages};
+pub use correction::{Correction, CorrectionConfig, Level};
 pub use losses::{LossConfig, LossOutput, Metrics};
 pub use registry::{algorithm, Algorithm, Estimator, Objective, ALGORITHMS};
 
@@ -28,7 +30,11 @@ pub enum ObjectiveError {
 }
 
 impl ObjectiveError {
-    fn invalid(key: &'static str, value: impl std::fmt::Display, expected: &'static str) -> Self {
+    pub(crate) fn invalid(
+        key: &'static str,
+        value: impl std::fmt::Display,
+        expected: &'static str,
+    ) -> Self {
         Self::Invalid { key, value: value.to_string(), expected }
     }
 }

@@ -73,6 +73,8 @@ fn evaluate(kind: &str, config: &LossConfig, t: &HashMap<String, Tensor>) -> Los
             old_prev_sample_mean: Some(&t["old_prev_sample_mean"]),
             std_dev_t: Some(&t["std_dev_t"]),
             sqrt_dt: Some(&t["sqrt_dt"]),
+            weights: None,
+            keep: None,
         };
         loss.compute(&batch, config).expect("policy loss")
     };

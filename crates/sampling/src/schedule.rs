@@ -333,20 +333,30 @@ impl SigmaGrid {
     }
 }
 
+impl SchedulerConfig {
+    /// σ at `index` of the 1000-step training grid (index 0 is the noisiest), as diffusers'
+    /// training scripts pick `sigmas[indices]`; carries the static shift unless dynamic shifting is on.
+    pub fn training_sigma(&self, index: usize) -> f64 {
+        let n = self.num_train_timesteps as usize;
+        let s = (n - index.min(n - 1)) as f64 / n as f64;
+        if self.use_dynamic_shifting {
+            s
+        } else {
+            Arith::F32.static_shift(self.shift, s)
+        }
+    }
+
+    /// σ from a uniform `u ∈ [0, 1)` (e.g. a logit-normal draw): the grid entry at `⌊u·N⌋`.
+    pub fn training_sigma_at(&self, u: f64) -> f64 {
+        let n = self.num_train_timesteps as usize;
+        self.training_sigma(((u * n as f64) as usize).min(n - 1))
+    }
+}
+
 /// First and last σ of the 1000-step training grid built in `__init__` (f32 torch), which already
 /// carries the static shift unless dynamic shifting is on.
 fn training_grid_bounds(config: &SchedulerConfig) -> (f64, f64) {
-    let a = Arith::F32;
-    let n = config.num_train_timesteps as f64;
-    let bound = |t: f64| {
-        let s = a.div(t, n);
-        if config.use_dynamic_shifting {
-            s
-        } else {
-            a.static_shift(config.shift, s)
-        }
-    };
-    (bound(n), bound(1.0))
+    (config.training_sigma(0), config.training_sigma(config.num_train_timesteps as usize - 1))
 }
 
 fn time_shift(a: Arith, kind: TimeShiftType, mu: f64, sigma: f64) -> f64 {

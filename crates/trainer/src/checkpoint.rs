@@ -1,5 +1,6 @@
 //! Checkpoints: `checkpoints/step_NNNNNN/` with the adapters (diffusers/PEFT layout) or, under full
-//! fine-tuning, the transformer's weights, the optimizer state and the loop state. Written into a
+//! fine-tuning, the transformer's weights, the optimizer state (with the EMA and DiffusionNFT's old
+//! policy) and the loop state. Written into a
 //! temporary directory and renamed, so a crash mid-write leaves the previous checkpoint as the
 //! newest complete one.
 
@@ -11,7 +12,8 @@ use flowtune_models::sd3::Sd3Transformer;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use crate::optim::{AdamW, Ema};
+use crate::optim::Ema;
+use crate::update::Learner;
 use crate::TrainError;
 
 /// The loop state saved beside the weights.
@@ -34,14 +36,14 @@ fn io(path: &Path, e: impl std::fmt::Display) -> TrainError {
 }
 
 /// Writes a checkpoint for `state.step` and keeps the newest `keep`.
-pub fn save(
+pub(crate) fn save(
     root: &Path,
     model: &Sd3Transformer,
-    optimizer: &AdamW,
-    ema: Option<&Ema>,
+    learner: &Learner,
     state: &LoopState,
     keep: usize,
 ) -> Result<PathBuf, TrainError> {
+    let optimizer = &learner.optimizer;
     let dir = root.join(format!("step_{:06}", state.step));
     let tmp = root.join(format!(".step_{:06}.tmp", state.step));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -56,8 +58,8 @@ pub fn save(
     for (name, t) in optimizer.exp_avg.iter() {
         named.push((format!("exp_avg.{name}"), t.shallow_clone()));
         named.push((format!("exp_avg_sq.{name}"), optimizer.exp_avg_sq[name].shallow_clone()));
-        if let Some(ema) = ema {
-            named.push((format!("ema.{name}"), ema.shadow[name].shallow_clone()));
+        for (prefix, shadow) in shadows(learner) {
+            named.push((format!("{prefix}.{name}"), shadow.shadow[name].shallow_clone()));
         }
     }
     Tensor::write_safetensors(&named, tmp.join(OPTIMIZER))?;
@@ -100,13 +102,21 @@ pub fn complete_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>, TrainErr
     Ok(dirs)
 }
 
-/// Restores adapters, optimizer state and loop state from `dir`.
-pub fn load(
+/// The learner's copies of the weights, by the prefix they are saved under: the EMA, and
+/// DiffusionNFT's old policy.
+fn shadows(learner: &Learner) -> impl Iterator<Item = (&'static str, &Ema)> {
+    [("ema", learner.ema.as_ref()), ("old", learner.old.as_ref())]
+        .into_iter()
+        .filter_map(|(prefix, s)| s.map(|s| (prefix, s)))
+}
+
+/// Restores adapters, optimizer state, the learner's shadows and the loop state from `dir`.
+pub(crate) fn load(
     dir: &Path,
     model: &mut Sd3Transformer,
-    optimizer: &mut AdamW,
-    ema: Option<&mut Ema>,
+    learner: &mut Learner,
 ) -> Result<LoopState, TrainError> {
+    let optimizer = &mut learner.optimizer;
     let state: LoopState =
         serde_json::from_str(&std::fs::read_to_string(dir.join(STATE)).map_err(|e| io(dir, e))?)
             .map_err(|e| io(&dir.join(STATE), e))?;
@@ -138,11 +148,11 @@ pub fn load(
         optimizer.exp_avg_sq[name].shallow_clone().copy_(sv);
     }
     optimizer.steps = state.optimizer_steps;
-    if let Some(ema) = ema {
-        for (name, shadow) in &ema.shadow {
-            // A checkpoint from a run without EMA starts the average at the loaded weights.
-            let value = saved.get(&format!("ema.{name}")).unwrap_or(&optimizer.params[name]);
-            shadow.shallow_clone().copy_(value);
+    for (prefix, shadow) in shadows(learner) {
+        for (name, value) in &shadow.shadow {
+            // A checkpoint from a run without this shadow starts it at the loaded weights.
+            let saved = saved.get(&format!("{prefix}.{name}"));
+            value.shallow_clone().copy_(saved.unwrap_or(&learner.optimizer.params[name]));
         }
     }
     Ok(state)

@@ -225,14 +225,10 @@ impl<'a> Engine<'a> {
         }
         let device = x.device();
         let tt = Tensor::from_slice(&timesteps).to_device(device);
-        let pick = |c: &TextConditioning| TextConditioning {
-            embeds: c.embeds.index_select(0, rows),
-            pooled: c.pooled.as_ref().map(|p| p.index_select(0, rows)),
-        };
-        let text = pick(&batch.text);
+        let text = batch.text.rows(rows);
         let v = match &batch.negative {
             Some(neg) => {
-                let both = pick(neg).concat(&text);
+                let both = neg.rows(rows).concat(&text);
                 let out = model
                     .velocity(&Tensor::cat(&[&x, &x], 0), &Tensor::cat(&[&tt, &tt], 0), &both)?
                     .to_kind(Kind::Float);
@@ -251,6 +247,18 @@ impl<'a> Engine<'a> {
             Draw::Given(&next),
         )?)
     }
+}
+
+/// The conditional velocity (no CFG) at noise level `sigma` (B,), in f32: what the
+/// forward-process losses (DPO, NFT) train.
+pub fn velocity_at(
+    model: &Sd3Transformer,
+    x: &Tensor,
+    sigma: &Tensor,
+    text: &TextConditioning,
+) -> Result<Tensor, TrainError> {
+    let timesteps = sigma * 1000.0;
+    Ok(model.velocity(x, &timesteps, text)?.to_kind(Kind::Float))
 }
 
 impl From<RolloutError> for TrainError {

@@ -1,16 +1,23 @@
-//! The online RL training loop (`flowtune train`): each step is rollout → rewards → old log-probs
-//! → reference → advantages → update → checkpoint, each under a named timer, with the metric names
-//! of the reference framework.
+//! The online RL training loop (`flowtune train`): each step is rollout → rewards → the
+//! algorithm's update (policy gradient: old log-probs → reference → advantages → clipped update;
+//! Diffusion-DPO on pairs; DiffusionNFT on clean samples) → checkpoint, each under a named timer,
+//! with the metric names of the reference framework.
 
 pub mod checkpoint;
+mod collect;
 pub mod engine;
 mod fit;
 pub mod images;
+mod nft;
 pub mod optim;
+mod policy;
+mod preference;
 pub mod pretrain;
+mod reference;
 mod scoring;
 pub mod tensorboard;
 mod update;
+mod validation;
 
 pub use fit::{train, TrainSummary};
 

@@ -2,59 +2,16 @@
 //! before the first update, and model batching does not change the samples. (Resuming is tested
 //! with separate processes, as it happens, in the CLI tests.)
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+mod common;
 
-use flowtune_config::Recipe;
-use flowtune_models::sd3::{write_tiny_sd3, TinySd3Spec};
+use common::{lora_moved, metric_lines, pipeline, recipe, root, scratch, tensors};
 use flowtune_trainer::train;
-use tch::{Device, Tensor};
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("flowtune-train-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-/// One tiny pipeline for every test of this file.
-fn pipeline() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = scratch("pipeline");
-        write_tiny_sd3(&d, &TinySd3Spec { seed: 3, ..Default::default() }).expect("make-tiny");
-        d
-    })
-}
-
-fn recipe(out: &Path, overrides: &[String]) -> Recipe {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut all = vec![
-        format!("model.path={}", pipeline().display()),
-        format!("data.train_files=[{}]", root.join("examples/prompts/tiny.txt").display()),
-        format!("trainer.output_dir={}", out.display()),
-    ];
-    all.extend(overrides.iter().cloned());
-    Recipe::load(&root.join("examples/flow_grpo_tiny.yaml"), &all).expect("recipe")
-}
-
-fn tensors(path: &Path) -> BTreeMap<String, Tensor> {
-    Tensor::read_safetensors(path).expect("safetensors").into_iter().collect()
-}
-
-fn metric_lines(out: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
+use tch::Device;
 
 #[test]
 fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
     let out = scratch("e2e");
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let val = format!("data.val_files=[{}]", root.join("examples/prompts/tiny.txt").display());
+    let val = format!("data.val_files=[{}]", root().join("examples/prompts/tiny.txt").display());
     let overrides = [
         "actor.use_kl_loss=true".into(),
         "trainer.total_steps=3".into(),
@@ -80,11 +37,7 @@ fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
     );
     // The LoRA changed, checkpoints and the exported adapter exist.
     let lora = tensors(&summary.export);
-    assert!(lora.iter().filter(|(k, _)| k.contains("lora_B")).any(|(_, t)| t
-        .abs()
-        .max()
-        .double_value(&[])
-        > 0.0));
+    assert!(lora_moved(&lora));
     assert!(out.join("checkpoints/step_000002/adapters.safetensors").exists());
     assert!(out.join("checkpoints/step_000003/state.json").exists());
     assert_eq!(metric_lines(&out).len(), 3);
@@ -110,23 +63,8 @@ fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
 }
 
 #[test]
-fn losses_that_need_old_means_refuse_bypass_mode() {
-    let out = scratch("bypass");
-    let err = train(
-        &recipe(&out, &["algorithm=grpo_guard".into(), "trainer.old_log_prob=bypass".into()]),
-        Device::Cpu,
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("grpo_guard needs the old policy's transition means")
-            && err.contains("trainer.old_log_prob: recompute"),
-        "{err}"
-    );
-    let err = train(&recipe(&out, &["rollout.noise_level=0".into()]), Device::Cpu)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("rollout.noise_level is 0"), "{err}");
+fn bad_resolution_is_named() {
+    let out = scratch("resolution");
     let err =
         train(&recipe(&out, &["model.resolution=30".into()]), Device::Cpu).unwrap_err().to_string();
     assert!(err.contains("model.resolution 30: expected a positive multiple of 4"), "{err}");

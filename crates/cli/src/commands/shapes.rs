@@ -17,6 +17,9 @@ pub enum ShapesCommand {
     Prompts(PromptsArgs),
     /// Draw the ground truth of a prompt file as a captioned grid PNG.
     Render(RenderArgs),
+    /// Write preference pairs for offline DPO: each prompt's ground truth (chosen) against a
+    /// picture of another task of its category that fails the prompt (rejected).
+    Pairs(PairsArgs),
     /// Score a `flowtune sample` folder (`prompts.jsonl` + PNGs): accuracy per category.
     Score(ScoreArgs),
 }
@@ -47,6 +50,18 @@ pub struct RenderArgs {
 }
 
 #[derive(Args)]
+pub struct PairsArgs {
+    /// Output folder: `pairs.jsonl` and `images/`.
+    out: PathBuf,
+    #[arg(long, default_value_t = 64)]
+    count: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, default_value_t = 32)]
+    resolution: u32,
+}
+
+#[derive(Args)]
 pub struct ScoreArgs {
     /// A folder written by `flowtune sample`.
     dir: PathBuf,
@@ -65,6 +80,7 @@ pub fn run(command: ShapesCommand) -> Result<(), Failure> {
             println!("wrote {} prompts to {}", tasks.len(), a.out.display());
             Ok(())
         }
+        ShapesCommand::Pairs(a) => write_pairs(&a).map_err(Failure::Runtime),
         ShapesCommand::Render(a) => {
             let tasks = read_tasks(&a.prompts)?;
             let shown = &tasks[..tasks.len().min(a.limit)];
@@ -149,4 +165,34 @@ pub fn run(command: ShapesCommand) -> Result<(), Failure> {
 fn read_tasks(path: &Path) -> Result<Vec<Task>, Failure> {
     let dataset = flowtune_data::PromptDataset::load(path).map_err(Failure::input)?;
     dataset.records.iter().map(|r| Task::parse(&r.prompt).map_err(Failure::input)).collect()
+}
+
+/// `pairs.jsonl` with chosen (the prompt's own scene, score 1) and rejected (a scene of another
+/// task of the same category that the scorer fails for this prompt, score 0) images.
+fn write_pairs(a: &PairsArgs) -> anyhow::Result<()> {
+    use rand::SeedableRng;
+    let images = a.out.join("images");
+    std::fs::create_dir_all(&images).with_context(|| images.display().to_string())?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed ^ 0x9A1E);
+    let mut lines = String::new();
+    for (i, task) in sample_tasks(a.seed, a.count).iter().enumerate() {
+        let seed = a.seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
+        let chosen = render(task, seed, a.resolution);
+        let rejected = (0..100)
+            .map(|_| render(&Task::sample(&mut rng, task.category), seed, a.resolution))
+            .find(|image| !score(task, image).correct)
+            .ok_or_else(|| anyhow!("no failing scene found for {:?}", task.prompt))?;
+        let (c, r) = (format!("images/{i:04}_chosen.png"), format!("images/{i:04}_rejected.png"));
+        chosen.save(a.out.join(&c)).with_context(|| c.clone())?;
+        rejected.save(a.out.join(&r)).with_context(|| r.clone())?;
+        let line = serde_json::json!({
+            "prompt": task.prompt, "chosen": c, "rejected": r,
+            "chosen_score": 1.0, "rejected_score": 0.0,
+        });
+        lines.push_str(&format!("{line}\n"));
+    }
+    let file = a.out.join("pairs.jsonl");
+    std::fs::write(&file, lines).with_context(|| file.display().to_string())?;
+    println!("wrote {} pairs to {}", a.count, file.display());
+    Ok(())
 }

@@ -139,6 +139,16 @@ impl Sd3Pipeline {
         AutoencoderKl::to_rgb8(&images)
     }
 
+    /// u8 RGB images (B × H × W × 3) → clean latents (f32): the VAE posterior mean, or the pixels
+    /// in [−1, 1] for a pixel-space pipeline. The inverse of [`Self::decode_rgb8`].
+    pub fn encode_rgb8(&self, images: &Tensor) -> Tensor {
+        let pixels = images.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 127.5 - 1.0;
+        match &self.vae {
+            Some(vae) => vae.encode(&pixels.to_kind(vae.decoder_kind())).0.to_kind(Kind::Float),
+            None => pixels,
+        }
+    }
+
     /// Tokens per CLIP branch: the tokenizer's `model_max_length` (diffusers'
     /// `tokenizer_max_length`), 77 for the real CLIP models.
     pub fn clip_length(&self) -> usize {

@@ -34,6 +34,10 @@ pub struct PolicyBatch<'a> {
     pub std_dev_t: Option<&'a Tensor>,
     /// `√−dt` per row; needed by `Guard` and `Dppo`.
     pub sqrt_dt: Option<&'a Tensor>,
+    /// Rollout-correction importance weights per row (B,); none means 1.
+    pub weights: Option<&'a Tensor>,
+    /// Rows kept by rollout rejection (B,, bool); dropped rows leave the loss and its denominator.
+    pub keep: Option<&'a Tensor>,
 }
 
 impl PolicyLoss {
@@ -74,7 +78,7 @@ impl PolicyLoss {
         let out = match self {
             Self::Clipped => {
                 let ratio = log_ratio.exp();
-                let loss = clipped(&ratio, batch.advantages, config)?;
+                let loss = batch.aggregate(&clipped(&ratio, batch.advantages, config));
                 ratio_metrics(&mut metrics, &ratio, config.clip_ratio)?;
                 loss
             }
@@ -84,7 +88,7 @@ impl PolicyLoss {
                 let bias = mean_elems(&(m.mean - m.old_mean).square()) / (2.0 * c.square());
                 let shifted: Tensor = &log_ratio + bias;
                 let ratio = (shifted * &c).exp();
-                let loss = clipped(&ratio, batch.advantages, config)?;
+                let loss = batch.aggregate(&clipped(&ratio, batch.advantages, config));
                 ratio_metrics(&mut metrics, &ratio, config.clip_ratio)?;
                 loss / m.sqrt_dt.mean(Kind::Float).square()
             }
@@ -106,7 +110,7 @@ impl PolicyLoss {
                     .logical_or(&ratio.lt(1.0).logical_and(&a.lt(0.0)));
                 let drop = divergence.ge(config.kl_mask_threshold).logical_and(&favoured).detach();
                 let objective = -(a * &ratio);
-                let loss = objective.where_scalarother(&drop.logical_not(), 0.0).mean(Kind::Float);
+                let loss = batch.aggregate(&objective.where_scalarother(&drop.logical_not(), 0.0));
                 ratio_metrics(&mut metrics, &ratio, config.clip_ratio)?;
                 metrics.insert("actor/masked_fraction".into(), fraction(&drop)?);
                 loss
@@ -155,17 +159,31 @@ fn broadcast_rows(like: &Tensor) -> Vec<i64> {
     shape
 }
 
-/// `mean(max(−A·ρ, −A·clamp(ρ, 1−ε, 1+ε)))` with `A` clamped to ±`adv_clip_max`.
-fn clipped(
-    ratio: &Tensor,
-    advantages: &Tensor,
-    config: &LossConfig,
-) -> Result<Tensor, ObjectiveError> {
+/// Per row `max(−A·ρ, −A·clamp(ρ, 1−ε, 1+ε))` with `A` clamped to ±`adv_clip_max`.
+fn clipped(ratio: &Tensor, advantages: &Tensor, config: &LossConfig) -> Tensor {
     let a = advantages.clamp(-config.adv_clip_max, config.adv_clip_max);
     let eps = config.clip_ratio;
     let unclipped = -(&a * ratio);
     let clipped = -(&a * ratio.clamp(1.0 - eps, 1.0 + eps));
-    Ok(unclipped.maximum(&clipped).mean(Kind::Float))
+    unclipped.maximum(&clipped)
+}
+
+impl PolicyBatch<'_> {
+    /// The mean of per-row losses (B,) under the rollout correction: each row times its weight,
+    /// averaged over the kept rows.
+    fn aggregate(&self, per_row: &Tensor) -> Tensor {
+        let weighted = match self.weights {
+            Some(w) => per_row * w.detach(),
+            None => per_row.shallow_clone(),
+        };
+        match self.keep {
+            Some(keep) => {
+                let kept = keep.to_kind(Kind::Float);
+                (weighted * &kept).sum(Kind::Float) / kept.sum(Kind::Float).clamp_min(1.0)
+            }
+            None => weighted.mean(Kind::Float),
+        }
+    }
 }
 
 fn ratio_metrics(metrics: &mut Metrics, ratio: &Tensor, eps: f64) -> Result<(), ObjectiveError> {
@@ -235,7 +253,28 @@ mod tests {
             old_prev_sample_mean: None,
             std_dev_t: None,
             sqrt_dt: None,
+            weights: None,
+            keep: None,
         }
+    }
+
+    #[test]
+    fn correction_weights_rows_and_drops_rejected_ones_from_the_mean() {
+        let logp = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let old = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu));
+        let adv = Tensor::from_slice(&[1.0f32, -2.0, 3.0]);
+        let (weights, keep) =
+            (Tensor::from_slice(&[0.5f32, 2.0, 1.0]), Tensor::from_slice(&[true, true, false]));
+        let batch = PolicyBatch {
+            weights: Some(&weights),
+            keep: Some(&keep),
+            ..without_means(&logp, &old, &adv)
+        };
+        let out = PolicyLoss::Clipped.compute(&batch, &LossConfig::default()).unwrap();
+        // Rows 0 and 1 only, over 2: (−1·0.5 + 2·2) / 2.
+        assert!((out.loss.double_value(&[]) - 1.75).abs() < 1e-6);
+        out.loss.backward();
+        assert_eq!(Vec::<f32>::try_from(&logp.grad()).unwrap(), [-0.25, 2.0, 0.0]);
     }
 
     #[test]

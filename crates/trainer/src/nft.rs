@@ -1,0 +1,149 @@
+//! A DiffusionNFT step: the rollout (sampled by the old adapter, see `fit`) gives clean final
+//! latents; group advantages become optimality probabilities; on a random subset of the rollout's
+//! timesteps each sample is re-noised with fresh noise and three velocities are compared — old
+//! adapter, trained adapter, reference — then the old adapter follows the trained one.
+
+use std::time::Instant;
+
+use flowtune_objectives::losses::{nft_loss, reward_probability, NftBatch};
+use flowtune_objectives::{group_advantages, Metrics};
+use flowtune_sampling::{row_seed, SampleRng};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use tch::Tensor;
+
+use crate::collect::{stats, Collected};
+use crate::engine::velocity_at;
+use crate::fit::Run;
+use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
+use crate::TrainError;
+
+/// Salt of the NFT noise streams, apart from the rollout's.
+const NFT_SEED: u64 = 0x004E_4654;
+
+/// The trained timestep indices of each of `rows` samples: `max(1, ⌊N·fraction⌋)` of the N, drawn
+/// without replacement.
+pub(crate) fn trained_timesteps(
+    rows: usize,
+    steps: usize,
+    fraction: f64,
+    seed: u64,
+    k: u64,
+) -> Vec<Vec<usize>> {
+    let count = ((steps as f64 * fraction) as usize).clamp(1, steps);
+    let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed ^ NFT_SEED, k, u64::MAX >> 2));
+    (0..rows)
+        .map(|_| {
+            let mut all: Vec<usize> = (0..steps).collect();
+            all.shuffle(&mut rng);
+            all.truncate(count);
+            all
+        })
+        .collect()
+}
+
+/// Advantages, the NFT update and the old-adapter refresh of training step `k`.
+pub(crate) fn nft_step(
+    run: &Run<'_>,
+    learner: &mut Learner,
+    c: &Collected,
+    k: u64,
+    lr: f64,
+    m: &mut Metrics,
+) -> Result<(), TrainError> {
+    let (recipe, engine) = (run.recipe, &run.engine);
+    let actor = &recipe.actor;
+    let model = &engine.pipe.transformer;
+    let reference = run.reference.as_ref().expect("diffusion_nft always has a reference");
+    let device = c.kept.device();
+
+    let timer = Instant::now();
+    let uids: Vec<&str> = c.uids.iter().map(String::as_str).collect();
+    let adv = group_advantages(&c.rewards, &uids, 1, &recipe.advantage)?;
+    m.insert("critic/rewards/zero_std_ratio".into(), adv.zero_std_ratio);
+    let a = adv.values.select(1, 0);
+    let values: Vec<f64> = Vec::<f32>::try_from(&a)?.into_iter().map(f64::from).collect();
+    stats("critic/advantages", &values, m);
+    let prob = reward_probability(&a, actor.reward_mode, actor.adv_clip_max).to_device(device);
+    m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+
+    let timer = Instant::now();
+    let x0 = c.batch.trajectory.final_latents.index_select(0, &c.kept);
+    let text = c.batch.text.rows(&c.kept);
+    let grid = &engine.grid.timesteps;
+    let chosen =
+        trained_timesteps(c.rewards.len(), grid.len(), actor.timestep_fraction, recipe.seed, k);
+    let slots = chosen[0].len();
+    let t = &recipe.trainer;
+    let batching = Batching {
+        items: c.rewards.len(),
+        mini: t.ppo_mini_batch_size * recipe.rollout.n,
+        micro: t.micro_batch_size,
+    };
+    let params =
+        learner.optimizer.params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
+    let mut old = learner.old.take().expect("diffusion_nft keeps an old policy");
+    let result = optimize(learner, recipe, batching, k, lr, |micro, scale| {
+        let idx = Tensor::from_slice(&micro.iter().map(|&i| i as i64).collect::<Vec<_>>())
+            .to_device(device);
+        let (x0, text, prob) =
+            (x0.index_select(0, &idx), text.rows(&idx), prob.index_select(0, &idx));
+        let mut means = MetricMeans::default();
+        for j in 0..slots {
+            let sigma: Vec<f32> = micro.iter().map(|&i| grid[chosen[i][j]] / 1000.0).collect();
+            let sigma = Tensor::from_slice(&sigma).to_device(device);
+            let noise = Tensor::cat(
+                &micro
+                    .iter()
+                    .map(|&i| {
+                        let stream = row_seed(recipe.seed ^ NFT_SEED, k, (i * slots + j) as u64);
+                        let mut shape = x0.size();
+                        shape[0] = 1;
+                        SampleRng::new(stream).normal(&shape, device)
+                    })
+                    .collect::<Vec<_>>(),
+                0,
+            );
+            let s = sigma.view([-1, 1, 1, 1]);
+            let xt = (1.0 - &s) * &x0 + &s * &noise;
+            let old_pred = tch::no_grad(|| {
+                old.swap(&params);
+                let v = velocity_at(model, &xt, &sigma, &text);
+                old.swap(&params);
+                v
+            })?;
+            let ref_pred =
+                tch::no_grad(|| reference.run(model, |net| velocity_at(net, &xt, &sigma, &text)))?;
+            let policy_pred = velocity_at(model, &xt, &sigma, &text)?;
+            let out = nft_loss(
+                &NftBatch {
+                    x0: &x0,
+                    xt: &xt,
+                    t: &sigma,
+                    reward_prob: &prob,
+                    policy_pred: &policy_pred,
+                    old_pred: &old_pred,
+                    ref_pred: &ref_pred,
+                },
+                actor.mix_beta,
+                actor.ref_kl_coef,
+                actor.adv_clip_max,
+            )?;
+            let total = finite_loss(&out.loss, k, &format!("nft timestep slot {j}"))?;
+            means.add(&out.metrics);
+            means.add(&Metrics::from([("actor/loss".to_string(), total)]));
+            (out.loss * (scale / slots as f64)).backward();
+        }
+        Ok(means.means())
+    });
+    if k.is_multiple_of(actor.old_policy_update_interval) {
+        old.decay = actor.old_policy_decay.decay(k);
+        old.update(&learner.optimizer.params);
+        m.insert("actor/old_policy_decay".into(), old.decay);
+    }
+    learner.old = Some(old);
+    m.extend(result?);
+    m.insert("timing_s/update_actor".into(), timer.elapsed().as_secs_f64());
+    Ok(())
+}

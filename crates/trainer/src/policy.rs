@@ -1,0 +1,215 @@
+//! The second half of a policy-gradient step (flow_grpo, dance_grpo, mix_grpo, grpo_guard,
+//! flow_dppo): old log-probs (recomputed or the rollout's), reference means for the KL term, group
+//! advantages, rollout correction, then the clipped update over every trained window step.
+
+use std::time::Instant;
+
+use flowtune_config::OldLogProb;
+use flowtune_models::sd3::Sd3Transformer;
+use flowtune_objectives::losses::{kl_to_reference, PolicyBatch, PolicyLoss};
+use flowtune_objectives::{group_advantages, Correction, Metrics};
+use tch::{Kind, Tensor};
+
+use crate::collect::{stats, Collected};
+use crate::engine::{Engine, RolloutBatch};
+use crate::fit::Run;
+use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
+use crate::TrainError;
+
+/// Old-policy quantities of every (row, window step): log-probs and transition means.
+pub(crate) struct OldPolicy {
+    pub log_probs: Tensor,
+    pub means: Option<Tensor>,
+    pub std: Option<Tensor>,
+    pub sqrt_dt: Option<Tensor>,
+}
+
+/// Replays every window step of all rows with `model` without gradient.
+pub(crate) fn replay_all(
+    engine: &Engine<'_>,
+    model: &Sd3Transformer,
+    batch: &RolloutBatch,
+    rows: &Tensor,
+    w: i64,
+    keep_means: bool,
+) -> Result<OldPolicy, TrainError> {
+    tch::no_grad(|| {
+        let (mut lp, mut means, mut std, mut dt) = (vec![], vec![], vec![], vec![]);
+        for j in 0..w {
+            let out = engine.replay_with(model, batch, rows, j)?;
+            lp.push(out.log_prob);
+            if keep_means {
+                means.push(out.prev_sample_mean);
+                std.push(out.std_dev_t.reshape([-1]));
+                dt.push(out.sqrt_dt.reshape([-1]));
+            }
+        }
+        let stack = |v: Vec<Tensor>| (!v.is_empty()).then(|| Tensor::stack(&v, 1));
+        Ok(OldPolicy {
+            log_probs: Tensor::stack(&lp, 1),
+            means: stack(means),
+            std: stack(std),
+            sqrt_dt: stack(dt),
+        })
+    })
+}
+
+/// Old log-probs, reference, advantages and the update of training step `k`.
+pub(crate) fn policy_step(
+    run: &Run<'_>,
+    learner: &mut Learner,
+    loss_kind: PolicyLoss,
+    c: &Collected,
+    k: u64,
+    lr: f64,
+    m: &mut Metrics,
+) -> Result<(), TrainError> {
+    let (recipe, engine) = (run.recipe, &run.engine);
+    let model = &engine.pipe.transformer;
+    let batch = &c.batch;
+    let w = batch.windows[0].len() as i64;
+    let rollout_lp = batch.trajectory.all_log_probs.index_select(0, &c.kept);
+
+    // old log-probs
+    let timer = Instant::now();
+    let old = match recipe.trainer.old_log_prob {
+        OldLogProb::Recompute => {
+            let old = replay_all(engine, model, batch, &c.kept, w, loss_kind.needs_means())?;
+            let drift = (&old.log_probs - &rollout_lp).abs();
+            m.insert(
+                "rollout_corr/logprob_abs_diff_mean".into(),
+                drift.mean(Kind::Float).double_value(&[]),
+            );
+            m.insert("rollout_corr/logprob_abs_diff_max".into(), drift.max().double_value(&[]));
+            old
+        }
+        OldLogProb::Bypass => OldPolicy {
+            log_probs: rollout_lp.shallow_clone(),
+            means: None,
+            std: None,
+            sqrt_dt: None,
+        },
+    };
+    let correction = if recipe.rollout_correction.enabled() {
+        let c = recipe.rollout_correction.compute(&old.log_probs, &rollout_lp)?;
+        m.extend(c.metrics.clone());
+        Some(c)
+    } else {
+        None
+    };
+    m.insert("timing_s/old_log_prob".into(), timer.elapsed().as_secs_f64());
+
+    // ref
+    let timer = Instant::now();
+    let reference = match &run.reference {
+        Some(r) if recipe.actor.use_kl_loss => {
+            Some(r.run(model, |net| replay_all(engine, net, batch, &c.kept, w, true))?)
+        }
+        _ => None,
+    };
+    m.insert("timing_s/ref".into(), timer.elapsed().as_secs_f64());
+
+    // adv
+    let timer = Instant::now();
+    let uids: Vec<&str> = c.uids.iter().map(String::as_str).collect();
+    let adv = group_advantages(&c.rewards, &uids, w as usize, &recipe.advantage)?;
+    m.insert("critic/rewards/zero_std_ratio".into(), adv.zero_std_ratio);
+    let advantages = adv.values.to_device(c.kept.device());
+    let a: Vec<f64> =
+        Vec::<f32>::try_from(adv.values.select(1, 0))?.into_iter().map(f64::from).collect();
+    stats("critic/advantages", &a, m);
+    m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+
+    // update
+    let timer = Instant::now();
+    let inputs = Inputs {
+        engine,
+        batch,
+        rows: &c.kept,
+        old: &old,
+        reference: reference.as_ref(),
+        correction: correction.as_ref(),
+        advantages: &advantages,
+        loss: loss_kind,
+        window: w,
+    };
+    let t = &recipe.trainer;
+    let batching = Batching {
+        items: c.rewards.len(),
+        mini: t.ppo_mini_batch_size * recipe.rollout.n,
+        micro: t.micro_batch_size,
+    };
+    m.extend(optimize(learner, recipe, batching, k, lr, |micro, scale| {
+        inputs.micro_step(run, micro, scale / w as f64, k)
+    })?);
+    m.insert("timing_s/update_actor".into(), timer.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// What the update reads.
+struct Inputs<'a> {
+    engine: &'a Engine<'a>,
+    batch: &'a RolloutBatch,
+    /// Batch rows that train (those with a reward).
+    rows: &'a Tensor,
+    old: &'a OldPolicy,
+    reference: Option<&'a OldPolicy>,
+    correction: Option<&'a Correction>,
+    /// (kept rows, W)
+    advantages: &'a Tensor,
+    loss: PolicyLoss,
+    window: i64,
+}
+
+impl Inputs<'_> {
+    /// Forward and backward of one micro-batch (positions into the kept rows), step by step.
+    fn micro_step(
+        &self,
+        run: &Run<'_>,
+        micro: &[usize],
+        scale: f64,
+        k: u64,
+    ) -> Result<Metrics, TrainError> {
+        let recipe = run.recipe;
+        let device = self.rows.device();
+        let local = Tensor::from_slice(&micro.iter().map(|&i| i as i64).collect::<Vec<_>>())
+            .to_device(device);
+        let rows = self.rows.index_select(0, &local);
+        let at = |t: &Tensor, j: i64| t.index_select(0, &local).select(1, j);
+        let mut means = MetricMeans::default();
+        for j in 0..self.window {
+            let out = self.engine.replay(self.batch, &rows, j)?;
+            let pick = |t: &Option<Tensor>| t.as_ref().map(|t| at(t, j));
+            let (old_mean, old_std, old_dt) =
+                (pick(&self.old.means), pick(&self.old.std), pick(&self.old.sqrt_dt));
+            let weights = self.correction.map(|c| at(&c.weights, j));
+            let keep = self.correction.map(|c| at(&c.keep, j));
+            let pg = self.loss.compute(
+                &PolicyBatch {
+                    log_prob: &out.log_prob,
+                    old_log_prob: &at(&self.old.log_probs, j),
+                    advantages: &at(self.advantages, j),
+                    prev_sample_mean: Some(&out.prev_sample_mean),
+                    old_prev_sample_mean: old_mean.as_ref(),
+                    std_dev_t: old_std.as_ref().or(Some(&out.std_dev_t)),
+                    sqrt_dt: old_dt.as_ref().or(Some(&out.sqrt_dt)),
+                    weights: weights.as_ref(),
+                    keep: keep.as_ref(),
+                },
+                &recipe.actor,
+            )?;
+            means.add(&pg.metrics);
+            let mut loss = pg.loss;
+            if let Some(r) = self.reference {
+                let ref_mean = at(r.means.as_ref().expect("reference means are kept"), j);
+                let kl = kl_to_reference(&out.prev_sample_mean, &ref_mean, &out.std_dev_t)?;
+                means.add(&kl.metrics);
+                loss += kl.loss * recipe.actor.kl_loss_coef;
+            }
+            let total = finite_loss(&loss, k, &format!("window step {j}"))?;
+            means.add(&Metrics::from([("actor/loss".to_string(), total)]));
+            (loss * scale).backward();
+        }
+        Ok(means.means())
+    }
+}

@@ -1,0 +1,222 @@
+//! Diffusion-DPO steps. Online: the best and worst sample of each prompt group form a (chosen,
+//! rejected) pair. Offline: pairs come from `data.preference_files`, their images encoded once (the
+//! VAE posterior mean, or the pixels of a pixel-space pipeline) and cached. Either way each pair
+//! shares one noise and one logit-normal noise level, and the reference is the base model.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use flowtune_data::{PreferencePair, PromptLoader};
+use flowtune_models::TextConditioning;
+use flowtune_objectives::losses::{dpo_loss, DpoBatch};
+use flowtune_objectives::Metrics;
+use flowtune_sampling::{row_seed, SampleRng};
+use image::imageops::FilterType;
+use tch::{Device, Tensor};
+
+use crate::collect::Collected;
+use crate::engine::{encode_rows, velocity_at};
+use crate::fit::Run;
+use crate::update::{finite_loss, optimize, Batching, Learner};
+use crate::TrainError;
+
+/// Positions `(chosen, rejected)` of the best and worst sample of each prompt group (by uid) whose
+/// best reward beats its worst; groups of one and all-equal groups give no pair.
+pub(crate) fn best_worst(rewards: &[f32], uids: &[String]) -> Vec<(usize, usize)> {
+    let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, uid) in uids.iter().enumerate() {
+        groups.entry(uid.as_str()).or_default().push(i);
+    }
+    let mut pairs = vec![];
+    for members in groups.values().filter(|g| g.len() >= 2) {
+        let by_reward = |a: &&usize, b: &&usize| rewards[**a].total_cmp(&rewards[**b]);
+        let best = *members.iter().max_by(by_reward).expect("a group has members");
+        let worst = *members.iter().min_by(by_reward).expect("a group has members");
+        if rewards[best] > rewards[worst] {
+            pairs.push((best, worst));
+        }
+    }
+    pairs
+}
+
+/// An online DPO step on a scored rollout.
+pub(crate) fn online_step(
+    run: &Run<'_>,
+    learner: &mut Learner,
+    c: &Collected,
+    k: u64,
+    lr: f64,
+    m: &mut Metrics,
+) -> Result<(), TrainError> {
+    let pairs = best_worst(&c.rewards, &c.uids);
+    m.insert("critic/dpo_pairs".into(), pairs.len() as f64);
+    if pairs.is_empty() {
+        eprintln!("step {k}: no prompt group has two different rewards; no DPO update");
+        return Ok(());
+    }
+    // Batch rows of the kept positions, chosen then rejected.
+    let rows = Vec::<i64>::try_from(c.kept.to_device(Device::Cpu))?;
+    let order: Vec<i64> = pairs.iter().flat_map(|&(w, l)| [rows[w], rows[l]]).collect();
+    let index = Tensor::from_slice(&order).to_device(c.kept.device());
+    let x0 = c.batch.trajectory.final_latents.index_select(0, &index);
+    let text = c.batch.text.rows(&index);
+    update(run, learner, &x0, &text, k, lr, m)
+}
+
+/// Offline pairs: the dataset, its seeded loader and the encoded images.
+pub(crate) struct PairSource {
+    pub pairs: Vec<PreferencePair>,
+    pub loader: PromptLoader,
+    cache: HashMap<usize, Tensor>,
+}
+
+impl PairSource {
+    pub fn new(pairs: Vec<PreferencePair>, loader: PromptLoader) -> Self {
+        Self { pairs, loader, cache: HashMap::new() }
+    }
+
+    /// Clean latents (2, C, H, W) of pair `i`: chosen, then rejected.
+    fn latents(&mut self, run: &Run<'_>, i: usize) -> Result<Tensor, TrainError> {
+        if let Some(t) = self.cache.get(&i) {
+            return Ok(t.shallow_clone());
+        }
+        let side = run.recipe.model.resolution as u32;
+        let pair = &self.pairs[i];
+        let mut bytes = vec![];
+        for path in [&pair.chosen, &pair.rejected] {
+            let image = image::open(path)
+                .map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?
+                .to_rgb8();
+            // Centre square, resized to the training resolution.
+            let s = image.width().min(image.height());
+            let square = image::imageops::crop_imm(
+                &image,
+                (image.width() - s) / 2,
+                (image.height() - s) / 2,
+                s,
+                s,
+            )
+            .to_image();
+            bytes.extend(
+                image::imageops::resize(&square, side, side, FilterType::Lanczos3).into_raw(),
+            );
+        }
+        let pixels = Tensor::from_slice(&bytes)
+            .view([2, side as i64, side as i64, 3])
+            .to_device(run.engine.pipe.transformer.context_embedder.weight.device());
+        let latents = tch::no_grad(|| run.engine.pipe.encode_rgb8(&pixels));
+        self.cache.insert(i, latents.shallow_clone());
+        Ok(latents)
+    }
+}
+
+/// An offline DPO step on the next `data.prompts_per_step` pairs of the dataset.
+pub(crate) fn offline_step(
+    run: &Run<'_>,
+    learner: &mut Learner,
+    source: &mut PairSource,
+    k: u64,
+    lr: f64,
+    m: &mut Metrics,
+) -> Result<(), TrainError> {
+    let timer = Instant::now();
+    let rows = source.loader.next_step();
+    let mut latents = vec![];
+    for row in &rows {
+        latents.push(source.latents(run, row.prompt)?);
+    }
+    let prompts: Vec<&str> = rows
+        .iter()
+        .flat_map(|row| {
+            let prompt = source.pairs[row.prompt].prompt.as_str();
+            [prompt, prompt]
+        })
+        .collect();
+    let x0 = Tensor::cat(&latents, 0);
+    let text = encode_rows(run.engine.pipe, &prompts)?;
+    m.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
+    m.insert("critic/dpo_pairs".into(), rows.len() as f64);
+    update(run, learner, &x0, &text, k, lr, m)
+}
+
+/// The DPO update on pairs interleaved `[chosen₀, rejected₀, …]` (clean latents and text rows).
+fn update(
+    run: &Run<'_>,
+    learner: &mut Learner,
+    x0: &Tensor,
+    text: &TextConditioning,
+    k: u64,
+    lr: f64,
+    m: &mut Metrics,
+) -> Result<(), TrainError> {
+    let timer = Instant::now();
+    let recipe = run.recipe;
+    let model = &run.engine.pipe.transformer;
+    let reference = run.reference.as_ref().expect("dpo always has a reference");
+    let pairs = x0.size()[0] / 2;
+    let device = x0.device();
+    // One noise and one noise level per pair, from the run's seed and the step.
+    let mut rng = SampleRng::new(row_seed(recipe.seed ^ 0xD90, k, 0));
+    let u = Vec::<f32>::try_from(rng.normal(&[pairs], Device::Cpu).sigmoid())?;
+    let sigma: Vec<f32> = u
+        .iter()
+        .flat_map(|&u| {
+            let s = run.engine.pipe.scheduler.training_sigma_at(u as f64) as f32;
+            [s, s]
+        })
+        .collect();
+    let sigma = Tensor::from_slice(&sigma).to_device(device);
+    let mut shape = x0.size();
+    shape[0] = pairs;
+    let noise = rng.normal(&shape, device).repeat_interleave_self_int(2, 0, None);
+    let s = sigma.view([-1, 1, 1, 1]);
+    let xt: Tensor = &s * &noise + (1.0 - &s) * x0;
+    let t = &recipe.trainer;
+    let batching = Batching {
+        items: pairs as usize,
+        mini: t.ppo_mini_batch_size,
+        micro: (t.micro_batch_size / 2).max(1),
+    };
+    m.extend(optimize(learner, recipe, batching, k, lr, |micro, scale| {
+        let rows: Vec<i64> = micro.iter().flat_map(|&p| [2 * p as i64, 2 * p as i64 + 1]).collect();
+        let idx = Tensor::from_slice(&rows).to_device(device);
+        let (x, sg, txt) = (xt.index_select(0, &idx), sigma.index_select(0, &idx), text.rows(&idx));
+        let ref_pred =
+            tch::no_grad(|| reference.run(model, |net| velocity_at(net, &x, &sg, &txt)))?;
+        let model_pred = velocity_at(model, &x, &sg, &txt)?;
+        let out = dpo_loss(
+            &DpoBatch {
+                latents: &x0.index_select(0, &idx),
+                noise: &noise.index_select(0, &idx),
+                model_pred: &model_pred,
+                ref_pred: &ref_pred,
+            },
+            recipe.actor.dpo_beta,
+        )?;
+        let total = finite_loss(&out.loss, k, "dpo")?;
+        (out.loss * scale).backward();
+        let mut metrics = out.metrics;
+        metrics.insert("actor/loss".into(), total);
+        Ok(metrics)
+    })?);
+    m.insert("timing_s/update_actor".into(), timer.elapsed().as_secs_f64());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_share_a_prompt_and_the_chosen_scores_higher() {
+        let uids: Vec<String> = ["a", "b", "a", "c", "b", "a", "d", "d"].map(String::from).into();
+        let rewards = [0.2, 0.9, 0.7, 0.5, 0.1, 0.4, 0.3, 0.3];
+        let pairs = best_worst(&rewards, &uids);
+        // a: best 2 (0.7), worst 0 (0.2); b: 1 over 4; c alone and d tied give no pair.
+        assert_eq!(pairs, [(2, 0), (1, 4)]);
+        for (w, l) in pairs {
+            assert_eq!(uids[w], uids[l]);
+            assert!(rewards[w] > rewards[l]);
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Helpers of the trainer's end-to-end tests: scratch folders, one tiny SD3 pipeline per test
+//! binary, and recipes pointed at both.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use flowtune_config::Recipe;
+use flowtune_models::sd3::{write_tiny_sd3, TinySd3Spec};
+use tch::Tensor;
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A fresh folder for `name`.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("flowtune-train-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// One tiny pipeline for every test of a binary.
+pub fn pipeline() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = scratch("pipeline");
+        write_tiny_sd3(&d, &TinySd3Spec { seed: 3, ..Default::default() }).expect("make-tiny");
+        d
+    })
+}
+
+/// `examples/<file>` on the tiny pipeline and prompts, writing to `out`, plus `overrides`.
+pub fn load_recipe(file: &str, out: &Path, overrides: &[String]) -> Result<Recipe, String> {
+    let mut all = vec![
+        format!("model.path={}", pipeline().display()),
+        format!("data.train_files=[{}]", root().join("examples/prompts/tiny.txt").display()),
+        format!("trainer.output_dir={}", out.display()),
+    ];
+    all.extend(overrides.iter().cloned());
+    Recipe::load(&root().join("examples").join(file), &all).map_err(|e| e.to_string())
+}
+
+/// The Flow-GRPO tiny recipe.
+pub fn recipe(out: &Path, overrides: &[String]) -> Recipe {
+    load_recipe("flow_grpo_tiny.yaml", out, overrides).expect("recipe")
+}
+
+pub fn tensors(path: &Path) -> BTreeMap<String, Tensor> {
+    Tensor::read_safetensors(path).expect("safetensors").into_iter().collect()
+}
+
+pub fn metric_lines(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Whether some `lora_B` tensor of `lora` is non-zero (adapters start at B = 0).
+pub fn lora_moved(lora: &BTreeMap<String, Tensor>) -> bool {
+    lora.iter()
+        .filter(|(k, _)| k.contains("lora_B"))
+        .any(|(_, t)| t.abs().max().double_value(&[]) > 0.0)
+}
