@@ -137,6 +137,9 @@ pub struct TrainerSection {
     /// Keep an EMA of the trainable weights with this decay, used for validation and exported
     /// beside the LoRA (`lora/ema_lora_weights.safetensors`); none by default.
     pub ema_decay: Option<f64>,
+    /// Stop after the step that crosses this many seconds of training (validating and saving
+    /// as at the last step); none by default. For job time limits and equal-time comparisons.
+    pub time_limit_s: Option<f64>,
 }
 
 impl Default for TrainerSection {
@@ -162,6 +165,7 @@ impl Default for TrainerSection {
             val_freq: 0,
             val_before_train: false,
             ema_decay: None,
+            time_limit_s: None,
         }
     }
 }
@@ -200,6 +204,11 @@ impl TrainerSection {
         if let Some(d) = self.ema_decay {
             if !(0.0..1.0).contains(&d) {
                 return bad("ema_decay", d.to_string(), "in [0, 1)");
+            }
+        }
+        if let Some(limit) = self.time_limit_s {
+            if !(limit > 0.0 && limit.is_finite()) {
+                return bad("time_limit_s", limit.to_string(), "a finite number of seconds > 0");
             }
         }
         if self.total_steps == 0 {

@@ -214,6 +214,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         log_metrics(&mut metrics_file, &mut events, 0, &m)?;
         say(&bar, format!("validation before training: {}", summary_line(&m)));
     }
+    let training = Instant::now();
     for k in start + 1..=t.total_steps {
         let step_start = Instant::now();
         let mut m = Metrics::new();
@@ -251,8 +252,11 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         };
         m.insert("actor/lr".into(), lr);
 
+        let out_of_time = t.time_limit_s.is_some_and(|l| training.elapsed().as_secs_f64() >= l);
+        let last_step = k == t.total_steps || out_of_time;
+
         // testing
-        if t.val_freq > 0 && (k % t.val_freq == 0 || k == t.total_steps) {
+        if t.val_freq > 0 && (k.is_multiple_of(t.val_freq) || last_step) {
             bar.set_message("validation");
             let timer = Instant::now();
             // Validation sees the EMA weights when there are some.
@@ -270,7 +274,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         // checkpoint
         let timer = Instant::now();
         let stop = interrupted.load(std::sync::atomic::Ordering::SeqCst);
-        if (t.save_freq > 0 && k % t.save_freq == 0) || k == t.total_steps || stop {
+        if (t.save_freq > 0 && k.is_multiple_of(t.save_freq)) || last_step || stop {
             let state = LoopState {
                 step: k,
                 loader: source.loader().state,
@@ -293,6 +297,10 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         last = k;
         if stop {
             eprintln!("interrupted: saved a checkpoint at step {k}; rerun with trainer.resume: auto to continue");
+            break;
+        }
+        if out_of_time && k < t.total_steps {
+            say(&bar, format!("trainer.time_limit_s reached after step {k}; stopping"));
             break;
         }
     }

@@ -14,12 +14,16 @@ use crate::Failure;
 
 #[derive(Args)]
 pub struct ShapesBenchArgs {
-    /// Comma-separated algorithm names (see `flowtune list`).
+    /// Comma-separated recipe names: `examples/shapes/<name>.yaml` (every algorithm has one, and
+    /// `dpo_offline`), else the Flow-GRPO recipe with `algorithm=<name>`.
     #[arg(long, value_delimiter = ',', default_value = "flow_grpo")]
     algorithms: Vec<String>,
-    /// Training steps per run.
+    /// Training steps per run (the cap, with `--minutes`).
     #[arg(long, default_value_t = 20)]
     steps: u64,
+    /// Give every run the same training time instead: stop after the step that crosses it.
+    #[arg(long)]
+    minutes: Option<f64>,
     /// Comma-separated seeds; each algorithm runs once per seed.
     #[arg(long, value_delimiter = ',', default_value = "0")]
     seeds: Vec<u64>,
@@ -32,6 +36,7 @@ pub struct ShapesBenchArgs {
 
 /// One run's yardsticks.
 struct Outcome {
+    steps: f64,
     before: f64,
     after: f64,
     minutes: f64,
@@ -66,6 +71,9 @@ fn run_one(
         "trainer.save_freq=0".into(),
         format!("trainer.output_dir={}", out.display()),
     ]);
+    if let Some(minutes) = a.minutes {
+        overrides.push(format!("trainer.time_limit_s={}", minutes * 60.0));
+    }
     let recipe = Recipe::load(&path, &overrides).map_err(Failure::input)?;
     let _ = std::fs::remove_dir_all(&out);
     let start = Instant::now();
@@ -78,6 +86,7 @@ fn outcome(out: &Path, minutes: f64) -> anyhow::Result<Outcome> {
     let log = RunLog::read(out)?;
     let (first, last) = log.before_after();
     Ok(Outcome {
+        steps: last.step as f64,
         before: first.accuracy,
         after: last.accuracy,
         minutes,
@@ -96,8 +105,8 @@ pub fn run(a: ShapesBenchArgs, device: tch::Device) -> Result<(), Failure> {
         rows.push((algorithm.clone(), outcomes));
     }
     println!(
-        "\n{:<14} {:>5} {:>8} {:>8} {:>8} {:>10} {:>9}",
-        "algorithm", "seeds", "before", "after", "gain", "gain/min", "ms/step"
+        "\n{:<14} {:>5} {:>6} {:>8} {:>8} {:>8} {:>10} {:>9}",
+        "algorithm", "seeds", "steps", "before", "after", "gain", "gain/min", "ms/step"
     );
     for (algorithm, outcomes) in &rows {
         let mean = |f: &dyn Fn(&Outcome) -> f64| {
@@ -105,8 +114,9 @@ pub fn run(a: ShapesBenchArgs, device: tch::Device) -> Result<(), Failure> {
         };
         let gain = mean(&|o| o.after - o.before);
         println!(
-            "{algorithm:<14} {:>5} {:>7.1}% {:>7.1}% {:>+7.1}  {:>+9.2}  {:>9.0}",
+            "{algorithm:<14} {:>5} {:>6.0} {:>7.1}% {:>7.1}% {:>+7.1}  {:>+9.2}  {:>9.0}",
             outcomes.len(),
+            mean(&|o| o.steps),
             100.0 * mean(&|o| o.before),
             100.0 * mean(&|o| o.after),
             100.0 * gain,
