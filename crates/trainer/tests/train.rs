@@ -123,3 +123,12 @@ fn full_fine_tuning_trains_every_weight_against_a_frozen_reference() {
     .to_string();
     assert!(err.contains("holds full transformer weights, but model.finetune is lora"), "{err}");
 }
+
+#[test]
+fn a_time_limit_stops_after_the_step_that_crosses_it_and_saves() {
+    let out = scratch("time-limit");
+    let overrides = ["trainer.total_steps=50".into(), "trainer.time_limit_s=0.001".into()];
+    let summary = train(&recipe(&out, &overrides), Device::Cpu).expect("train");
+    assert_eq!(summary.steps_run, 1);
+    assert!(out.join("checkpoints/step_000001/state.json").exists());
+}

@@ -18,9 +18,9 @@ pub struct ShapesBenchArgs {
     /// `dpo_offline`), else the Flow-GRPO recipe with `algorithm=<name>`.
     #[arg(long, value_delimiter = ',', default_value = "flow_grpo")]
     algorithms: Vec<String>,
-    /// Training steps per run (the cap, with `--minutes`).
-    #[arg(long, default_value_t = 20)]
-    steps: u64,
+    /// Training steps per run; by default the recipe's `trainer.total_steps` (with `--minutes`, a cap).
+    #[arg(long)]
+    steps: Option<u64>,
     /// Give every run the same training time instead: stop after the step that crosses it.
     #[arg(long)]
     minutes: Option<f64>,
@@ -64,13 +64,16 @@ fn run_one(
     overrides.extend(algorithm_override);
     overrides.extend([
         format!("seed={seed}"),
-        format!("trainer.total_steps={}", a.steps),
-        format!("trainer.val_freq={}", a.steps),
+        // Validation before the first step and after the last only.
+        format!("trainer.val_freq={}", u32::MAX),
         "trainer.val_before_train=true".into(),
         "trainer.resume=none".into(),
         "trainer.save_freq=0".into(),
         format!("trainer.output_dir={}", out.display()),
     ]);
+    if let Some(steps) = a.steps {
+        overrides.push(format!("trainer.total_steps={steps}"));
+    }
     if let Some(minutes) = a.minutes {
         overrides.push(format!("trainer.time_limit_s={}", minutes * 60.0));
     }
