@@ -134,3 +134,20 @@ fn bypass_skips_the_recompute_and_correction_weighs_it() {
     assert_eq!(m["rollout_corr/rollout_rs_masked_fraction"], 0.0);
     assert!(m["rollout_corr/logprob_abs_diff_max"] <= 1e-5);
 }
+
+#[test]
+fn diffusion_nft_resumes_to_the_same_weights() {
+    let steps = |out: &std::path::Path, n: u64| {
+        let overrides = [format!("trainer.total_steps={n}"), "trainer.save_freq=1".into()];
+        let recipe = load_recipe("diffusion_nft_tiny.yaml", out, &overrides).unwrap();
+        train(&recipe, Device::Cpu).expect("train")
+    };
+    let straight = scratch("nft-straight");
+    let through = steps(&straight, 3).export;
+    let resumed = scratch("nft-resumed");
+    steps(&resumed, 2);
+    let again = steps(&resumed, 3);
+    assert_eq!(again.steps_run, 1, "resumed from step 2");
+    let (a, b) = (tensors(&through), tensors(&again.export));
+    assert!(a.iter().all(|(k, t)| t.equal(&b[k])), "the old adapter and loader state carry over");
+}
