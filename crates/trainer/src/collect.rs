@@ -32,6 +32,25 @@ pub(crate) fn stats(prefix: &str, values: &[f64], out: &mut Metrics) {
     out.insert(format!("{prefix}/min"), values.iter().cloned().fold(f64::INFINITY, f64::min));
 }
 
+impl Collected {
+    /// Group advantages of the kept rows broadcast over `steps` trained steps, (rows, steps) on
+    /// the model's device; logs `critic/rewards/zero_std_ratio` and `critic/advantages/*`.
+    pub fn advantages(
+        &self,
+        steps: usize,
+        config: &flowtune_objectives::AdvantageConfig,
+        m: &mut Metrics,
+    ) -> Result<Tensor, TrainError> {
+        let uids: Vec<&str> = self.uids.iter().map(String::as_str).collect();
+        let adv = flowtune_objectives::group_advantages(&self.rewards, &uids, steps, config)?;
+        m.insert("critic/rewards/zero_std_ratio".into(), adv.zero_std_ratio);
+        let first: Vec<f64> =
+            Vec::<f32>::try_from(adv.values.select(1, 0))?.into_iter().map(f64::from).collect();
+        stats("critic/advantages", &first, m);
+        Ok(adv.values.to_device(self.kept.device()))
+    }
+}
+
 /// Samples and scores step `k`'s prompts; logs `timing_s/{gen,reward}` and `critic/rewards/*`.
 pub(crate) fn collect(
     engine: &Engine<'_>,

@@ -6,14 +6,14 @@
 use std::time::Instant;
 
 use flowtune_objectives::losses::{nft_loss, reward_probability, NftBatch};
-use flowtune_objectives::{group_advantages, Metrics};
+use flowtune_objectives::Metrics;
 use flowtune_sampling::{row_seed, SampleRng};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tch::Tensor;
 
-use crate::collect::{stats, Collected};
+use crate::collect::Collected;
 use crate::engine::velocity_at;
 use crate::fit::Run;
 use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
@@ -59,12 +59,7 @@ pub(crate) fn nft_step(
     let device = c.kept.device();
 
     let timer = Instant::now();
-    let uids: Vec<&str> = c.uids.iter().map(String::as_str).collect();
-    let adv = group_advantages(&c.rewards, &uids, 1, &recipe.advantage)?;
-    m.insert("critic/rewards/zero_std_ratio".into(), adv.zero_std_ratio);
-    let a = adv.values.select(1, 0);
-    let values: Vec<f64> = Vec::<f32>::try_from(&a)?.into_iter().map(f64::from).collect();
-    stats("critic/advantages", &values, m);
+    let a = c.advantages(1, &recipe.advantage, m)?.select(1, 0);
     let prob = reward_probability(&a, actor.reward_mode, actor.adv_clip_max).to_device(device);
     m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
 

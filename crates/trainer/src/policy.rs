@@ -7,10 +7,10 @@ use std::time::Instant;
 use flowtune_config::OldLogProb;
 use flowtune_models::sd3::Sd3Transformer;
 use flowtune_objectives::losses::{kl_to_reference, PolicyBatch, PolicyLoss};
-use flowtune_objectives::{group_advantages, Correction, Metrics};
+use flowtune_objectives::{Correction, Metrics};
 use tch::{Kind, Tensor};
 
-use crate::collect::{stats, Collected};
+use crate::collect::Collected;
 use crate::engine::{Engine, RolloutBatch};
 use crate::fit::Run;
 use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
@@ -111,13 +111,7 @@ pub(crate) fn policy_step(
 
     // adv
     let timer = Instant::now();
-    let uids: Vec<&str> = c.uids.iter().map(String::as_str).collect();
-    let adv = group_advantages(&c.rewards, &uids, w as usize, &recipe.advantage)?;
-    m.insert("critic/rewards/zero_std_ratio".into(), adv.zero_std_ratio);
-    let advantages = adv.values.to_device(c.kept.device());
-    let a: Vec<f64> =
-        Vec::<f32>::try_from(adv.values.select(1, 0))?.into_iter().map(f64::from).collect();
-    stats("critic/advantages", &a, m);
+    let advantages = c.advantages(w as usize, &recipe.advantage, m)?;
     m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
 
     // update
