@@ -71,6 +71,28 @@ impl Failure {
     pub fn input(e: impl Into<anyhow::Error>) -> Self {
         Self::BadInput(e.into())
     }
+
+    /// A training failure, split by [`flowtune_trainer::TrainError::is_bad_input`].
+    pub fn training(e: flowtune_trainer::TrainError) -> Self {
+        if e.is_bad_input() {
+            Self::BadInput(e.into())
+        } else {
+            Self::Runtime(e.into())
+        }
+    }
+}
+
+/// The error and its causes on one line, leaving out a cause whose text is already shown (errors
+/// that print their source as part of their own message).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line = format!("{line}: {text}");
+        }
+    }
+    line
 }
 
 fn main() -> ExitCode {
@@ -92,11 +114,11 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::BadInput(e)) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::from(2)
         }
         Err(Failure::Runtime(e)) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }

@@ -8,7 +8,9 @@ mod sections;
 
 pub use overrides::Override;
 pub use recipe::Recipe;
-pub use sections::{DataSection, Finetune, LrSchedule, ModelSection, OldLogProb, TrainerSection};
+pub use sections::{
+    DataSection, Finetune, LrSchedule, ModelSection, OldLogProb, Resume, TrainerSection,
+};
 
 /// Why a recipe could not be resolved.
 #[derive(Debug, thiserror::Error)]

@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use flowtune_objectives::{
-    AdvantageConfig, CorrectionConfig, LossConfig, Objective, ObjectiveError,
+    AdvantageConfig, Algorithm, CorrectionConfig, LossConfig, Objective, ObjectiveError,
+    RolloutNeed,
 };
 use flowtune_rewards::RewardConfig;
 use flowtune_sampling::{SamplerConfig, SamplingError, SdeType};
@@ -126,11 +127,12 @@ impl Recipe {
         })?;
         flowtune_rewards::build(&self.reward).map_err(|e| ("reward".to_string(), e.to_string()))?;
         self.trainer.validate()?;
-        self.check_algorithm(algorithm.name, algorithm.objective)
+        self.check_algorithm(algorithm)
     }
 
     /// Settings an algorithm depends on: each error names the setting to change.
-    fn check_algorithm(&self, name: &str, objective: Objective) -> Result<(), (String, String)> {
+    fn check_algorithm(&self, algorithm: &Algorithm) -> Result<(), (String, String)> {
+        let (name, objective) = (algorithm.name, algorithm.objective);
         let fail = |key: &str, message: String| Err((key.to_string(), message));
         let bypass = self.trainer.old_log_prob == OldLogProb::Bypass;
         match objective {
@@ -149,11 +151,12 @@ impl Recipe {
                 if bypass && self.rollout_correction.enabled() {
                     return fail("rollout_correction", "corrects rollout log-probs towards recomputed old ones, but bypass mode uses the rollout's as the old ones; set trainer.old_log_prob: recompute or turn rollout_is / rollout_rs off".into());
                 }
-                if name == "dance_grpo" && self.rollout.sde_type != SdeType::DanceSde {
-                    return fail("rollout.sde_type", "dance_grpo samples with the DanceGRPO SDE; set rollout.sde_type: dance_sde".into());
+                let need = algorithm.rollout;
+                if need == RolloutNeed::DanceSde && self.rollout.sde_type != SdeType::DanceSde {
+                    return fail("rollout.sde_type", format!("{name} samples with the DanceGRPO SDE; set rollout.sde_type: dance_sde"));
                 }
-                if name == "mix_grpo" && self.rollout.sde_window_size == 0 {
-                    return fail("rollout.sde_window_size", "mix_grpo trains an SDE window and takes ODE steps outside it; set rollout.sde_window_size ≥ 1".into());
+                if need == RolloutNeed::SdeWindow && self.rollout.sde_window_size == 0 {
+                    return fail("rollout.sde_window_size", format!("{name} trains an SDE window and takes ODE steps outside it; set rollout.sde_window_size ≥ 1"));
                 }
             }
             Objective::Dpo | Objective::Nft if self.rollout_correction.enabled() => {

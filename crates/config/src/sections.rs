@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use flowtune_models::lora::LoraConfig;
-use serde::{Deserialize, Serialize};
+use flowtune_models::Dtype;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// `model:` — the pipeline directory, dtypes and adapters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -12,9 +13,9 @@ pub struct ModelSection {
     /// A diffusers pipeline directory (`model_index.json`).
     pub path: PathBuf,
     /// f32 | bf16 | f16 for the transformer (scheduler math stays f32).
-    pub dtype: String,
+    pub dtype: Dtype,
     /// f32 | bf16 | f16 for the text encoders and VAE.
-    pub frozen_dtype: String,
+    pub frozen_dtype: Dtype,
     /// What trains: LoRA adapters (default) or every transformer weight.
     pub finetune: Finetune,
     pub lora: LoraConfig,
@@ -28,8 +29,8 @@ impl Default for ModelSection {
     fn default() -> Self {
         Self {
             path: PathBuf::new(),
-            dtype: "f32".into(),
-            frozen_dtype: "f32".into(),
+            dtype: Dtype::F32,
+            frozen_dtype: Dtype::F32,
             finetune: Finetune::Lora,
             lora: LoraConfig::default(),
             max_sequence_length: 256,
@@ -101,6 +102,44 @@ pub enum OldLogProb {
     Bypass,
 }
 
+/// Where a run starts, as `trainer.resume` says: `auto`, `none` or a checkpoint directory.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Resume {
+    /// The newest complete checkpoint in the output directory, if there is one.
+    #[default]
+    Auto,
+    /// From scratch, whatever the output directory holds.
+    None,
+    /// This checkpoint directory (`checkpoints/step_NNNNNN`).
+    Path(PathBuf),
+}
+
+impl Serialize for Resume {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Auto => s.serialize_str("auto"),
+            Self::None => s.serialize_str("none"),
+            Self::Path(p) => p.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Resume {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Ok(match text.as_str() {
+            "auto" => Self::Auto,
+            "none" => Self::None,
+            "" => {
+                return Err(serde::de::Error::custom(
+                    "expected auto, none or a checkpoint directory",
+                ))
+            }
+            _ => Self::Path(PathBuf::from(text)),
+        })
+    }
+}
+
 /// `trainer:` — optimisation, schedule and checkpoints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -126,7 +165,7 @@ pub struct TrainerSection {
     /// Checkpoints kept.
     pub keep_last: usize,
     /// `auto` (newest complete checkpoint in output_dir), `none`, or a checkpoint directory.
-    pub resume: String,
+    pub resume: Resume,
     /// Save a grid of the step's training images every this many steps (0: never).
     pub image_freq: u64,
     /// Validate (η = 0, `rollout.eval_steps`, seed 42) on `data.val_files` every this many steps (0: never).
@@ -160,7 +199,7 @@ impl Default for TrainerSection {
             output_dir: PathBuf::from("runs/flowtune"),
             save_freq: 10,
             keep_last: 2,
-            resume: "auto".into(),
+            resume: Resume::Auto,
             image_freq: 10,
             val_freq: 0,
             val_before_train: false,

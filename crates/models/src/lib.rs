@@ -2,16 +2,26 @@
 //! (`transformer_blocks.3.attn.to_q`), configs mirror `config.json`, and LoRA adapters attach by
 //! the same dotted names users give PEFT.
 
+mod conditioning;
+pub mod denoiser;
+pub mod family;
 pub mod lora;
 pub mod nn;
 pub mod pipeline;
+pub mod registry;
 pub mod sd3;
 pub mod text_encoders;
 pub mod tokenizer;
 pub mod vae;
 pub mod weights;
 
+pub use conditioning::TextConditioning;
+pub use denoiser::{
+    guided_velocity, velocity_at_sigma, Denoiser, ExampleInputs, TrainableDenoiser,
+};
+pub use family::{Dtype, Dtypes, FlowPipeline, PipelineOptions};
 pub use lora::{AdapterSwitch, LoraConfig};
+pub use registry::{families, family_named, family_of, load_denoiser, load_pipeline, Family};
 pub use weights::{load_weights, LoadOptions};
 
 /// Errors of model loading and running: they name the file, the tensor and what was expected.
@@ -35,6 +45,14 @@ pub enum ModelError {
     Sampling(#[from] flowtune_sampling::SamplingError),
 }
 
+impl ModelError {
+    /// Whether the failure came from the running computation (libtorch) rather than from the
+    /// files, settings or inputs it was given.
+    pub fn is_runtime(&self) -> bool {
+        matches!(self, Self::Torch(_))
+    }
+}
+
 /// Reads a JSON config file into its typed mirror, naming the file on failure.
 pub fn read_config<T: serde::de::DeserializeOwned>(
     path: &std::path::Path,
@@ -45,61 +63,6 @@ pub fn read_config<T: serde::de::DeserializeOwned>(
         path: path.display().to_string(),
         message: e.to_string(),
     })
-}
-
-/// Text conditioning of a denoiser: token states and, for models that use one, a pooled vector.
-pub struct TextConditioning {
-    /// (B, L, D) token states.
-    pub embeds: tch::Tensor,
-    /// (B, P) pooled text, where the model takes one (SD3, Flux).
-    pub pooled: Option<tch::Tensor>,
-}
-
-impl TextConditioning {
-    /// Rows `[self; other]` stacked, for one batched CFG forward.
-    pub fn concat(&self, other: &Self) -> Self {
-        Self {
-            embeds: tch::Tensor::cat(&[&self.embeds, &other.embeds], 0),
-            pooled: self
-                .pooled
-                .as_ref()
-                .zip(other.pooled.as_ref())
-                .map(|(a, b)| tch::Tensor::cat(&[a, b], 0)),
-        }
-    }
-
-    /// The rows at `index` (a 1-D int64 tensor).
-    pub fn rows(&self, index: &tch::Tensor) -> Self {
-        Self {
-            embeds: self.embeds.index_select(0, index),
-            pooled: self.pooled.as_ref().map(|p| p.index_select(0, index)),
-        }
-    }
-}
-
-/// A flow-matching denoiser: velocity of latents at timesteps (0‥1000) given text.
-pub trait Denoiser {
-    fn velocity(
-        &self,
-        latents: &tch::Tensor,
-        timestep: &tch::Tensor,
-        text: &TextConditioning,
-    ) -> Result<tch::Tensor, ModelError>;
-}
-
-impl Denoiser for sd3::Sd3Transformer {
-    fn velocity(
-        &self,
-        latents: &tch::Tensor,
-        timestep: &tch::Tensor,
-        text: &TextConditioning,
-    ) -> Result<tch::Tensor, ModelError> {
-        let pooled = text
-            .pooled
-            .as_ref()
-            .ok_or_else(|| ModelError::Input("SD3 needs pooled text embeddings".into()))?;
-        self.forward(latents, &text.embeds, pooled, timestep)
-    }
 }
 
 /// Writes a JSON file (pretty, trailing newline), naming the file on failure.

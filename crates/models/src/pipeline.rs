@@ -1,10 +1,8 @@
 //! A diffusers pipeline directory: `model_index.json` names the components, each in its own
-//! folder with `config.json` and safetensors; and the registry of pipelines flowtune runs.
+//! folder with `config.json` and safetensors.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-use flowtune_sampling::Pipeline;
 
 use crate::ModelError;
 
@@ -65,70 +63,28 @@ impl PipelineDir {
         Ok(self.root.join(name))
     }
 
+    /// The folder of tokenizer `name`: any tokenizer class whose folder holds a `tokenizer.json`
+    /// (current transformers saves them as the generic `TokenizersBackend`).
+    pub fn tokenizer(&self, name: &str) -> Result<PathBuf, ModelError> {
+        let path = self.root.join("model_index.json").display().to_string();
+        let (_, class) = self.index.components.get(name).ok_or_else(|| ModelError::Format {
+            path: path.clone(),
+            message: format!("no component `{name}`"),
+        })?;
+        let dir = self.root.join(name);
+        if !dir.join("tokenizer.json").exists() {
+            return Err(ModelError::Format {
+                path: dir.display().to_string(),
+                message: format!(
+                    "tokenizer `{name}` ({class}) has no tokenizer.json; save it with a fast tokenizer"
+                ),
+            });
+        }
+        Ok(dir)
+    }
+
     /// Whether the index declares component `name`.
     pub fn has(&self, name: &str) -> bool {
         self.index.components.contains_key(name)
-    }
-}
-
-/// A pipeline family flowtune can train, keyed by diffusers' `_class_name`.
-#[derive(Debug)]
-pub struct PipelineEntry {
-    pub class_name: &'static str,
-    /// Registered algorithms this family supports.
-    pub algorithms: &'static [&'static str],
-    /// The pipeline whose `set_timesteps` call the sampler reproduces.
-    pub schedule: Pipeline,
-}
-
-/// Every pipeline family flowtune runs.
-pub const PIPELINES: &[PipelineEntry] = &[PipelineEntry {
-    class_name: "StableDiffusion3Pipeline",
-    algorithms: &[
-        "flow_grpo",
-        "dance_grpo",
-        "mix_grpo",
-        "grpo_guard",
-        "flow_dppo",
-        "dpo",
-        "diffusion_nft",
-    ],
-    schedule: Pipeline::Sd3,
-}];
-
-/// The registered family for `(class_name, algorithm)`; errors list what is supported.
-pub fn lookup(class_name: &str, algorithm: &str) -> Result<&'static PipelineEntry, ModelError> {
-    let entry = PIPELINES.iter().find(|p| p.class_name == class_name).ok_or_else(|| {
-        ModelError::Input(format!(
-            "pipeline class `{class_name}` is not supported; supported: {}",
-            PIPELINES.iter().map(|p| p.class_name).collect::<Vec<_>>().join(", ")
-        ))
-    })?;
-    if !entry.algorithms.contains(&algorithm) {
-        return Err(ModelError::Input(format!(
-            "{class_name} does not support algorithm `{algorithm}`; it supports {}",
-            entry.algorithms.join(", ")
-        )));
-    }
-    Ok(entry)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn registry_is_keyed_by_class_and_algorithm() {
-        assert_eq!(
-            lookup("StableDiffusion3Pipeline", "flow_grpo").unwrap().schedule,
-            Pipeline::Sd3
-        );
-        let err = lookup("FluxPipeline", "flow_grpo").unwrap_err().to_string();
-        assert!(
-            err.contains("`FluxPipeline` is not supported; supported: StableDiffusion3Pipeline"),
-            "{err}"
-        );
-        let err = lookup("StableDiffusion3Pipeline", "ppo").unwrap_err().to_string();
-        assert!(err.contains("does not support algorithm `ppo`"), "{err}");
     }
 }

@@ -4,6 +4,7 @@
 use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MODEL_RTOL};
 use flowtune_models::lora::LoraConfig;
 use flowtune_models::sd3::Sd3Transformer;
+use flowtune_models::TrainableDenoiser;
 use tch::{Device, Kind};
 
 /// The transformer on a fixture's `input.*` tensors.

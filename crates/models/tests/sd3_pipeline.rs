@@ -3,7 +3,8 @@
 //! (`fixtures/sd3_tiny_pipeline_prompts.safetensors`, made by `scripts/reference_sd3_prompts.py`).
 
 use flowtune_fixtures::{tensors, Checker, MODEL_RTOL};
-use flowtune_models::sd3::{write_tiny_sd3, Dtypes, Sd3Pipeline, TinySd3Spec};
+use flowtune_models::sd3::{write_tiny_sd3, Sd3Pipeline, TinySd3Spec};
+use flowtune_models::{FlowPipeline, PipelineOptions};
 use tch::{Device, Kind};
 
 const PROMPTS: [&str; 3] = ["a red circle", "Two BLUE squares, left of a triangle!", ""];
@@ -12,9 +13,9 @@ const PROMPTS: [&str; 3] = ["a red circle", "Two BLUE squares, left of a triangl
 fn tiny_pipeline_encodes_prompts_like_diffusers() {
     let dir = std::env::temp_dir().join(format!("flowtune-tiny-sd3-{}", std::process::id()));
     write_tiny_sd3(&dir, &TinySd3Spec { seed: 1, ..Default::default() }).expect("make-tiny");
-    let mut pipe = Sd3Pipeline::load(&dir, Device::Cpu, Dtypes::all(Kind::Float), None)
-        .expect("load pipeline");
-    pipe.t5_max_length = 12;
+    let options =
+        PipelineOptions { max_sequence_length: Some(12), ..PipelineOptions::new(Device::Cpu) };
+    let pipe = Sd3Pipeline::load(&dir, &options).expect("load pipeline");
     let want = tensors("sd3_tiny_pipeline_prompts.safetensors");
     let mut check = Checker::new("sd3_tiny_pipeline_prompts.safetensors");
     check.case();
@@ -51,8 +52,40 @@ fn tiny_pipeline_encodes_prompts_like_diffusers() {
     })
     .expect("velocity");
     assert_eq!(v.size(), [3, 4, 8, 12]);
-    let rgb = tch::no_grad(|| pipe.decode_rgb8(&latents));
+    let rgb = tch::no_grad(|| pipe.decode_rgb8(&latents)).expect("decode");
     assert_eq!((rgb.size(), rgb.kind()), (vec![3, 16, 24, 3], Kind::Uint8));
     let _ = std::fs::remove_dir_all(&dir);
     check.finish();
+}
+
+/// A pipeline saved by current diffusers/transformers names its tokenizers `TokenizersBackend`;
+/// any tokenizer class whose folder holds a `tokenizer.json` loads, through the registry.
+#[test]
+fn tokenizers_are_recognised_by_their_files_not_their_class() {
+    let dir = std::env::temp_dir().join(format!("flowtune-tiny-backend-{}", std::process::id()));
+    write_tiny_sd3(&dir, &TinySd3Spec { seed: 1, ..Default::default() }).expect("make-tiny");
+    let index = dir.join("model_index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    let renamed = text
+        .replace("CLIPTokenizer", "TokenizersBackend")
+        .replace("T5Tokenizer", "TokenizersBackend");
+    assert!(renamed.matches("TokenizersBackend").count() >= 3, "{renamed}");
+    std::fs::write(&index, renamed).unwrap();
+    let pipe = flowtune_models::load_pipeline(&dir, &PipelineOptions::new(Device::Cpu))
+        .expect("a TokenizersBackend pipeline loads");
+    let text = tch::no_grad(|| pipe.encode_prompts(&["a red circle"])).expect("encode");
+    assert_eq!(text.embeds.size()[0], 1);
+    // A tokenizer folder without tokenizer.json is refused, naming the folder and the class.
+    std::fs::remove_file(dir.join("tokenizer_2/tokenizer.json")).unwrap();
+    let err = flowtune_models::load_pipeline(&dir, &PipelineOptions::new(Device::Cpu))
+        .err()
+        .expect("no tokenizer.json")
+        .to_string();
+    assert!(
+        err.contains("tokenizer_2")
+            && err.contains("TokenizersBackend")
+            && err.contains("has no tokenizer.json"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

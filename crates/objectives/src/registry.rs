@@ -4,15 +4,15 @@
 use crate::losses::PolicyLoss;
 use crate::ObjectiveError;
 
-/// How rewards become the learning signal.
+/// What an algorithm asks of the rollout sampler besides its loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Estimator {
-    /// Group-relative advantages per prompt (§4), broadcast over the trained steps.
-    GroupRelative,
-    /// Best and worst sample of each prompt group form a (chosen, rejected) pair.
-    PreferencePairs,
-    /// Group-relative advantages turned into optimality probabilities (DiffusionNFT).
-    OptimalityProbability,
+pub enum RolloutNeed {
+    /// Any sampler settings.
+    Any,
+    /// Rollouts with the DanceGRPO SDE (`rollout.sde_type: dance_sde`).
+    DanceSde,
+    /// An SDE window with ODE steps outside it (`rollout.sde_window_size ≥ 1`).
+    SdeWindow,
 }
 
 /// What is minimised.
@@ -30,8 +30,8 @@ pub enum Objective {
 #[derive(Debug)]
 pub struct Algorithm {
     pub name: &'static str,
-    pub estimator: Estimator,
     pub objective: Objective,
+    pub rollout: RolloutNeed,
     /// One line for `flowtune list`.
     pub summary: &'static str,
 }
@@ -40,44 +40,44 @@ pub struct Algorithm {
 pub const ALGORITHMS: &[Algorithm] = &[
     Algorithm {
         name: "flow_grpo",
-        estimator: Estimator::GroupRelative,
         objective: Objective::Policy(PolicyLoss::Clipped),
+        rollout: RolloutNeed::Any,
         summary: "Flow-GRPO: SDE rollouts, group advantages, PPO-clipped step log-prob ratios",
     },
     Algorithm {
         name: "dance_grpo",
-        estimator: Estimator::GroupRelative,
         objective: Objective::Policy(PolicyLoss::Clipped),
+        rollout: RolloutNeed::DanceSde,
         summary: "DanceGRPO: flow_grpo's loss on dance_sde rollouts",
     },
     Algorithm {
         name: "mix_grpo",
-        estimator: Estimator::GroupRelative,
         objective: Objective::Policy(PolicyLoss::Clipped),
+        rollout: RolloutNeed::SdeWindow,
         summary: "MixGRPO: flow_grpo's loss on an SDE window, ODE steps outside it",
     },
     Algorithm {
         name: "grpo_guard",
-        estimator: Estimator::GroupRelative,
         objective: Objective::Policy(PolicyLoss::Guard),
+        rollout: RolloutNeed::Any,
         summary: "GRPO-Guard: ratio re-centred by the mean shift, step-normalised",
     },
     Algorithm {
         name: "flow_dppo",
-        estimator: Estimator::GroupRelative,
         objective: Objective::Policy(PolicyLoss::Dppo),
+        rollout: RolloutNeed::Any,
         summary: "Flow-DPPO: unclipped ratio with a divergence mask",
     },
     Algorithm {
         name: "dpo",
-        estimator: Estimator::PreferencePairs,
         objective: Objective::Dpo,
+        rollout: RolloutNeed::Any,
         summary: "Diffusion-DPO: best vs worst of each group (online) or dataset pairs (offline)",
     },
     Algorithm {
         name: "diffusion_nft",
-        estimator: Estimator::OptimalityProbability,
         objective: Objective::Nft,
+        rollout: RolloutNeed::Any,
         summary: "DiffusionNFT: forward-process positive/negative velocity loss, ODE rollouts",
     },
 ];

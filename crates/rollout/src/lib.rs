@@ -1,8 +1,10 @@
 //! Rollouts: denoising trajectories that record what the trainer replays
-//! (`../shared/spec/algorithms.md` §3).
+//! (`docs/spec/algorithms.md` §3), and the engine that runs them on any registered pipeline.
 
+pub mod engine;
 pub mod trajectory;
 
+pub use engine::{encode_rows, Engine, RolloutBatch};
 pub use trajectory::{sample_trajectory, Guidance, Trajectory, TrajectoryRequest};
 
 /// Why a rollout failed.
@@ -14,4 +16,6 @@ pub enum RolloutError {
     Sampling(#[from] flowtune_sampling::SamplingError),
     #[error("{0}")]
     Input(String),
+    #[error(transparent)]
+    Torch(#[from] tch::TchError),
 }

@@ -3,13 +3,14 @@
 
 use std::ops::Range;
 
-use flowtune_models::{Denoiser, TextConditioning};
-use flowtune_sampling::{euler_step, reverse_step, Draw, SigmaGrid, StepParams};
+use flowtune_models::{guided_velocity, Denoiser, TextConditioning};
+use flowtune_sampling::{euler_step, per_row, reverse_step, Draw, SigmaGrid, StepParams};
 use tch::{Kind, Tensor};
 
 use crate::RolloutError;
 
-/// Classifier-free guidance: `v = v_neg + g·(v_pos − v_neg)` when `g > 1`.
+/// Classifier-free guidance when `scale > 1`, combined as the denoiser's family does
+/// ([`flowtune_models::guided_velocity`]).
 pub struct Guidance<'a> {
     pub scale: f64,
     pub negative: Option<&'a TextConditioning>,
@@ -24,27 +25,27 @@ pub struct TrajectoryRequest<'a> {
     pub step: StepParams,
     /// Per row: the stochastic steps (all rows the same length W).
     pub windows: &'a [Range<usize>],
-    /// Initial latents (B, C, H, W).
+    /// Initial latents (B, …): (B, C, H, W) for images, (B, C, F, H, W) for video.
     pub initial: &'a Tensor,
 }
 
 /// A recorded trajectory.
 #[derive(Debug)]
 pub struct Trajectory {
-    /// (B, W+1, C, H, W): the latent entering the first window step, then after each window step.
+    /// (B, W+1, …): the latent entering the first window step, then after each window step.
     pub all_latents: Tensor,
     /// (B, W) log-probs of the window steps.
     pub all_log_probs: Tensor,
     /// (B, W) timesteps of the window steps.
     pub all_timesteps: Tensor,
-    /// (B, C, H, W) clean latents at the end.
+    /// (B, …) clean latents at the end.
     pub final_latents: Tensor,
 }
 
-/// Samples a trajectory; `step_noise(i)` gives the (B, C, H, W) Gaussian of step i, drawn for
-/// every step as the seeds contract requires.
-pub fn sample_trajectory(
-    model: &impl Denoiser,
+/// Samples a trajectory; `step_noise(i)` gives the (B, …) Gaussian of step i, drawn for every step
+/// as the seeds contract requires.
+pub fn sample_trajectory<D: Denoiser + ?Sized>(
+    model: &D,
     request: &TrajectoryRequest<'_>,
     mut step_noise: impl FnMut(usize) -> Tensor,
 ) -> Result<Trajectory, RolloutError> {
@@ -62,14 +63,14 @@ pub fn sample_trajectory(
     }
     let device = request.initial.device();
     let guided = request.guidance.scale > 1.0;
-    let both = match (guided, request.guidance.negative) {
-        (true, Some(neg)) => Some(neg.concat(request.text)),
+    let negative = match (guided, request.guidance.negative) {
         (true, None) => {
             return Err(RolloutError::Input(
                 "guidance_scale > 1 needs negative text conditioning".into(),
             ))
         }
-        _ => None,
+        (true, negative) => negative,
+        (false, _) => None,
     };
     let mut x = request.initial.to_kind(Kind::Float);
     let mut latents: Vec<Vec<Tensor>> = (0..b).map(|_| vec![]).collect();
@@ -77,16 +78,7 @@ pub fn sample_trajectory(
     let mut timesteps: Vec<Vec<f32>> = vec![vec![]; b as usize];
     for i in 0..grid.steps() {
         let t = Tensor::full([b], grid.timesteps[i] as f64, (Kind::Float, device));
-        let v = match &both {
-            Some(cond) => {
-                let out = model
-                    .velocity(&Tensor::cat(&[&x, &x], 0), &Tensor::cat(&[&t, &t], 0), cond)?
-                    .to_kind(Kind::Float);
-                let parts = out.chunk(2, 0);
-                &parts[0] + (&parts[1] - &parts[0]) * request.guidance.scale
-            }
-            None => model.velocity(&x, &t, request.text)?.to_kind(Kind::Float),
-        };
+        let v = guided_velocity(model, &x, &t, request.text, negative, request.guidance.scale)?;
         let z = step_noise(i);
         let sigma = Tensor::full([b], grid.sigmas[i] as f64, (Kind::Float, device));
         let sigma_next = Tensor::full([b], grid.sigmas[i + 1] as f64, (Kind::Float, device));
@@ -105,7 +97,7 @@ pub fn sample_trajectory(
                     timesteps[row].push(grid.timesteps[i]);
                 }
             }
-            let mask = Tensor::from_slice(&in_window).to_device(device).view([b, 1, 1, 1]);
+            let mask = per_row(&Tensor::from_slice(&in_window).to_device(device), &x);
             out.prev_sample.where_self(&mask, &euler)
         } else {
             euler_step(&x, &v, &sigma, &sigma_next)

@@ -1,8 +1,8 @@
-//! The `sd3_rollout` fixtures: a CFG + SDE-window trajectory through a tiny SD3 transformer with
-//! given noise must reproduce diffusers' latents, log-probs and timesteps.
+//! The `sd3_rollout` fixtures: a CFG + SDE-window trajectory through a tiny SD3 transformer (loaded
+//! through the family registry) with given noise must reproduce diffusers' latents, log-probs and
+//! timesteps.
 
 use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MODEL_RTOL};
-use flowtune_models::sd3::Sd3Transformer;
 use flowtune_models::TextConditioning;
 use flowtune_rollout::{sample_trajectory, Guidance, TrajectoryRequest};
 use flowtune_sampling::{GridRequest, SchedulerConfig, SdeType, SigmaGrid, StepParams};
@@ -15,7 +15,7 @@ fn sd3_rollouts_match_reference() {
         check.case();
         let name = spec["name"].as_str().expect("name");
         let io = tensors(&format!("{name}_io.safetensors"));
-        let model = Sd3Transformer::load(
+        let model = flowtune_models::load_denoiser(
             &dir().join(spec["model"].as_str().unwrap()),
             Device::Cpu,
             Kind::Float,
@@ -31,14 +31,14 @@ fn sd3_rollouts_match_reference() {
         let size = spec["window_size"].as_u64().unwrap() as usize;
         let b = spec["batch"].as_u64().unwrap() as usize;
         let windows = vec![start..start + size; b];
-        let text = TextConditioning {
-            embeds: io["input.prompt_embeds"].shallow_clone(),
-            pooled: Some(io["input.pooled_prompt_embeds"].shallow_clone()),
-        };
-        let negative = TextConditioning {
-            embeds: io["input.negative_prompt_embeds"].shallow_clone(),
-            pooled: Some(io["input.negative_pooled_prompt_embeds"].shallow_clone()),
-        };
+        let text = TextConditioning::new(
+            io["input.prompt_embeds"].shallow_clone(),
+            Some(io["input.pooled_prompt_embeds"].shallow_clone()),
+        );
+        let negative = TextConditioning::new(
+            io["input.negative_prompt_embeds"].shallow_clone(),
+            Some(io["input.negative_pooled_prompt_embeds"].shallow_clone()),
+        );
         let request = TrajectoryRequest {
             grid: &grid,
             text: &text,
@@ -56,8 +56,9 @@ fn sd3_rollouts_match_reference() {
             initial: &io["input.initial_latents"],
         };
         let noise = &io["input.step_noise"];
-        let out = tch::no_grad(|| sample_trajectory(&model, &request, |i| noise.get(i as i64)))
-            .expect("rollout");
+        let out =
+            tch::no_grad(|| sample_trajectory(model.as_ref(), &request, |i| noise.get(i as i64)))
+                .expect("rollout");
         for (key, t) in [
             ("output.all_latents", &out.all_latents),
             ("output.all_log_probs", &out.all_log_probs),

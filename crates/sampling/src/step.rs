@@ -193,8 +193,9 @@ fn math_kind(sample: &Tensor) -> Kind {
     }
 }
 
-/// Reshapes a per-row tensor (B,) (or a scalar) to broadcast against `like` (B, …).
-fn per_row(t: &Tensor, like: &Tensor) -> Tensor {
+/// Reshapes a per-row tensor (B,) (or a scalar) to broadcast against `like` (B, …), whatever the
+/// number of latent dimensions (images or video).
+pub fn per_row(t: &Tensor, like: &Tensor) -> Tensor {
     let mut shape = vec![-1i64];
     shape.extend(std::iter::repeat_n(1, like.dim().saturating_sub(1)));
     if t.numel() == 1 {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use flowtune_data::LoaderState;
-use flowtune_models::sd3::Sd3Transformer;
+use flowtune_models::TrainableDenoiser;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
@@ -31,14 +31,10 @@ const WEIGHTS: &str = "transformer.safetensors";
 const OPTIMIZER: &str = "optimizer.safetensors";
 const STATE: &str = "state.json";
 
-fn io(path: &Path, e: impl std::fmt::Display) -> TrainError {
-    TrainError::Io(format!("{}: {e}", path.display()))
-}
-
 /// Writes a checkpoint for `state.step` and keeps the newest `keep`.
 pub(crate) fn save(
     root: &Path,
-    model: &Sd3Transformer,
+    model: &dyn TrainableDenoiser,
     learner: &Learner,
     state: &LoopState,
     keep: usize,
@@ -47,9 +43,9 @@ pub(crate) fn save(
     let dir = root.join(format!("step_{:06}", state.step));
     let tmp = root.join(format!(".step_{:06}.tmp", state.step));
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
-    let weights = if model.adapters.is_some() { ADAPTERS } else { WEIGHTS };
-    if model.adapters.is_some() {
+    std::fs::create_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+    let weights = if model.adapters().is_some() { ADAPTERS } else { WEIGHTS };
+    if model.adapters().is_some() {
         model.save_lora(&tmp.join(ADAPTERS))?;
     } else {
         model.save_weights(&tmp.join(WEIGHTS))?;
@@ -64,15 +60,15 @@ pub(crate) fn save(
     }
     Tensor::write_safetensors(&named, tmp.join(OPTIMIZER))?;
     let text = serde_json::to_string_pretty(state).expect("state is JSON");
-    std::fs::write(tmp.join(STATE), text).map_err(|e| io(&tmp, e))?;
+    std::fs::write(tmp.join(STATE), text).map_err(|e| TrainError::io(&tmp, e))?;
     // On disk before the rename makes the checkpoint visible.
     for name in [weights, OPTIMIZER, STATE] {
         std::fs::File::open(tmp.join(name))
             .and_then(|f| f.sync_all())
-            .map_err(|e| io(&tmp.join(name), e))?;
+            .map_err(|e| TrainError::io(&tmp.join(name), e))?;
     }
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(&tmp, &dir).map_err(|e| io(&dir, e))?;
+    std::fs::rename(&tmp, &dir).map_err(|e| TrainError::io(&dir, e))?;
     let _ = std::fs::File::open(root).and_then(|d| d.sync_all());
     // Keep the newest `keep` up to this step; drop those after it (the abandoned future of a run
     // resumed from an older checkpoint) and crash leftovers.
@@ -82,7 +78,7 @@ pub(crate) fn save(
             let _ = std::fs::remove_dir_all(path);
         }
     }
-    for entry in std::fs::read_dir(root).map_err(|e| io(root, e))?.flatten() {
+    for entry in std::fs::read_dir(root).map_err(|e| TrainError::io(root, e))?.flatten() {
         if entry.file_name().to_string_lossy().ends_with(".tmp") {
             let _ = std::fs::remove_dir_all(entry.path());
         }
@@ -113,14 +109,16 @@ fn shadows(learner: &Learner) -> impl Iterator<Item = (&'static str, &Ema)> {
 /// Restores adapters, optimizer state, the learner's shadows and the loop state from `dir`.
 pub(crate) fn load(
     dir: &Path,
-    model: &mut Sd3Transformer,
+    model: &mut dyn TrainableDenoiser,
     learner: &mut Learner,
 ) -> Result<LoopState, TrainError> {
     let optimizer = &mut learner.optimizer;
-    let state: LoopState =
-        serde_json::from_str(&std::fs::read_to_string(dir.join(STATE)).map_err(|e| io(dir, e))?)
-            .map_err(|e| io(&dir.join(STATE), e))?;
-    match (model.adapters.is_some(), dir.join(ADAPTERS).exists()) {
+    let state_file = dir.join(STATE);
+    let text = std::fs::read_to_string(&state_file).map_err(|e| TrainError::io(&state_file, e))?;
+    let state: LoopState = serde_json::from_str(&text).map_err(|e| {
+        TrainError::Invalid(format!("{}: not a flowtune loop state: {e}", state_file.display()))
+    })?;
+    match (model.adapters().is_some(), dir.join(ADAPTERS).exists()) {
         (true, true) => model.load_lora(&dir.join(ADAPTERS))?,
         (false, false) => model.load_weights_file(&dir.join(WEIGHTS))?,
         (lora, _) => {
@@ -139,7 +137,7 @@ pub(crate) fn load(
         let (sm, sv) =
             (saved.get(&format!("exp_avg.{name}")), saved.get(&format!("exp_avg_sq.{name}")));
         let (Some(sm), Some(sv)) = (sm, sv) else {
-            return Err(TrainError::Io(format!(
+            return Err(TrainError::Invalid(format!(
                 "{}: no optimizer state for {name}",
                 dir.join(OPTIMIZER).display()
             )));

@@ -4,13 +4,12 @@
 use std::path::Path;
 use std::time::Instant;
 
-use flowtune_config::Recipe;
 use flowtune_data::{PromptLoader, PromptRecord};
 use flowtune_objectives::Metrics;
-use flowtune_rewards::Weighted;
+use flowtune_rollout::RolloutBatch;
 use tch::Tensor;
 
-use crate::engine::{Engine, RolloutBatch};
+use crate::run::Run;
 use crate::scoring::{rollout_and_score, Scored};
 use crate::TrainError;
 
@@ -53,19 +52,18 @@ impl Collected {
 
 /// Samples and scores step `k`'s prompts; logs `timing_s/{gen,reward}` and `critic/rewards/*`.
 pub(crate) fn collect(
-    engine: &Engine<'_>,
+    run: &Run<'_>,
     loader: &mut PromptLoader,
-    scorers: &[Weighted],
-    recipe: &Recipe,
     k: u64,
     m: &mut Metrics,
 ) -> Result<Collected, TrainError> {
+    let (engine, recipe) = (&run.engine, run.recipe);
     let rows = loader.next_step();
     let records: Vec<&PromptRecord> = rows.iter().map(|r| loader.record(r)).collect();
     let timer = Instant::now();
     let seeds = engine.row_seeds(records.len(), k);
     let Scored { batch, scores, reward_seconds } =
-        rollout_and_score(engine, &records, &seeds, k, scorers, recipe.reward.on_error)?;
+        rollout_and_score(engine, &records, &seeds, k, &run.scorers, recipe.reward.on_error)?;
     m.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
     m.insert("timing_s/reward".into(), reward_seconds);
     for e in &scores.errors {

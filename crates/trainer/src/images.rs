@@ -15,7 +15,7 @@ pub fn save_grid(
     images: &[RgbImage],
     captions: &[(String, f64)],
 ) -> Result<(), TrainError> {
-    std::fs::create_dir_all(dir).map_err(|e| TrainError::Io(format!("{}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
     let png = dir.join(format!("{stem}.png"));
     let binary = captions.iter().all(|(_, s)| *s == 0.0 || *s == 1.0);
     let labels: Vec<Caption> = captions
@@ -30,7 +30,7 @@ pub fn save_grid(
     let columns = (images.len() as f64).sqrt().ceil() as u32;
     captioned_grid(images, &labels, cell, columns, 4)
         .save(&png)
-        .map_err(|e| TrainError::Io(format!("{}: {e}", png.display())))?;
+        .map_err(|source| TrainError::Image { path: png.clone(), source })?;
     let lines: Vec<String> = captions
         .iter()
         .enumerate()
@@ -39,6 +39,5 @@ pub fn save_grid(
         })
         .collect();
     let jsonl = dir.join(format!("{stem}.jsonl"));
-    std::fs::write(&jsonl, lines.join("\n") + "\n")
-        .map_err(|e| TrainError::Io(format!("{}: {e}", jsonl.display())))
+    std::fs::write(&jsonl, lines.join("\n") + "\n").map_err(|e| TrainError::io(&jsonl, e))
 }

@@ -1,35 +1,57 @@
 //! The online RL training loop (`flowtune train`): each step is rollout → rewards → the
 //! algorithm's update (policy gradient: old log-probs → reference → advantages → clipped update;
 //! Diffusion-DPO on pairs; DiffusionNFT on clean samples) → checkpoint, each under a named timer,
-//! with the metric names of the reference framework.
+//! with the metric names of the reference framework. It knows model families only through the
+//! `flowtune-models` traits, and algorithms through [`algorithm::Algorithm`].
 
+mod algorithm;
 pub mod checkpoint;
 mod collect;
-pub mod engine;
 mod fit;
 pub mod images;
+mod logging;
 mod nft;
 pub mod optim;
 mod policy;
 mod preference;
 pub mod pretrain;
 mod reference;
+mod run;
 mod scoring;
+mod seeds;
 pub mod tensorboard;
 mod update;
 mod validation;
 
 pub use fit::{train, TrainSummary};
 
+use std::path::{Path, PathBuf};
+
 /// Why training stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
+    /// A setting or an input that cannot work; the message names it and what is expected.
     #[error("{0}")]
     Invalid(String),
+    /// A file or folder could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An image could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Image {
+        path: PathBuf,
+        #[source]
+        source: image::ImageError,
+    },
+    /// Training went numerically wrong (a non-finite loss); the message says where.
     #[error("{0}")]
-    Io(String),
+    Diverged(String),
     #[error("rollout: {0}")]
-    Rollout(String),
+    Rollout(#[from] flowtune_rollout::RolloutError),
     #[error(transparent)]
     Model(#[from] flowtune_models::ModelError),
     #[error(transparent)]
@@ -42,4 +64,27 @@ pub enum TrainError {
     Data(#[from] flowtune_data::DataError),
     #[error(transparent)]
     Torch(#[from] tch::TchError),
+}
+
+impl TrainError {
+    /// An I/O failure on `path`.
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        Self::Io { path: path.to_path_buf(), source }
+    }
+
+    /// Whether the user has to change an input (recipe, files, model) rather than the run having
+    /// failed while it ran (disk, libtorch, a reward server, divergence).
+    pub fn is_bad_input(&self) -> bool {
+        use flowtune_objectives::ObjectiveError as O;
+        use flowtune_rollout::RolloutError as R;
+        match self {
+            Self::Invalid(_) | Self::Data(_) | Self::Sampling(_) => true,
+            Self::Model(e) | Self::Rollout(R::Model(e)) => !e.is_runtime(),
+            Self::Rollout(R::Input(_) | R::Sampling(_)) => true,
+            Self::Objective(e) => matches!(e, O::Invalid { .. } | O::UnknownAlgorithm { .. }),
+            Self::Reward(e) => matches!(e, flowtune_rewards::RewardError::Config(_)),
+            Self::Io { .. } | Self::Image { .. } | Self::Diverged(_) | Self::Torch(_) => false,
+            Self::Rollout(R::Torch(_)) => false,
+        }
+    }
 }

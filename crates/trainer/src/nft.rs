@@ -1,26 +1,24 @@
-//! A DiffusionNFT step: the rollout (sampled by the old adapter, see `fit`) gives clean final
+//! A DiffusionNFT step: the rollout (sampled by the old adapter, see `algorithm`) gives clean final
 //! latents; group advantages become optimality probabilities; on a random subset of the rollout's
 //! timesteps each sample is re-noised with fresh noise and three velocities are compared — old
 //! adapter, trained adapter, reference — then the old adapter follows the trained one.
 
 use std::time::Instant;
 
+use flowtune_models::velocity_at_sigma;
 use flowtune_objectives::losses::{nft_loss, reward_probability, NftBatch};
 use flowtune_objectives::Metrics;
-use flowtune_sampling::{row_seed, SampleRng};
+use flowtune_sampling::{per_row, row_seed, SampleRng};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tch::Tensor;
 
 use crate::collect::Collected;
-use crate::engine::velocity_at;
-use crate::fit::Run;
+use crate::run::Run;
+use crate::seeds::NFT_SALT;
 use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
 use crate::TrainError;
-
-/// Salt of the NFT noise streams, apart from the rollout's.
-const NFT_SEED: u64 = 0x004E_4654;
 
 /// The trained timestep indices of each of `rows` samples: `max(1, ⌊N·fraction⌋)` of the N, drawn
 /// without replacement.
@@ -32,7 +30,7 @@ pub(crate) fn trained_timesteps(
     k: u64,
 ) -> Vec<Vec<usize>> {
     let count = ((steps as f64 * fraction) as usize).clamp(1, steps);
-    let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed ^ NFT_SEED, k, u64::MAX >> 2));
+    let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed ^ NFT_SALT, k, u64::MAX >> 2));
     (0..rows)
         .map(|_| {
             let mut all: Vec<usize> = (0..steps).collect();
@@ -54,7 +52,7 @@ pub(crate) fn nft_step(
 ) -> Result<(), TrainError> {
     let (recipe, engine) = (run.recipe, &run.engine);
     let actor = &recipe.actor;
-    let model = &engine.pipe.transformer;
+    let model = engine.pipe.denoiser();
     let reference = run.reference.as_ref().expect("diffusion_nft always has a reference");
     let device = c.kept.device();
 
@@ -70,12 +68,7 @@ pub(crate) fn nft_step(
     let chosen =
         trained_timesteps(c.rewards.len(), grid.len(), actor.timestep_fraction, recipe.seed, k);
     let slots = chosen[0].len();
-    let t = &recipe.trainer;
-    let batching = Batching {
-        items: c.rewards.len(),
-        mini: t.ppo_mini_batch_size * recipe.rollout.n,
-        micro: t.micro_batch_size,
-    };
+    let batching = Batching::groups(recipe, c.rewards.len());
     let params =
         learner.optimizer.params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
     let mut old = learner.old.take().expect("diffusion_nft keeps an old policy");
@@ -92,7 +85,7 @@ pub(crate) fn nft_step(
                 &micro
                     .iter()
                     .map(|&i| {
-                        let stream = row_seed(recipe.seed ^ NFT_SEED, k, (i * slots + j) as u64);
+                        let stream = row_seed(recipe.seed ^ NFT_SALT, k, (i * slots + j) as u64);
                         let mut shape = x0.size();
                         shape[0] = 1;
                         SampleRng::new(stream).normal(&shape, device)
@@ -100,17 +93,15 @@ pub(crate) fn nft_step(
                     .collect::<Vec<_>>(),
                 0,
             );
-            let s = sigma.view([-1, 1, 1, 1]);
+            let s = per_row(&sigma, &x0);
             let xt = (1.0 - &s) * &x0 + &s * &noise;
             let old_pred = tch::no_grad(|| {
-                old.swap(&params);
-                let v = velocity_at(model, &xt, &sigma, &text);
-                old.swap(&params);
-                v
+                old.with_swapped(&params, || velocity_at_sigma(model, &xt, &sigma, &text))
             })?;
-            let ref_pred =
-                tch::no_grad(|| reference.run(model, |net| velocity_at(net, &xt, &sigma, &text)))?;
-            let policy_pred = velocity_at(model, &xt, &sigma, &text)?;
+            let ref_pred = tch::no_grad(|| {
+                reference.run(model, |net| velocity_at_sigma(net, &xt, &sigma, &text))
+            })?;
+            let policy_pred = velocity_at_sigma(model, &xt, &sigma, &text)?;
             let out = nft_loss(
                 &NftBatch {
                     x0: &x0,

@@ -174,6 +174,19 @@ impl Ema {
         }
     }
 
+    /// Runs `f` with the shadow values in place of the live ones, then puts the live ones back
+    /// (also when `f` fails).
+    pub fn with_swapped<T>(
+        &mut self,
+        params: &BTreeMap<String, Tensor>,
+        f: impl FnOnce() -> T,
+    ) -> T {
+        self.swap(params);
+        let out = f();
+        self.swap(params);
+        out
+    }
+
     /// Swaps the shadow values with the live ones (call again to swap back).
     pub fn swap(&mut self, params: &BTreeMap<String, Tensor>) {
         let _guard = tch::no_grad_guard();

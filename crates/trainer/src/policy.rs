@@ -5,14 +5,14 @@
 use std::time::Instant;
 
 use flowtune_config::OldLogProb;
-use flowtune_models::sd3::Sd3Transformer;
+use flowtune_models::Denoiser;
 use flowtune_objectives::losses::{kl_to_reference, PolicyBatch, PolicyLoss};
 use flowtune_objectives::{Correction, Metrics};
+use flowtune_rollout::{Engine, RolloutBatch};
 use tch::{Kind, Tensor};
 
 use crate::collect::Collected;
-use crate::engine::{Engine, RolloutBatch};
-use crate::fit::Run;
+use crate::run::Run;
 use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
 use crate::TrainError;
 
@@ -25,9 +25,9 @@ pub(crate) struct OldPolicy {
 }
 
 /// Replays every window step of all rows with `model` without gradient.
-pub(crate) fn replay_all(
+pub(crate) fn replay_all<D: Denoiser + ?Sized>(
     engine: &Engine<'_>,
-    model: &Sd3Transformer,
+    model: &D,
     batch: &RolloutBatch,
     rows: &Tensor,
     w: i64,
@@ -65,7 +65,7 @@ pub(crate) fn policy_step(
     m: &mut Metrics,
 ) -> Result<(), TrainError> {
     let (recipe, engine) = (run.recipe, &run.engine);
-    let model = &engine.pipe.transformer;
+    let model = engine.pipe.denoiser();
     let batch = &c.batch;
     let w = batch.windows[0].len() as i64;
     let rollout_lp = batch.trajectory.all_log_probs.index_select(0, &c.kept);
@@ -127,12 +127,7 @@ pub(crate) fn policy_step(
         loss: loss_kind,
         window: w,
     };
-    let t = &recipe.trainer;
-    let batching = Batching {
-        items: c.rewards.len(),
-        mini: t.ppo_mini_batch_size * recipe.rollout.n,
-        micro: t.micro_batch_size,
-    };
+    let batching = Batching::groups(recipe, c.rewards.len());
     m.extend(optimize(learner, recipe, batching, k, lr, |micro, scale| {
         inputs.micro_step(run, micro, scale / w as f64, k)
     })?);

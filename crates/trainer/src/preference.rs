@@ -7,16 +7,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use flowtune_data::{PreferencePair, PromptLoader};
-use flowtune_models::TextConditioning;
+use flowtune_models::{velocity_at_sigma, TextConditioning};
 use flowtune_objectives::losses::{dpo_loss, DpoBatch};
 use flowtune_objectives::Metrics;
-use flowtune_sampling::{row_seed, SampleRng};
+use flowtune_rollout::encode_rows;
+use flowtune_sampling::{per_row, row_seed, SampleRng};
 use image::imageops::FilterType;
 use tch::{Device, Tensor};
 
 use crate::collect::Collected;
-use crate::engine::{encode_rows, velocity_at};
-use crate::fit::Run;
+use crate::run::Run;
+use crate::seeds::DPO_SALT;
 use crate::update::{finite_loss, optimize, Batching, Learner};
 use crate::TrainError;
 
@@ -85,7 +86,7 @@ impl PairSource {
         let mut bytes = vec![];
         for path in [&pair.chosen, &pair.rejected] {
             let image = image::open(path)
-                .map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?
+                .map_err(|source| TrainError::Image { path: path.clone(), source })?
                 .to_rgb8();
             // Centre square, resized to the training resolution.
             let s = image.width().min(image.height());
@@ -103,8 +104,8 @@ impl PairSource {
         }
         let pixels = Tensor::from_slice(&bytes)
             .view([2, side as i64, side as i64, 3])
-            .to_device(run.engine.pipe.transformer.context_embedder.weight.device());
-        let latents = tch::no_grad(|| run.engine.pipe.encode_rgb8(&pixels));
+            .to_device(run.engine.pipe.device());
+        let latents = tch::no_grad(|| run.engine.pipe.encode_rgb8(&pixels))?;
         self.cache.insert(i, latents.shallow_clone());
         Ok(latents)
     }
@@ -151,17 +152,17 @@ fn update(
 ) -> Result<(), TrainError> {
     let timer = Instant::now();
     let recipe = run.recipe;
-    let model = &run.engine.pipe.transformer;
+    let model = run.engine.pipe.denoiser();
     let reference = run.reference.as_ref().expect("dpo always has a reference");
     let pairs = x0.size()[0] / 2;
     let device = x0.device();
     // One noise and one noise level per pair, from the run's seed and the step.
-    let mut rng = SampleRng::new(row_seed(recipe.seed ^ 0xD90, k, 0));
+    let mut rng = SampleRng::new(row_seed(recipe.seed ^ DPO_SALT, k, 0));
     let u = Vec::<f32>::try_from(rng.normal(&[pairs], Device::Cpu).sigmoid())?;
     let sigma: Vec<f32> = u
         .iter()
         .flat_map(|&u| {
-            let s = run.engine.pipe.scheduler.training_sigma_at(u as f64) as f32;
+            let s = run.engine.pipe.scheduler().training_sigma_at(u as f64) as f32;
             [s, s]
         })
         .collect();
@@ -169,7 +170,7 @@ fn update(
     let mut shape = x0.size();
     shape[0] = pairs;
     let noise = rng.normal(&shape, device).repeat_interleave_self_int(2, 0, None);
-    let s = sigma.view([-1, 1, 1, 1]);
+    let s = per_row(&sigma, x0);
     let xt: Tensor = &s * &noise + (1.0 - &s) * x0;
     let t = &recipe.trainer;
     let batching = Batching {
@@ -182,8 +183,8 @@ fn update(
         let idx = Tensor::from_slice(&rows).to_device(device);
         let (x, sg, txt) = (xt.index_select(0, &idx), sigma.index_select(0, &idx), text.rows(&idx));
         let ref_pred =
-            tch::no_grad(|| reference.run(model, |net| velocity_at(net, &x, &sg, &txt)))?;
-        let model_pred = velocity_at(model, &x, &sg, &txt)?;
+            tch::no_grad(|| reference.run(model, |net| velocity_at_sigma(net, &x, &sg, &txt)))?;
+        let model_pred = velocity_at_sigma(model, &x, &sg, &txt)?;
         let out = dpo_loss(
             &DpoBatch {
                 latents: &x0.index_select(0, &idx),

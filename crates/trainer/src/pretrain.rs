@@ -1,5 +1,5 @@
-//! `flowtune pretrain`: plain flow-matching training of every parameter of a pipeline (transformer
-//! and both CLIP text encoders) on captioned images, the way SD3 was trained: σ from a shifted
+//! `flowtune pretrain`: plain flow-matching training of every parameter of a pipeline (the denoiser
+//! and the text encoders its family trains with it, e.g. SD3's two CLIPs) on captioned images, the way SD3 was trained: σ from a shifted
 //! logit-normal, `x_σ = (1 − σ)·x₀ + σ·ε`, the model regresses the velocity `ε − x₀`; the caption is
 //! dropped (empty prompt) with probability `caption_dropout` so classifier-free guidance works.
 //! The result is written as a complete pipeline directory in the diffusers layout.
@@ -9,11 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use flowtune_config::LrSchedule;
-use flowtune_models::sd3::{Dtypes, Sd3Pipeline};
-use flowtune_models::Denoiser;
+use flowtune_models::{velocity_at_sigma, FlowPipeline, PipelineOptions};
 use flowtune_rewards::RgbImage;
-use flowtune_sampling::SampleRng;
-use tch::nn::VarStore;
+use flowtune_sampling::{per_row, SampleRng};
 use tch::{Device, Kind, Tensor};
 
 use crate::optim::{learning_rate, AdamW, Ema};
@@ -50,15 +48,6 @@ pub struct PretrainSummary {
     pub wall_seconds: f64,
 }
 
-/// The trainable components, as (folder, weights file, store).
-fn components(pipe: &Sd3Pipeline) -> [(&'static str, &'static str, &VarStore); 3] {
-    [
-        ("transformer", "diffusion_pytorch_model.safetensors", &pipe.transformer.store),
-        ("text_encoder", "model.safetensors", &pipe.clip_l.encoder.store),
-        ("text_encoder_2", "model.safetensors", &pipe.clip_g.encoder.store),
-    ]
-}
-
 /// Trains every parameter of the pipeline at `config.model` on `examples(index)` (a caption and
 /// an image of `config.resolution` pixels, deterministic in `index`) and writes it to `config.out`.
 pub fn pretrain(
@@ -66,20 +55,15 @@ pub fn pretrain(
     examples: &(dyn Fn(u64) -> (String, RgbImage) + Sync),
     device: Device,
 ) -> Result<PretrainSummary, TrainError> {
-    let pipe = Sd3Pipeline::load(&config.model, device, Dtypes::all(Kind::Float), None)?;
-    if pipe.vae.is_some() {
-        return Err(TrainError::Invalid(format!(
-            "{}: pretrain trains pixel-space pipelines (no VAE); this one has a VAE",
-            config.model.display()
-        )));
-    }
+    let pipe = flowtune_models::load_pipeline(&config.model, &PipelineOptions::new(device))?;
+    let denoiser = pipe.denoiser().lora_prefix();
     let mut params: BTreeMap<String, Tensor> = pipe
-        .transformer
+        .denoiser()
         .full_parameters()
         .into_iter()
-        .map(|(n, v)| (format!("transformer.{n}"), v))
+        .map(|(n, v)| (format!("{denoiser}.{n}"), v))
         .collect();
-    for (folder, _, store) in &components(&pipe)[1..] {
+    for (folder, _, store) in pipe.trained_stores().into_iter().filter(|c| c.0 != denoiser) {
         for (name, var) in store.variables() {
             params.insert(format!("{folder}.{name}"), var.set_requires_grad(true));
         }
@@ -87,7 +71,7 @@ pub fn pretrain(
     let mut optimizer = AdamW::new(params, [0.9, 0.999], 1e-8, config.weight_decay);
     let mut ema = config.ema_decay.map(|d| Ema::new(d, &optimizer.params));
     let mut rng = SampleRng::new(config.seed);
-    let shift = pipe.scheduler.shift;
+    let shift = pipe.scheduler().shift;
     let bar = indicatif::ProgressBar::new(config.steps);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -102,7 +86,8 @@ pub fn pretrain(
         let first = (step - 1) * config.batch_size as u64;
         let batch: Vec<(String, RgbImage)> =
             (first..first + config.batch_size as u64).map(examples).collect();
-        let x0 = images_to_tensor(&batch, config.resolution)?.to_device(device);
+        let x0 =
+            pipe.encode_rgb8(&images_to_tensor(&batch, config.resolution)?.to_device(device))?;
         let b = x0.size()[0];
         let drop = rng.uniform(&[b], Device::Cpu);
         let prompts: Vec<&str> = batch
@@ -120,10 +105,10 @@ pub fn pretrain(
         let u = rng.normal(&[b], device).sigmoid();
         let sigma = &u * shift / (&u * (shift - 1.0) + 1.0);
         let noise = rng.normal(&x0.size(), device);
-        let s = sigma.view([b, 1, 1, 1]);
+        let s = per_row(&sigma, &x0);
         let noisy = (1.0 - &s) * &x0 + &s * &noise;
         let text = pipe.encode_prompts(&prompts)?;
-        let v = pipe.transformer.velocity(&noisy, &(&sigma * 1000.0), &text)?;
+        let v = velocity_at_sigma(pipe.denoiser(), &noisy, &sigma, &text)?;
         let loss = (v - (&noise - &x0)).square().mean(Kind::Float);
         let value = loss.double_value(&[]);
         if !value.is_finite() {
@@ -163,14 +148,11 @@ pub fn pretrain(
         bar.set_message(message);
         bar.inc(1);
         if step % config.save_every == 0 || step == config.steps {
-            if let Some(ema) = ema.as_mut() {
-                ema.swap(&optimizer.params);
+            let save = || save_pipeline(pipe.as_ref(), &config.model, &config.out);
+            match ema.as_mut() {
+                Some(ema) => ema.with_swapped(&optimizer.params, save)?,
+                None => save()?,
             }
-            let saved = save_pipeline(&pipe, &config.model, &config.out);
-            if let Some(ema) = ema.as_mut() {
-                ema.swap(&optimizer.params);
-            }
-            saved?;
         }
     }
     bar.finish();
@@ -183,11 +165,11 @@ pub fn pretrain(
     let record = serde_json::json!({ "config": config, "summary": summary });
     let path = config.out.join("pretrain.json");
     std::fs::write(&path, serde_json::to_string_pretty(&record).expect("JSON") + "\n")
-        .map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
+        .map_err(|e| TrainError::io(&path, e))?;
     Ok(summary)
 }
 
-/// (B, 3, R, R) floats in [−1, 1], checking every image is R × R.
+/// (B, R, R, 3) u8 pixels, checking every image is R × R.
 fn images_to_tensor(batch: &[(String, RgbImage)], resolution: i64) -> Result<Tensor, TrainError> {
     let mut bytes = Vec::with_capacity(batch.len() * (3 * resolution * resolution) as usize);
     for (caption, image) in batch {
@@ -200,19 +182,18 @@ fn images_to_tensor(batch: &[(String, RgbImage)], resolution: i64) -> Result<Ten
         }
         bytes.extend_from_slice(image.as_raw());
     }
-    let t = Tensor::from_slice(&bytes).view([batch.len() as i64, resolution, resolution, 3]);
-    Ok(t.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 127.5 - 1.0)
+    Ok(Tensor::from_slice(&bytes).view([batch.len() as i64, resolution, resolution, 3]))
 }
 
 /// Writes the pipeline at `out`: every file of `source` but the weights, then each trained
 /// component's weights; built in a temporary directory and renamed into place.
-fn save_pipeline(pipe: &Sd3Pipeline, source: &Path, out: &Path) -> Result<(), TrainError> {
-    let io = |p: &Path, e: std::io::Error| TrainError::Io(format!("{}: {e}", p.display()));
+fn save_pipeline(pipe: &dyn FlowPipeline, source: &Path, out: &Path) -> Result<(), TrainError> {
+    let io = TrainError::io;
     let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("pipeline");
     let tmp = out.with_file_name(format!(".{name}.tmp"));
     let _ = std::fs::remove_dir_all(&tmp);
     copy_without_weights(source, &tmp)?;
-    for (folder, file, store) in components(pipe) {
+    for (folder, file, store) in pipe.trained_stores() {
         let mut named: Vec<(String, Tensor)> = store.variables().into_iter().collect();
         named.sort_by(|a, b| a.0.cmp(&b.0));
         let named: Vec<(String, Tensor)> =
@@ -231,7 +212,7 @@ fn save_pipeline(pipe: &Sd3Pipeline, source: &Path, out: &Path) -> Result<(), Tr
 
 /// Copies the tree at `from` to `to`, leaving out `*.safetensors` and the run record.
 fn copy_without_weights(from: &Path, to: &Path) -> Result<(), TrainError> {
-    let io = |p: &Path, e: std::io::Error| TrainError::Io(format!("{}: {e}", p.display()));
+    let io = TrainError::io;
     std::fs::create_dir_all(to).map_err(|e| io(to, e))?;
     for entry in std::fs::read_dir(from).map_err(|e| io(from, e))? {
         let path = entry.map_err(|e| io(from, e))?.path();

@@ -1,10 +1,9 @@
 //! The reference policy of the KL term and of the DPO and NFT losses: the base model under LoRA
-//! (the same network with its adapters switched off), a frozen copy of the starting transformer
+//! (the same network with its adapters switched off), a frozen copy of the starting denoiser
 //! under full fine-tuning.
 
 use flowtune_config::{Finetune, Recipe};
-use flowtune_models::sd3::{Dtypes, Sd3Pipeline, Sd3Transformer};
-use tch::Device;
+use flowtune_models::{FlowPipeline, TrainableDenoiser};
 
 use crate::TrainError;
 
@@ -13,32 +12,31 @@ pub(crate) enum Reference {
     /// The trained model with its adapters off.
     AdaptersOff,
     /// A frozen copy of the starting weights.
-    Frozen(Box<Sd3Transformer>),
+    Frozen(Box<dyn TrainableDenoiser>),
 }
 
 impl Reference {
     /// The reference for `recipe`, or none when its algorithm and settings never ask for one.
     pub fn for_recipe(
         recipe: &Recipe,
-        pipe: &Sd3Pipeline,
+        pipe: &dyn FlowPipeline,
         needed: bool,
-        device: Device,
-        dtypes: Dtypes,
     ) -> Result<Option<Self>, TrainError> {
         if !needed {
             return Ok(None);
         }
-        if recipe.model.finetune == Finetune::Lora {
-            return Ok(Some(Self::AdaptersOff));
-        }
-        let dir = pipe.dir.component("transformer", &["SD3Transformer2DModel"])?;
-        let mut copy = Sd3Transformer::load(&dir, device, dtypes.transformer, None)?;
-        copy.store.freeze();
-        Ok(Some(Self::Frozen(Box::new(copy))))
+        Ok(Some(match recipe.model.finetune {
+            Finetune::Lora => Self::AdaptersOff,
+            Finetune::Full => Self::Frozen(pipe.denoiser().frozen_copy()?),
+        }))
     }
 
     /// Runs `f` on the reference network (`model` with adapters off, or the frozen copy).
-    pub fn run<T>(&self, model: &Sd3Transformer, f: impl FnOnce(&Sd3Transformer) -> T) -> T {
+    pub fn run<'m, T>(
+        &'m self,
+        model: &'m dyn TrainableDenoiser,
+        f: impl FnOnce(&'m dyn TrainableDenoiser) -> T,
+    ) -> T {
         match self {
             Self::AdaptersOff => {
                 model.set_adapters_enabled(false);
@@ -46,7 +44,7 @@ impl Reference {
                 model.set_adapters_enabled(true);
                 out
             }
-            Self::Frozen(copy) => f(copy),
+            Self::Frozen(copy) => f(copy.as_ref()),
         }
     }
 }

@@ -9,7 +9,8 @@ use flowtune_rewards::{
     score_batch, OnError, RewardError, RgbImage, Sample, ScoredBatch, Weighted,
 };
 
-use crate::engine::{Engine, RolloutBatch};
+use flowtune_rollout::{Engine, RolloutBatch};
+
 use crate::TrainError;
 
 /// A rollout, its scores and the seconds the scorers were busy.

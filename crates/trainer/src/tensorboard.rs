@@ -12,6 +12,7 @@ use crate::TrainError;
 /// An open event file.
 pub struct EventWriter {
     file: File,
+    path: std::path::PathBuf,
 }
 
 fn masked_crc(data: &[u8]) -> u32 {
@@ -51,16 +52,14 @@ fn event(step: i64, body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
 impl EventWriter {
     /// Creates `dir/events.out.tfevents.<time>.flowtune` and writes the file-version event.
     pub fn create(dir: &Path) -> Result<Self, TrainError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| TrainError::Io(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
         let path = dir.join(format!(
             "events.out.tfevents.{}.flowtune.{}",
             now() as u64,
             std::process::id()
         ));
-        let file =
-            File::create(&path).map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
-        let mut w = Self { file };
+        let file = File::create(&path).map_err(|e| TrainError::io(&path, e))?;
+        let mut w = Self { file, path };
         w.record(&event(0, |e| bytes_field(3, b"brain.Event:2", e)))?;
         Ok(w)
     }
@@ -75,7 +74,7 @@ impl EventWriter {
         self.file
             .write_all(&frame)
             .and_then(|_| self.file.flush())
-            .map_err(|e| TrainError::Io(format!("tensorboard events: {e}")))
+            .map_err(|e| TrainError::io(&self.path, e))
     }
 
     /// One event holding every finite scalar of `metrics` at `step`.

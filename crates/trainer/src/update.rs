@@ -48,6 +48,15 @@ pub(crate) struct Batching {
     pub micro: usize,
 }
 
+impl Batching {
+    /// `items` samples of prompt groups: `trainer.ppo_mini_batch_size` groups of `rollout.n` per
+    /// optimizer step, `trainer.micro_batch_size` samples per pass.
+    pub fn groups(recipe: &Recipe, items: usize) -> Self {
+        let t = &recipe.trainer;
+        Self { items, mini: t.ppo_mini_batch_size * recipe.rollout.n, micro: t.micro_batch_size }
+    }
+}
+
 /// Runs `trainer.ppo_epochs` passes over `batching.items` units at training step `k`.
 /// `micro_step(units, scale)` computes its losses, backpropagates each times `scale`, and returns
 /// its metrics. Returns the means plus `actor/grad_norm` and `actor/skipped_steps`.
@@ -64,7 +73,7 @@ pub(crate) fn optimize(
     let (mut grad_norms, mut skipped) = (vec![], 0.0);
     for epoch in 0..t.ppo_epochs {
         let mut order: Vec<usize> = (0..batching.items).collect();
-        order.shuffle(&mut ChaCha8Rng::seed_from_u64(recipe.seed ^ (k << 16) ^ epoch as u64));
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(crate::seeds::shuffle(recipe.seed, k, epoch)));
         for mb in order.chunks(batching.mini.max(1)) {
             let micros: Vec<&[usize]> = mb.chunks(batching.micro.max(1)).collect();
             let scale = 1.0 / micros.len() as f64;
@@ -102,7 +111,7 @@ pub(crate) fn finite_loss(loss: &tch::Tensor, k: u64, what: &str) -> Result<f64,
     if value.is_finite() {
         Ok(value)
     } else {
-        Err(TrainError::Invalid(format!(
+        Err(TrainError::Diverged(format!(
             "step {k}: the loss is {value} ({what}); stopping before it reaches the weights"
         )))
     }

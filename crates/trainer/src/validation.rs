@@ -5,27 +5,27 @@ use std::collections::BTreeMap;
 
 use flowtune_config::Recipe;
 use flowtune_data::PromptRecord;
-use flowtune_models::sd3::Sd3Pipeline;
 use flowtune_objectives::Metrics;
+use flowtune_rollout::Engine;
 use flowtune_sampling::row_seed;
 
-use crate::engine::Engine;
+use crate::run::Run;
 use crate::scoring::{rollout_and_score, Scored};
+use crate::seeds::VALIDATION;
 use crate::TrainError;
 
 /// Validation rollouts: η = 0, `rollout.eval_steps`, fixed per-prompt seeds from 42; rewards
 /// averaged per data source as `val-core/<source>/reward/mean@1`, each reward extra as
 /// `val-core/<source>/<extra>` (e.g. `val-core/shapes/counting/acc`), and a grid of the images.
 pub(crate) fn validate(
-    pipe: &Sd3Pipeline,
-    recipe: &Recipe,
+    run: &Run<'_>,
     records: &[PromptRecord],
-    scorers: &[flowtune_rewards::Weighted],
     k: u64,
 ) -> Result<Metrics, TrainError> {
-    const VAL_SEED: u64 = 42;
+    let recipe = run.recipe;
     let sampler = validation_sampler(recipe);
-    let engine = Engine::new(pipe, &sampler, recipe.model.resolution, VAL_SEED)?;
+    let engine =
+        Engine::new(run.engine.pipe, &sampler, run.engine.latent_shape.clone(), VALIDATION)?;
     // Per data source: the total reward and each extra (e.g. a category's accuracy).
     let mut per_source: BTreeMap<(String, String), (f64, usize)> = BTreeMap::new();
     let (mut images, mut captions) = (vec![], vec![]);
@@ -35,9 +35,9 @@ pub(crate) fn validate(
         // Prompt i's noise comes from `row_seed(42, 0, i)`: fixed, and different per prompt.
         let first = (c * size) as u64;
         let seeds: Vec<u64> =
-            (first..first + chunk.len() as u64).map(|i| row_seed(VAL_SEED, 0, i)).collect();
+            (first..first + chunk.len() as u64).map(|i| row_seed(VALIDATION, 0, i)).collect();
         let Scored { batch, scores, .. } =
-            rollout_and_score(&engine, &chunk, &seeds, 1, scorers, recipe.reward.on_error)?;
+            rollout_and_score(&engine, &chunk, &seeds, 1, &run.scorers, recipe.reward.on_error)?;
         for (i, r) in chunk.iter().enumerate() {
             let total = scores.totals[i];
             if let Some(v) = total {

@@ -4,11 +4,11 @@
 mod common;
 
 use common::{load_recipe, lora_moved, pipeline, root, scratch, tensors};
-use flowtune_models::sd3::{Dtypes, Sd3Pipeline};
+use flowtune_models::PipelineOptions;
 use flowtune_objectives::Metrics;
-use flowtune_trainer::engine::Engine;
+use flowtune_rollout::Engine;
 use flowtune_trainer::{train, TrainSummary};
-use tch::{Device, Kind};
+use tch::Device;
 
 /// Runs `examples/<file>` for `steps` steps; checks that every metric is finite and the LoRA
 /// moved.
@@ -41,8 +41,10 @@ fn mix_grpo_trains_exactly_its_sliding_window() {
     assert_eq!(starts, [1.0, 2.0, 3.0]);
     // The rollout records (and the trainer replays) exactly the window's steps.
     let recipe = load_recipe("mix_grpo_tiny.yaml", &scratch("mix-engine"), &[]).unwrap();
-    let pipe = Sd3Pipeline::load(pipeline(), Device::Cpu, Dtypes::all(Kind::Float), None).unwrap();
-    let engine = Engine::new(&pipe, &recipe.rollout, 32, recipe.seed).unwrap();
+    let pipe =
+        flowtune_models::load_pipeline(pipeline(), &PipelineOptions::new(Device::Cpu)).unwrap();
+    let shape = pipe.latent_shape(32, 32).unwrap();
+    let engine = Engine::new(pipe.as_ref(), &recipe.rollout, shape, recipe.seed).unwrap();
     let batch = engine.rollout(&["a", "b"], &["", ""], &engine.row_seeds(2, 2), 2).unwrap();
     assert!(batch.windows.iter().all(|w| *w == (2..3)));
     assert_eq!(batch.trajectory.all_log_probs.size(), [2, 1]);

@@ -7,15 +7,16 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use flowtune_models::lora::LoraConfig;
-use flowtune_models::sd3::Sd3Transformer;
-use tch::{Device, Kind, Tensor};
+use flowtune_models::{Dtype, PipelineOptions};
+use flowtune_rollout::Engine;
+use tch::Device;
 
 use crate::device::DeviceArg;
 use crate::Failure;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
-    /// Time an SD3 transformer.
+    /// Time a denoiser component (any registered family's transformer).
     Transformer(TransformerArgs),
     /// Time rollouts (SDE sampling with log-probs, CFG, VAE decode) of a pipeline directory.
     Rollout(RolloutArgs),
@@ -42,8 +43,7 @@ pub struct RolloutArgs {
 }
 
 fn bench_rollout(a: RolloutArgs, device: Device) -> Result<(), Failure> {
-    use flowtune_models::sd3::{Dtypes, Sd3Pipeline};
-    let pipe = Sd3Pipeline::load(&a.model, device, Dtypes::all(Kind::Float), None)
+    let pipe = flowtune_models::load_pipeline(&a.model, &PipelineOptions::new(device))
         .map_err(Failure::input)?;
     let sampler = flowtune_sampling::SamplerConfig {
         n: 1,
@@ -53,8 +53,10 @@ fn bench_rollout(a: RolloutArgs, device: Device) -> Result<(), Failure> {
         ..Default::default()
     };
     sampler.validate().map_err(Failure::input)?;
-    let engine = flowtune_trainer::engine::Engine::new(&pipe, &sampler, a.resolution, 0)
-        .map_err(Failure::input)?;
+    let latent_shape = pipe
+        .latent_shape(a.resolution, a.resolution)
+        .map_err(|e| Failure::input(anyhow::anyhow!("--resolution {e}")))?;
+    let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).map_err(Failure::input)?;
     let prompts = vec!["a photo of a red circle next to a blue square"; a.batch];
     let negatives = vec![""; a.batch];
     let mut step = 0u64;
@@ -97,9 +99,14 @@ pub struct TransformerArgs {
     /// LoRA rank for the backward timing.
     #[arg(long, default_value_t = 32)]
     lora_rank: i64,
-    /// bf16 | f32
-    #[arg(long, default_value = "f32")]
-    dtype: String,
+    /// f32 | bf16 | f16
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    dtype: Dtype,
+}
+
+fn parse_dtype(text: &str) -> Result<Dtype, String> {
+    serde_json::from_value(serde_json::Value::String(text.into()))
+        .map_err(|_| format!("{text}: expected f32, bf16 or f16"))
 }
 
 fn time(
@@ -129,37 +136,26 @@ pub fn run(command: BenchCommand, device: &DeviceArg) -> Result<(), Failure> {
         BenchCommand::Rollout(a) => return bench_rollout(a, device),
         BenchCommand::Shapes(a) => return super::bench_shapes::run(a, device),
     };
-    let kind = match a.dtype.as_str() {
-        "f32" => Kind::Float,
-        "bf16" => Kind::BFloat16,
-        other => {
-            return Err(Failure::input(anyhow::anyhow!("--dtype {other}: expected f32 or bf16")))
-        }
-    };
+    let kind = a.dtype.kind();
     let lora =
         LoraConfig { rank: a.lora_rank, alpha: 2.0 * a.lora_rank as f64, ..Default::default() };
-    let model =
-        Sd3Transformer::load(&a.component, device, kind, Some(&lora)).map_err(Failure::input)?;
-    let c = &model.config;
+    let model = flowtune_models::load_denoiser(&a.component, device, kind, Some(&lora))
+        .map_err(Failure::input)?;
     tch::manual_seed(0);
-    let opts = (kind, device);
-    let x = Tensor::randn([a.batch, c.in_channels, a.latent, a.latent], opts);
-    let text = Tensor::randn([a.batch, a.text_len, c.joint_attention_dim], opts);
-    let pooled = Tensor::randn([a.batch, c.pooled_projection_dim], opts);
-    let t = Tensor::full([a.batch], 500.0, (Kind::Float, device));
-    let run = || model.forward(&x, &text, &pooled, &t).map_err(Failure::input);
+    let inputs = model.example_inputs(a.batch, a.latent, a.latent, a.text_len);
+    let run =
+        || model.velocity(&inputs.latents, &inputs.timestep, &inputs.text).map_err(Failure::input);
     model.set_adapters_enabled(false);
     let forward = time(a.iters, device, || tch::no_grad(|| run().map(drop)))?;
     model.set_adapters_enabled(true);
     let backward = time(a.iters, device, || {
-        run()?.to_kind(Kind::Float).square().mean(Kind::Float).backward();
+        run()?.to_kind(tch::Kind::Float).square().mean(tch::Kind::Float).backward();
         Ok(())
     })?;
-    let tokens = (a.batch * (a.latent / c.patch_size) * (a.latent / c.patch_size)) as f64;
+    let tokens = inputs.tokens as f64;
     println!(
-        "transformer {} layers × {} dim, batch {} × {}² latents, {} text tokens, {:?} on {:?}",
-        c.num_layers,
-        c.inner_dim(),
+        "{}, batch {} × {}² latents, {} text tokens, {:?} on {:?}",
+        model.describe(),
         a.batch,
         a.latent,
         a.text_len,

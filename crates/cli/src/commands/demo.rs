@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use flowtune_config::Recipe;
 use flowtune_report::{line_plot, Series};
-use flowtune_trainer::{train, TrainError};
+use flowtune_trainer::train;
 
 use super::shapes_log::RunLog;
 use crate::device::DeviceArg;
@@ -46,10 +46,7 @@ pub fn run(a: DemoArgs, device: &DeviceArg) -> Result<(), Failure> {
             .map_err(Failure::Runtime)?;
     }
     let start = Instant::now();
-    train(&recipe, device).map_err(|e| match e {
-        TrainError::Invalid(_) | TrainError::Model(_) | TrainError::Data(_) => Failure::input(e),
-        other => Failure::Runtime(other.into()),
-    })?;
+    train(&recipe, device).map_err(Failure::training)?;
     let wall_seconds = start.elapsed().as_secs_f64();
     report(&a.out, a.seed, wall_seconds).map_err(Failure::Runtime)
 }

@@ -9,6 +9,7 @@ use flowtune_models::lora::{self, LoraConfig};
 use flowtune_models::sd3::Sd3Transformer;
 use flowtune_models::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
 use flowtune_models::vae::AutoencoderKl;
+use flowtune_models::TrainableDenoiser;
 use flowtune_sampling::SampleRng;
 use tch::{Device, Kind, Tensor};
 
@@ -112,7 +113,7 @@ pub fn forward(
     Ok(())
 }
 
-/// Writes random (non-zero) adapters for an SD3 transformer directory.
+/// Writes random (non-zero) adapters for a denoiser directory of any registered family.
 pub fn make_lora(
     component: &Path,
     out: &Path,
@@ -121,9 +122,9 @@ pub fn make_lora(
     seed: u64,
 ) -> Result<(), Failure> {
     let config = LoraConfig { rank, alpha, ..Default::default() };
-    let model = Sd3Transformer::load(component, Device::Cpu, Kind::Float, Some(&config))
+    let model = flowtune_models::load_denoiser(component, Device::Cpu, Kind::Float, Some(&config))
         .map_err(Failure::input)?;
-    let store = &model.adapters.as_ref().expect("built with LoRA").store;
+    let store = &model.adapters().expect("built with LoRA").store;
     let mut rng = SampleRng::new(seed);
     let mut vars: Vec<(String, Tensor)> = store.variables().into_iter().collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));

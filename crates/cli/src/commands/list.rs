@@ -5,17 +5,26 @@ use flowtune_sampling::{Pipeline, SdeType};
 
 use crate::Failure;
 
-/// Prints every registered algorithm, SDE type and pipeline.
+/// Prints every registered algorithm, SDE type, sigma-grid schedule, reward and model family.
 pub fn run() -> Result<(), Failure> {
     println!("algorithms:");
     for a in ALGORITHMS {
         println!("  {:<14} {}", a.name, a.summary);
     }
     println!("sde types: {}", SdeType::NAMES.join(", "));
-    println!("pipelines: {}", Pipeline::NAMES.join(", "));
+    println!("sigma-grid schedules: {}", Pipeline::NAMES.join(", "));
     println!("rewards: {}", flowtune_rewards::REWARD_NAMES.join(", "));
-    let classes: Vec<&str> =
-        flowtune_models::pipeline::PIPELINES.iter().map(|p| p.class_name).collect();
-    println!("model families: {}", classes.join(", "));
+    println!("model families:");
+    for f in flowtune_models::families() {
+        println!(
+            "  {:<14} {} (denoiser {})",
+            f.name,
+            f.pipeline_classes.join(", "),
+            f.denoiser_class
+        );
+        for (folder, holds) in f.components {
+            println!("    {folder:<36} {holds}");
+        }
+    }
     Ok(())
 }

@@ -7,7 +7,6 @@ use clap::{Args, ValueEnum};
 use flowtune_sampling::row_seed;
 use flowtune_shapes::{render, Category, Task};
 use flowtune_trainer::pretrain::{pretrain, PretrainConfig};
-use flowtune_trainer::TrainError;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -87,10 +86,7 @@ pub fn run(a: PretrainArgs, device: &DeviceArg) -> Result<(), Failure> {
         let image = render(&task, example_seed, resolution);
         (task.prompt, image)
     };
-    let summary = pretrain(&config, &examples, device).map_err(|e| match e {
-        TrainError::Invalid(_) | TrainError::Model(_) => Failure::input(e),
-        other => Failure::Runtime(other.into()),
-    })?;
+    let summary = pretrain(&config, &examples, device).map_err(Failure::training)?;
     println!(
         "pre-trained {} steps in {:.0} s (final loss {:.4}); pipeline written to {}",
         summary.steps,

@@ -5,11 +5,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Context};
 use clap::Args;
 use flowtune_data::PromptDataset;
-use flowtune_models::lora;
-use flowtune_models::sd3::{Dtypes, Sd3Pipeline};
+use flowtune_models::{lora, PipelineOptions};
+use flowtune_rollout::Engine;
 use flowtune_sampling::SamplerConfig;
-use flowtune_trainer::engine::Engine;
-use tch::Kind;
 
 use crate::device::DeviceArg;
 use crate::Failure;
@@ -50,11 +48,10 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
         .map(|f| lora::read_config(f, "transformer"))
         .transpose()
         .map_err(Failure::input)?;
-    let mut pipe =
-        Sd3Pipeline::load(&a.model, device, Dtypes::all(Kind::Float), lora_config.as_ref())
-            .map_err(Failure::input)?;
+    let options = PipelineOptions { lora: lora_config, ..PipelineOptions::new(device) };
+    let mut pipe = flowtune_models::load_pipeline(&a.model, &options).map_err(Failure::input)?;
     if let Some(f) = &a.lora {
-        pipe.transformer.load_lora(f).map_err(Failure::input)?;
+        pipe.denoiser_mut().load_lora(f).map_err(Failure::input)?;
     }
     let records = PromptDataset::load(&a.prompts).map_err(Failure::input)?.records;
     let sampler = SamplerConfig {
@@ -65,7 +62,11 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
         ..Default::default()
     };
     sampler.validate().map_err(Failure::input)?;
-    let engine = Engine::new(&pipe, &sampler, a.resolution, a.seed).map_err(Failure::input)?;
+    let latent_shape = pipe
+        .latent_shape(a.resolution, a.resolution)
+        .map_err(|e| Failure::input(anyhow!("--resolution {e}")))?;
+    let engine =
+        Engine::new(pipe.as_ref(), &sampler, latent_shape, a.seed).map_err(Failure::input)?;
     std::fs::create_dir_all(&a.out)
         .with_context(|| a.out.display().to_string())
         .map_err(Failure::Runtime)?;

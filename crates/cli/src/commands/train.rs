@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use flowtune_config::Recipe;
-use flowtune_trainer::{train, TrainError};
+use flowtune_trainer::train;
 
 use crate::device::DeviceArg;
 use crate::Failure;
@@ -20,10 +20,7 @@ pub struct TrainArgs {
 pub fn run(args: TrainArgs, device: &DeviceArg) -> Result<(), Failure> {
     let recipe = Recipe::load(&args.recipe, &args.overrides).map_err(Failure::input)?;
     let device = device.resolve()?;
-    let summary = train(&recipe, device).map_err(|e| match e {
-        TrainError::Invalid(_) | TrainError::Model(_) | TrainError::Data(_) => Failure::input(e),
-        other => Failure::Runtime(other.into()),
-    })?;
+    let summary = train(&recipe, device).map_err(Failure::training)?;
     println!(
         "trained {} steps; weights written to {}",
         summary.steps_run,

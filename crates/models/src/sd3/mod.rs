@@ -4,11 +4,13 @@ mod attention;
 mod block;
 mod config;
 mod embeddings;
+mod family;
 mod pipeline;
 mod tiny;
 mod transformer;
 
 pub use config::Sd3TransformerConfig;
-pub use pipeline::{ClipBranch, Dtypes, Sd3Pipeline};
+pub use family::FAMILY;
+pub use pipeline::{ClipBranch, Sd3Pipeline};
 pub use tiny::{write_tiny_sd3, TinySd3Spec, WeightInit};
 pub use transformer::Sd3Transformer;

@@ -3,31 +3,18 @@
 
 use std::path::Path;
 
-use flowtune_sampling::SchedulerConfig;
+use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
+use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use super::Sd3Transformer;
-use crate::lora::LoraConfig;
+use crate::denoiser::TrainableDenoiser;
+use crate::family::{FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
 use crate::tokenizer::TextTokenizer;
 use crate::vae::AutoencoderKl;
 use crate::{ModelError, TextConditioning};
-
-/// Per-component dtypes (scheduler math stays f32 regardless).
-#[derive(Debug, Clone, Copy)]
-pub struct Dtypes {
-    pub transformer: Kind,
-    pub text_encoders: Kind,
-    pub vae: Kind,
-}
-
-impl Dtypes {
-    /// One dtype for everything.
-    pub fn all(kind: Kind) -> Self {
-        Self { transformer: kind, text_encoders: kind, vae: kind }
-    }
-}
 
 /// A CLIP encoder with its tokenizer.
 pub struct ClipBranch {
@@ -52,32 +39,23 @@ pub struct Sd3Pipeline {
 }
 
 const CLIP_CLASSES: &[&str] = &["CLIPTextModelWithProjection"];
-const CLIP_TOKENIZERS: &[&str] = &["CLIPTokenizer", "CLIPTokenizerFast"];
 /// CLIP's context when the tokenizer config gives no `model_max_length`.
 const CLIP_LENGTH: usize = 77;
+/// T5 tokens when the options give no `max_sequence_length` (diffusers' default).
+const T5_LENGTH: usize = 256;
 
 impl Sd3Pipeline {
-    /// Loads a `StableDiffusion3Pipeline` directory.
-    pub fn load(
-        dir: &Path,
-        device: Device,
-        dtypes: Dtypes,
-        lora: Option<&LoraConfig>,
-    ) -> Result<Self, ModelError> {
-        let dir = PipelineDir::open(dir)?;
-        if dir.index.class_name != "StableDiffusion3Pipeline" {
-            let supported: Vec<&str> =
-                crate::pipeline::PIPELINES.iter().map(|p| p.class_name).collect();
-            return Err(ModelError::Input(format!(
-                "{}: pipeline class `{}` is not supported; supported: {}",
-                dir.root.join("model_index.json").display(),
-                dir.index.class_name,
-                supported.join(", ")
-            )));
-        }
+    /// Loads the `StableDiffusion3Pipeline` directory at `path`.
+    pub fn load(path: &Path, options: &PipelineOptions) -> Result<Self, ModelError> {
+        Self::open(PipelineDir::open(path)?, options)
+    }
+
+    /// Loads the components of an opened pipeline directory.
+    pub fn open(dir: PipelineDir, options: &PipelineOptions) -> Result<Self, ModelError> {
+        let (device, dtypes, lora) = (options.device, options.dtypes, options.lora.as_ref());
         let clip = |encoder: &str, tokenizer: &str| -> Result<ClipBranch, ModelError> {
             Ok(ClipBranch {
-                tokenizer: TextTokenizer::load(&dir.component(tokenizer, CLIP_TOKENIZERS)?)?,
+                tokenizer: TextTokenizer::load(&dir.tokenizer(tokenizer)?)?,
                 encoder: ClipTextModel::load(
                     &dir.component(encoder, CLIP_CLASSES)?,
                     device,
@@ -87,9 +65,7 @@ impl Sd3Pipeline {
         };
         let t5 = if dir.has("text_encoder_3") {
             Some((
-                TextTokenizer::load(
-                    &dir.component("tokenizer_3", &["T5TokenizerFast", "T5Tokenizer"])?,
-                )?,
+                TextTokenizer::load(&dir.tokenizer("tokenizer_3")?)?,
                 T5Encoder::load(
                     &dir.component("text_encoder_3", &["T5EncoderModel"])?,
                     device,
@@ -120,7 +96,7 @@ impl Sd3Pipeline {
             clip_g: clip("text_encoder_2", "tokenizer_2")?,
             t5,
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
-            t5_max_length: 256,
+            t5_max_length: options.max_sequence_length.unwrap_or(T5_LENGTH),
             dir,
         })
     }
@@ -131,7 +107,7 @@ impl Sd3Pipeline {
     }
 
     /// Clean latents → u8 RGB images (B × H × W × 3, on the latents' device).
-    pub fn decode_rgb8(&self, latents: &Tensor) -> Tensor {
+    fn decode_pixels(&self, latents: &Tensor) -> Tensor {
         let images = match &self.vae {
             Some(vae) => vae.decode(&latents.to_kind(vae.decoder_kind())),
             None => latents.shallow_clone(),
@@ -140,8 +116,8 @@ impl Sd3Pipeline {
     }
 
     /// u8 RGB images (B × H × W × 3) → clean latents (f32): the VAE posterior mean, or the pixels
-    /// in [−1, 1] for a pixel-space pipeline. The inverse of [`Self::decode_rgb8`].
-    pub fn encode_rgb8(&self, images: &Tensor) -> Tensor {
+    /// in [−1, 1] for a pixel-space pipeline. The inverse of [`Self::decode_pixels`].
+    fn encode_pixels(&self, images: &Tensor) -> Tensor {
         let pixels = images.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 127.5 - 1.0;
         match &self.vae {
             Some(vae) => vae.encode(&pixels.to_kind(vae.decoder_kind())).0.to_kind(Kind::Float),
@@ -158,7 +134,7 @@ impl Sd3Pipeline {
     /// SD3 prompt encoding: CLIP-L ‖ CLIP-G penultimate states (zero-padded to the T5 width),
     /// then T5 states along the sequence (77 + T tokens; zeros of the CLIP length without T5);
     /// pooled = CLIP-L ‖ CLIP-G projections.
-    pub fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
+    fn encode_text(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
         let kind = self.transformer.context_embedder.weight.kind();
         let device = self.transformer.context_embedder.weight.device();
         let clip_length = self.clip_length();
@@ -189,9 +165,70 @@ impl Sd3Pipeline {
             )));
         }
         let clip = clip.constant_pad_nd([0, joint - width]);
-        Ok(TextConditioning {
-            embeds: Tensor::cat(&[clip, t5], 1),
-            pooled: Some(Tensor::cat(&pooled, -1).to_kind(kind)),
-        })
+        Ok(TextConditioning::new(
+            Tensor::cat(&[clip, t5], 1),
+            Some(Tensor::cat(&pooled, -1).to_kind(kind)),
+        ))
+    }
+}
+
+impl FlowPipeline for Sd3Pipeline {
+    fn dir(&self) -> &PipelineDir {
+        &self.dir
+    }
+
+    fn device(&self) -> Device {
+        self.transformer.context_embedder.weight.device()
+    }
+
+    fn scheduler(&self) -> &SchedulerConfig {
+        &self.scheduler
+    }
+
+    fn denoiser(&self) -> &dyn TrainableDenoiser {
+        &self.transformer
+    }
+
+    fn denoiser_mut(&mut self) -> &mut dyn TrainableDenoiser {
+        &mut self.transformer
+    }
+
+    /// SD3 prompt encoding (see [`Sd3Pipeline::encode_text`]).
+    fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
+        self.encode_text(prompts)
+    }
+
+    fn latent_shape(&self, height: i64, width: i64) -> Result<Vec<i64>, ModelError> {
+        let factor = self.vae_scale_factor();
+        let multiple = factor * self.transformer.config.patch_size;
+        for side in [height, width] {
+            if side <= 0 || side % multiple != 0 {
+                return Err(ModelError::Input(format!(
+                    "{side}: expected a positive multiple of {multiple} (VAE factor × patch size)"
+                )));
+            }
+        }
+        Ok(vec![self.transformer.config.in_channels, height / factor, width / factor])
+    }
+
+    /// The scheduler's own grid (SD3 has no dynamic shift).
+    fn grid_request(&self, steps: usize, _latent_shape: &[i64]) -> GridRequest {
+        GridRequest { steps, pipeline: Pipeline::Sd3, ..Default::default() }
+    }
+
+    fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
+        Ok(self.decode_pixels(latents))
+    }
+
+    fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError> {
+        Ok(self.encode_pixels(images))
+    }
+
+    fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {
+        vec![
+            ("transformer", "diffusion_pytorch_model.safetensors", &self.transformer.store),
+            ("text_encoder", "model.safetensors", &self.clip_l.encoder.store),
+            ("text_encoder_2", "model.safetensors", &self.clip_g.encoder.store),
+        ]
     }
 }

@@ -8,10 +8,11 @@ use tch::{Device, Kind, Tensor};
 use super::block::JointTransformerBlock;
 use super::config::Sd3TransformerConfig;
 use super::embeddings::{PatchEmbed, TimeTextEmbed};
-use crate::lora::{self, AdapterSwitch, Adapters, LoraConfig};
+use crate::denoiser::{copy_frozen, Denoiser, ExampleInputs, TrainableDenoiser};
+use crate::lora::{AdapterSwitch, Adapters, LoraConfig};
 use crate::nn::{layer_norm, Linear, LoraScope, Scope};
 use crate::weights::{checkpoint_files, load_weights, LoadOptions};
-use crate::{read_config, ModelError};
+use crate::{read_config, ModelError, TextConditioning};
 
 /// The position table's checkpoint name.
 const POSITION_TABLE: &str = "pos_embed.pos_embed";
@@ -122,70 +123,6 @@ impl Sd3Transformer {
         Ok(model)
     }
 
-    fn adapters(&self) -> Result<&Adapters, ModelError> {
-        self.adapters
-            .as_ref()
-            .ok_or_else(|| ModelError::Input("the model was built without LoRA adapters".into()))
-    }
-
-    /// Loads adapter weights saved in the diffusers/PEFT layout (`transformer.<module>.lora_A.weight`).
-    pub fn load_lora(&mut self, path: &Path) -> Result<(), ModelError> {
-        let adapters = self
-            .adapters
-            .as_mut()
-            .ok_or_else(|| ModelError::Input("the model was built without LoRA adapters".into()))?;
-        lora::load(&mut adapters.store, "transformer", path)
-    }
-
-    /// Writes the adapters in the diffusers/PEFT layout with their config (see [`lora::save`]).
-    pub fn save_lora(&self, path: &Path) -> Result<(), ModelError> {
-        let adapters = self.adapters()?;
-        lora::save(&adapters.store, &adapters.config, "transformer", path)
-    }
-
-    /// The weights full fine-tuning trains, by checkpoint name: all but the position table (a
-    /// buffer in diffusers), which is marked as not requiring gradients.
-    pub fn full_parameters(&self) -> std::collections::BTreeMap<String, Tensor> {
-        self.store
-            .variables()
-            .into_iter()
-            .filter_map(|(name, var)| {
-                let trainable = name != POSITION_TABLE;
-                let var = var.set_requires_grad(trainable);
-                trainable.then_some((name, var))
-            })
-            .collect()
-    }
-
-    /// Writes every base weight (checkpoint names, on the CPU) as one safetensors file.
-    pub fn save_weights(&self, path: &Path) -> Result<(), ModelError> {
-        let mut named: Vec<(String, Tensor)> = self
-            .store
-            .variables()
-            .into_iter()
-            .map(|(n, t)| (n, t.detach().to_device(tch::Device::Cpu)))
-            .collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(Tensor::write_safetensors(&named, path)?)
-    }
-
-    /// Reads base weights saved by [`Self::save_weights`] (names and shapes checked).
-    pub fn load_weights_file(&mut self, path: &Path) -> Result<(), ModelError> {
-        load_weights(&mut self.store, &[path.to_path_buf()], LoadOptions { kind: None })
-    }
-
-    /// Folds the adapters into the base weights and switches them off (see [`Adapters::merge_into`]).
-    pub fn merge_lora(&self) -> Result<(), ModelError> {
-        self.adapters()?.merge_into(&self.store)
-    }
-
-    /// Turns the adapters on or off (off: the base model, the KL reference).
-    pub fn set_adapters_enabled(&self, on: bool) {
-        if let Some(adapters) = &self.adapters {
-            adapters.switch.set(on);
-        }
-    }
-
     /// Velocity for latents (B, C, H, W), text tokens (B, L, joint_dim), pooled text (B, pooled_dim)
     /// and timesteps (B,) on the 0‥1000 scale.
     pub fn forward(
@@ -266,5 +203,71 @@ impl Sd3Transformer {
             return bad("timestep", t.size(), format!("[{b}]"));
         }
         Ok(())
+    }
+}
+
+impl Denoiser for Sd3Transformer {
+    fn velocity(
+        &self,
+        latents: &Tensor,
+        timestep: &Tensor,
+        text: &TextConditioning,
+    ) -> Result<Tensor, ModelError> {
+        let pooled = text
+            .pooled
+            .as_ref()
+            .ok_or_else(|| ModelError::Input("SD3 needs pooled text embeddings".into()))?;
+        self.forward(latents, &text.embeds, pooled, timestep)
+    }
+}
+
+impl TrainableDenoiser for Sd3Transformer {
+    fn store(&self) -> &VarStore {
+        &self.store
+    }
+
+    fn store_mut(&mut self) -> &mut VarStore {
+        &mut self.store
+    }
+
+    fn adapters(&self) -> Option<&Adapters> {
+        self.adapters.as_ref()
+    }
+
+    fn adapters_mut(&mut self) -> Option<&mut Adapters> {
+        self.adapters.as_mut()
+    }
+
+    fn buffers(&self) -> &'static [&'static str] {
+        &[POSITION_TABLE]
+    }
+
+    fn frozen_copy(&self) -> Result<Box<dyn TrainableDenoiser>, ModelError> {
+        let mut copy = Self::new(&self.config, self.store.device(), None)?;
+        copy_frozen(&self.store, &mut copy.store)?;
+        Ok(Box::new(copy))
+    }
+
+    fn example_inputs(&self, batch: i64, height: i64, width: i64, text_len: i64) -> ExampleInputs {
+        let c = &self.config;
+        let kind = self.context_embedder.weight.kind();
+        let opts = (kind, self.store.device());
+        ExampleInputs {
+            latents: Tensor::randn([batch, c.in_channels, height, width], opts),
+            timestep: Tensor::full([batch], 500.0, (Kind::Float, self.store.device())),
+            text: TextConditioning::new(
+                Tensor::randn([batch, text_len, c.joint_attention_dim], opts),
+                Some(Tensor::randn([batch, c.pooled_projection_dim], opts)),
+            ),
+            tokens: batch * (height / c.patch_size) * (width / c.patch_size),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "SD3 transformer {} layers × {} dim",
+            self.config.num_layers,
+            self.config.inner_dim()
+        )
     }
 }

@@ -1,5 +1,5 @@
 //! Helpers of the trainer's end-to-end tests: scratch folders, one tiny SD3 pipeline per test
-//! binary, and recipes pointed at both.
+//! binary (written by the registered family's tiny writer), and recipes pointed at both.
 
 #![allow(dead_code)]
 
@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use flowtune_config::Recipe;
-use flowtune_models::sd3::{write_tiny_sd3, TinySd3Spec};
 use tch::Tensor;
 
 /// The repository root.
@@ -28,7 +27,8 @@ pub fn pipeline() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let d = scratch("pipeline");
-        write_tiny_sd3(&d, &TinySd3Spec { seed: 3, ..Default::default() }).expect("make-tiny");
+        let family = flowtune_models::family_named("sd3").expect("sd3 is built in");
+        (family.write_tiny)(&d, 3).expect("make-tiny");
         d
     })
 }

@@ -1,0 +1,193 @@
+//! The denoiser seam: a network predicting the flow-matching velocity, and what training needs of
+//! it (adapters, trainable tensors, a frozen copy). A family implements [`Denoiser::velocity`] and
+//! the few store accessors of [`TrainableDenoiser`]; LoRA plumbing, weight files and classifier-free
+//! guidance come with the traits.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use tch::nn::VarStore;
+use tch::{Kind, Tensor};
+
+use crate::lora::{self, Adapters};
+use crate::weights::{load_weights, LoadOptions};
+use crate::{ModelError, TextConditioning};
+
+/// A flow-matching denoiser: velocity of latents at timesteps (0‥1000) given text.
+pub trait Denoiser {
+    /// Velocity (same shape as `latents`) at `timestep` (B,) given `text`.
+    fn velocity(
+        &self,
+        latents: &Tensor,
+        timestep: &Tensor,
+        text: &TextConditioning,
+    ) -> Result<Tensor, ModelError>;
+
+    /// Whether the conditional and unconditional rows of CFG go through one batched forward
+    /// (both sides must then have the same token length); otherwise two forwards.
+    fn batched_cfg(&self) -> bool {
+        true
+    }
+
+    /// The family's CFG combination of f32 velocities: plain `u + g·(c − u)` by default; a family
+    /// with "true CFG" and norm rescale (Qwen-Image) overrides it.
+    fn combine_guidance(&self, cond: &Tensor, uncond: &Tensor, scale: f64) -> Tensor {
+        uncond + (cond - uncond) * scale
+    }
+}
+
+/// The velocity in f32, with classifier-free guidance when `negative` is given: the one place CFG
+/// is computed, for rollouts and replays alike.
+pub fn guided_velocity<D: Denoiser + ?Sized>(
+    model: &D,
+    latents: &Tensor,
+    timestep: &Tensor,
+    text: &TextConditioning,
+    negative: Option<&TextConditioning>,
+    scale: f64,
+) -> Result<Tensor, ModelError> {
+    let Some(negative) = negative else {
+        return Ok(model.velocity(latents, timestep, text)?.to_kind(Kind::Float));
+    };
+    if model.batched_cfg() {
+        let out = model
+            .velocity(
+                &Tensor::cat(&[latents, latents], 0),
+                &Tensor::cat(&[timestep, timestep], 0),
+                &negative.concat(text),
+            )?
+            .to_kind(Kind::Float);
+        let parts = out.chunk(2, 0);
+        Ok(model.combine_guidance(&parts[1], &parts[0], scale))
+    } else {
+        let uncond = model.velocity(latents, timestep, negative)?.to_kind(Kind::Float);
+        let cond = model.velocity(latents, timestep, text)?.to_kind(Kind::Float);
+        Ok(model.combine_guidance(&cond, &uncond, scale))
+    }
+}
+
+/// The conditional velocity (no CFG) at noise level `sigma` (B,) in f32: what the forward-process
+/// losses (DPO, NFT) and pre-training regress.
+pub fn velocity_at_sigma<D: Denoiser + ?Sized>(
+    model: &D,
+    latents: &Tensor,
+    sigma: &Tensor,
+    text: &TextConditioning,
+) -> Result<Tensor, ModelError> {
+    Ok(model.velocity(latents, &(sigma * 1000.0), text)?.to_kind(Kind::Float))
+}
+
+/// Made-up inputs of the right shapes for a denoiser (benchmarks, smoke tests).
+pub struct ExampleInputs {
+    pub latents: Tensor,
+    pub timestep: Tensor,
+    pub text: TextConditioning,
+    /// Image (or video) tokens the transformer attends over, for throughput figures.
+    pub tokens: i64,
+}
+
+/// A denoiser the trainer can train: its base weights, optional LoRA adapters and a frozen copy.
+pub trait TrainableDenoiser: Denoiser {
+    /// Base weights, by checkpoint name (frozen when adapters exist).
+    fn store(&self) -> &VarStore;
+    fn store_mut(&mut self) -> &mut VarStore;
+    /// Adapter weights and their switch, when built with LoRA.
+    fn adapters(&self) -> Option<&Adapters>;
+    fn adapters_mut(&mut self) -> Option<&mut Adapters>;
+    /// A copy of the base weights without adapters, frozen: the reference of full fine-tuning.
+    fn frozen_copy(&self) -> Result<Box<dyn TrainableDenoiser>, ModelError>;
+    /// Random inputs for `batch` samples of `height × width` latent cells and `text_len` tokens.
+    fn example_inputs(&self, batch: i64, height: i64, width: i64, text_len: i64) -> ExampleInputs;
+    /// One line for benchmark output (layers, width).
+    fn describe(&self) -> String;
+
+    /// Base tensors that are buffers in the reference implementation (never trained).
+    fn buffers(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The adapter prefix in LoRA files (`transformer.<module>.lora_A.weight`).
+    fn lora_prefix(&self) -> &'static str {
+        "transformer"
+    }
+
+    /// Loads adapter weights saved in the diffusers/PEFT layout.
+    fn load_lora(&mut self, path: &Path) -> Result<(), ModelError> {
+        let prefix = self.lora_prefix();
+        let adapters = self.adapters_mut().ok_or_else(no_adapters)?;
+        lora::load(&mut adapters.store, prefix, path)
+    }
+
+    /// Writes the adapters in the diffusers/PEFT layout with their config (see [`lora::save`]).
+    fn save_lora(&self, path: &Path) -> Result<(), ModelError> {
+        let adapters = self.adapters().ok_or_else(no_adapters)?;
+        lora::save(&adapters.store, &adapters.config, self.lora_prefix(), path)
+    }
+
+    /// Folds the adapters into the base weights and switches them off (see [`Adapters::merge_into`]).
+    fn merge_lora(&self) -> Result<(), ModelError> {
+        self.adapters().ok_or_else(no_adapters)?.merge_into(self.store())
+    }
+
+    /// Turns the adapters on or off (off: the base model, the KL reference).
+    fn set_adapters_enabled(&self, on: bool) {
+        if let Some(adapters) = self.adapters() {
+            adapters.switch.set(on);
+        }
+    }
+
+    /// Every base weight full fine-tuning trains, by checkpoint name; buffers are marked as not
+    /// requiring gradients and left out.
+    fn full_parameters(&self) -> BTreeMap<String, Tensor> {
+        let buffers = self.buffers();
+        self.store()
+            .variables()
+            .into_iter()
+            .filter_map(|(name, var)| {
+                let trainable = !buffers.contains(&name.as_str());
+                let var = var.set_requires_grad(trainable);
+                trainable.then_some((name, var))
+            })
+            .collect()
+    }
+
+    /// What trains: the adapters when there are some, else every base weight.
+    fn trainable_parameters(&self) -> BTreeMap<String, Tensor> {
+        match self.adapters() {
+            Some(adapters) => adapters.store.variables().into_iter().collect(),
+            None => self.full_parameters(),
+        }
+    }
+
+    /// Writes every base weight (checkpoint names, on the CPU) as one safetensors file.
+    fn save_weights(&self, path: &Path) -> Result<(), ModelError> {
+        let mut named: Vec<(String, Tensor)> = self
+            .store()
+            .variables()
+            .into_iter()
+            .map(|(n, t)| (n, t.detach().to_device(tch::Device::Cpu)))
+            .collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(Tensor::write_safetensors(&named, path)?)
+    }
+
+    /// Reads base weights saved by [`Self::save_weights`] (names and shapes checked).
+    fn load_weights_file(&mut self, path: &Path) -> Result<(), ModelError> {
+        load_weights(self.store_mut(), &[path.to_path_buf()], LoadOptions { kind: None })
+    }
+}
+
+fn no_adapters() -> ModelError {
+    ModelError::Input("the model was built without LoRA adapters".into())
+}
+
+/// Copies every base weight of `from` into `to` (same names and shapes) in `from`'s dtype and
+/// freezes `to`: the body of [`TrainableDenoiser::frozen_copy`] for a freshly built model.
+pub fn copy_frozen(from: &VarStore, to: &mut VarStore) -> Result<(), ModelError> {
+    if let Some(kind) = from.variables().values().next().map(Tensor::kind) {
+        to.set_kind(kind);
+    }
+    to.copy(from)?;
+    to.freeze();
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! The pipeline seam: what the rollout engine, the trainer and the commands need of a model
+//! family's pipeline (prompt encoding, latent shapes, the sigma grid, decoding and encoding
+//! images, the denoiser), and the settings every family loads with.
+
+use std::path::PathBuf;
+
+use flowtune_sampling::{GridRequest, SchedulerConfig};
+use serde::{Deserialize, Serialize};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::denoiser::TrainableDenoiser;
+use crate::lora::LoraConfig;
+use crate::pipeline::PipelineDir;
+use crate::{ModelError, TextConditioning};
+
+/// A floating-point storage type, as recipes write it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Dtype {
+    #[default]
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Dtype {
+    pub fn kind(self) -> Kind {
+        match self {
+            Self::F32 => Kind::Float,
+            Self::Bf16 => Kind::BFloat16,
+            Self::F16 => Kind::Half,
+        }
+    }
+}
+
+/// Per-component dtypes (scheduler and SDE math stay f32 regardless).
+#[derive(Debug, Clone, Copy)]
+pub struct Dtypes {
+    /// The denoiser.
+    pub transformer: Kind,
+    pub text_encoders: Kind,
+    pub vae: Kind,
+}
+
+impl Dtypes {
+    /// One dtype for everything.
+    pub fn all(kind: Kind) -> Self {
+        Self { transformer: kind, text_encoders: kind, vae: kind }
+    }
+}
+
+/// How to load a pipeline: where, in which dtypes, with which adapters.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    pub device: Device,
+    pub dtypes: Dtypes,
+    /// LoRA adapters on the denoiser; `None` for full fine-tuning or plain sampling.
+    pub lora: Option<LoraConfig>,
+    /// Text tokens of the long text encoder (T5 for SD3), where the family has such a limit.
+    pub max_sequence_length: Option<usize>,
+}
+
+impl PipelineOptions {
+    /// f32 on `device`, no adapters, the family's own sequence length.
+    pub fn new(device: Device) -> Self {
+        Self { device, dtypes: Dtypes::all(Kind::Float), lora: None, max_sequence_length: None }
+    }
+}
+
+/// A loaded pipeline of some family: everything above `flowtune-models` goes through this.
+pub trait FlowPipeline {
+    /// The directory it was loaded from.
+    fn dir(&self) -> &PipelineDir;
+    /// Where its tensors live.
+    fn device(&self) -> Device;
+    /// The flow-matching scheduler's settings (`scheduler/scheduler_config.json`).
+    fn scheduler(&self) -> &SchedulerConfig;
+    /// The denoiser and its adapters.
+    fn denoiser(&self) -> &dyn TrainableDenoiser;
+    fn denoiser_mut(&mut self) -> &mut dyn TrainableDenoiser;
+
+    /// Text conditioning of `prompts`, one row each.
+    fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError>;
+
+    /// The latent shape of one sample without the batch dimension, for an image of
+    /// `height × width` pixels: `[C, H, W]` for images, `[C, F, H, W]` for video. The error says
+    /// which sizes are allowed.
+    fn latent_shape(&self, height: i64, width: i64) -> Result<Vec<i64>, ModelError>;
+
+    /// What the sigma grid of `steps` steps is built from for latents of `latent_shape`
+    /// (the family's schedule, and the image token count where the shift is dynamic).
+    fn grid_request(&self, steps: usize, latent_shape: &[i64]) -> GridRequest;
+
+    /// Clean latents (B, …) → u8 RGB pictures (B, H, W, 3) on the latents' device; a video family
+    /// lays its frames side by side.
+    fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError>;
+
+    /// u8 RGB pictures (B, H, W, 3) → clean latents (f32), the inverse of [`Self::decode_rgb8`].
+    fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError>;
+
+    /// The folder of the denoiser's diffusers component (its `config.json` goes beside a fully
+    /// fine-tuned export).
+    fn denoiser_dir(&self) -> PathBuf {
+        self.dir().root.join(self.denoiser().lora_prefix())
+    }
+
+    /// The components full pre-training trains (the denoiser and the text encoders learned with
+    /// it), as (folder, weights file, store), in the diffusers layout.
+    fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)>;
+}

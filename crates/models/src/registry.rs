@@ -1,0 +1,133 @@
+//! The registry of model families, keyed by `model_index.json`'s `_class_name` as diffusers
+//! dispatches: one [`Family`] entry per family, built in or registered at run time.
+
+use std::path::Path;
+use std::sync::RwLock;
+
+use tch::{Device, Kind};
+
+use crate::denoiser::TrainableDenoiser;
+use crate::family::{FlowPipeline, PipelineOptions};
+use crate::lora::LoraConfig;
+use crate::pipeline::PipelineDir;
+use crate::ModelError;
+
+/// Loads a pipeline directory of a family.
+pub type LoadPipeline =
+    fn(&PipelineDir, &PipelineOptions) -> Result<Box<dyn FlowPipeline>, ModelError>;
+/// Loads a denoiser component directory (`config.json` + safetensors) on a device, in a dtype,
+/// with optional adapters.
+pub type LoadDenoiser =
+    fn(&Path, Device, Kind, Option<&LoraConfig>) -> Result<Box<dyn TrainableDenoiser>, ModelError>;
+/// Writes a small random pipeline of the family from a seed (tests, `make-tiny`).
+pub type WriteTiny = fn(&Path, u64) -> Result<(), ModelError>;
+
+/// One model family: how to recognise it and load it.
+#[derive(Debug)]
+pub struct Family {
+    /// Short name, as in `flowtune make-tiny <name>`.
+    pub name: &'static str,
+    /// `model_index.json` `_class_name`s it loads.
+    pub pipeline_classes: &'static [&'static str],
+    /// The denoiser component's `_class_name` (in its `config.json`).
+    pub denoiser_class: &'static str,
+    /// Its components as (folder, what it holds), for `flowtune list`.
+    pub components: &'static [(&'static str, &'static str)],
+    pub load: LoadPipeline,
+    pub load_denoiser: LoadDenoiser,
+    pub write_tiny: WriteTiny,
+}
+
+/// The families that ship with flowtune.
+const BUILT_IN: &[&Family] = &[&crate::sd3::FAMILY];
+
+/// Families registered at run time (plug-ins, tests).
+static REGISTERED: RwLock<Vec<&'static Family>> = RwLock::new(Vec::new());
+
+/// Adds a family; a later registration of the same pipeline class takes precedence.
+pub fn register(family: &'static Family) {
+    REGISTERED.write().expect("registry lock").push(family);
+}
+
+/// Every known family: built in first, then registered ones.
+pub fn families() -> Vec<&'static Family> {
+    let registered = REGISTERED.read().expect("registry lock");
+    BUILT_IN.iter().copied().chain(registered.iter().copied()).collect()
+}
+
+fn known(classes: impl Fn(&Family) -> Vec<&'static str>) -> String {
+    families().iter().flat_map(|f| classes(f)).collect::<Vec<_>>().join(", ")
+}
+
+/// The family that loads pipeline class `class`; the error lists the known classes.
+pub fn family_of(class: &str) -> Result<&'static Family, ModelError> {
+    families().into_iter().rev().find(|f| f.pipeline_classes.contains(&class)).ok_or_else(|| {
+        ModelError::Input(format!(
+            "pipeline class `{class}` is not supported; supported: {}",
+            known(|f| f.pipeline_classes.to_vec())
+        ))
+    })
+}
+
+/// The family registered under short name `name` (`sd3`); the error lists the names.
+pub fn family_named(name: &str) -> Result<&'static Family, ModelError> {
+    families().into_iter().rev().find(|f| f.name == name).ok_or_else(|| {
+        ModelError::Input(format!("no model family `{name}`; known: {}", known(|f| vec![f.name])))
+    })
+}
+
+/// Loads the pipeline directory at `path` through the family its `model_index.json` names.
+pub fn load_pipeline(
+    path: &Path,
+    options: &PipelineOptions,
+) -> Result<Box<dyn FlowPipeline>, ModelError> {
+    let dir = PipelineDir::open(path)?;
+    let family = family_of(&dir.index.class_name).map_err(|e| {
+        ModelError::Input(format!("{}: {e}", dir.root.join("model_index.json").display()))
+    })?;
+    (family.load)(&dir, options)
+}
+
+/// Loads a denoiser component directory through the family whose `denoiser_class` its
+/// `config.json` names.
+pub fn load_denoiser(
+    dir: &Path,
+    device: Device,
+    kind: Kind,
+    lora: Option<&LoraConfig>,
+) -> Result<Box<dyn TrainableDenoiser>, ModelError> {
+    #[derive(serde::Deserialize)]
+    struct Class {
+        #[serde(rename = "_class_name")]
+        class_name: String,
+    }
+    let path = dir.join("config.json");
+    let Class { class_name } = crate::read_config(&path)?;
+    let family =
+        families().into_iter().rev().find(|f| f.denoiser_class == class_name).ok_or_else(|| {
+            ModelError::Input(format!(
+                "{}: denoiser class `{class_name}` is not supported; supported: {}",
+                path.display(),
+                known(|f| vec![f.denoiser_class])
+            ))
+        })?;
+    (family.load_denoiser)(dir, device, kind, lora)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_keyed_by_pipeline_class() {
+        assert_eq!(family_of("StableDiffusion3Pipeline").unwrap().name, "sd3");
+        assert_eq!(family_named("sd3").unwrap().denoiser_class, "SD3Transformer2DModel");
+        let err = family_of("FluxPipeline").unwrap_err().to_string();
+        assert!(
+            err.contains("`FluxPipeline` is not supported; supported: StableDiffusion3Pipeline"),
+            "{err}"
+        );
+        let err = family_named("flux").unwrap_err().to_string();
+        assert!(err.contains("no model family `flux`; known: sd3"), "{err}");
+    }
+}

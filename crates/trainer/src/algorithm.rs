@@ -1,0 +1,142 @@
+//! The algorithm seam: each registered objective says what it needs (a reference, an old policy)
+//! and runs its own half of a training step on what the loop hands it. `fit` calls
+//! [`Algorithm::step`] and knows nothing else about any algorithm.
+
+use flowtune_config::Recipe;
+use flowtune_data::PromptLoader;
+use flowtune_objectives::losses::PolicyLoss;
+use flowtune_objectives::{Metrics, Objective};
+
+use crate::collect::collect;
+use crate::run::{Run, Source};
+use crate::update::Learner;
+use crate::TrainError;
+
+/// One family of training steps.
+pub(crate) trait Algorithm {
+    /// Whether its steps read the reference policy (its own loss, or `actor.use_kl_loss`).
+    fn needs_reference(&self, recipe: &Recipe) -> bool;
+
+    /// Whether the learner keeps an old (sampling) policy beside the trained weights.
+    fn keeps_old_policy(&self) -> bool {
+        false
+    }
+
+    /// Training step `k` at learning rate `lr`: gathers its data from `source` (rollout and
+    /// rewards, or preference pairs) and updates `learner`; returns the samples it trained on.
+    fn step(
+        &self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError>;
+}
+
+/// The step of a registered objective.
+pub(crate) fn for_objective(objective: Objective) -> Box<dyn Algorithm> {
+    match objective {
+        Objective::Policy(loss) => Box::new(PolicyGradient(loss)),
+        Objective::Dpo => Box::new(Dpo),
+        Objective::Nft => Box::new(Nft),
+    }
+}
+
+/// The prompt loader of an online step.
+fn prompts(source: &mut Source) -> Result<&mut PromptLoader, TrainError> {
+    match source {
+        Source::Prompts(loader) => Ok(loader),
+        Source::Pairs(_) => {
+            Err(TrainError::Invalid("data.preference_files trains only algorithm: dpo".into()))
+        }
+    }
+}
+
+/// Flow-GRPO and its family: SDE rollouts, group advantages, a clipped step-ratio loss.
+struct PolicyGradient(PolicyLoss);
+
+impl Algorithm for PolicyGradient {
+    fn needs_reference(&self, recipe: &Recipe) -> bool {
+        recipe.actor.use_kl_loss
+    }
+
+    fn step(
+        &self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError> {
+        let c = collect(run, prompts(source)?, k, m)?;
+        run.status("update");
+        crate::policy::policy_step(run, learner, self.0, &c, k, lr, m)?;
+        Ok(c.batch.images.len())
+    }
+}
+
+/// Diffusion-DPO, online on best/worst pairs of each group or offline on a pairs dataset.
+struct Dpo;
+
+impl Algorithm for Dpo {
+    fn needs_reference(&self, _: &Recipe) -> bool {
+        true
+    }
+
+    fn step(
+        &self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError> {
+        match source {
+            Source::Pairs(pairs) => {
+                run.status("update");
+                crate::preference::offline_step(run, learner, pairs, k, lr, m)?;
+                Ok(2 * run.recipe.data.prompts_per_step)
+            }
+            Source::Prompts(loader) => {
+                let c = collect(run, loader, k, m)?;
+                run.status("update");
+                crate::preference::online_step(run, learner, &c, k, lr, m)?;
+                Ok(c.batch.images.len())
+            }
+        }
+    }
+}
+
+/// DiffusionNFT: the old policy samples, the forward-process loss trains.
+struct Nft;
+
+impl Algorithm for Nft {
+    fn needs_reference(&self, _: &Recipe) -> bool {
+        true
+    }
+
+    fn keeps_old_policy(&self) -> bool {
+        true
+    }
+
+    fn step(
+        &self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError> {
+        let loader = prompts(source)?;
+        let old = learner.old.as_mut().expect("diffusion_nft keeps an old policy");
+        let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, k, m))?;
+        run.status("update");
+        crate::nft::nft_step(run, learner, &c, k, lr, m)?;
+        Ok(c.batch.images.len())
+    }
+}

@@ -1,0 +1,112 @@
+//! What a run tells people as it goes: metric lines (JSONL and TensorBoard) and one-line summaries
+//! above the progress bar.
+
+use std::io::Write;
+use std::path::Path;
+
+use flowtune_objectives::Metrics;
+
+use crate::tensorboard::EventWriter;
+use crate::TrainError;
+
+/// Step `k`'s metrics into `metrics.jsonl` and the TensorBoard events.
+pub(crate) struct MetricLog {
+    path: std::path::PathBuf,
+    file: std::fs::File,
+    events: EventWriter,
+}
+
+impl MetricLog {
+    /// Opens `out_dir/metrics.jsonl` (dropping lines of steps after `resumed_at`, logged after the
+    /// checkpoint a run resumes from) and a TensorBoard writer under `out_dir/tensorboard`.
+    pub fn open(out_dir: &Path, resumed_at: u64) -> Result<Self, TrainError> {
+        let path = out_dir.join("metrics.jsonl");
+        keep_metrics_up_to(&path, resumed_at)?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| TrainError::io(&path, e))?;
+        let events = EventWriter::create(&out_dir.join("tensorboard"))?;
+        Ok(Self { path, file, events })
+    }
+
+    /// Appends step `k`'s metrics.
+    pub fn log(&mut self, k: u64, m: &Metrics) -> Result<(), TrainError> {
+        let mut line = serde_json::Map::new();
+        line.insert("step".into(), k.into());
+        for (key, v) in m {
+            line.insert(key.clone(), serde_json::json!(v));
+        }
+        writeln!(self.file, "{}", serde_json::Value::Object(line))
+            .map_err(|e| TrainError::io(&self.path, e))?;
+        self.events.scalars(k, m)
+    }
+}
+
+/// Drops the lines of steps after `step`.
+fn keep_metrics_up_to(path: &Path, step: u64) -> Result<(), TrainError> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s <= step)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(path, kept).map_err(|e| TrainError::io(path, e))
+}
+
+/// The progress bar of a run of `total` steps, starting at `start`.
+pub(crate) fn progress_bar(total: u64, start: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total).with_position(start);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} step {pos}/{len} [{bar:30}] {elapsed_precise} (eta {eta}) {msg}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+/// The per-step line: the reward when there is one, the loss and the algorithm's telltales.
+pub(crate) fn step_line(k: u64, total: u64, m: &Metrics, seconds: f64) -> String {
+    let mut line = format!("step {k}/{total}");
+    for (key, label) in [
+        ("critic/rewards/mean", "reward"),
+        ("actor/loss", "loss"),
+        ("actor/pg_clipfrac", "clipfrac"),
+        ("actor/ppo_kl", "kl"),
+        ("actor/implicit_acc", "implicit_acc"),
+        ("actor/kl_loss", "kl_loss"),
+    ] {
+        if let Some(v) = m.get(key) {
+            let v =
+                if v.abs() < 1e-2 && *v != 0.0 { format!("{v:.2e}") } else { format!("{v:.4}") };
+            line.push_str(&format!("  {label} {v}"));
+        }
+    }
+    line + &format!("  {seconds:.1}s")
+}
+
+/// Prints a line above the progress bar; without a terminal (bar hidden) to stderr as it is.
+pub(crate) fn say(bar: &indicatif::ProgressBar, line: String) {
+    if bar.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
+/// The validation metrics as `name value` pairs on one line.
+pub(crate) fn summary_line(m: &Metrics) -> String {
+    m.iter()
+        .filter(|(k, _)| k.starts_with("val-core/"))
+        .map(|(k, v)| format!("{} {v:.4}", k.trim_start_matches("val-core/")))
+        .collect::<Vec<_>>()
+        .join("  ")
+}

@@ -1,0 +1,14 @@
+//! Seeds of the trainer's random streams, apart from the rollout's `row_seed(seed, step, row)`:
+//! each stream XORs the run's seed with its own salt, so no two streams share numbers.
+
+/// Validation rollouts: prompt i's noise is `row_seed(VALIDATION, 0, i)`, the same every run.
+pub(crate) const VALIDATION: u64 = 42;
+/// DiffusionNFT's re-noising and timestep draws.
+pub(crate) const NFT_SALT: u64 = 0x004E_4654;
+/// Diffusion-DPO's pair noise and noise levels.
+pub(crate) const DPO_SALT: u64 = 0xD90;
+
+/// The mini-batch shuffle of epoch `epoch` at training step `k`.
+pub(crate) fn shuffle(seed: u64, k: u64, epoch: usize) -> u64 {
+    seed ^ (k << 16) ^ epoch as u64
+}
