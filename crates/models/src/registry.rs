@@ -25,7 +25,7 @@ pub type WriteTiny = fn(&Path, u64) -> Result<(), ModelError>;
 /// One model family: how to recognise it and load it.
 #[derive(Debug)]
 pub struct Family {
-    /// Short name, as in `flowtune make-tiny <name>`.
+    /// Short name (`sd3`), for `flowtune list`, messages and tests.
     pub name: &'static str,
     /// `model_index.json` `_class_name`s it loads.
     pub pipeline_classes: &'static [&'static str],

@@ -1,4 +1,4 @@
-//! Group-relative advantages of the GRPO family (`../shared/spec/algorithms.md` §4).
+//! Group-relative advantages of the GRPO family (`docs/spec/algorithms.md` §4).
 
 use std::collections::HashMap;
 use std::hash::Hash;

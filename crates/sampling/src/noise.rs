@@ -1,4 +1,4 @@
-//! Per-sample randomness of a rollout (`../shared/spec/algorithms.md` §3): one seed per batch row,
+//! Per-sample randomness of a rollout (`docs/spec/algorithms.md` §3): one seed per batch row,
 //! and a generator whose stream is the same on every run and machine, independent of torch's
 //! device generators: ChaCha8 (`rand_chacha` promises a value-stable stream) with rand's uniform
 //! and rand_distr's normal sampling; the first values of both are pinned by tests, so a

@@ -1,5 +1,5 @@
 //! One stochastic reverse step of a flow-matching sampler with the Gaussian log-density of its
-//! transition (`../shared/spec/algorithms.md` §2): the same function draws a sample in the rollout
+//! transition (`docs/spec/algorithms.md` §2): the same function draws a sample in the rollout
 //! and scores a stored one in the trainer, so the two log-probs agree to the bit.
 
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! SDE windows (`../shared/spec/algorithms.md` §3): which denoising steps of a rollout are
+//! SDE windows (`docs/spec/algorithms.md` §3): which denoising steps of a rollout are
 //! stochastic and trained. Outside the window the sampler takes plain Euler (ODE) steps.
 
 use std::ops::Range;

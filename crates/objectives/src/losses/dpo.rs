@@ -1,4 +1,4 @@
-//! Diffusion-DPO (`../shared/spec/algorithms.md` §6): preference pairs scored by how much better
+//! Diffusion-DPO (`docs/spec/algorithms.md` §6): preference pairs scored by how much better
 //! the policy denoises the chosen image than the rejected one, relative to the reference.
 
 use tch::{Kind, Tensor};

@@ -1,4 +1,4 @@
-//! DiffusionNFT (`../shared/spec/algorithms.md` §6): a forward-process loss that pulls the
+//! DiffusionNFT (`docs/spec/algorithms.md` §6): a forward-process loss that pulls the
 //! policy towards an implicit positive velocity and away from a negative one, weighted by how
 //! good each sample was, plus the schedule by which the old (sampling) adapter follows.
 

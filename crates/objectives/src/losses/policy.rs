@@ -1,4 +1,4 @@
-//! Policy-gradient losses on one trained denoising step (`../shared/spec/algorithms.md` §5):
+//! Policy-gradient losses on one trained denoising step (`docs/spec/algorithms.md` §5):
 //! Flow-GRPO's clipped ratio, GRPO-Guard's re-centred ratio, Flow-DPPO's divergence mask, and the
 //! KL to the reference policy.
 

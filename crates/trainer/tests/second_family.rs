@@ -1,0 +1,320 @@
+//! A second model family that only this test registers: a tiny MLP denoiser over 5-D (video-shaped)
+//! latents `(B, C, F, H, W)` with a parameter-free text encoder. It goes through the unchanged
+//! trainer — registry, rollout engine, Flow-GRPO step, LoRA checkpoints, resume — which is what
+//! adding a family has to cost: model code plus one registry line.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Once;
+
+use common::{lora_moved, root, scratch, tensors};
+use flowtune_config::Recipe;
+use flowtune_models::denoiser::copy_frozen;
+use flowtune_models::lora::{AdapterSwitch, Adapters, LoraConfig};
+use flowtune_models::nn::{Linear, LoraScope, Scope};
+use flowtune_models::pipeline::PipelineDir;
+use flowtune_models::{
+    Denoiser, ExampleInputs, Family, FlowPipeline, ModelError, PipelineOptions, TextConditioning,
+    TrainableDenoiser,
+};
+use flowtune_sampling::{GridRequest, Pipeline, SampleRng, SchedulerConfig};
+use flowtune_trainer::train;
+use serde::{Deserialize, Serialize};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+/// Width of the made-up text features.
+const TEXT: i64 = 8;
+
+/// `transformer/config.json` of the test family.
+#[derive(Clone, Serialize, Deserialize)]
+struct MlpConfig {
+    #[serde(rename = "_class_name")]
+    class_name: String,
+    channels: i64,
+    frames: i64,
+    hidden: i64,
+    seed: u64,
+}
+
+/// `v = net.2(silu(net.0([x, text, t])))`, applied at every (frame, pixel).
+struct MlpDenoiser {
+    config: MlpConfig,
+    net0: Linear,
+    net2: Linear,
+    store: VarStore,
+    adapters: Option<Adapters>,
+}
+
+impl MlpDenoiser {
+    fn new(config: &MlpConfig, device: Device, lora: Option<&LoraConfig>) -> Self {
+        let store = VarStore::new(device);
+        let adapter_store = lora.map(|_| VarStore::new(device));
+        let switch = AdapterSwitch::default();
+        let lora_scope = lora.zip(adapter_store.as_ref()).map(|(config, vs)| LoraScope {
+            path: vs.root(),
+            config,
+            switch: switch.clone(),
+        });
+        let root = Scope::root(store.root(), lora_scope);
+        let net = &root / "net";
+        let (c, h) = (config.channels, config.hidden);
+        let net0 = (&net / 0).linear(c + TEXT + 1, h, true);
+        let net2 = (&net / 2).linear(h, c, true);
+        // Weights from the config's seed, in name order.
+        let mut rng = SampleRng::new(config.seed);
+        let mut vars: Vec<(String, Tensor)> = store.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        tch::no_grad(|| {
+            for (_, v) in &vars {
+                v.shallow_clone().copy_(&(rng.normal(&v.size(), device) * 0.3));
+            }
+        });
+        let mut model = Self {
+            config: config.clone(),
+            net0,
+            net2,
+            store,
+            adapters: adapter_store.zip(lora).map(|(store, config)| Adapters {
+                store,
+                switch,
+                config: config.clone(),
+            }),
+        };
+        if let Some(adapters) = &model.adapters {
+            model.store.freeze();
+            adapters.initialize(0).expect("adapters");
+        }
+        model
+    }
+}
+
+impl Denoiser for MlpDenoiser {
+    fn velocity(
+        &self,
+        latents: &Tensor,
+        timestep: &Tensor,
+        text: &TextConditioning,
+    ) -> Result<Tensor, ModelError> {
+        let s = latents.size();
+        if s.len() != 5 || s[1] != self.config.channels {
+            return Err(ModelError::Input(format!("latents {s:?}: expected (B, C, F, H, W)")));
+        }
+        let pooled = text.pooled.as_ref().ok_or_else(|| ModelError::Input("no pooled".into()))?;
+        let x = latents.permute([0, 2, 3, 4, 1]);
+        let rows =
+            |t: &Tensor| t.view([s[0], 1, 1, 1, -1]).expand([s[0], s[2], s[3], s[4], -1], false);
+        let inputs = Tensor::cat(&[x, rows(pooled), rows(&(timestep / 1000.0))], -1);
+        let v = self.net2.forward(&self.net0.forward(&inputs).silu());
+        Ok(v.permute([0, 4, 1, 2, 3]))
+    }
+}
+
+impl TrainableDenoiser for MlpDenoiser {
+    fn store(&self) -> &VarStore {
+        &self.store
+    }
+    fn store_mut(&mut self) -> &mut VarStore {
+        &mut self.store
+    }
+    fn adapters(&self) -> Option<&Adapters> {
+        self.adapters.as_ref()
+    }
+    fn adapters_mut(&mut self) -> Option<&mut Adapters> {
+        self.adapters.as_mut()
+    }
+    fn frozen_copy(&self) -> Result<Box<dyn TrainableDenoiser>, ModelError> {
+        let mut copy = Self::new(&self.config, self.store.device(), None);
+        copy_frozen(&self.store, &mut copy.store)?;
+        Ok(Box::new(copy))
+    }
+    fn example_inputs(&self, batch: i64, height: i64, width: i64, _: i64) -> ExampleInputs {
+        let c = &self.config;
+        ExampleInputs {
+            latents: Tensor::randn(
+                [batch, c.channels, c.frames, height, width],
+                tch::kind::FLOAT_CPU,
+            ),
+            timestep: Tensor::full([batch], 500.0, tch::kind::FLOAT_CPU),
+            text: TextConditioning::new(
+                Tensor::randn([batch, 1, TEXT], tch::kind::FLOAT_CPU),
+                Some(Tensor::randn([batch, TEXT], tch::kind::FLOAT_CPU)),
+            ),
+            tokens: batch * c.frames * height * width,
+        }
+    }
+    fn describe(&self) -> String {
+        format!("MLP denoiser, hidden {}", self.config.hidden)
+    }
+}
+
+/// The test family's pipeline: no VAE (latents are frames of pixels), a byte-statistics text
+/// encoder, the default flow-matching scheduler.
+struct TinyVideoPipeline {
+    dir: PipelineDir,
+    scheduler: SchedulerConfig,
+    denoiser: MlpDenoiser,
+}
+
+impl FlowPipeline for TinyVideoPipeline {
+    fn dir(&self) -> &PipelineDir {
+        &self.dir
+    }
+    fn device(&self) -> Device {
+        self.store_device()
+    }
+    fn scheduler(&self) -> &SchedulerConfig {
+        &self.scheduler
+    }
+    fn denoiser(&self) -> &dyn TrainableDenoiser {
+        &self.denoiser
+    }
+    fn denoiser_mut(&mut self) -> &mut dyn TrainableDenoiser {
+        &mut self.denoiser
+    }
+    fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
+        let features: Vec<f32> = prompts
+            .iter()
+            .flat_map(|p| {
+                (1..=TEXT as u32).map(move |j| {
+                    let n = p.len().max(1) as f32;
+                    p.bytes().map(|b| ((b as u32 * j) % 17) as f32 / 17.0).sum::<f32>() / n
+                })
+            })
+            .collect();
+        let pooled = Tensor::from_slice(&features).view([prompts.len() as i64, TEXT]);
+        let pooled = pooled.to_device(self.device());
+        Ok(TextConditioning::new(pooled.unsqueeze(1), Some(pooled)))
+    }
+    fn latent_shape(&self, height: i64, width: i64) -> Result<Vec<i64>, ModelError> {
+        let c = &self.denoiser.config;
+        Ok(vec![c.channels, c.frames, height, width])
+    }
+    fn grid_request(&self, steps: usize, _: &[i64]) -> GridRequest {
+        GridRequest { steps, pipeline: Pipeline::Sd3, ..Default::default() }
+    }
+    /// Frames side by side: (B, C, F, H, W) → (B, H, F·W, 3).
+    fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
+        let (b, _, f, h, w) = latents.size5()?;
+        let frames = latents.permute([0, 3, 2, 4, 1]).reshape([b, h, f * w, 3]);
+        Ok(((frames.clamp(-1.0, 1.0) + 1.0) * 127.5).round().to_kind(Kind::Uint8))
+    }
+    fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError> {
+        let (b, h, fw, _) = images.size4()?;
+        let f = self.denoiser.config.frames;
+        let pixels = images.to_kind(Kind::Float) / 127.5 - 1.0;
+        Ok(pixels.reshape([b, h, f, fw / f, 3]).permute([0, 4, 2, 1, 3]))
+    }
+    fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {
+        vec![("transformer", "diffusion_pytorch_model.safetensors", &self.denoiser.store)]
+    }
+}
+
+impl TinyVideoPipeline {
+    fn store_device(&self) -> Device {
+        self.denoiser.store.device()
+    }
+}
+
+fn load(dir: &PipelineDir, options: &PipelineOptions) -> Result<Box<dyn FlowPipeline>, ModelError> {
+    let config: MlpConfig =
+        flowtune_models::read_config(&dir.root.join("transformer/config.json"))?;
+    Ok(Box::new(TinyVideoPipeline {
+        dir: dir.clone(),
+        scheduler: SchedulerConfig::default(),
+        denoiser: MlpDenoiser::new(&config, options.device, options.lora.as_ref()),
+    }))
+}
+
+fn load_denoiser(
+    dir: &Path,
+    device: Device,
+    _: Kind,
+    lora: Option<&LoraConfig>,
+) -> Result<Box<dyn TrainableDenoiser>, ModelError> {
+    let config: MlpConfig = flowtune_models::read_config(&dir.join("config.json"))?;
+    Ok(Box::new(MlpDenoiser::new(&config, device, lora)))
+}
+
+fn write_tiny(dir: &Path, seed: u64) -> Result<(), ModelError> {
+    let config = MlpConfig {
+        class_name: "TinyMlpDenoiser".into(),
+        channels: 3,
+        frames: 2,
+        hidden: 16,
+        seed,
+    };
+    std::fs::create_dir_all(dir.join("transformer")).expect("folder");
+    let index = serde_json::json!({
+        "_class_name": "TinyVideoPipeline",
+        "transformer": ["flowtune_test", "TinyMlpDenoiser"],
+    });
+    flowtune_models::write_json(&dir.join("model_index.json"), &index)?;
+    flowtune_models::write_json(&dir.join("transformer/config.json"), &config)
+}
+
+/// The test family's registry line.
+static FAMILY: Family = Family {
+    name: "tiny_video",
+    pipeline_classes: &["TinyVideoPipeline"],
+    denoiser_class: "TinyMlpDenoiser",
+    components: &[("transformer", "TinyMlpDenoiser")],
+    load,
+    load_denoiser,
+    write_tiny,
+};
+
+/// The family registered once, and a pipeline of it on disk.
+fn pipeline() -> std::path::PathBuf {
+    static REGISTER: Once = Once::new();
+    REGISTER.call_once(|| flowtune_models::registry::register(&FAMILY));
+    let dir = scratch("tiny-video-pipeline");
+    (flowtune_models::family_named("tiny_video").unwrap().write_tiny)(&dir, 7).unwrap();
+    dir
+}
+
+fn recipe(out: &Path, steps: u64, resume: &str) -> Recipe {
+    let overrides = [
+        format!("model.path={}", pipeline().display()),
+        "model.resolution=8".into(),
+        "model.lora.target_modules=[net.0, net.2]".into(),
+        format!("data.train_files=[{}]", root().join("examples/prompts/tiny.txt").display()),
+        format!("trainer.output_dir={}", out.display()),
+        format!("trainer.total_steps={steps}"),
+        "trainer.save_freq=1".into(),
+        "trainer.image_freq=2".into(),
+        format!("trainer.resume={resume}"),
+    ];
+    Recipe::load(&root().join("examples/flow_grpo_tiny.yaml"), &overrides).expect("recipe")
+}
+
+#[test]
+fn a_registered_video_family_trains_and_resumes_through_the_unchanged_trainer() {
+    // Two straight Flow-GRPO steps on 5-D latents.
+    let straight = scratch("video-straight");
+    let summary = train(&recipe(&straight, 2, "none"), Device::Cpu).expect("train");
+    let first = &summary.metrics[0];
+    assert!(first.values().all(|v| v.is_finite()), "{first:?}");
+    assert!((first["actor/ratio_mean"] - 1.0).abs() <= 1e-6, "on-policy at step 1: {first:?}");
+    let lora = tensors(&summary.export);
+    assert!(lora_moved(&lora), "the LoRA trained");
+    assert!(lora.keys().all(|k| k.starts_with("transformer.net.")), "{:?}", lora.keys());
+    // The training grid shows the decoded clips (frames side by side).
+    assert!(image::open(straight.join("images/train_step_000002.png")).is_ok());
+
+    // One step, then a resumed second step, gives the same adapters and step-2 metrics.
+    let resumed = scratch("video-resumed");
+    train(&recipe(&resumed, 1, "none"), Device::Cpu).expect("first step");
+    let again = train(&recipe(&resumed, 2, "auto"), Device::Cpu).expect("resumed step");
+    assert_eq!(again.steps_run, 1, "resumed from step 1");
+    let after = tensors(&again.export);
+    for (name, t) in &lora {
+        let diff = (t - &after[name]).abs().max().double_value(&[]);
+        assert!(diff <= 1e-6 * (1.0 + t.abs().max().double_value(&[])), "{name}: {diff}");
+    }
+    for key in ["critic/rewards/mean", "actor/loss", "actor/ratio_mean"] {
+        let (a, b) = (summary.metrics[1][key], again.metrics[0][key]);
+        assert!((a - b).abs() <= 1e-6 * (1.0 + a.abs()), "{key}: {a} vs {b}");
+    }
+}
