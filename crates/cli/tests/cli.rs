@@ -380,3 +380,50 @@ fn resuming_gives_the_same_weights_and_metrics() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// `flowtune list` shows the registered model families with their components; an unknown
+/// pipeline class is bad input (exit 2) naming the known classes; a reward server that is down
+/// is a runtime failure (exit 1), never a score of 0.
+#[test]
+fn families_are_listed_and_failures_split_into_bad_input_and_runtime() {
+    let out = flowtune(&["list"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    for needle in ["sd3", "StableDiffusion3Pipeline", "SD3Transformer2DModel", "text_encoder_3"] {
+        assert!(stdout.contains(needle), "`{needle}` missing from: {stdout}");
+    }
+    let root = std::env::temp_dir().join(format!("flowtune-cli-families-{}", std::process::id()));
+    let (model, flux) = (root.join("tiny"), root.join("flux"));
+    assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
+    std::fs::create_dir_all(&flux).unwrap();
+    std::fs::write(flux.join("model_index.json"), r#"{"_class_name": "FluxPipeline"}"#).unwrap();
+    let train = |model: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "train".to_string(),
+            repo("examples/flow_grpo_tiny.yaml"),
+            format!("model.path={}", model.display()),
+            format!("data.train_files=[{}]", repo("examples/prompts/tiny.txt")),
+            format!("trainer.output_dir={}", root.join("run").display()),
+            "trainer.total_steps=1".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Command::new(env!("CARGO_BIN_EXE_flowtune")).args(&args).output().expect("run flowtune")
+    };
+    assert_bad_input(
+        &train(&flux, &[]),
+        &[
+            "model_index.json",
+            "`FluxPipeline` is not supported; supported: StableDiffusion3Pipeline",
+        ],
+    );
+    let down = train(
+        &model,
+        &[
+            r#"reward.functions=[{name: http, url: "http://127.0.0.1:9/score", http: {max_retries: 0, timeout_s: 5}}]"#,
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&down.stderr);
+    assert_eq!(down.status.code(), Some(1), "stderr: {stderr}");
+    assert!(stderr.contains("error: ") && stderr.contains("http"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&root);
+}

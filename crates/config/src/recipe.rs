@@ -279,6 +279,27 @@ mod tests {
     }
 
     #[test]
+    fn dtypes_and_resume_are_typed_when_the_recipe_loads() {
+        use crate::Resume;
+        use flowtune_models::Dtype;
+        let r = load("model:\n  dtype: bf16\n", &["trainer.resume=none"]).unwrap();
+        assert_eq!((r.model.dtype, r.model.frozen_dtype), (Dtype::Bf16, Dtype::F32));
+        assert_eq!(r.trainer.resume, Resume::None);
+        let r = load("trainer:\n  resume: runs/x/checkpoints/step_000002\n", &[]).unwrap();
+        assert_eq!(r.trainer.resume, Resume::Path("runs/x/checkpoints/step_000002".into()));
+        assert_eq!(load(&r.to_yaml(), &[]).unwrap(), r, "a resume path round-trips");
+        assert_eq!(load("", &[]).unwrap().trainer.resume, Resume::Auto);
+        let err = load("model:\n  frozen_dtype: f64\n", &[]).unwrap_err();
+        assert!(
+            err.contains("model.frozen_dtype")
+                && err.contains("unknown variant `f64`, expected one of `f32`, `bf16`, `f16`"),
+            "{err}"
+        );
+        let err = load("trainer:\n  resume: ''\n", &[]).unwrap_err();
+        assert!(err.contains("trainer.resume") && err.contains("expected auto, none"), "{err}");
+    }
+
+    #[test]
     fn algorithm_settings_fail_at_config_time_naming_the_setting() {
         let err =
             load("algorithm: grpo_guard\ntrainer:\n  old_log_prob: bypass\n", &[]).unwrap_err();

@@ -88,3 +88,30 @@ impl TrainError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowtune_models::ModelError;
+    use flowtune_rewards::RewardError;
+
+    #[test]
+    fn bad_input_and_runtime_failures_are_told_apart_and_keep_their_source() {
+        assert!(TrainError::Invalid("model.resolution 30: …".into()).is_bad_input());
+        let missing = ModelError::Missing { path: "t.safetensors".into(), names: "w".into() };
+        assert!(TrainError::Model(missing).is_bad_input());
+        let torch = ModelError::Torch(tch::TchError::Torch("CUDA out of memory".into()));
+        assert!(!TrainError::Model(torch).is_bad_input());
+        assert!(!TrainError::Diverged("step 3: the loss is NaN".into()).is_bad_input());
+        let down = RewardError::Failed { reward: "http".into(), message: "refused".into() };
+        assert!(!TrainError::Reward(down).is_bad_input());
+        let io = TrainError::io(Path::new("/runs/x"), std::io::Error::other("disk full"));
+        assert!(!io.is_bad_input());
+        assert_eq!(io.to_string(), "/runs/x: disk full");
+        let source = std::error::Error::source(&io).expect("the io error is kept");
+        assert_eq!(source.to_string(), "disk full");
+        let rollout: TrainError =
+            flowtune_rollout::RolloutError::Input("3 seeds for 4 prompts".into()).into();
+        assert!(rollout.is_bad_input() && std::error::Error::source(&rollout).is_some());
+    }
+}

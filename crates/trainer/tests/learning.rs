@@ -3,21 +3,14 @@
 //! `jpeg_incompressibility` rises over 20 steps. Margins are conservative against the numbers of
 //! the same runs (printed with `--nocapture`).
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::path::Path;
+
+use common::{metric_lines, root, scratch};
 use flowtune_config::Recipe;
 use flowtune_trainer::train;
 use tch::Device;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("flowtune-learning-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
 
 /// The demo recipe on absolute paths, with `overrides` last.
 fn recipe(out: &Path, overrides: &[&str]) -> Recipe {
@@ -46,11 +39,7 @@ fn flow_grpo_raises_shapes_accuracy_on_fixed_prompts_and_seeds() {
     ];
     let summary = train(&recipe(&out, &overrides), Device::Cpu).expect("train");
     assert_eq!(summary.metrics.len(), steps);
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = metric_lines(&out);
     let accuracy = |m: &serde_json::Value| m["val-core/shapes/acc"].as_f64().unwrap();
     let (before, after) = (accuracy(&lines[0]), accuracy(lines.last().unwrap()));
     println!("shapes accuracy on {} fixed prompts: {before:.3} → {after:.3}", 180);

@@ -6,10 +6,9 @@ use std::path::Path;
 
 use anyhow::{anyhow, Context};
 use flowtune_models::lora::{self, LoraConfig};
-use flowtune_models::sd3::Sd3Transformer;
 use flowtune_models::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
 use flowtune_models::vae::AutoencoderKl;
-use flowtune_models::TrainableDenoiser;
+use flowtune_models::TextConditioning;
 use flowtune_sampling::SampleRng;
 use tch::{Device, Kind, Tensor};
 
@@ -43,6 +42,34 @@ fn input<'a>(
         .ok_or_else(|| Failure::input(anyhow!("{}: no tensor `{name}`", file.display())))
 }
 
+/// A denoiser's text conditioning from diffusers' argument names: `input.encoder_hidden_states`,
+/// optional `input.pooled_projections` and `input.encoder_hidden_states_mask`, and every other
+/// `input.*` tensor besides `hidden_states` and `timestep` as a named extra (e.g. `guidance`).
+fn conditioning(
+    inputs: &HashMap<String, Tensor>,
+    file: &Path,
+) -> Result<TextConditioning, Failure> {
+    let mut text = TextConditioning::new(
+        input(inputs, "input.encoder_hidden_states", file)?.shallow_clone(),
+        inputs.get("input.pooled_projections").map(Tensor::shallow_clone),
+    );
+    text.mask = inputs.get("input.encoder_hidden_states_mask").map(Tensor::shallow_clone);
+    for (name, t) in inputs {
+        let key = name.strip_prefix("input.").unwrap_or(name);
+        let known = [
+            "hidden_states",
+            "timestep",
+            "encoder_hidden_states",
+            "pooled_projections",
+            "encoder_hidden_states_mask",
+        ];
+        if !known.contains(&key) {
+            text.extras.insert(key.to_string(), t.shallow_clone());
+        }
+    }
+    Ok(text)
+}
+
 /// Runs `component` on `inputs_file` and writes `out`.
 pub fn forward(
     component: &Path,
@@ -60,7 +87,7 @@ pub fn forward(
     let get = |name: &str| input(&inputs, name, inputs_file);
     let class = class_of(component)?;
     let outputs: Vec<(String, Tensor)> = match class.as_str() {
-        "SD3Transformer2DModel" => {
+        denoiser if flowtune_models::families().iter().any(|f| f.denoiser_class == denoiser) => {
             let lora = match lora_file {
                 Some((f, alpha)) => {
                     let mut config = lora::read_config(f, "transformer").map_err(Failure::input)?;
@@ -69,11 +96,12 @@ pub fn forward(
                 }
                 None => None,
             };
-            let mut model = Sd3Transformer::load(component, device, Kind::Float, lora.as_ref()).map_err(Failure::input)?;
+            let mut model = flowtune_models::load_denoiser(component, device, Kind::Float, lora.as_ref()).map_err(Failure::input)?;
             if let Some((f, _)) = lora_file {
                 model.load_lora(f).map_err(Failure::input)?;
             }
-            let sample = tch::no_grad(|| model.forward(get("input.hidden_states")?, get("input.encoder_hidden_states")?, get("input.pooled_projections")?, get("input.timestep")?).map_err(Failure::input))?;
+            let text = conditioning(&inputs, inputs_file)?;
+            let sample = tch::no_grad(|| model.velocity(get("input.hidden_states")?, get("input.timestep")?, &text).map_err(Failure::input))?;
             let name = if lora_file.is_some() { "output.sample_with_lora" } else { "output.sample" };
             vec![(name.into(), sample)]
         }
@@ -97,8 +125,9 @@ pub fn forward(
         }
         other => {
             return Err(Failure::input(anyhow!(
-                "{}: class `{other}` is not supported; expected SD3Transformer2DModel, AutoencoderKL, CLIPTextModelWithProjection or T5EncoderModel",
-                component.display()
+                "{}: class `{other}` is not supported; expected a registered denoiser ({}), AutoencoderKL, CLIPTextModelWithProjection or T5EncoderModel",
+                component.display(),
+                flowtune_models::families().iter().map(|f| f.denoiser_class).collect::<Vec<_>>().join(", ")
             )))
         }
     };
