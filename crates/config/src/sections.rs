@@ -132,7 +132,7 @@ impl<'de> Deserialize<'de> for Resume {
             "none" => Self::None,
             "" => {
                 return Err(serde::de::Error::custom(
-                    "expected auto, none or a checkpoint directory",
+                    "trainer.resume is empty; expected auto, none or a checkpoint directory",
                 ))
             }
             _ => Self::Path(PathBuf::from(text)),

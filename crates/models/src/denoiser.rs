@@ -10,6 +10,7 @@ use tch::nn::VarStore;
 use tch::{Kind, Tensor};
 
 use crate::lora::{self, Adapters};
+use crate::model_weights::ModelWeights;
 use crate::weights::{load_weights, LoadOptions};
 use crate::{ModelError, TextConditioning};
 
@@ -88,18 +89,25 @@ pub struct ExampleInputs {
 
 /// A denoiser the trainer can train: its base weights, optional LoRA adapters and a frozen copy.
 pub trait TrainableDenoiser: Denoiser {
-    /// Base weights, by checkpoint name (frozen when adapters exist).
-    fn store(&self) -> &VarStore;
-    fn store_mut(&mut self) -> &mut VarStore;
-    /// Adapter weights and their switch, when built with LoRA.
-    fn adapters(&self) -> Option<&Adapters>;
-    fn adapters_mut(&mut self) -> Option<&mut Adapters>;
+    /// Base weights and adapters ([`crate::model_weights::WeightsBuilder`] builds them).
+    fn weights(&self) -> &ModelWeights;
+    fn weights_mut(&mut self) -> &mut ModelWeights;
     /// A copy of the base weights without adapters, frozen: the reference of full fine-tuning.
     fn frozen_copy(&self) -> Result<Box<dyn TrainableDenoiser>, ModelError>;
     /// Random inputs for `batch` samples of `height × width` latent cells and `text_len` tokens.
     fn example_inputs(&self, batch: i64, height: i64, width: i64, text_len: i64) -> ExampleInputs;
     /// One line for benchmark output (layers, width).
     fn describe(&self) -> String;
+
+    /// Base weights, by checkpoint name (frozen when adapters exist).
+    fn store(&self) -> &VarStore {
+        &self.weights().base
+    }
+
+    /// Adapter weights and their switch, when built with LoRA.
+    fn adapters(&self) -> Option<&Adapters> {
+        self.weights().adapters.as_ref()
+    }
 
     /// Base tensors that are buffers in the reference implementation (never trained).
     fn buffers(&self) -> &'static [&'static str] {
@@ -114,7 +122,7 @@ pub trait TrainableDenoiser: Denoiser {
     /// Loads adapter weights saved in the diffusers/PEFT layout.
     fn load_lora(&mut self, path: &Path) -> Result<(), ModelError> {
         let prefix = self.lora_prefix();
-        let adapters = self.adapters_mut().ok_or_else(no_adapters)?;
+        let adapters = self.weights_mut().adapters.as_mut().ok_or_else(no_adapters)?;
         lora::load(&mut adapters.store, prefix, path)
     }
 
@@ -173,7 +181,11 @@ pub trait TrainableDenoiser: Denoiser {
 
     /// Reads base weights saved by [`Self::save_weights`] (names and shapes checked).
     fn load_weights_file(&mut self, path: &Path) -> Result<(), ModelError> {
-        load_weights(self.store_mut(), &[path.to_path_buf()], LoadOptions { kind: None })
+        load_weights(
+            &mut self.weights_mut().base,
+            &[path.to_path_buf()],
+            LoadOptions { kind: None },
+        )
     }
 }
 

@@ -6,6 +6,7 @@ mod conditioning;
 pub mod denoiser;
 pub mod family;
 pub mod lora;
+pub mod model_weights;
 pub mod nn;
 pub mod pipeline;
 pub mod registry;
@@ -21,6 +22,7 @@ pub use denoiser::{
 };
 pub use family::{Dtype, Dtypes, FlowPipeline, PipelineOptions};
 pub use lora::{AdapterSwitch, LoraConfig};
+pub use model_weights::{ModelWeights, WeightsBuilder};
 pub use registry::{families, family_named, family_of, load_denoiser, load_pipeline, Family};
 pub use weights::{load_weights, LoadOptions};
 

@@ -60,7 +60,7 @@ fn sd3_transformers_match_diffusers() {
             MODEL_RTOL,
         );
         (out * &io["loss_weight"]).mean(Kind::Float).backward();
-        let store = &model.adapters.as_ref().expect("adapters").store;
+        let store = &model.adapters().expect("adapters").store;
         let vars = store.variables();
         let mut grads = 0;
         for (key, want) in io.iter().filter(|(k, _)| k.starts_with("grad.transformer.")) {
@@ -71,7 +71,7 @@ fn sd3_transformers_match_diffusers() {
             }
             grads += 1;
         }
-        if model.store.variables().values().any(|v| v.requires_grad() || v.grad().defined()) {
+        if model.store().variables().values().any(|v| v.requires_grad() || v.grad().defined()) {
             check.fail(format!("{name}: base weights must not train"));
         }
         if grads != vars.len() || entry["lora_params"].as_u64() != Some(grads as u64) {
@@ -121,5 +121,5 @@ fn lora_files_round_trip_with_their_config() {
     let merged = run(&again);
     let rel = (&merged - &a).norm().double_value(&[]) / a.norm().double_value(&[]);
     assert!(rel < 1e-5, "merged output differs by {rel}");
-    assert!(!again.adapters.as_ref().unwrap().switch.enabled());
+    assert!(!again.adapters().unwrap().switch.enabled());
 }

@@ -11,12 +11,12 @@ use std::sync::Once;
 use common::{lora_moved, root, scratch, tensors};
 use flowtune_config::Recipe;
 use flowtune_models::denoiser::copy_frozen;
-use flowtune_models::lora::{AdapterSwitch, Adapters, LoraConfig};
-use flowtune_models::nn::{Linear, LoraScope, Scope};
+use flowtune_models::lora::LoraConfig;
+use flowtune_models::nn::Linear;
 use flowtune_models::pipeline::PipelineDir;
 use flowtune_models::{
-    Denoiser, ExampleInputs, Family, FlowPipeline, ModelError, PipelineOptions, TextConditioning,
-    TrainableDenoiser,
+    Denoiser, ExampleInputs, Family, FlowPipeline, ModelError, ModelWeights, PipelineOptions,
+    TextConditioning, TrainableDenoiser, WeightsBuilder,
 };
 use flowtune_sampling::{GridRequest, Pipeline, SampleRng, SchedulerConfig};
 use flowtune_trainer::train;
@@ -43,50 +43,27 @@ struct MlpDenoiser {
     config: MlpConfig,
     net0: Linear,
     net2: Linear,
-    store: VarStore,
-    adapters: Option<Adapters>,
+    weights: ModelWeights,
 }
 
 impl MlpDenoiser {
     fn new(config: &MlpConfig, device: Device, lora: Option<&LoraConfig>) -> Self {
-        let store = VarStore::new(device);
-        let adapter_store = lora.map(|_| VarStore::new(device));
-        let switch = AdapterSwitch::default();
-        let lora_scope = lora.zip(adapter_store.as_ref()).map(|(config, vs)| LoraScope {
-            path: vs.root(),
-            config,
-            switch: switch.clone(),
-        });
-        let root = Scope::root(store.root(), lora_scope);
-        let net = &root / "net";
+        let weights = WeightsBuilder::new(device, lora);
+        let net = &weights.root() / "net";
         let (c, h) = (config.channels, config.hidden);
         let net0 = (&net / 0).linear(c + TEXT + 1, h, true);
         let net2 = (&net / 2).linear(h, c, true);
-        // Weights from the config's seed, in name order.
+        let weights = weights.finish().expect("adapters");
+        // Base weights from the config's seed, in name order.
         let mut rng = SampleRng::new(config.seed);
-        let mut vars: Vec<(String, Tensor)> = store.variables().into_iter().collect();
+        let mut vars: Vec<(String, Tensor)> = weights.base.variables().into_iter().collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         tch::no_grad(|| {
             for (_, v) in &vars {
                 v.shallow_clone().copy_(&(rng.normal(&v.size(), device) * 0.3));
             }
         });
-        let mut model = Self {
-            config: config.clone(),
-            net0,
-            net2,
-            store,
-            adapters: adapter_store.zip(lora).map(|(store, config)| Adapters {
-                store,
-                switch,
-                config: config.clone(),
-            }),
-        };
-        if let Some(adapters) = &model.adapters {
-            model.store.freeze();
-            adapters.initialize(0).expect("adapters");
-        }
-        model
+        Self { config: config.clone(), net0, net2, weights }
     }
 }
 
@@ -112,21 +89,15 @@ impl Denoiser for MlpDenoiser {
 }
 
 impl TrainableDenoiser for MlpDenoiser {
-    fn store(&self) -> &VarStore {
-        &self.store
+    fn weights(&self) -> &ModelWeights {
+        &self.weights
     }
-    fn store_mut(&mut self) -> &mut VarStore {
-        &mut self.store
-    }
-    fn adapters(&self) -> Option<&Adapters> {
-        self.adapters.as_ref()
-    }
-    fn adapters_mut(&mut self) -> Option<&mut Adapters> {
-        self.adapters.as_mut()
+    fn weights_mut(&mut self) -> &mut ModelWeights {
+        &mut self.weights
     }
     fn frozen_copy(&self) -> Result<Box<dyn TrainableDenoiser>, ModelError> {
-        let mut copy = Self::new(&self.config, self.store.device(), None);
-        copy_frozen(&self.store, &mut copy.store)?;
+        let mut copy = Self::new(&self.config, self.weights.base.device(), None);
+        copy_frozen(&self.weights.base, &mut copy.weights.base)?;
         Ok(Box::new(copy))
     }
     fn example_inputs(&self, batch: i64, height: i64, width: i64, _: i64) -> ExampleInputs {
@@ -162,7 +133,7 @@ impl FlowPipeline for TinyVideoPipeline {
         &self.dir
     }
     fn device(&self) -> Device {
-        self.store_device()
+        self.denoiser.weights.base.device()
     }
     fn scheduler(&self) -> &SchedulerConfig {
         &self.scheduler
@@ -207,13 +178,7 @@ impl FlowPipeline for TinyVideoPipeline {
         Ok(pixels.reshape([b, h, f, fw / f, 3]).permute([0, 4, 2, 1, 3]))
     }
     fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {
-        vec![("transformer", "diffusion_pytorch_model.safetensors", &self.denoiser.store)]
-    }
-}
-
-impl TinyVideoPipeline {
-    fn store_device(&self) -> Device {
-        self.denoiser.store.device()
+        vec![("transformer", "diffusion_pytorch_model.safetensors", &self.denoiser.weights.base)]
     }
 }
 

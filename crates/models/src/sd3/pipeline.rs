@@ -226,7 +226,7 @@ impl FlowPipeline for Sd3Pipeline {
 
     fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {
         vec![
-            ("transformer", "diffusion_pytorch_model.safetensors", &self.transformer.store),
+            ("transformer", "diffusion_pytorch_model.safetensors", &self.transformer.weights.base),
             ("text_encoder", "model.safetensors", &self.clip_l.encoder.store),
             ("text_encoder_2", "model.safetensors", &self.clip_g.encoder.store),
         ]

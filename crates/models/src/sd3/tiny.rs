@@ -239,12 +239,12 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
         qk_norm: spec.qk_norm.then(|| "rms_norm".to_string()),
     };
     let transformer = Sd3Transformer::new(&transformer_config, device, None)?;
-    randomize(&transformer.store, &mut rng, spec.init)?;
+    randomize(&transformer.weights.base, &mut rng, spec.init)?;
     let mut cfg = serde_json::to_value(&transformer_config).expect("config");
     cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
     write_component(
         &dir.join("transformer"),
-        &transformer.store,
+        &transformer.weights.base,
         "diffusion_pytorch_model.safetensors",
         &cfg,
     )?;

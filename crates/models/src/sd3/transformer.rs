@@ -2,15 +2,15 @@
 
 use std::path::Path;
 
-use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use super::block::JointTransformerBlock;
 use super::config::Sd3TransformerConfig;
 use super::embeddings::{PatchEmbed, TimeTextEmbed};
 use crate::denoiser::{copy_frozen, Denoiser, ExampleInputs, TrainableDenoiser};
-use crate::lora::{AdapterSwitch, Adapters, LoraConfig};
-use crate::nn::{layer_norm, Linear, LoraScope, Scope};
+use crate::lora::LoraConfig;
+use crate::model_weights::{ModelWeights, WeightsBuilder};
+use crate::nn::{layer_norm, Linear};
 use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, ModelError, TextConditioning};
 
@@ -27,10 +27,8 @@ pub struct Sd3Transformer {
     /// `norm_out.linear` of the final continuous AdaLN.
     pub norm_out: Linear,
     pub proj_out: Linear,
-    /// Base weights (frozen when adapters exist).
-    pub store: VarStore,
-    /// Adapter weights and their on/off switch, when built with LoRA.
-    pub adapters: Option<Adapters>,
+    /// Base weights and, when built with LoRA, adapters.
+    pub weights: ModelWeights,
 }
 
 impl Sd3Transformer {
@@ -42,15 +40,8 @@ impl Sd3Transformer {
         lora: Option<&LoraConfig>,
     ) -> Result<Self, ModelError> {
         config.validate().map_err(ModelError::Input)?;
-        let store = VarStore::new(device);
-        let adapter_store = lora.map(|_| VarStore::new(device));
-        let switch = AdapterSwitch::default();
-        let lora_scope = lora.zip(adapter_store.as_ref()).map(|(config, vs)| LoraScope {
-            path: vs.root(),
-            config,
-            switch: switch.clone(),
-        });
-        let root = Scope::root(store.root(), lora_scope);
+        let weights = WeightsBuilder::new(device, lora);
+        let root = weights.root();
         let c = config;
         let dim = c.inner_dim();
         let blocks = (0..c.num_layers)
@@ -69,7 +60,7 @@ impl Sd3Transformer {
                 )
             })
             .collect();
-        let mut model = Self {
+        Ok(Self {
             pos_embed: PatchEmbed::new(
                 &(&root / "pos_embed"),
                 c.in_channels,
@@ -95,19 +86,8 @@ impl Sd3Transformer {
                 true,
             ),
             config: config.clone(),
-            store,
-            adapters: adapter_store.zip(lora).map(|(store, config)| Adapters {
-                store,
-                switch,
-                config: config.clone(),
-            }),
-        };
-        if let Some(adapters) = &model.adapters {
-            // Only adapter parameters train.
-            model.store.freeze();
-            adapters.initialize(0)?;
-        }
-        Ok(model)
+            weights: weights.finish()?,
+        })
     }
 
     /// Loads a diffusers `transformer/` directory (config.json + safetensors, sharded or not).
@@ -119,7 +99,8 @@ impl Sd3Transformer {
     ) -> Result<Self, ModelError> {
         let config: Sd3TransformerConfig = read_config(&dir.join("config.json"))?;
         let mut model = Self::new(&config, device, lora)?;
-        load_weights(&mut model.store, &checkpoint_files(dir)?, LoadOptions { kind: Some(kind) })?;
+        let files = checkpoint_files(dir)?;
+        load_weights(&mut model.weights.base, &files, LoadOptions { kind: Some(kind) })?;
         Ok(model)
     }
 
@@ -222,20 +203,12 @@ impl Denoiser for Sd3Transformer {
 }
 
 impl TrainableDenoiser for Sd3Transformer {
-    fn store(&self) -> &VarStore {
-        &self.store
+    fn weights(&self) -> &ModelWeights {
+        &self.weights
     }
 
-    fn store_mut(&mut self) -> &mut VarStore {
-        &mut self.store
-    }
-
-    fn adapters(&self) -> Option<&Adapters> {
-        self.adapters.as_ref()
-    }
-
-    fn adapters_mut(&mut self) -> Option<&mut Adapters> {
-        self.adapters.as_mut()
+    fn weights_mut(&mut self) -> &mut ModelWeights {
+        &mut self.weights
     }
 
     fn buffers(&self) -> &'static [&'static str] {
@@ -243,18 +216,18 @@ impl TrainableDenoiser for Sd3Transformer {
     }
 
     fn frozen_copy(&self) -> Result<Box<dyn TrainableDenoiser>, ModelError> {
-        let mut copy = Self::new(&self.config, self.store.device(), None)?;
-        copy_frozen(&self.store, &mut copy.store)?;
+        let mut copy = Self::new(&self.config, self.weights.base.device(), None)?;
+        copy_frozen(&self.weights.base, &mut copy.weights.base)?;
         Ok(Box::new(copy))
     }
 
     fn example_inputs(&self, batch: i64, height: i64, width: i64, text_len: i64) -> ExampleInputs {
         let c = &self.config;
         let kind = self.context_embedder.weight.kind();
-        let opts = (kind, self.store.device());
+        let opts = (kind, self.weights.base.device());
         ExampleInputs {
             latents: Tensor::randn([batch, c.in_channels, height, width], opts),
-            timestep: Tensor::full([batch], 500.0, (Kind::Float, self.store.device())),
+            timestep: Tensor::full([batch], 500.0, (Kind::Float, self.weights.base.device())),
             text: TextConditioning::new(
                 Tensor::randn([batch, text_len, c.joint_attention_dim], opts),
                 Some(Tensor::randn([batch, c.pooled_projection_dim], opts)),

@@ -1,0 +1,58 @@
+//! The weights of a trainable model: its base variables, named like the checkpoint, and — when
+//! built with LoRA — its adapters in a store of their own with an on/off switch. A family builds
+//! its module tree from [`WeightsBuilder::root`] and keeps what [`WeightsBuilder::finish`] returns.
+
+use tch::nn::VarStore;
+use tch::Device;
+
+use crate::lora::{AdapterSwitch, Adapters, LoraConfig};
+use crate::nn::{LoraScope, Scope};
+use crate::ModelError;
+
+/// Base weights and optional adapters.
+#[derive(Debug)]
+pub struct ModelWeights {
+    /// Base weights (frozen when adapters exist).
+    pub base: VarStore,
+    /// Adapter weights and their switch, when built with LoRA.
+    pub adapters: Option<Adapters>,
+}
+
+/// The stores of a model under construction.
+pub struct WeightsBuilder {
+    base: VarStore,
+    adapters: Option<(VarStore, AdapterSwitch, LoraConfig)>,
+}
+
+impl WeightsBuilder {
+    /// Empty stores on `device`, with an adapter store when `lora` is given.
+    pub fn new(device: Device, lora: Option<&LoraConfig>) -> Self {
+        Self {
+            base: VarStore::new(device),
+            adapters: lora.map(|c| (VarStore::new(device), AdapterSwitch::default(), c.clone())),
+        }
+    }
+
+    /// The root of the module tree: layers built below it get adapters where LoRA targets them.
+    pub fn root(&self) -> Scope<'_> {
+        let lora = self.adapters.as_ref().map(|(store, switch, config)| LoraScope {
+            path: store.root(),
+            config,
+            switch: switch.clone(),
+        });
+        Scope::root(self.base.root(), lora)
+    }
+
+    /// The built weights: with adapters, the base is frozen (only adapters train) and the
+    /// adapters start fresh ([`Adapters::initialize`], so the model is unchanged).
+    pub fn finish(self) -> Result<ModelWeights, ModelError> {
+        let mut base = self.base;
+        let adapters =
+            self.adapters.map(|(store, switch, config)| Adapters { store, switch, config });
+        if let Some(adapters) = &adapters {
+            base.freeze();
+            adapters.initialize(0)?;
+        }
+        Ok(ModelWeights { base, adapters })
+    }
+}
