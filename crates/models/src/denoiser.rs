@@ -67,6 +67,16 @@ pub fn guided_velocity<D: Denoiser + ?Sized>(
     }
 }
 
+/// "True CFG" with norm rescale (Qwen-Image's): the plain combination, scaled back at every
+/// position to the norm of the conditional velocity over `dims` (the packed channel dimension,
+/// for Qwen-Image). For a [`Denoiser::combine_guidance`] override.
+pub fn rescaled_guidance(cond: &Tensor, uncond: &Tensor, scale: f64, dims: &[i64]) -> Tensor {
+    let combined = uncond + (cond - uncond) * scale;
+    let norm = |t: &Tensor| t.norm_scalaropt_dim(2, dims, true);
+    let ratio = norm(cond) / norm(&combined);
+    combined * ratio
+}
+
 /// The conditional velocity (no CFG) at noise level `sigma` (B,) in f32: what the forward-process
 /// losses (DPO, NFT) and pre-training regress.
 pub fn velocity_at_sigma<D: Denoiser + ?Sized>(
@@ -202,4 +212,29 @@ pub fn copy_frozen(from: &VarStore, to: &mut VarStore) -> Result<(), ModelError>
     to.copy(from)?;
     to.freeze();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rescaled_guidance_keeps_the_conditional_norm_per_position() {
+        let cond = Tensor::from_slice(&[3.0f32, 4.0, 1.0, 0.0]).view([2, 2]);
+        let uncond = Tensor::from_slice(&[1.0f32, 0.0, 0.0, 1.0]).view([2, 2]);
+        let out = rescaled_guidance(&cond, &uncond, 3.0, &[1]);
+        // Row 0: plain [7, 12] has norm √193, rescaled to ‖(3, 4)‖ = 5.
+        let plain =
+            Vec::<f32>::try_from((&uncond + (&cond - &uncond) * 3.0).flatten(0, -1)).unwrap();
+        let got = Vec::<f32>::try_from(out.flatten(0, -1)).unwrap();
+        let s0 = 5.0 / (plain[0].powi(2) + plain[1].powi(2)).sqrt();
+        let s1 = 1.0 / (plain[2].powi(2) + plain[3].powi(2)).sqrt();
+        let want = [plain[0] * s0, plain[1] * s0, plain[2] * s1, plain[3] * s1];
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "{got:?} vs {want:?}");
+        }
+        // Scale 1 is the conditional velocity itself.
+        let same = rescaled_guidance(&cond, &uncond, 1.0, &[1]);
+        assert!(same.allclose(&cond, 1e-6, 1e-6, false));
+    }
 }

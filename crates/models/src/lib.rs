@@ -18,7 +18,8 @@ pub mod weights;
 
 pub use conditioning::TextConditioning;
 pub use denoiser::{
-    guided_velocity, velocity_at_sigma, Denoiser, ExampleInputs, TrainableDenoiser,
+    guided_velocity, rescaled_guidance, velocity_at_sigma, Denoiser, ExampleInputs,
+    TrainableDenoiser,
 };
 pub use family::{Dtype, Dtypes, FlowPipeline, PipelineOptions};
 pub use lora::{AdapterSwitch, LoraConfig};

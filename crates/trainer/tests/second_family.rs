@@ -1,12 +1,13 @@
 //! A second model family that only this test registers: a tiny MLP denoiser over 5-D (video-shaped)
 //! latents `(B, C, F, H, W)` with a parameter-free text encoder. It goes through the unchanged
-//! trainer — registry, rollout engine, Flow-GRPO step, LoRA checkpoints, resume — which is what
-//! adding a family has to cost: model code plus one registry line.
+//! trainer — registry, its own sigma schedule (dynamic shift), two-forward "true CFG", rollout
+//! engine, Flow-GRPO step, LoRA checkpoints, resume — which is what adding a family has to cost:
+//! model code plus one registry line.
 
 mod common;
 
-use std::path::Path;
-use std::sync::Once;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use common::{lora_moved, root, scratch, tensors};
 use flowtune_config::Recipe;
@@ -15,10 +16,11 @@ use flowtune_models::lora::LoraConfig;
 use flowtune_models::nn::Linear;
 use flowtune_models::pipeline::PipelineDir;
 use flowtune_models::{
-    Denoiser, ExampleInputs, Family, FlowPipeline, ModelError, ModelWeights, PipelineOptions,
-    TextConditioning, TrainableDenoiser, WeightsBuilder,
+    rescaled_guidance, Denoiser, ExampleInputs, Family, FlowPipeline, ModelError, ModelWeights,
+    PipelineOptions, TextConditioning, TrainableDenoiser, WeightsBuilder,
 };
-use flowtune_sampling::{GridRequest, Pipeline, SampleRng, SchedulerConfig};
+use flowtune_rollout::Engine;
+use flowtune_sampling::{GridRequest, Pipeline, SampleRng, SchedulerConfig, SigmaGrid};
 use flowtune_trainer::train;
 use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
@@ -86,6 +88,15 @@ impl Denoiser for MlpDenoiser {
         let v = self.net2.forward(&self.net0.forward(&inputs).silu());
         Ok(v.permute([0, 4, 1, 2, 3]))
     }
+
+    /// Two forwards and "true CFG" rescaled over channels: the other flavour of guidance.
+    fn batched_cfg(&self) -> bool {
+        false
+    }
+
+    fn combine_guidance(&self, cond: &Tensor, uncond: &Tensor, scale: f64) -> Tensor {
+        rescaled_guidance(cond, uncond, scale, &[1])
+    }
 }
 
 impl TrainableDenoiser for MlpDenoiser {
@@ -121,7 +132,7 @@ impl TrainableDenoiser for MlpDenoiser {
 }
 
 /// The test family's pipeline: no VAE (latents are frames of pixels), a byte-statistics text
-/// encoder, the default flow-matching scheduler.
+/// encoder, a flow-matching scheduler with dynamic shifting.
 struct TinyVideoPipeline {
     dir: PipelineDir,
     scheduler: SchedulerConfig,
@@ -162,8 +173,10 @@ impl FlowPipeline for TinyVideoPipeline {
         let c = &self.denoiser.config;
         Ok(vec![c.channels, c.frames, height, width])
     }
-    fn grid_request(&self, steps: usize, _: &[i64]) -> GridRequest {
-        GridRequest { steps, pipeline: Pipeline::Sd3, ..Default::default() }
+    /// Flux-style explicit sigmas, shifted by the clip's token count.
+    fn grid_request(&self, steps: usize, latent_shape: &[i64]) -> GridRequest {
+        let tokens = latent_shape[1..].iter().product::<i64>() as u64;
+        GridRequest { steps, pipeline: Pipeline::Flux, image_seq_len: Some(tokens), sigmas: None }
     }
     /// Frames side by side: (B, C, F, H, W) → (B, H, F·W, 3).
     fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
@@ -187,7 +200,7 @@ fn load(dir: &PipelineDir, options: &PipelineOptions) -> Result<Box<dyn FlowPipe
         flowtune_models::read_config(&dir.root.join("transformer/config.json"))?;
     Ok(Box::new(TinyVideoPipeline {
         dir: dir.clone(),
-        scheduler: SchedulerConfig::default(),
+        scheduler: SchedulerConfig { use_dynamic_shifting: true, ..Default::default() },
         denoiser: MlpDenoiser::new(&config, options.device, options.lora.as_ref()),
     }))
 }
@@ -230,13 +243,15 @@ static FAMILY: Family = Family {
     write_tiny,
 };
 
-/// The family registered once, and a pipeline of it on disk.
-fn pipeline() -> std::path::PathBuf {
-    static REGISTER: Once = Once::new();
-    REGISTER.call_once(|| flowtune_models::registry::register(&FAMILY));
-    let dir = scratch("tiny-video-pipeline");
-    (flowtune_models::family_named("tiny_video").unwrap().write_tiny)(&dir, 7).unwrap();
-    dir
+/// The family registered once, and one pipeline of it on disk for every test.
+fn pipeline() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        flowtune_models::registry::register(&FAMILY);
+        let dir = scratch("tiny-video-pipeline");
+        (flowtune_models::family_named("tiny_video").unwrap().write_tiny)(&dir, 7).unwrap();
+        dir
+    })
 }
 
 fn recipe(out: &Path, steps: u64, resume: &str) -> Recipe {
@@ -252,6 +267,28 @@ fn recipe(out: &Path, steps: u64, resume: &str) -> Recipe {
         format!("trainer.resume={resume}"),
     ];
     Recipe::load(&root().join("examples/flow_grpo_tiny.yaml"), &overrides).expect("recipe")
+}
+
+#[test]
+fn the_family_s_schedule_reaches_the_sampler() {
+    let recipe = recipe(&scratch("video-grid"), 1, "none");
+    let pipe =
+        flowtune_models::load_pipeline(&recipe.model.path, &PipelineOptions::new(Device::Cpu))
+            .expect("a registered family loads by its class");
+    let shape = pipe.latent_shape(8, 8).unwrap();
+    assert_eq!(shape, [3, 2, 8, 8], "5-D latents");
+    let engine = Engine::new(pipe.as_ref(), &recipe.rollout, shape, 0).unwrap();
+    let flux = GridRequest {
+        steps: recipe.rollout.steps,
+        pipeline: Pipeline::Flux,
+        image_seq_len: Some(128),
+        sigmas: None,
+    };
+    let want = SigmaGrid::new(pipe.scheduler(), &flux).unwrap();
+    assert_eq!(engine.grid.sigmas, want.sigmas);
+    let plain = GridRequest { steps: recipe.rollout.steps, ..Default::default() };
+    let unshifted = SigmaGrid::new(&SchedulerConfig::default(), &plain).unwrap();
+    assert_ne!(engine.grid.sigmas, unshifted.sigmas, "the dynamic shift applies");
 }
 
 #[test]
