@@ -19,7 +19,7 @@ pub struct ModelSection {
     /// What trains: LoRA adapters (default) or every transformer weight.
     pub finetune: Finetune,
     pub lora: LoraConfig,
-    /// Tokens of the T5 part of SD3 prompts.
+    /// Text tokens of the family's long text encoder (the T5 part of SD3 prompts).
     pub max_sequence_length: usize,
     /// Image height and width in pixels.
     pub resolution: i64,

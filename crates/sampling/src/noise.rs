@@ -20,7 +20,7 @@ const SEED_MODULUS: u128 = (1u128 << 63) - 1;
 /// `((seed + step − 1)·1_000_003 + row) mod (2^63 − 1)`. Rows are counted after each prompt is
 /// repeated `n` times with its copies adjacent.
 pub fn row_seed(seed: u64, step: u64, row: u64) -> u64 {
-    // `step` is 1-based; a 0 is read as 1 rather than wrapping around.
+    // `step` is 1-based; with seed 0 and step 0 the base saturates at 0 rather than wrapping.
     let base = (seed as u128 + step as u128).saturating_sub(1);
     ((base * ROW_STRIDE + row as u128) % SEED_MODULUS) as u64
 }

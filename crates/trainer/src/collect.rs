@@ -93,7 +93,7 @@ pub(crate) fn collect(
         } else {
             scores.errors.join("; ")
         };
-        return Err(TrainError::Invalid(format!(
+        return Err(TrainError::NoSamples(format!(
             "step {k}: every sample was dropped by reward.on_error: skip_sample ({why})"
         )));
     }

@@ -50,6 +50,9 @@ pub enum TrainError {
     /// Training went numerically wrong (a non-finite loss); the message says where.
     #[error("{0}")]
     Diverged(String),
+    /// A step was left with nothing to train on (every sample lost to reward failures).
+    #[error("{0}")]
+    NoSamples(String),
     #[error("rollout: {0}")]
     Rollout(#[from] flowtune_rollout::RolloutError),
     #[error(transparent)]
@@ -83,7 +86,8 @@ impl TrainError {
             Self::Rollout(R::Input(_) | R::Sampling(_)) => true,
             Self::Objective(e) => matches!(e, O::Invalid { .. } | O::UnknownAlgorithm { .. }),
             Self::Reward(e) => matches!(e, flowtune_rewards::RewardError::Config(_)),
-            Self::Io { .. } | Self::Image { .. } | Self::Diverged(_) | Self::Torch(_) => false,
+            Self::Io { .. } | Self::Image { .. } | Self::Diverged(_) | Self::NoSamples(_) => false,
+            Self::Torch(_) => false,
             Self::Rollout(R::Torch(_)) => false,
         }
     }

@@ -1,8 +1,10 @@
 //! `flowtune pretrain`: plain flow-matching training of every parameter of a pipeline (the denoiser
-//! and the text encoders its family trains with it, e.g. SD3's two CLIPs) on captioned images, the way SD3 was trained: σ from a shifted
-//! logit-normal, `x_σ = (1 − σ)·x₀ + σ·ε`, the model regresses the velocity `ε − x₀`; the caption is
-//! dropped (empty prompt) with probability `caption_dropout` so classifier-free guidance works.
-//! The result is written as a complete pipeline directory in the diffusers layout.
+//! and the text encoders its family trains with it, e.g. SD3's two CLIPs) on captioned images,
+//! the way SD3 was trained: images become clean latents through the pipeline (pixels for a
+//! pixel-space one), σ from a shifted logit-normal, `x_σ = (1 − σ)·x₀ + σ·ε`, the model regresses
+//! the velocity `ε − x₀`; the caption is dropped (empty prompt) with probability `caption_dropout`
+//! so classifier-free guidance works. The result is written as a complete pipeline directory in
+//! the diffusers layout.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -112,7 +114,7 @@ pub fn pretrain(
         let loss = (v - (&noise - &x0)).square().mean(Kind::Float);
         let value = loss.double_value(&[]);
         if !value.is_finite() {
-            return Err(TrainError::Invalid(format!(
+            return Err(TrainError::Diverged(format!(
                 "pretrain step {step}: loss is {value}; lower --lr (now {})",
                 config.lr
             )));
