@@ -8,7 +8,8 @@ use flowtune_objectives::losses::PolicyLoss;
 use flowtune_objectives::{Metrics, Objective};
 
 use crate::collect::collect;
-use crate::run::{Run, Source};
+use crate::run::Run;
+use crate::source::Source;
 use crate::update::Learner;
 use crate::TrainError;
 

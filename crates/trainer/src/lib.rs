@@ -19,6 +19,7 @@ mod reference;
 mod run;
 mod scoring;
 mod seeds;
+mod source;
 pub mod tensorboard;
 mod update;
 mod validation;
