@@ -21,15 +21,19 @@ pub struct RewardFunction {
     pub name: String,
     #[serde(default = "one")]
     pub weight: f64,
-    /// `http`: the scorer's endpoint (`http://host:port/path`).
+    /// `http`: the scorer's endpoint (`http://host:port/path`); `vlm_judge`: the chat-completions
+    /// endpoint (`http://host:port/v1/chat/completions`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
-    /// `http`: the settings of the client.
+    /// `http`, `vlm_judge`: the settings of the client (`vlm_judge` sends one image per request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpSettings>,
     /// `shapes_geneval`: score the fraction of checks passed instead of 1 / 0.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub partial: bool,
+    /// `vlm_judge`: the model, prompts, sampling and scoring mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlm: Option<crate::VlmSettings>,
 }
 
 /// How the HTTP reward client talks to a scorer.
@@ -75,6 +79,7 @@ impl Default for RewardConfig {
                 url: None,
                 http: None,
                 partial: false,
+                vlm: None,
             }],
             on_error: OnError::Fail,
         }

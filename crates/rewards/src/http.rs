@@ -22,22 +22,93 @@ pub struct HttpReward {
     agent: ureq::Agent,
 }
 
+/// The image as base64 PNG.
+pub(crate) fn png_base64(image: &crate::RgbImage) -> Result<String, String> {
+    let mut png = Cursor::new(Vec::new());
+    image.write_to(&mut png, image::ImageFormat::Png).map_err(|e| format!("encoding PNG: {e}"))?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(png.into_inner()))
+}
+
+/// Checks the endpoint and client settings of reward `name`; the agent to use.
+pub(crate) fn client(
+    name: &str,
+    url: &str,
+    settings: &HttpSettings,
+) -> Result<ureq::Agent, RewardError> {
+    if !url.starts_with("http://") {
+        return Err(RewardError::Config(format!("reward `{name}`: url {url:?} must start with http:// (serve the scorer over plain HTTP, e.g. on localhost)")));
+    }
+    if settings.batch_size == 0
+        || settings.max_concurrency == 0
+        || !(settings.timeout_s > 0.0 && settings.timeout_s.is_finite())
+        || !(settings.backoff_s >= 0.0 && settings.backoff_s.is_finite())
+    {
+        return Err(RewardError::Config(format!(
+            "reward `{name}`: batch_size, max_concurrency and timeout_s must be > 0, backoff_s ≥ 0"
+        )));
+    }
+    Ok(ureq::AgentBuilder::new().timeout(Duration::from_secs_f64(settings.timeout_s)).build())
+}
+
+/// POSTs `body` as JSON with `headers`, retrying connection errors, timeouts and HTTP errors
+/// `settings.max_retries` times with doubling backoff; the answer's text, or what went wrong.
+pub(crate) fn post_with_retries(
+    agent: &ureq::Agent,
+    url: &str,
+    headers: &[(String, String)],
+    body: &Value,
+    settings: &HttpSettings,
+) -> Result<String, String> {
+    let mut delay = settings.backoff_s;
+    let mut attempt = 0;
+    loop {
+        let request = headers.iter().fold(agent.post(url), |r, (k, v)| r.set(k, v));
+        let error = match request.send_json(body.clone()) {
+            Ok(response) => match response.into_string() {
+                Ok(text) => return Ok(text),
+                Err(e) => format!("reading the answer: {e}"),
+            },
+            Err(ureq::Error::Status(code, response)) => {
+                let text = response.into_string().unwrap_or_default();
+                format!("HTTP {code}: {}", text.chars().take(200).collect::<String>())
+            }
+            Err(e) => e.to_string(),
+        };
+        if attempt >= settings.max_retries {
+            return Err(format!("{error} (after {} attempts)", attempt + 1));
+        }
+        attempt += 1;
+        std::thread::sleep(Duration::from_secs_f64(delay));
+        delay *= 2.0;
+    }
+}
+
+/// Runs `work` on every item, at most `max_concurrency` at once; results in item order.
+pub(crate) fn in_waves<T: Sync, R: Send>(
+    items: &[T],
+    max_concurrency: usize,
+    work: impl Fn(&T) -> Result<R, RewardError> + Sync,
+) -> Vec<Result<R, RewardError>> {
+    let mut results = Vec::with_capacity(items.len());
+    for wave in items.chunks(max_concurrency.max(1)) {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = wave.iter().map(|item| scope.spawn(|| work(item))).collect();
+            for h in handles {
+                results.push(h.join().unwrap_or_else(|_| {
+                    Err(RewardError::Failed {
+                        reward: "http".into(),
+                        message: "a request thread panicked".into(),
+                    })
+                }));
+            }
+        });
+    }
+    results
+}
+
 impl HttpReward {
     pub fn new(url: String, settings: HttpSettings) -> Result<Self, RewardError> {
-        if !url.starts_with("http://") {
-            return Err(RewardError::Config(format!("reward `http`: url {url:?} must start with http:// (serve the scorer over plain HTTP, e.g. on localhost)")));
-        }
-        if settings.batch_size == 0
-            || settings.max_concurrency == 0
-            || !(settings.timeout_s > 0.0 && settings.timeout_s.is_finite())
-            || !(settings.backoff_s >= 0.0 && settings.backoff_s.is_finite())
-        {
-            return Err(RewardError::Config(
-                "reward `http`: batch_size, max_concurrency and timeout_s must be > 0, backoff_s ≥ 0".into(),
-            ));
-        }
-        let agent =
-            ureq::AgentBuilder::new().timeout(Duration::from_secs_f64(settings.timeout_s)).build();
+        let agent = client("http", &url, &settings)?;
         Ok(Self { url, settings, agent })
     }
 
@@ -48,11 +119,7 @@ impl HttpReward {
     fn body(&self, samples: &[Sample<'_>]) -> Result<Value, RewardError> {
         let mut images = vec![];
         for s in samples {
-            let mut png = Cursor::new(Vec::new());
-            s.image
-                .write_to(&mut png, image::ImageFormat::Png)
-                .map_err(|e| self.fail(format!("encoding PNG: {e}")))?;
-            images.push(base64::engine::general_purpose::STANDARD.encode(png.into_inner()));
+            images.push(png_base64(s.image).map_err(|e| self.fail(e))?);
         }
         let prompts: Vec<&str> = samples.iter().map(|s| s.prompt).collect();
         let metadata: Vec<Value> = samples
@@ -65,45 +132,19 @@ impl HttpReward {
     /// One request with retries.
     fn request(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError> {
         let body = self.body(samples)?;
-        let mut delay = self.settings.backoff_s;
-        let mut attempt = 0;
-        loop {
-            let outcome = self.agent.post(&self.url).send_json(body.clone());
-            let error = match outcome {
-                Ok(response) => return self.parse(response, samples.len()),
-                Err(ureq::Error::Status(code, response)) => {
-                    format!(
-                        "HTTP {code}: {}",
-                        response
-                            .into_string()
-                            .unwrap_or_default()
-                            .chars()
-                            .take(200)
-                            .collect::<String>()
-                    )
-                }
-                Err(e) => e.to_string(),
-            };
-            if attempt >= self.settings.max_retries {
-                return Err(self.fail(format!("{error} (after {} attempts)", attempt + 1)));
-            }
-            attempt += 1;
-            std::thread::sleep(Duration::from_secs_f64(delay));
-            delay *= 2.0;
-        }
+        let text = post_with_retries(&self.agent, &self.url, &[], &body, &self.settings)
+            .map_err(|e| self.fail(e))?;
+        self.parse(&text, samples.len())
     }
 
-    fn parse(&self, response: ureq::Response, expected: usize) -> Result<Vec<Score>, RewardError> {
-        let text =
-            response.into_string().map_err(|e| self.fail(format!("reading the answer: {e}")))?;
+    fn parse(&self, text: &str, expected: usize) -> Result<Vec<Score>, RewardError> {
         let garbage = |why: &str| {
             self.fail(format!(
                 "{why}; expected {{\"scores\": [{expected} numbers]}}, got {:?}",
                 text.chars().take(200).collect::<String>()
             ))
         };
-        let v: Value =
-            serde_json::from_str(&text).map_err(|_| garbage("the answer is not JSON"))?;
+        let v: Value = serde_json::from_str(text).map_err(|_| garbage("the answer is not JSON"))?;
         let scores = v["scores"].as_array().ok_or_else(|| garbage("no `scores` list"))?;
         if scores.len() != expected {
             return Err(garbage(&format!("{} scores for {expected} images", scores.len())));
@@ -137,21 +178,8 @@ impl Reward for HttpReward {
 
     fn score(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError> {
         let chunks: Vec<&[Sample<'_>]> = samples.chunks(self.settings.batch_size).collect();
-        let mut results: Vec<Result<Vec<Score>, RewardError>> = Vec::with_capacity(chunks.len());
-        for wave in chunks.chunks(self.settings.max_concurrency) {
-            std::thread::scope(|scope| {
-                let handles: Vec<_> =
-                    wave.iter().map(|chunk| scope.spawn(move || self.request(chunk))).collect();
-                for h in handles {
-                    results
-                        .push(h.join().unwrap_or_else(|_| {
-                            Err(self.fail("a request thread panicked".into()))
-                        }));
-                }
-            });
-        }
         let mut scores = Vec::with_capacity(samples.len());
-        for r in results {
+        for r in in_waves(&chunks, self.settings.max_concurrency, |chunk| self.request(chunk)) {
             scores.extend(r?);
         }
         Ok(scores)

@@ -7,16 +7,20 @@
 mod config;
 mod http;
 mod jpeg;
+mod ocr_score;
 mod registry;
 mod shapes;
+mod vlm;
 
 use std::collections::BTreeMap;
 
 pub use config::{HttpSettings, OnError, RewardConfig, RewardFunction};
 pub use http::HttpReward;
 pub use jpeg::JpegSize;
+pub use ocr_score::ocr_score;
 pub use registry::{build, REWARD_NAMES};
 pub use shapes::ShapesGeneval;
+pub use vlm::{JudgeMode, VlmJudge, VlmSettings};
 
 /// An RGB image, row-major u8 (H × W × 3).
 pub type RgbImage = image::RgbImage;
@@ -268,6 +272,7 @@ mod tests {
                 url: None,
                 http: None,
                 partial: false,
+                vlm: None,
             }],
             ..Default::default()
         };

@@ -1,10 +1,12 @@
 //! The reward registry: scorer names → constructors.
 
-use crate::{HttpReward, JpegSize, Reward, RewardConfig, RewardError, ShapesGeneval, Weighted};
+use crate::{
+    HttpReward, JpegSize, Reward, RewardConfig, RewardError, ShapesGeneval, VlmJudge, Weighted,
+};
 
 /// Every registered reward name.
-pub const REWARD_NAMES: [&str; 4] =
-    ["jpeg_compressibility", "jpeg_incompressibility", "http", "shapes_geneval"];
+pub const REWARD_NAMES: [&str; 5] =
+    ["jpeg_compressibility", "jpeg_incompressibility", "http", "shapes_geneval", "vlm_judge"];
 
 /// The weighted scorers of a `reward` section; an unknown name lists the known ones.
 pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
@@ -35,6 +37,14 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
                     Box::new(HttpReward::new(url, f.http.clone().unwrap_or_default())?)
                 }
                 "shapes_geneval" => Box::new(ShapesGeneval { partial: f.partial }),
+                "vlm_judge" => {
+                    let (Some(url), Some(vlm)) = (f.url.clone(), f.vlm.clone()) else {
+                        return Err(RewardError::Config(
+                            "reward `vlm_judge` needs `url: http://host:port/v1/chat/completions` and `vlm: {model: …}`".into(),
+                        ));
+                    };
+                    Box::new(VlmJudge::new(url, vlm, f.http.clone().unwrap_or_default())?)
+                }
                 other => {
                     return Err(RewardError::Config(format!(
                         "unknown reward `{other}`; known: {}",
@@ -45,6 +55,12 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
             if f.partial && f.name != "shapes_geneval" {
                 return Err(RewardError::Config(format!(
                     "reward `{}`: `partial` applies only to shapes_geneval",
+                    f.name
+                )));
+            }
+            if f.vlm.is_some() && f.name != "vlm_judge" {
+                return Err(RewardError::Config(format!(
+                    "reward `{}`: `vlm` applies only to vlm_judge",
                     f.name
                 )));
             }

@@ -1,0 +1,229 @@
+//! `vlm_judge`: a vision-language model behind an OpenAI-compatible chat-completions endpoint
+//! (vLLM, SGLang, …) looks at each image and answers; the answer becomes the score.
+//!
+//! One request per image (`POST <url>` with `Authorization: Bearer $<api_key_env>` when set):
+//! `{"model", "messages": [{"role": "system", "content": <system_prompt>}, {"role": "user",
+//! "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,…"}}, {"type":
+//! "text", "text": <user_prompt>}]}], "temperature", "top_p", "max_tokens"[, "seed"]}`; the answer
+//! is `choices[0].message.content`. `{prompt}` in the user prompt stands for the sample's prompt.
+//!
+//! Scoring modes:
+//! - `ocr`: the answer is the text the model read; scored with [`crate::ocr_score`] against the
+//!   sample's ground truth.
+//! - `score`: the last number in the answer (pattern `\d+(\.\d+)?`, so `Final Score: 4` gives 4),
+//!   which must lie in `score_range` `[lo, hi]`, mapped to `(x − lo) / (hi − lo)` in [0, 1]
+//!   (UnifiedReward-style 1–5 scores by default).
+//!
+//! A request that fails after its retries, an answer without a number, a number out of range, or
+//! an OCR sample without a ground truth is an error naming the sample — never a score of 0.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::http::{client, in_waves, png_base64, post_with_retries};
+use crate::{ocr_score, HttpSettings, Reward, RewardError, Sample, Score};
+
+/// How the judge's answer becomes a score.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgeMode {
+    /// The answer is the text in the image, scored against the ground truth.
+    #[default]
+    Ocr,
+    /// The answer ends with a numeric score in `score_range`.
+    Score,
+}
+
+/// `vlm:` settings of a `vlm_judge` reward.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VlmSettings {
+    /// The served model name.
+    pub model: String,
+    pub mode: JudgeMode,
+    pub system_prompt: String,
+    /// The instruction beside the image; `{prompt}` is replaced by the sample's prompt.
+    pub user_prompt: String,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub max_tokens: u32,
+    pub seed: Option<u64>,
+    /// The environment variable holding the API key, sent as a bearer token; none by default.
+    pub api_key_env: Option<String>,
+    /// `score` mode: the judge's scale `[lo, hi]`.
+    pub score_range: [f64; 2],
+}
+
+impl Default for VlmSettings {
+    /// VeRL-Omni's OCR judge.
+    fn default() -> Self {
+        Self {
+            model: String::new(),
+            mode: JudgeMode::Ocr,
+            system_prompt: "You are a helpful assistant.".into(),
+            user_prompt: "Please output only the text content from the image without any additional descriptions or formatting.".into(),
+            temperature: 0.7,
+            top_p: 0.8,
+            max_tokens: 4096,
+            seed: None,
+            api_key_env: None,
+            score_range: [1.0, 5.0],
+        }
+    }
+}
+
+/// A VLM judge reached over HTTP.
+pub struct VlmJudge {
+    url: String,
+    vlm: VlmSettings,
+    http: HttpSettings,
+    headers: Vec<(String, String)>,
+    agent: ureq::Agent,
+}
+
+impl VlmJudge {
+    /// Checks the settings and reads the API key from its environment variable.
+    pub fn new(url: String, vlm: VlmSettings, http: HttpSettings) -> Result<Self, RewardError> {
+        let agent = client("vlm_judge", &url, &http)?;
+        let bad = |m: String| Err(RewardError::Config(format!("reward `vlm_judge`: {m}")));
+        if vlm.model.is_empty() {
+            return bad("vlm.model is empty; give the served model name".into());
+        }
+        if !(vlm.temperature >= 0.0 && vlm.temperature.is_finite()) {
+            return bad(format!("vlm.temperature {} must be ≥ 0", vlm.temperature));
+        }
+        if !(vlm.top_p > 0.0 && vlm.top_p <= 1.0) || vlm.max_tokens == 0 {
+            return bad("vlm.top_p must be in (0, 1] and vlm.max_tokens ≥ 1".into());
+        }
+        let [lo, hi] = vlm.score_range;
+        if !(lo < hi && lo.is_finite() && hi.is_finite()) {
+            return bad(format!("vlm.score_range [{lo}, {hi}] must have lo < hi"));
+        }
+        let mut headers = vec![];
+        if let Some(var) = &vlm.api_key_env {
+            let key = std::env::var(var).map_err(|_| {
+                RewardError::Config(format!("reward `vlm_judge`: vlm.api_key_env names {var}, which is not set in the environment"))
+            })?;
+            headers.push(("Authorization".to_string(), format!("Bearer {key}")));
+        }
+        Ok(Self { url, vlm, http, headers, agent })
+    }
+
+    fn fail(&self, message: String) -> RewardError {
+        RewardError::Failed { reward: format!("vlm_judge {}", self.url), message }
+    }
+
+    /// The chat-completions request for one sample.
+    fn body(&self, sample: &Sample<'_>) -> Result<Value, RewardError> {
+        let png = png_base64(sample.image).map_err(|e| self.fail(e))?;
+        let v = &self.vlm;
+        let mut body = json!({
+            "model": v.model,
+            "messages": [
+                { "role": "system", "content": v.system_prompt },
+                { "role": "user", "content": [
+                    { "type": "image_url", "image_url": { "url": format!("data:image/png;base64,{png}") } },
+                    { "type": "text", "text": v.user_prompt.replace("{prompt}", sample.prompt) },
+                ] },
+            ],
+            "temperature": v.temperature,
+            "top_p": v.top_p,
+            "max_tokens": v.max_tokens,
+        });
+        if let Some(seed) = v.seed {
+            body["seed"] = json!(seed);
+        }
+        Ok(body)
+    }
+
+    /// Asks about sample `i` and scores the answer.
+    fn judge(&self, i: usize, sample: &Sample<'_>) -> Result<Score, RewardError> {
+        let body = self.body(sample)?;
+        let text = post_with_retries(&self.agent, &self.url, &self.headers, &body, &self.http)
+            .map_err(|e| self.fail(format!("sample {i}: {e}")))?;
+        let excerpt = || text.chars().take(200).collect::<String>();
+        let answer = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["choices"][0]["message"]["content"].as_str().map(str::to_string))
+            .ok_or_else(|| {
+                self.fail(format!(
+                    "sample {i}: expected a chat completion with choices[0].message.content, got {:?}",
+                    excerpt()
+                ))
+            })?;
+        let value = match self.vlm.mode {
+            JudgeMode::Ocr => {
+                let gt = sample.ground_truth.ok_or_else(|| {
+                    self.fail(format!("sample {i} (prompt {:?}) has no ground truth: give reward_model.ground_truth or quote the text in the prompt", sample.prompt))
+                })?;
+                ocr_score(&answer, gt).ok_or_else(|| {
+                    self.fail(format!("sample {i}: the ground truth {gt:?} is empty"))
+                })?
+            }
+            JudgeMode::Score => {
+                let [lo, hi] = self.vlm.score_range;
+                let x = last_number(&answer).ok_or_else(|| {
+                    self.fail(format!("sample {i}: no score in the answer {answer:?}"))
+                })?;
+                if !(lo..=hi).contains(&x) {
+                    return Err(self.fail(format!(
+                        "sample {i}: score {x} is outside vlm.score_range [{lo}, {hi}] (answer {answer:?})"
+                    )));
+                }
+                (x - lo) / (hi - lo)
+            }
+        };
+        Ok(Score { value, extras: Default::default() })
+    }
+}
+
+/// The last match of `\d+(\.\d+)?` in `text`.
+fn last_number(text: &str) -> Option<f64> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut last = None;
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i].is_ascii_digit() {
+            let start = i;
+            while i < chars.len() && chars[i].is_ascii_digit() {
+                i += 1;
+            }
+            if i + 1 < chars.len() && chars[i] == '.' && chars[i + 1].is_ascii_digit() {
+                i += 1;
+                while i < chars.len() && chars[i].is_ascii_digit() {
+                    i += 1;
+                }
+            }
+            last = chars[start..i].iter().collect::<String>().parse().ok();
+        } else {
+            i += 1;
+        }
+    }
+    last
+}
+
+impl Reward for VlmJudge {
+    fn name(&self) -> &str {
+        "vlm_judge"
+    }
+
+    fn score(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError> {
+        let indexed: Vec<(usize, &Sample<'_>)> = samples.iter().enumerate().collect();
+        in_waves(&indexed, self.http.max_concurrency, |(i, s)| self.judge(*i, s))
+            .into_iter()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_number_is_the_score() {
+        assert_eq!(last_number("Final Score: 4"), Some(4.0));
+        assert_eq!(last_number("On a 1-5 scale I give 3.5."), Some(3.5));
+        assert_eq!(last_number("Score 2. Reason: item 10 looks off; final: 5"), Some(5.0));
+        assert_eq!(last_number("no idea"), None);
+    }
+}
