@@ -32,6 +32,8 @@ enum Command {
     Pretrain(commands::pretrain::PretrainArgs),
     /// Generate images (ODE sampling, batched) with an optional LoRA.
     Sample(commands::sample::SampleArgs),
+    /// Score a folder of images with a registered reward: one JSON line per image.
+    Score(commands::score::ScoreArgs),
     /// Write a checkpoint's LoRA in the diffusers/PEFT layout (`pipe.load_lora_weights`).
     ExportLora {
         /// A checkpoint directory (`checkpoints/step_NNNNNN`).
@@ -101,6 +103,7 @@ fn main() -> ExitCode {
         Command::Env => commands::env::run(&cli.device),
         Command::Train(a) => commands::train::run(a, &cli.device),
         Command::Sample(a) => commands::sample::sample(a, &cli.device),
+        Command::Score(a) => commands::score::run(a),
         Command::ExportLora { checkpoint, out } => commands::sample::export_lora(&checkpoint, &out),
         Command::Pretrain(a) => commands::pretrain::run(a, &cli.device),
         Command::Shapes(c) => commands::shapes::run(c),

@@ -427,3 +427,92 @@ fn families_are_listed_and_failures_split_into_bad_input_and_runtime() {
     assert!(stderr.contains("error: ") && stderr.contains("http"), "{stderr}");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// `flowtune score` prints one JSON line per image with the reward's score, equal to the reward
+/// computed in-process; a failing scorer gives every line an `error` and exit 1; a count mismatch
+/// is bad input.
+#[test]
+fn score_prints_one_line_per_image() {
+    use flowtune_rewards::{JpegSize, Reward, RgbImage, Sample};
+    let dir = std::env::temp_dir().join(format!("flowtune-cli-score-{}", std::process::id()));
+    let images = dir.join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    let pictures: Vec<RgbImage> = (0..3u32)
+        .map(|k| {
+            RgbImage::from_fn(24, 16, |x, y| image::Rgb([(x * 9 * k) as u8, (y * 13) as u8, 77]))
+        })
+        .collect();
+    for (i, p) in pictures.iter().enumerate() {
+        p.save(images.join(format!("{i:03}.png"))).unwrap();
+    }
+    let prompts = scratch("score-prompts.txt", "a\nb\nc\n");
+    let images_arg = images.display().to_string();
+    let out = flowtune(&[
+        "score",
+        "--reward",
+        "jpeg_compressibility",
+        "--images",
+        &images_arg,
+        "--prompts",
+        &prompts,
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    let null = serde_json::Value::Null;
+    let samples: Vec<Sample<'_>> = pictures
+        .iter()
+        .zip(["a", "b", "c"])
+        .map(|(image, prompt)| Sample {
+            image,
+            prompt,
+            ground_truth: None,
+            data_source: "x",
+            extra_info: &null,
+        })
+        .collect();
+    let want = JpegSize { compressible: true }.score(&samples).unwrap();
+    for ((line, want), file) in lines.iter().zip(&want).zip(["000.png", "001.png", "002.png"]) {
+        assert_eq!(line["file"], file);
+        assert!((line["score"].as_f64().unwrap() - want.value).abs() < 1e-12, "{line}");
+        assert!(line["error"].is_null());
+    }
+    // A VLM judge that is not there: every image carries the error, exit 1.
+    let config = scratch(
+        "judge.yaml",
+        "functions:\n  - name: vlm_judge\n    url: http://127.0.0.1:9/v1/chat/completions\n    vlm: {model: m}\n    http: {max_retries: 0, timeout_s: 5}\n",
+    );
+    let out = flowtune(&[
+        "score",
+        "--reward-config",
+        &config,
+        "--images",
+        &images_arg,
+        "--prompts",
+        &prompts,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 3);
+    assert!(
+        stdout.lines().all(|l| l.contains("\"score\":null") && l.contains("vlm_judge")),
+        "{stdout}"
+    );
+    let two = scratch("score-two.txt", "a\nb\n");
+    assert_bad_input(
+        &flowtune(&[
+            "score",
+            "--reward",
+            "jpeg_compressibility",
+            "--images",
+            &images_arg,
+            "--prompts",
+            &two,
+        ]),
+        &["holds 3 images", "holds 2 prompts"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

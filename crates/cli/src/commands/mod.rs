@@ -11,6 +11,7 @@ pub mod list;
 pub mod make_tiny;
 pub mod pretrain;
 pub mod sample;
+pub mod score;
 pub mod shapes;
 pub mod shapes_log;
 pub mod train;
