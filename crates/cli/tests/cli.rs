@@ -430,7 +430,7 @@ fn families_are_listed_and_failures_split_into_bad_input_and_runtime() {
 
 /// `flowtune score` prints one JSON line per image with the reward's score, equal to the reward
 /// computed in-process; a failing scorer gives every line an `error` and exit 1; a count mismatch
-/// is bad input.
+/// is bad input. `flowtune bench reward` times a reward.
 #[test]
 fn score_prints_one_line_per_image() {
     use flowtune_rewards::{JpegSize, Reward, RgbImage, Sample};
@@ -499,6 +499,25 @@ fn score_prints_one_line_per_image() {
     assert_eq!(stdout.lines().count(), 3);
     assert!(
         stdout.lines().all(|l| l.contains("\"score\":null") && l.contains("vlm_judge")),
+        "{stdout}"
+    );
+    let bench = flowtune(&[
+        "bench",
+        "reward",
+        "--name",
+        "jpeg_compressibility",
+        "--count",
+        "2",
+        "--resolution",
+        "32",
+        "--iters",
+        "1",
+    ]);
+    let stdout = String::from_utf8_lossy(&bench.stdout);
+    assert!(
+        bench.status.success()
+            && stdout.contains("reward jpeg_compressibility: 2 images of 32²")
+            && stdout.contains("images/s"),
         "{stdout}"
     );
     let two = scratch("score-two.txt", "a\nb\n");

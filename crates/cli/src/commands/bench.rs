@@ -1,6 +1,7 @@
 //! `flowtune bench transformer`: forward and forward+backward (LoRA) throughput of a transformer
-//! directory, in image tokens per second. Compare with `scripts/bench_transformer_diffusers.py`
-//! on the same weights and shapes.
+//! directory, in image tokens per second (compare with `scripts/bench_transformer_diffusers.py` on
+//! the same weights and shapes); `bench rollout`, and the dispatch to `bench shapes` and
+//! `bench reward`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -22,6 +23,8 @@ pub enum BenchCommand {
     Rollout(RolloutArgs),
     /// The algorithm sandbox: algorithms on the shapes task, accuracy before/after and speed.
     Shapes(super::bench_shapes::ShapesBenchArgs),
+    /// Time a reward on made-up images: images scored per second.
+    Reward(super::bench_reward::RewardArgs),
 }
 
 #[derive(Args)]
@@ -109,7 +112,8 @@ fn parse_dtype(text: &str) -> Result<Dtype, String> {
         .map_err(|_| format!("{text}: expected f32, bf16 or f16"))
 }
 
-fn time(
+/// Seconds per call of `f` over `iters` calls after one warm-up call.
+pub(crate) fn time(
     iters: usize,
     device: Device,
     mut f: impl FnMut() -> Result<(), Failure>,
@@ -135,6 +139,7 @@ pub fn run(command: BenchCommand, device: &DeviceArg) -> Result<(), Failure> {
         BenchCommand::Transformer(a) => a,
         BenchCommand::Rollout(a) => return bench_rollout(a, device),
         BenchCommand::Shapes(a) => return super::bench_shapes::run(a, device),
+        BenchCommand::Reward(a) => return super::bench_reward::run(a),
     };
     let kind = a.dtype.kind();
     let lora =

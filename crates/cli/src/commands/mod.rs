@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_reward;
 pub mod bench_shapes;
 pub mod config;
 pub mod debug;

@@ -32,11 +32,12 @@ pub struct ScoreArgs {
     batch: usize,
 }
 
-/// The reward section: `--reward NAME` or the file's.
-fn reward_config(a: &ScoreArgs) -> Result<RewardConfig, Failure> {
-    if let Some(name) = &a.reward {
+/// The reward section named on the command line: a reward `name` with its default settings, or
+/// the `reward:` section in `file`.
+pub fn reward_section(name: Option<&str>, file: Option<&Path>) -> Result<RewardConfig, Failure> {
+    if let Some(name) = name {
         let function = RewardFunction {
-            name: name.clone(),
+            name: name.to_string(),
             weight: 1.0,
             url: None,
             http: None,
@@ -45,7 +46,7 @@ fn reward_config(a: &ScoreArgs) -> Result<RewardConfig, Failure> {
         };
         return Ok(RewardConfig { functions: vec![function], on_error: OnError::Fail });
     }
-    let path = a.reward_config.as_ref().expect("clap requires one of the two");
+    let path = file.expect("clap requires a reward name or a reward file");
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read {}", path.display()))
         .map_err(Failure::BadInput)?;
@@ -76,7 +77,7 @@ fn image_files(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
 /// Prints `{"file", "prompt", "score", "scores", "extras", "error"}` per image; fails (exit 1) when
 /// any image has no score.
 pub fn run(a: ScoreArgs) -> Result<(), Failure> {
-    let config = reward_config(&a)?;
+    let config = reward_section(a.reward.as_deref(), a.reward_config.as_deref())?;
     let scorers = flowtune_rewards::build(&config).map_err(Failure::input)?;
     let files = image_files(&a.images)?;
     let records = PromptDataset::load(&a.prompts).map_err(Failure::input)?.records;
