@@ -48,6 +48,9 @@ enum Command {
     /// Resolve and inspect recipes.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Prepare prompt sets in the reference layout.
+    #[command(subcommand)]
+    Data(commands::data::DataCommand),
     /// Benchmarks (timings as throughput; compare with the PyTorch anchors under scripts/).
     #[command(subcommand)]
     Bench(commands::bench::BenchCommand),
@@ -110,6 +113,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => commands::demo::run(a, &cli.device),
         Command::List => commands::list::run(),
         Command::Config(c) => commands::config::run(c),
+        Command::Data(c) => commands::data::run(c),
         Command::Debug(c) => commands::debug::run(c, &cli.device),
         Command::MakeTiny(c) => commands::make_tiny::run(c),
         Command::Bench(c) => commands::bench::run(c, &cli.device),

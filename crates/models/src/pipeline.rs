@@ -66,9 +66,8 @@ impl PipelineDir {
     /// The folder of tokenizer `name`: any tokenizer class whose folder holds a `tokenizer.json`
     /// (current transformers saves them as the generic `TokenizersBackend`).
     pub fn tokenizer(&self, name: &str) -> Result<PathBuf, ModelError> {
-        let path = self.root.join("model_index.json").display().to_string();
         let (_, class) = self.index.components.get(name).ok_or_else(|| ModelError::Format {
-            path: path.clone(),
+            path: self.root.join("model_index.json").display().to_string(),
             message: format!("no component `{name}`"),
         })?;
         let dir = self.root.join(name);
