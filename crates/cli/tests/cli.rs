@@ -447,15 +447,18 @@ fn score_prints_one_line_per_image() {
     }
     let prompts = scratch("score-prompts.txt", "a\nb\nc\n");
     let images_arg = images.display().to_string();
-    let out = flowtune(&[
-        "score",
-        "--reward",
-        "jpeg_compressibility",
-        "--images",
-        &images_arg,
-        "--prompts",
-        &prompts,
-    ]);
+    let score_jpeg = |prompts: &str| {
+        flowtune(&[
+            "score",
+            "--reward",
+            "jpeg_compressibility",
+            "--images",
+            &images_arg,
+            "--prompts",
+            prompts,
+        ])
+    };
+    let out = score_jpeg(&prompts);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -521,17 +524,6 @@ fn score_prints_one_line_per_image() {
         "{stdout}"
     );
     let two = scratch("score-two.txt", "a\nb\n");
-    assert_bad_input(
-        &flowtune(&[
-            "score",
-            "--reward",
-            "jpeg_compressibility",
-            "--images",
-            &images_arg,
-            "--prompts",
-            &two,
-        ]),
-        &["holds 3 images", "holds 2 prompts"],
-    );
+    assert_bad_input(&score_jpeg(&two), &["holds 3 images", "holds 2 prompts"]);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -83,8 +83,10 @@ pub(crate) fn post_with_retries(
     }
 }
 
-/// Runs `work` on every item, at most `max_concurrency` at once; results in item order.
+/// Runs `work` on every item, at most `max_concurrency` at once; results in item order. `reward`
+/// names the scorer in the error of a request thread that panicked.
 pub(crate) fn in_waves<T: Sync, R: Send>(
+    reward: &str,
     items: &[T],
     max_concurrency: usize,
     work: impl Fn(&T) -> Result<R, RewardError> + Sync,
@@ -96,7 +98,7 @@ pub(crate) fn in_waves<T: Sync, R: Send>(
             for h in handles {
                 results.push(h.join().unwrap_or_else(|_| {
                     Err(RewardError::Failed {
-                        reward: "http".into(),
+                        reward: reward.into(),
                         message: "a request thread panicked".into(),
                     })
                 }));
@@ -179,7 +181,9 @@ impl Reward for HttpReward {
     fn score(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError> {
         let chunks: Vec<&[Sample<'_>]> = samples.chunks(self.settings.batch_size).collect();
         let mut scores = Vec::with_capacity(samples.len());
-        for r in in_waves(&chunks, self.settings.max_concurrency, |chunk| self.request(chunk)) {
+        for r in
+            in_waves("http", &chunks, self.settings.max_concurrency, |chunk| self.request(chunk))
+        {
             scores.extend(r?);
         }
         Ok(scores)

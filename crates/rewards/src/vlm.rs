@@ -209,7 +209,7 @@ impl Reward for VlmJudge {
 
     fn score(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError> {
         let indexed: Vec<(usize, &Sample<'_>)> = samples.iter().enumerate().collect();
-        in_waves(&indexed, self.http.max_concurrency, |(i, s)| self.judge(*i, s))
+        in_waves("vlm_judge", &indexed, self.http.max_concurrency, |(i, s)| self.judge(*i, s))
             .into_iter()
             .collect()
     }
