@@ -34,6 +34,24 @@ pub struct RewardFunction {
     /// `vlm_judge`: the model, prompts, sampling and scoring mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vlm: Option<crate::VlmSettings>,
+    /// `ocr`: where the models and ONNX Runtime are, threads, confidence cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ocr: Option<crate::OcrSettings>,
+}
+
+impl RewardFunction {
+    /// The reward `name` with weight 1 and default settings.
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            weight: 1.0,
+            url: None,
+            http: None,
+            partial: false,
+            vlm: None,
+            ocr: None,
+        }
+    }
 }
 
 /// How the HTTP reward client talks to a scorer.
@@ -73,14 +91,7 @@ pub struct RewardConfig {
 impl Default for RewardConfig {
     fn default() -> Self {
         Self {
-            functions: vec![RewardFunction {
-                name: "jpeg_compressibility".into(),
-                weight: 1.0,
-                url: None,
-                http: None,
-                partial: false,
-                vlm: None,
-            }],
+            functions: vec![RewardFunction::named("jpeg_compressibility")],
             on_error: OnError::Fail,
         }
     }

@@ -7,6 +7,7 @@
 mod config;
 mod http;
 mod jpeg;
+mod ocr;
 mod ocr_score;
 mod registry;
 mod shapes;
@@ -17,6 +18,7 @@ use std::collections::BTreeMap;
 pub use config::{HttpSettings, OnError, RewardConfig, RewardFunction};
 pub use http::HttpReward;
 pub use jpeg::JpegSize;
+pub use ocr::{Line, OcrReward, OcrSettings, Reader};
 pub use ocr_score::ocr_score;
 pub use registry::{build, REWARD_NAMES};
 pub use shapes::ShapesGeneval;
@@ -266,14 +268,7 @@ mod tests {
     #[test]
     fn unknown_reward_lists_known_ones() {
         let config = RewardConfig {
-            functions: vec![RewardFunction {
-                name: "aesthetic".into(),
-                weight: 1.0,
-                url: None,
-                http: None,
-                partial: false,
-                vlm: None,
-            }],
+            functions: vec![RewardFunction::named("aesthetic")],
             ..Default::default()
         };
         let err = build(&config).err().unwrap().to_string();

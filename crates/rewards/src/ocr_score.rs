@@ -1,6 +1,8 @@
 //! The OCR score of the reference frameworks (flow_grpo, VeRL-Omni): how close recognised text is
 //! to the text the prompt asked for.
 
+use crate::{RewardError, Sample};
+
 /// `1 − min(d, |gt|) / |gt|` where both texts are lower-cased with all whitespace removed, and `d`
 /// is 0 when the ground truth appears inside the recognised text, else their Levenshtein distance
 /// in characters (Unicode scalar values). `None` for an empty ground truth, which has no score.
@@ -15,6 +17,24 @@ pub fn ocr_score(recognised: &str, ground_truth: &str) -> Option<f64> {
     }
     let distance = if text.contains(&gt) { 0 } else { levenshtein(&text, &gt) };
     Some(1.0 - distance.min(len) as f64 / len as f64)
+}
+
+/// The OCR score of `text` read from `sample` (the `index`-th of its batch); `fail` makes the
+/// error, naming the sample, when it has no ground truth or an empty one.
+pub(crate) fn score_read_text(
+    index: usize,
+    sample: &Sample<'_>,
+    text: &str,
+    fail: impl Fn(String) -> RewardError,
+) -> Result<f64, RewardError> {
+    let gt = sample.ground_truth.ok_or_else(|| {
+        fail(format!(
+            "sample {index} (prompt {:?}) has no ground truth: give reward_model.ground_truth or quote the text in the prompt",
+            sample.prompt
+        ))
+    })?;
+    ocr_score(text, gt)
+        .ok_or_else(|| fail(format!("sample {index}: the ground truth {gt:?} is empty")))
 }
 
 /// Edit distance (insertions, deletions, substitutions) between the characters of `a` and `b`.

@@ -1,12 +1,19 @@
 //! The reward registry: scorer names → constructors.
 
 use crate::{
-    HttpReward, JpegSize, Reward, RewardConfig, RewardError, ShapesGeneval, VlmJudge, Weighted,
+    HttpReward, JpegSize, OcrReward, Reward, RewardConfig, RewardError, ShapesGeneval, VlmJudge,
+    Weighted,
 };
 
 /// Every registered reward name.
-pub const REWARD_NAMES: [&str; 5] =
-    ["jpeg_compressibility", "jpeg_incompressibility", "http", "shapes_geneval", "vlm_judge"];
+pub const REWARD_NAMES: [&str; 6] = [
+    "jpeg_compressibility",
+    "jpeg_incompressibility",
+    "http",
+    "shapes_geneval",
+    "vlm_judge",
+    "ocr",
+];
 
 /// The weighted scorers of a `reward` section; an unknown name lists the known ones.
 pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
@@ -45,6 +52,7 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
                     };
                     Box::new(VlmJudge::new(url, vlm, f.http.clone().unwrap_or_default())?)
                 }
+                "ocr" => Box::new(OcrReward::new(&f.ocr.clone().unwrap_or_default())?),
                 other => {
                     return Err(RewardError::Config(format!(
                         "unknown reward `{other}`; known: {}",
@@ -61,6 +69,12 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
             if f.vlm.is_some() && f.name != "vlm_judge" {
                 return Err(RewardError::Config(format!(
                     "reward `{}`: `vlm` applies only to vlm_judge",
+                    f.name
+                )));
+            }
+            if f.ocr.is_some() && f.name != "ocr" {
+                return Err(RewardError::Config(format!(
+                    "reward `{}`: `ocr` applies only to ocr",
                     f.name
                 )));
             }

@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::http::{client, in_waves, png_base64, post_with_retries};
-use crate::{ocr_score, HttpSettings, Reward, RewardError, Sample, Score};
+use crate::ocr_score::score_read_text;
+use crate::{HttpSettings, Reward, RewardError, Sample, Score};
 
 /// How the judge's answer becomes a score.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -152,14 +153,7 @@ impl VlmJudge {
                 ))
             })?;
         let value = match self.vlm.mode {
-            JudgeMode::Ocr => {
-                let gt = sample.ground_truth.ok_or_else(|| {
-                    self.fail(format!("sample {i} (prompt {:?}) has no ground truth: give reward_model.ground_truth or quote the text in the prompt", sample.prompt))
-                })?;
-                ocr_score(&answer, gt).ok_or_else(|| {
-                    self.fail(format!("sample {i}: the ground truth {gt:?} is empty"))
-                })?
-            }
+            JudgeMode::Ocr => score_read_text(i, sample, &answer, |m| self.fail(m))?,
             JudgeMode::Score => {
                 let [lo, hi] = self.vlm.score_range;
                 let x = last_number(&answer).ok_or_else(|| {

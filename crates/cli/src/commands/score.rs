@@ -36,15 +36,10 @@ pub struct ScoreArgs {
 /// the `reward:` section in `file`.
 pub fn reward_section(name: Option<&str>, file: Option<&Path>) -> Result<RewardConfig, Failure> {
     if let Some(name) = name {
-        let function = RewardFunction {
-            name: name.to_string(),
-            weight: 1.0,
-            url: None,
-            http: None,
-            partial: false,
-            vlm: None,
-        };
-        return Ok(RewardConfig { functions: vec![function], on_error: OnError::Fail });
+        return Ok(RewardConfig {
+            functions: vec![RewardFunction::named(name)],
+            on_error: OnError::Fail,
+        });
     }
     let path = file.expect("clap requires a reward name or a reward file");
     let text = std::fs::read_to_string(path)
