@@ -21,7 +21,7 @@ test: setup
 ## setup: install torch==2.11.0 into $(FLOWTUNE_VENV) and the OCR models into $(FLOWTUNE_CACHE)/ocr (once)
 setup:
 	scripts/setup.sh
-	scripts/setup-ocr.sh
+	scripts/setup-rewards.sh
 
 ## build: the release binary target/release/flowtune
 build: setup

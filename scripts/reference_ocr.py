@@ -4,7 +4,7 @@
     python scripts/reference_ocr.py            # read the committed PNGs again
 
 Needs `pip install rapidocr==3.10.0 onnxruntime==1.32.0` (the same models and runtime
-`scripts/setup-ocr.sh` installs for flowtune). Reading uses rapidocr's defaults without the angle
+`scripts/setup-rewards.sh` installs for flowtune). Reading uses rapidocr's defaults without the angle
 classifier (`use_cls=False`), as flow_grpo's PaddleOCR reward does. Writes
 `crates/rewards/tests/fixtures/ocr/expected.json`: per file, the lines read (text, confidence) in
 reading order.

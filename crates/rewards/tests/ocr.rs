@@ -1,6 +1,6 @@
 //! The in-process OCR reader against the reference `rapidocr` package: the committed pictures
 //! (DejaVu text at several sizes, angles, colours and backgrounds, and noise) read line for line
-//! as `scripts/reference_ocr.py` recorded. Needs `scripts/setup-ocr.sh` (run by `make test`).
+//! as `scripts/reference_ocr.py` recorded. Needs `scripts/setup-rewards.sh` (run by `make test`).
 
 use std::path::Path;
 
@@ -15,7 +15,7 @@ fn picture(name: &str) -> image::RgbImage {
 #[test]
 fn reads_the_fixtures_as_rapidocr_does() {
     let reader = Reader::new(&OcrSettings::default())
-        .unwrap_or_else(|e| panic!("{e} (run scripts/setup-ocr.sh)"));
+        .unwrap_or_else(|e| panic!("{e} (run scripts/setup-rewards.sh)"));
     let expected: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(Path::new(FIXTURES).join("expected.json")).unwrap(),
     )
@@ -81,5 +81,5 @@ fn the_ocr_reward_scores_text_against_the_ground_truth() {
 fn a_missing_model_folder_is_named() {
     let settings = OcrSettings { models: Some("/nonexistent/ocr".into()), ..Default::default() };
     let err = Reader::new(&settings).err().unwrap();
-    assert!(err.contains("/nonexistent/ocr") && err.contains("setup-ocr.sh"), "{err}");
+    assert!(err.contains("/nonexistent/ocr") && err.contains("setup-rewards.sh"), "{err}");
 }

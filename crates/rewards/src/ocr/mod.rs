@@ -22,7 +22,7 @@ use runtime::Model;
 pub const DETECTION_MODEL: &str = "PP-OCRv6_det_small.onnx";
 /// The recognition model's file name (its character table is in its metadata).
 pub const RECOGNITION_MODEL: &str = "PP-OCRv6_rec_small.onnx";
-/// The ONNX Runtime library `scripts/setup-ocr.sh` installs beside the models.
+/// The ONNX Runtime library `scripts/setup-rewards.sh` installs beside the models.
 pub const RUNTIME_LIBRARY: &str = "libonnxruntime.so.1.32.0";
 
 /// `ocr:` — where the models and runtime are, and how the reader runs.
@@ -30,7 +30,7 @@ pub const RUNTIME_LIBRARY: &str = "libonnxruntime.so.1.32.0";
 #[serde(default, deny_unknown_fields)]
 pub struct OcrSettings {
     /// The folder holding the two models; default `$FLOWTUNE_OCR_DIR`, else
-    /// `$FLOWTUNE_CACHE/ocr`, else `~/.cache/flowtune/ocr` (where `scripts/setup-ocr.sh` puts them).
+    /// `$FLOWTUNE_CACHE/ocr`, else `~/.cache/flowtune/ocr` (where `scripts/setup-rewards.sh` puts them).
     pub models: Option<PathBuf>,
     /// `libonnxruntime.so`; default `$ORT_DYLIB_PATH`, else the one in the models folder.
     pub runtime: Option<PathBuf>,

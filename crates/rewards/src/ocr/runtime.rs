@@ -26,7 +26,7 @@ fn environment(library: &Path) -> Result<Environment, String> {
     }
     if !library.is_file() {
         return Err(format!(
-            "ONNX Runtime library {} not found; run scripts/setup-ocr.sh or set ocr.runtime / ORT_DYLIB_PATH",
+            "ONNX Runtime library {} not found; run scripts/setup-rewards.sh or set ocr.runtime / ORT_DYLIB_PATH",
             library.display()
         ));
     }
@@ -50,7 +50,7 @@ impl Model {
     pub fn load(library: &Path, path: &Path, threads: usize) -> Result<Self, String> {
         if !path.is_file() {
             return Err(format!(
-                "OCR model {} not found; run scripts/setup-ocr.sh or set ocr.models",
+                "OCR model {} not found; run scripts/setup-rewards.sh or set ocr.models",
                 path.display()
             ));
         }
