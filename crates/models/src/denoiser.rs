@@ -191,11 +191,7 @@ pub trait TrainableDenoiser: Denoiser {
 
     /// Reads base weights saved by [`Self::save_weights`] (names and shapes checked).
     fn load_weights_file(&mut self, path: &Path) -> Result<(), ModelError> {
-        load_weights(
-            &mut self.weights_mut().base,
-            &[path.to_path_buf()],
-            LoadOptions { kind: None },
-        )
+        load_weights(&mut self.weights_mut().base, &[path.to_path_buf()], LoadOptions::default())
     }
 }
 

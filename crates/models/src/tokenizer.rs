@@ -75,6 +75,16 @@ impl TextTokenizer {
         Ok(Self { inner, pad_id, pad_token, model_max_length })
     }
 
+    /// A tokenizer built in code, padded with `pad_token` (which must be in its vocabulary).
+    pub fn from_tokenizer(
+        inner: Tokenizer,
+        pad_token: &str,
+        model_max_length: Option<usize>,
+    ) -> Self {
+        let pad_id = inner.token_to_id(pad_token).unwrap_or(0);
+        Self { inner, pad_id, pad_token: pad_token.to_string(), model_max_length }
+    }
+
     /// Token ids (B, `length`) of `texts`, truncated and padded to exactly `length`.
     pub fn encode(&self, texts: &[&str], length: usize) -> Result<Tensor, ModelError> {
         let mut tok = self.inner.clone();
@@ -100,24 +110,18 @@ pub mod tiny {
     use std::collections::HashMap;
     use std::path::Path;
 
-    use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
     use tokenizers::decoders::metaspace::Metaspace as MetaspaceDecoder;
-    use tokenizers::models::bpe::BPE;
     use tokenizers::models::unigram::Unigram;
     use tokenizers::models::wordlevel::WordLevel;
-    use tokenizers::normalizers::{Lowercase, Replace, Sequence as NormalizerSequence, NFC};
+    use tokenizers::normalizers::Lowercase;
     use tokenizers::pre_tokenizers::byte_level::ByteLevel;
     use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
     use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
-    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
     use tokenizers::pre_tokenizers::whitespace::{Whitespace, WhitespaceSplit};
-    use tokenizers::processors::roberta::RobertaProcessing;
     use tokenizers::processors::template::TemplateProcessing;
-    use tokenizers::{SplitDelimiterBehavior, Tokenizer};
+    use tokenizers::Tokenizer;
 
     use crate::ModelError;
-
-    const CLIP_SPLIT: &str = r"<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+";
 
     fn build_err(e: impl std::fmt::Display) -> ModelError {
         ModelError::Input(format!("building a tokenizer: {e}"))
@@ -128,53 +132,13 @@ pub mod tiny {
     pub fn clip() -> Result<(Tokenizer, usize), ModelError> {
         let mut chars: Vec<char> = ByteLevel::alphabet().into_iter().collect();
         chars.sort_unstable();
-        let mut vocab: HashMap<String, u32> = HashMap::new();
-        for c in &chars {
-            let n = vocab.len() as u32;
-            vocab.insert(c.to_string(), n);
-        }
-        for c in &chars {
-            let n = vocab.len() as u32;
-            vocab.insert(format!("{c}</w>"), n);
-        }
-        let (bos, eos) = (vocab.len() as u32, vocab.len() as u32 + 1);
-        vocab.insert("<|startoftext|>".into(), bos);
-        vocab.insert("<|endoftext|>".into(), eos);
+        let words =
+            chars.iter().map(char::to_string).chain(chars.iter().map(|c| format!("{c}</w>")));
+        let words = words.chain(["<|startoftext|>".to_string(), "<|endoftext|>".to_string()]);
+        let vocab: tokenizers::models::bpe::Vocab =
+            words.enumerate().map(|(i, w)| (w, i as u32)).collect();
         let size = vocab.len();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab.into_iter().collect::<tokenizers::models::bpe::Vocab>(), vec![])
-            .unk_token("<|endoftext|>".into())
-            .end_of_word_suffix("</w>".into())
-            .build()
-            .map_err(build_err)?;
-        let mut tok = Tokenizer::new(bpe);
-        tok.with_normalizer(Some(NormalizerSequence::new(vec![
-            NFC.into(),
-            Replace::new(
-                tokenizers::normalizers::replace::ReplacePattern::Regex(r"\s+".into()),
-                " ",
-            )
-            .map_err(build_err)?
-            .into(),
-            Lowercase.into(),
-        ])));
-        let split = Split::new(
-            SplitPattern::Regex(CLIP_SPLIT.into()),
-            SplitDelimiterBehavior::Removed,
-            true,
-        )
-        .map_err(build_err)?;
-        tok.with_pre_tokenizer(Some(PreSequence::new(vec![
-            split.into(),
-            ByteLevel::new(false, true, true).into(),
-        ])));
-        tok.with_decoder(Some(ByteLevelDecoder::default()));
-        tok.with_post_processor(Some(
-            RobertaProcessing::new(("<|endoftext|>".into(), eos), ("<|startoftext|>".into(), bos))
-                .trim_offsets(false)
-                .add_prefix_space(false),
-        ));
-        Ok((tok, size))
+        Ok((crate::clip::tokenizer::clip_bpe(vocab, vec![])?, size))
     }
 
     /// A CLIP-style word-level tokenizer: lower-cased words split at whitespace and punctuation,

@@ -263,7 +263,11 @@ impl AutoencoderKl {
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let config: VaeConfig = read_config(&dir.join("config.json"))?;
         let mut model = Self::new(&config, device)?;
-        load_weights(&mut model.store, &checkpoint_files(dir)?, LoadOptions { kind: Some(kind) })?;
+        load_weights(
+            &mut model.store,
+            &checkpoint_files(dir)?,
+            LoadOptions { kind: Some(kind), ..Default::default() },
+        )?;
         model.store.freeze();
         Ok(model)
     }

@@ -14,6 +14,8 @@ use crate::ModelError;
 pub struct LoadOptions {
     /// Convert every floating tensor to this kind (None: keep the variables' kind).
     pub kind: Option<Kind>,
+    /// Checkpoint tensors whose names end so are skipped (buffers a model does not keep).
+    pub ignored_suffixes: &'static [&'static str],
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> ModelError {
@@ -105,7 +107,9 @@ pub fn load_weights(
         })?;
         for (name, view) in tensors.tensors() {
             let Some(var) = variables.get(&name) else {
-                unexpected.push(name);
+                if !options.ignored_suffixes.iter().any(|s| name.ends_with(s)) {
+                    unexpected.push(name);
+                }
                 continue;
             };
             remaining.remove(name.as_str());

@@ -37,6 +37,9 @@ pub struct RewardFunction {
     /// `ocr`: where the models and ONNX Runtime are, threads, confidence cut.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ocr: Option<crate::OcrSettings>,
+    /// `clip_score`, `pickscore`, `aesthetic`: the CLIP weights (and head) and their device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip: Option<crate::ClipSettings>,
 }
 
 impl RewardFunction {
@@ -50,6 +53,7 @@ impl RewardFunction {
             partial: false,
             vlm: None,
             ocr: None,
+            clip: None,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! clear message, or (with `on_error: skip_sample`) drops the sample and counts it, never a
 //! silent 0.
 
+mod clip;
 mod config;
 mod http;
 mod jpeg;
@@ -15,6 +16,9 @@ mod vlm;
 
 use std::collections::BTreeMap;
 
+pub use clip::{
+    clip_score, cosine, pickscore, ClipKind, ClipReward, ClipSettings, PICKSCORE_DIVISOR,
+};
 pub use config::{HttpSettings, OnError, RewardConfig, RewardFunction};
 pub use http::HttpReward;
 pub use jpeg::JpegSize;
@@ -267,16 +271,21 @@ mod tests {
 
     #[test]
     fn unknown_reward_lists_known_ones() {
+        let config =
+            RewardConfig { functions: vec![RewardFunction::named("hpsv3")], ..Default::default() };
+        let err = build(&config).err().unwrap().to_string();
+        assert!(
+            err.contains(
+                "unknown reward `hpsv3`; known: jpeg_compressibility, jpeg_incompressibility, http, shapes_geneval, vlm_judge, ocr, clip_score, pickscore, aesthetic"
+            ),
+            "{err}"
+        );
+        // A CLIP reward without its weights says what it needs.
         let config = RewardConfig {
             functions: vec![RewardFunction::named("aesthetic")],
             ..Default::default()
         };
         let err = build(&config).err().unwrap().to_string();
-        assert!(
-            err.contains(
-                "unknown reward `aesthetic`; known: jpeg_compressibility, jpeg_incompressibility, http, shapes_geneval"
-            ),
-            "{err}"
-        );
+        assert!(err.contains("needs `clip: {model:"), "{err}");
     }
 }

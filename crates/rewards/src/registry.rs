@@ -1,8 +1,8 @@
 //! The reward registry: scorer names → constructors.
 
 use crate::{
-    HttpReward, JpegSize, OcrReward, Reward, RewardConfig, RewardError, ShapesGeneval, VlmJudge,
-    Weighted,
+    ClipKind, ClipReward, HttpReward, JpegSize, OcrReward, Reward, RewardConfig, RewardError,
+    ShapesGeneval, VlmJudge, Weighted,
 };
 
 /// Every registered reward name.
@@ -53,6 +53,20 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
                     Box::new(VlmJudge::new(url, vlm, f.http.clone().unwrap_or_default())?)
                 }
                 "ocr" => Box::new(OcrReward::new(&f.ocr.clone().unwrap_or_default())?),
+                "clip_score" | "pickscore" | "aesthetic" => {
+                    let kind = match f.name.as_str() {
+                        "clip_score" => ClipKind::ClipScore,
+                        "pickscore" => ClipKind::PickScore,
+                        _ => ClipKind::Aesthetic,
+                    };
+                    let settings = f.clip.as_ref().ok_or_else(|| {
+                        RewardError::Config(format!(
+                            "reward `{}` needs `clip: {{model: <CLIPModel folder>}}`",
+                            f.name
+                        ))
+                    })?;
+                    Box::new(ClipReward::new(kind, settings)?)
+                }
                 other => {
                     return Err(RewardError::Config(format!(
                         "unknown reward `{other}`; known: {}",
@@ -69,6 +83,12 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
             if f.vlm.is_some() && f.name != "vlm_judge" {
                 return Err(RewardError::Config(format!(
                     "reward `{}`: `vlm` applies only to vlm_judge",
+                    f.name
+                )));
+            }
+            if f.clip.is_some() && !["clip_score", "pickscore", "aesthetic"].contains(&f.name.as_str()) {
+                return Err(RewardError::Config(format!(
+                    "reward `{}`: `clip` applies only to clip_score, pickscore and aesthetic",
                     f.name
                 )));
             }

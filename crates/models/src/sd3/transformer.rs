@@ -100,7 +100,11 @@ impl Sd3Transformer {
         let config: Sd3TransformerConfig = read_config(&dir.join("config.json"))?;
         let mut model = Self::new(&config, device, lora)?;
         let files = checkpoint_files(dir)?;
-        load_weights(&mut model.weights.base, &files, LoadOptions { kind: Some(kind) })?;
+        load_weights(
+            &mut model.weights.base,
+            &files,
+            LoadOptions { kind: Some(kind), ..Default::default() },
+        )?;
         Ok(model)
     }
 

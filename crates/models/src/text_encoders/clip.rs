@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use crate::nn::{attention, Embedding, LayerNorm, Linear, Scope};
+use crate::clip::encoder::{Encoder, EncoderShape};
+use crate::nn::{Embedding, LayerNorm, Linear, Scope};
 use crate::{read_config, ModelError};
 
 /// Mirror of the transformers `CLIPTextConfig` fields the model uses.
@@ -57,59 +58,30 @@ pub struct ClipOutput {
     pub text_embeds: Tensor,
 }
 
-struct EncoderLayer {
-    layer_norm1: LayerNorm,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    out_proj: Linear,
-    layer_norm2: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
-}
-
-pub struct ClipTextModel {
+/// The text tower under a model's root: `text_model.{embeddings, encoder, final_layer_norm}` and
+/// `text_projection` (the layout of both `CLIPTextModelWithProjection` and `CLIPModel`).
+pub struct ClipTextTower {
     pub config: ClipTextConfig,
     token_embedding: Embedding,
     position_embedding: Embedding,
-    layers: Vec<EncoderLayer>,
+    encoder: Encoder,
     final_layer_norm: LayerNorm,
     text_projection: Linear,
-    pub store: VarStore,
 }
 
-impl ClipTextModel {
-    pub fn new(config: &ClipTextConfig, device: Device) -> Result<Self, ModelError> {
-        match config.hidden_act.as_str() {
-            "quick_gelu" | "gelu" => {}
-            other => {
-                return Err(ModelError::Input(format!(
-                    "CLIP hidden_act `{other}` is not supported; expected quick_gelu or gelu"
-                )))
-            }
-        }
-        let store = super::store(device);
-        let root = Scope::root(store.root(), None);
-        let text = &root / "text_model";
-        let (d, eps) = (config.hidden_size, config.layer_norm_eps);
-        let layers = (0..config.num_hidden_layers)
-            .map(|i| {
-                let s = &(&(&text / "encoder") / "layers") / i;
-                let attn = &s / "self_attn";
-                let mlp = &s / "mlp";
-                EncoderLayer {
-                    layer_norm1: LayerNorm::new(&(&s / "layer_norm1"), d, eps),
-                    q_proj: (&attn / "q_proj").linear(d, d, true),
-                    k_proj: (&attn / "k_proj").linear(d, d, true),
-                    v_proj: (&attn / "v_proj").linear(d, d, true),
-                    out_proj: (&attn / "out_proj").linear(d, d, true),
-                    layer_norm2: LayerNorm::new(&(&s / "layer_norm2"), d, eps),
-                    fc1: (&mlp / "fc1").linear(d, config.intermediate_size, true),
-                    fc2: (&mlp / "fc2").linear(config.intermediate_size, d, true),
-                }
-            })
-            .collect();
+impl ClipTextTower {
+    pub fn new(root: &Scope<'_>, config: &ClipTextConfig) -> Result<Self, ModelError> {
+        let text = root / "text_model";
+        let d = config.hidden_size;
         let embeddings = &text / "embeddings";
+        let shape = EncoderShape {
+            hidden_size: d,
+            intermediate_size: config.intermediate_size,
+            num_hidden_layers: config.num_hidden_layers,
+            num_attention_heads: config.num_attention_heads,
+            layer_norm_eps: config.layer_norm_eps,
+            hidden_act: config.hidden_act.clone(),
+        };
         Ok(Self {
             token_embedding: Embedding::new(
                 &(&embeddings / "token_embedding"),
@@ -121,27 +93,15 @@ impl ClipTextModel {
                 config.max_position_embeddings,
                 d,
             ),
-            layers,
-            final_layer_norm: LayerNorm::new(&(&text / "final_layer_norm"), d, eps),
-            text_projection: (&root / "text_projection").linear(d, config.projection_dim, false),
+            encoder: Encoder::new(&text, &shape)?,
+            final_layer_norm: LayerNorm::new(
+                &(&text / "final_layer_norm"),
+                d,
+                config.layer_norm_eps,
+            ),
+            text_projection: (root / "text_projection").linear(d, config.projection_dim, false),
             config: config.clone(),
-            store,
         })
-    }
-
-    /// Loads a transformers directory (`config.json` + safetensors).
-    pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
-        let config: ClipTextConfig = read_config(&dir.join("config.json"))?;
-        let mut model = Self::new(&config, device)?;
-        super::load_frozen(&mut model.store, dir, kind)?;
-        Ok(model)
-    }
-
-    fn act(&self, x: &Tensor) -> Tensor {
-        match self.config.hidden_act.as_str() {
-            "quick_gelu" => x * (x * 1.702).sigmoid(),
-            _ => x.gelu("none"),
-        }
     }
 
     /// Encodes token ids (B, L), L ≤ max_position_embeddings.
@@ -156,27 +116,10 @@ impl ClipTextModel {
             )));
         }
         let positions = Tensor::arange(l, (Kind::Int64, ids.device()));
-        let mut x = self.token_embedding.forward(ids)
+        let x = self.token_embedding.forward(ids)
             + self.position_embedding.forward(&positions).unsqueeze(0);
-        let heads = self.config.num_attention_heads;
-        let mut penultimate = x.shallow_clone();
-        for (i, layer) in self.layers.iter().enumerate() {
-            if i + 1 == self.layers.len() {
-                penultimate = x.shallow_clone();
-            }
-            let h = layer.layer_norm1.forward(&x);
-            let split = |t: Tensor| t.view([b, l, heads, -1]).transpose(1, 2);
-            let (q, k, v) = (
-                split(layer.q_proj.forward(&h)),
-                split(layer.k_proj.forward(&h)),
-                split(layer.v_proj.forward(&h)),
-            );
-            let attn = attention(&q, &k, &v, None, true, None);
-            x = &x + layer.out_proj.forward(&attn.transpose(1, 2).reshape([b, l, -1]));
-            let h = layer.layer_norm2.forward(&x);
-            x = &x + layer.fc2.forward(&self.act(&layer.fc1.forward(&h)));
-        }
-        let last = self.final_layer_norm.forward(&x);
+        let out = self.encoder.forward(x, true);
+        let last = self.final_layer_norm.forward(&out.last);
         // transformers' rule: configs with eos_token_id 2 predate the fix and pool at the largest
         // id (the real end-of-text token has the largest id); others at the first eos token.
         let eos_at = if self.config.eos_token_id == 2 {
@@ -189,7 +132,35 @@ impl ClipTextModel {
         Ok(ClipOutput {
             text_embeds: self.text_projection.forward(&pooled),
             last_hidden_state: last,
-            penultimate_hidden_state: penultimate,
+            penultimate_hidden_state: out.penultimate,
         })
+    }
+}
+
+/// `CLIPTextModelWithProjection`: the text tower and the store holding its weights.
+pub struct ClipTextModel {
+    pub config: ClipTextConfig,
+    tower: ClipTextTower,
+    pub store: VarStore,
+}
+
+impl ClipTextModel {
+    pub fn new(config: &ClipTextConfig, device: Device) -> Result<Self, ModelError> {
+        let store = super::store(device);
+        let tower = ClipTextTower::new(&Scope::root(store.root(), None), config)?;
+        Ok(Self { config: config.clone(), tower, store })
+    }
+
+    /// Loads a transformers directory (`config.json` + safetensors).
+    pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
+        let config: ClipTextConfig = read_config(&dir.join("config.json"))?;
+        let mut model = Self::new(&config, device)?;
+        super::load_frozen(&mut model.store, dir, kind)?;
+        Ok(model)
+    }
+
+    /// Encodes token ids (B, L), L ≤ max_position_embeddings.
+    pub fn forward(&self, ids: &Tensor) -> Result<ClipOutput, ModelError> {
+        self.tower.forward(ids)
     }
 }

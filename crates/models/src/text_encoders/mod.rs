@@ -13,7 +13,11 @@ use crate::ModelError;
 
 /// Loads the weights of a component directory into `store`, frozen (text encoders are not trained).
 fn load_frozen(store: &mut VarStore, dir: &Path, kind: Kind) -> Result<(), ModelError> {
-    load_weights(store, &checkpoint_files(dir)?, LoadOptions { kind: Some(kind) })?;
+    load_weights(
+        store,
+        &checkpoint_files(dir)?,
+        LoadOptions { kind: Some(kind), ..Default::default() },
+    )?;
     store.freeze();
     Ok(())
 }
