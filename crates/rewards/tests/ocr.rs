@@ -78,6 +78,17 @@ fn the_ocr_reward_scores_text_against_the_ground_truth() {
 }
 
 #[test]
+fn a_gpu_without_the_gpu_runtime_is_named() {
+    // The CPU wheel's library has no CUDA execution provider: asking for it is an error that says
+    // what to install, not a silent fallback to the CPU.
+    let settings = OcrSettings { device: "cuda".into(), ..Default::default() };
+    let err = Reader::new(&settings).err().unwrap();
+    assert!(err.contains("cannot run on cuda:0") && err.contains("onnxruntime-gpu"), "{err}");
+    let settings = OcrSettings { device: "gpu".into(), ..Default::default() };
+    assert!(Reader::new(&settings).err().unwrap().contains("expected cpu, cuda or cuda:N"));
+}
+
+#[test]
 fn a_missing_model_folder_is_named() {
     let settings = OcrSettings { models: Some("/nonexistent/ocr".into()), ..Default::default() };
     let err = Reader::new(&settings).err().unwrap();

@@ -38,11 +38,14 @@ pub struct OcrSettings {
     pub threads: usize,
     /// Lines read with a lower mean confidence are dropped.
     pub text_score: f64,
+    /// `cpu`, or `cuda` / `cuda:N` through ONNX Runtime's CUDA execution provider (needs the
+    /// library of the `onnxruntime-gpu` wheel as `runtime`).
+    pub device: String,
 }
 
 impl Default for OcrSettings {
     fn default() -> Self {
-        Self { models: None, runtime: None, threads: 2, text_score: 0.5 }
+        Self { models: None, runtime: None, threads: 2, text_score: 0.5, device: "cpu".into() }
     }
 }
 
@@ -56,6 +59,19 @@ impl OcrSettings {
                 .unwrap_or_else(|| PathBuf::from(".cache/flowtune"))
                 .join("ocr")
         })
+    }
+
+    /// The GPU the models run on, if any.
+    pub fn cuda_device(&self) -> Result<Option<i32>, String> {
+        match self.device.as_str() {
+            "cpu" => Ok(None),
+            "cuda" => Ok(Some(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Some)
+                .ok_or_else(|| format!("ocr.device `{other}`: expected cpu, cuda or cuda:N")),
+        }
     }
 
     /// The runtime library after defaults.
@@ -89,8 +105,10 @@ impl Reader {
     /// Loads both models (and the runtime, once per process).
     pub fn new(settings: &OcrSettings) -> Result<Self, String> {
         let (dir, library) = (settings.models_dir(), settings.runtime_library());
-        let detector = Model::load(&library, &dir.join(DETECTION_MODEL), settings.threads)?;
-        let recogniser = Model::load(&library, &dir.join(RECOGNITION_MODEL), settings.threads)?;
+        let cuda = settings.cuda_device()?;
+        let detector = Model::load(&library, &dir.join(DETECTION_MODEL), settings.threads, cuda)?;
+        let recogniser =
+            Model::load(&library, &dir.join(RECOGNITION_MODEL), settings.threads, cuda)?;
         let table = recogniser.metadata("character")?.ok_or_else(|| {
             format!(
                 "{}: no `character` table in its metadata",

@@ -46,8 +46,14 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads `path` on the runtime at `library`, using at most `threads` threads per run.
-    pub fn load(library: &Path, path: &Path, threads: usize) -> Result<Self, String> {
+    /// Loads `path` on the runtime at `library`, using at most `threads` threads per run, on the
+    /// CPU or (with `cuda_device`) on that GPU through the CUDA execution provider.
+    pub fn load(
+        library: &Path,
+        path: &Path,
+        threads: usize,
+        cuda_device: Option<i32>,
+    ) -> Result<Self, String> {
         if !path.is_file() {
             return Err(format!(
                 "OCR model {} not found; run scripts/setup-rewards.sh or set ocr.models",
@@ -56,8 +62,18 @@ impl Model {
         }
         let env = environment(library)?;
         let fail = |e: ort::Error| format!("loading {}: {e}", path.display());
-        let session = Session::builder(&env)
-            .map_err(fail)?
+        let mut builder = Session::builder(&env).map_err(fail)?;
+        if let Some(device) = cuda_device {
+            let cuda = ort::ep::CUDA::default().with_device_id(device).build().error_on_failure();
+            builder = builder.with_execution_providers([cuda]).map_err(|e| {
+                format!(
+                    "{}: the ONNX Runtime at {} cannot run on cuda:{device} ({e}); point ocr.runtime at the libonnxruntime.so of the onnxruntime-gpu wheel, with the CUDA libraries on LD_LIBRARY_PATH",
+                    path.display(),
+                    library.display()
+                )
+            })?;
+        }
+        let session = builder
             .with_intra_threads(threads.max(1))
             .map_err(|e| fail(e.into()))?
             .with_inter_threads(1)
