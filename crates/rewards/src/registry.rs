@@ -6,13 +6,16 @@ use crate::{
 };
 
 /// Every registered reward name.
-pub const REWARD_NAMES: [&str; 6] = [
+pub const REWARD_NAMES: [&str; 9] = [
     "jpeg_compressibility",
     "jpeg_incompressibility",
     "http",
     "shapes_geneval",
     "vlm_judge",
     "ocr",
+    "clip_score",
+    "pickscore",
+    "aesthetic",
 ];
 
 /// The weighted scorers of a `reward` section; an unknown name lists the known ones.
@@ -74,29 +77,21 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
                     )));
                 }
             };
-            if f.partial && f.name != "shapes_geneval" {
-                return Err(RewardError::Config(format!(
-                    "reward `{}`: `partial` applies only to shapes_geneval",
-                    f.name
-                )));
-            }
-            if f.vlm.is_some() && f.name != "vlm_judge" {
-                return Err(RewardError::Config(format!(
-                    "reward `{}`: `vlm` applies only to vlm_judge",
-                    f.name
-                )));
-            }
-            if f.clip.is_some() && !["clip_score", "pickscore", "aesthetic"].contains(&f.name.as_str()) {
-                return Err(RewardError::Config(format!(
-                    "reward `{}`: `clip` applies only to clip_score, pickscore and aesthetic",
-                    f.name
-                )));
-            }
-            if f.ocr.is_some() && f.name != "ocr" {
-                return Err(RewardError::Config(format!(
-                    "reward `{}`: `ocr` applies only to ocr",
-                    f.name
-                )));
+            // Each reward-specific setting, and the rewards it applies to.
+            let specific: [(&str, bool, &[&str]); 4] = [
+                ("partial", f.partial, &["shapes_geneval"]),
+                ("vlm", f.vlm.is_some(), &["vlm_judge"]),
+                ("ocr", f.ocr.is_some(), &["ocr"]),
+                ("clip", f.clip.is_some(), &["clip_score", "pickscore", "aesthetic"]),
+            ];
+            for (key, given, owners) in specific {
+                if given && !owners.contains(&f.name.as_str()) {
+                    return Err(RewardError::Config(format!(
+                        "reward `{}`: `{key}` applies only to {}",
+                        f.name,
+                        owners.join(", ")
+                    )));
+                }
             }
             Ok((scorer, f.weight))
         })
