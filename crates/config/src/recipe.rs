@@ -125,7 +125,8 @@ impl Recipe {
             ),
             other => ("rollout_correction".to_string(), other.to_string()),
         })?;
-        flowtune_rewards::build(&self.reward).map_err(|e| ("reward".to_string(), e.to_string()))?;
+        flowtune_rewards::validate(&self.reward)
+            .map_err(|e| ("reward".to_string(), e.to_string()))?;
         self.trainer.validate()?;
         self.check_algorithm(algorithm)
     }
@@ -262,8 +263,10 @@ mod tests {
         assert_eq!(err, "r.yaml: actor.clip_ratio: 0 is not allowed; expected a finite number > 0");
         let err = load("algorithm: ppo\n", &[]).unwrap_err();
         assert!(err.contains("unknown algorithm `ppo`; known: flow_grpo"), "{err}");
+        let err = load("reward:\n  functions: [{name: hpsv3}]\n", &[]).unwrap_err();
+        assert!(err.contains("r.yaml: reward: reward config: unknown reward `hpsv3`"), "{err}");
         let err = load("reward:\n  functions: [{name: aesthetic}]\n", &[]).unwrap_err();
-        assert!(err.contains("r.yaml: reward: reward config: unknown reward `aesthetic`"), "{err}");
+        assert!(err.contains("reward `aesthetic` needs `clip: {model:"), "{err}");
         let err = load(RECIPE, &["trainer.betas=[1.0, 0.999]"]).unwrap_err();
         assert!(
             err.contains(

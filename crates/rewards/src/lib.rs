@@ -24,7 +24,7 @@ pub use http::HttpReward;
 pub use jpeg::JpegSize;
 pub use ocr::{Line, OcrReward, OcrSettings, Reader};
 pub use ocr_score::ocr_score;
-pub use registry::{build, REWARD_NAMES};
+pub use registry::{build, validate, REWARD_NAMES};
 pub use shapes::ShapesGeneval;
 pub use vlm::{JudgeMode, VlmJudge, VlmSettings};
 

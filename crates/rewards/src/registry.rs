@@ -2,7 +2,7 @@
 
 use crate::{
     ClipKind, ClipReward, HttpReward, JpegSize, OcrReward, Reward, RewardConfig, RewardError,
-    ShapesGeneval, VlmJudge, Weighted,
+    RewardFunction, ShapesGeneval, VlmJudge, Weighted,
 };
 
 /// Every registered reward name.
@@ -18,43 +18,87 @@ pub const REWARD_NAMES: [&str; 9] = [
     "aesthetic",
 ];
 
-/// The weighted scorers of a `reward` section; an unknown name lists the known ones.
-pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
+const HTTP_URL: &str = "`url: http://host:port/path`";
+const CHAT_URL: &str = "`url: http://host:port/v1/chat/completions`";
+const VLM: &str = "`vlm: {model: …}`";
+const CLIP: &str = "`clip: {model: <CLIPModel folder>}`";
+
+/// The setting `f` needs, or an error saying what to write.
+fn needs<'a, T>(
+    f: &RewardFunction,
+    value: &'a Option<T>,
+    what: &str,
+) -> Result<&'a T, RewardError> {
+    value.as_ref().ok_or_else(|| RewardError::Config(format!("reward `{}` needs {what}", f.name)))
+}
+
+/// Checks a `reward` section without loading anything: names, weights, the settings each reward
+/// needs, and settings given to a reward they do not apply to.
+pub fn validate(config: &RewardConfig) -> Result<(), RewardError> {
     if config.functions.is_empty() {
         return Err(RewardError::Config(
             "reward.functions is empty; name at least one reward".into(),
         ));
     }
+    for f in &config.functions {
+        if !f.weight.is_finite() {
+            return Err(RewardError::Config(format!(
+                "reward `{}`: weight {} is not finite",
+                f.name, f.weight
+            )));
+        }
+        match f.name.as_str() {
+            "http" => drop(needs(f, &f.url, HTTP_URL)?),
+            "vlm_judge" => drop((needs(f, &f.url, CHAT_URL)?, needs(f, &f.vlm, VLM)?)),
+            "clip_score" | "pickscore" | "aesthetic" => drop(needs(f, &f.clip, CLIP)?),
+            name if REWARD_NAMES.contains(&name) => {}
+            other => {
+                return Err(RewardError::Config(format!(
+                    "unknown reward `{other}`; known: {}",
+                    REWARD_NAMES.join(", ")
+                )));
+            }
+        }
+        // Each reward-specific setting, and the rewards it applies to.
+        let specific: [(&str, bool, &[&str]); 4] = [
+            ("partial", f.partial, &["shapes_geneval"]),
+            ("vlm", f.vlm.is_some(), &["vlm_judge"]),
+            ("ocr", f.ocr.is_some(), &["ocr"]),
+            ("clip", f.clip.is_some(), &["clip_score", "pickscore", "aesthetic"]),
+        ];
+        for (key, given, owners) in specific {
+            if given && !owners.contains(&f.name.as_str()) {
+                return Err(RewardError::Config(format!(
+                    "reward `{}`: `{key}` applies only to {}",
+                    f.name,
+                    owners.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The weighted scorers of a `reward` section (validated first), with their models loaded.
+pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
+    validate(config)?;
     config
         .functions
         .iter()
         .map(|f| {
-            if !f.weight.is_finite() {
-                return Err(RewardError::Config(format!(
-                    "reward `{}`: weight {} is not finite",
-                    f.name, f.weight
-                )));
-            }
             let scorer: Box<dyn Reward> = match f.name.as_str() {
                 "jpeg_compressibility" => Box::new(JpegSize { compressible: true }),
                 "jpeg_incompressibility" => Box::new(JpegSize { compressible: false }),
-                "http" => {
-                    let url = f.url.clone().ok_or_else(|| {
-                        RewardError::Config(
-                            "reward `http` needs `url: http://host:port/path`".into(),
-                        )
-                    })?;
-                    Box::new(HttpReward::new(url, f.http.clone().unwrap_or_default())?)
-                }
+                "http" => Box::new(HttpReward::new(
+                    needs(f, &f.url, HTTP_URL)?.clone(),
+                    f.http.clone().unwrap_or_default(),
+                )?),
                 "shapes_geneval" => Box::new(ShapesGeneval { partial: f.partial }),
-                "vlm_judge" => {
-                    let (Some(url), Some(vlm)) = (f.url.clone(), f.vlm.clone()) else {
-                        return Err(RewardError::Config(
-                            "reward `vlm_judge` needs `url: http://host:port/v1/chat/completions` and `vlm: {model: …}`".into(),
-                        ));
-                    };
-                    Box::new(VlmJudge::new(url, vlm, f.http.clone().unwrap_or_default())?)
-                }
+                "vlm_judge" => Box::new(VlmJudge::new(
+                    needs(f, &f.url, CHAT_URL)?.clone(),
+                    needs(f, &f.vlm, VLM)?.clone(),
+                    f.http.clone().unwrap_or_default(),
+                )?),
                 "ocr" => Box::new(OcrReward::new(&f.ocr.clone().unwrap_or_default())?),
                 "clip_score" | "pickscore" | "aesthetic" => {
                     let kind = match f.name.as_str() {
@@ -62,37 +106,11 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
                         "pickscore" => ClipKind::PickScore,
                         _ => ClipKind::Aesthetic,
                     };
-                    let settings = f.clip.as_ref().ok_or_else(|| {
-                        RewardError::Config(format!(
-                            "reward `{}` needs `clip: {{model: <CLIPModel folder>}}`",
-                            f.name
-                        ))
-                    })?;
+                    let settings = needs(f, &f.clip, CLIP)?;
                     Box::new(ClipReward::new(kind, settings)?)
                 }
-                other => {
-                    return Err(RewardError::Config(format!(
-                        "unknown reward `{other}`; known: {}",
-                        REWARD_NAMES.join(", ")
-                    )));
-                }
+                other => unreachable!("validate() lists every reward name, not `{other}`"),
             };
-            // Each reward-specific setting, and the rewards it applies to.
-            let specific: [(&str, bool, &[&str]); 4] = [
-                ("partial", f.partial, &["shapes_geneval"]),
-                ("vlm", f.vlm.is_some(), &["vlm_judge"]),
-                ("ocr", f.ocr.is_some(), &["ocr"]),
-                ("clip", f.clip.is_some(), &["clip_score", "pickscore", "aesthetic"]),
-            ];
-            for (key, given, owners) in specific {
-                if given && !owners.contains(&f.name.as_str()) {
-                    return Err(RewardError::Config(format!(
-                        "reward `{}`: `{key}` applies only to {}",
-                        f.name,
-                        owners.join(", ")
-                    )));
-                }
-            }
             Ok((scorer, f.weight))
         })
         .collect()
