@@ -19,8 +19,8 @@ pub const REWARD_NAMES: [&str; 9] = [
 ];
 
 const HTTP_URL: &str = "`url: http://host:port/path`";
-const CHAT_URL: &str = "`url: http://host:port/v1/chat/completions`";
-const VLM: &str = "`vlm: {model: …}`";
+/// `vlm_judge` needs both, so either missing names both.
+const CHAT: &str = "`url: http://host:port/v1/chat/completions` and `vlm: {model: …}`";
 const CLIP: &str = "`clip: {model: <CLIPModel folder>}`";
 
 /// The setting `f` needs, or an error saying what to write.
@@ -49,7 +49,7 @@ pub fn validate(config: &RewardConfig) -> Result<(), RewardError> {
         }
         match f.name.as_str() {
             "http" => drop(needs(f, &f.url, HTTP_URL)?),
-            "vlm_judge" => drop((needs(f, &f.url, CHAT_URL)?, needs(f, &f.vlm, VLM)?)),
+            "vlm_judge" => drop((needs(f, &f.url, CHAT)?, needs(f, &f.vlm, CHAT)?)),
             "clip_score" | "pickscore" | "aesthetic" => drop(needs(f, &f.clip, CLIP)?),
             name if REWARD_NAMES.contains(&name) => {}
             other => {
@@ -95,8 +95,8 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
                 )?),
                 "shapes_geneval" => Box::new(ShapesGeneval { partial: f.partial }),
                 "vlm_judge" => Box::new(VlmJudge::new(
-                    needs(f, &f.url, CHAT_URL)?.clone(),
-                    needs(f, &f.vlm, VLM)?.clone(),
+                    needs(f, &f.url, CHAT)?.clone(),
+                    needs(f, &f.vlm, CHAT)?.clone(),
                     f.http.clone().unwrap_or_default(),
                 )?),
                 "ocr" => Box::new(OcrReward::new(&f.ocr.clone().unwrap_or_default())?),
