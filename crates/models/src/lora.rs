@@ -48,6 +48,26 @@ pub const SD3_ATTENTION_TARGETS: [&str; 8] = [
     "attn.to_add_out",
 ];
 
+/// PEFT's target that adapts every linear layer of the model.
+pub const ALL_LINEAR: &str = "all-linear";
+
+/// Qwen-Image's LoRA targets in the reference recipes: attention projections of both streams
+/// and both feed-forwards.
+pub const QWEN_IMAGE_TARGETS: [&str; 12] = [
+    "to_q",
+    "to_k",
+    "to_v",
+    "to_out.0",
+    "add_q_proj",
+    "add_k_proj",
+    "add_v_proj",
+    "to_add_out",
+    "img_mlp.net.0.proj",
+    "img_mlp.net.2",
+    "txt_mlp.net.0.proj",
+    "txt_mlp.net.2",
+];
+
 impl Default for LoraConfig {
     fn default() -> Self {
         Self {
@@ -60,9 +80,12 @@ impl Default for LoraConfig {
 }
 
 impl LoraConfig {
-    /// Whether the layer named `module` (dotted) gets an adapter.
+    /// Whether the layer named `module` (dotted) gets an adapter: a target names it or its
+    /// dotted suffix, and PEFT's `all-linear` names every linear layer.
     pub fn targets(&self, module: &str) -> bool {
-        self.target_modules.iter().any(|t| module == t || module.ends_with(&format!(".{t}")))
+        self.target_modules.iter().any(|t| {
+            t == ALL_LINEAR || module == t || module.ends_with(&format!(".{t}"))
+        })
     }
 
     /// The output scale α/r.

@@ -229,3 +229,23 @@ pub fn attention(
 ) -> Tensor {
     Tensor::scaled_dot_product_attention(q, k, v, bias, 0.0, causal, scale, false)
 }
+
+/// `FeedForward(dim, mult=4, "gelu-approximate")`: `net.0.proj` → GELU(tanh) → `net.2`.
+pub struct FeedForward {
+    pub proj_in: Linear,
+    pub proj_out: Linear,
+}
+
+impl FeedForward {
+    pub fn new(scope: &Scope<'_>, dim: i64) -> Self {
+        let net = scope / "net";
+        Self {
+            proj_in: (&(&net / 0) / "proj").linear(dim, 4 * dim, true),
+            proj_out: (&net / 2).linear(4 * dim, dim, true),
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        self.proj_out.forward(&gelu_tanh(&self.proj_in.forward(x)))
+    }
+}

@@ -4,29 +4,9 @@
 use tch::Tensor;
 
 use super::attention::Attention;
-use crate::nn::{gelu_tanh, layer_norm, Linear, Scope};
+use crate::nn::{layer_norm, FeedForward, Linear, Scope};
 
 const NORM_EPS: f64 = 1e-6;
-
-/// `FeedForward(dim, mult=4, "gelu-approximate")`: `net.0.proj` → GELU(tanh) → `net.2`.
-pub struct FeedForward {
-    pub proj_in: Linear,
-    pub proj_out: Linear,
-}
-
-impl FeedForward {
-    pub fn new(scope: &Scope<'_>, dim: i64) -> Self {
-        let net = scope / "net";
-        Self {
-            proj_in: (&(&net / 0) / "proj").linear(dim, 4 * dim, true),
-            proj_out: (&net / 2).linear(4 * dim, dim, true),
-        }
-    }
-
-    pub fn forward(&self, x: &Tensor) -> Tensor {
-        self.proj_out.forward(&gelu_tanh(&self.proj_in.forward(x)))
-    }
-}
 
 /// `x·(1 + scale) + shift` with per-sample (B, D) modulation on (B, N, D) tokens.
 fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Tensor {

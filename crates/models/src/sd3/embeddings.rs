@@ -64,12 +64,12 @@ impl Mlp {
 pub const TIMESTEP_CHANNELS: i64 = 256;
 
 /// diffusers' `get_timestep_embedding` with `flip_sin_to_cos = true`, shift 0: `[cos, sin]` of
-/// `t · exp(−ln(10⁴)·k/half)`.
-pub fn timestep_features(timestep: &Tensor, channels: i64) -> Tensor {
+/// `scale · t · exp(−ln(10⁴)·k/half)`.
+pub fn timestep_features(timestep: &Tensor, channels: i64, scale: f64) -> Tensor {
     let half = channels / 2;
     let exponent =
         Tensor::arange(half, (Kind::Float, timestep.device())) * (-(10_000f64).ln() / half as f64);
-    let args = timestep.to_kind(Kind::Float).unsqueeze(1) * exponent.exp().unsqueeze(0);
+    let args = timestep.to_kind(Kind::Float).unsqueeze(1) * exponent.exp().unsqueeze(0) * scale;
     Tensor::cat(&[args.cos(), args.sin()], -1)
 }
 
@@ -88,7 +88,7 @@ impl TimeTextEmbed {
     }
 
     pub fn forward(&self, timestep: &Tensor, pooled: &Tensor) -> Tensor {
-        let t = timestep_features(timestep, TIMESTEP_CHANNELS).to_kind(pooled.kind());
+        let t = timestep_features(timestep, TIMESTEP_CHANNELS, 1.0).to_kind(pooled.kind());
         self.timestep_embedder.forward(&t) + self.text_embedder.forward(pooled)
     }
 }

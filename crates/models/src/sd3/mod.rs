@@ -3,7 +3,7 @@
 mod attention;
 mod block;
 mod config;
-mod embeddings;
+pub(crate) mod embeddings;
 mod family;
 mod pipeline;
 mod tiny;

@@ -1,0 +1,127 @@
+//! Qwen-Image transformer parity with diffusers over every `qwen_image_transformer` fixture of
+//! `manifest.json` (`scripts/reference_qwen_image.py`): outputs with and without LoRA (reference
+//! targets and `all-linear`), every LoRA gradient, and the Edit model's `zero_cond_t`.
+
+use std::collections::HashMap;
+
+use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MODEL_RTOL};
+use flowtune_models::lora::LoraConfig;
+use flowtune_models::qwen_image::{ImageShape, QwenImageTransformer};
+use flowtune_models::TrainableDenoiser;
+use tch::{Device, Kind, Tensor};
+
+fn forward(m: &QwenImageTransformer, io: &HashMap<String, Tensor>) -> Tensor {
+    let input = |k: &str| io.get(&format!("input.{k}"));
+    let shapes: Vec<ImageShape> = Vec::<i64>::try_from(input("img_shapes").unwrap().reshape([-1]))
+        .unwrap()
+        .chunks(3)
+        .map(|s| (s[0], s[1], s[2]))
+        .collect();
+    m.forward(
+        input("hidden_states").unwrap(),
+        input("encoder_hidden_states").unwrap(),
+        input("encoder_hidden_states_mask"),
+        input("timestep").unwrap(),
+        &shapes,
+    )
+    .expect("forward")
+}
+
+fn lora_of(entry: &serde_json::Value) -> LoraConfig {
+    let l = &entry["lora"];
+    LoraConfig {
+        rank: l["r"].as_i64().expect("r"),
+        alpha: l["alpha"].as_f64().expect("alpha"),
+        target_modules: l["targets"]
+            .as_array()
+            .expect("targets")
+            .iter()
+            .map(|t| t.as_str().unwrap().to_string())
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn qwen_image_transformers_match_diffusers() {
+    let mut check = Checker::new("manifest.json qwen_image_transformer");
+    for entry in models_of_kind("qwen_image_transformer") {
+        check.case();
+        let name = entry["name"].as_str().expect("name");
+        let model_dir = dir().join(entry["model"].as_str().expect("model"));
+        let io = tensors(&format!("{name}_io.safetensors"));
+        let lora = lora_of(&entry);
+        let mut model = QwenImageTransformer::load(&model_dir, Device::Cpu, Kind::Float, Some(&lora))
+            .expect("load");
+        model.load_lora(&dir().join(format!("{name}_lora.safetensors"))).expect("load lora");
+        model.set_adapters_enabled(false);
+        let plain = tch::no_grad(|| forward(&model, &io));
+        check.close_within(&format!("{name} output.sample"), &plain, &io["output.sample"], MODEL_RTOL);
+        model.set_adapters_enabled(true);
+        let out = forward(&model, &io);
+        check.close_within(
+            &format!("{name} output.sample_with_lora"),
+            &out,
+            &io["output.sample_with_lora"],
+            MODEL_RTOL,
+        );
+        (out * &io["loss_weight"]).mean(Kind::Float).backward();
+        let vars = model.adapters().expect("adapters").store.variables();
+        let adapted: Vec<&str> = entry["adapted_modules"]
+            .as_array()
+            .expect("adapted_modules")
+            .iter()
+            .map(|m| m.as_str().unwrap())
+            .collect();
+        if vars.len() != 2 * adapted.len() {
+            check.fail(format!(
+                "{name}: {} adapter tensors, PEFT adapts {} modules",
+                vars.len(),
+                adapted.len()
+            ));
+        }
+        for (var_name, var) in &vars {
+            match io.get(&format!("grad.transformer.{var_name}")) {
+                Some(want) => check.close_within(var_name, &var.grad(), want, MODEL_RTOL),
+                // The last block's text outputs do not reach the image prediction.
+                None if !var.grad().defined() || var.grad().abs().max().double_value(&[]) == 0.0 => {}
+                None => check.fail(format!("{name}: {var_name} has a gradient, diffusers' has none")),
+            }
+        }
+        if model.store().variables().values().any(|v| v.requires_grad() || v.grad().defined()) {
+            check.fail(format!("{name}: base weights must not train"));
+        }
+    }
+    check.finish();
+}
+
+#[test]
+fn velocity_packs_latents_and_rescales_true_cfg_per_token() {
+    use flowtune_models::{Denoiser, TextConditioning};
+    let entry = &models_of_kind("qwen_image_transformer")[0];
+    let name = entry["name"].as_str().unwrap();
+    let io = tensors(&format!("{name}_io.safetensors"));
+    let model = QwenImageTransformer::load(&dir().join(name), Device::Cpu, Kind::Float, None)
+        .expect("load");
+    // The fixture's packed (B, 3·5, 64) tokens are a 6 × 10 latent.
+    let latents = model.unpack(&io["input.hidden_states"], 6, 10);
+    assert!(model.pack(&latents).equal(&io["input.hidden_states"]));
+    let mut text = TextConditioning::new(io["input.encoder_hidden_states"].shallow_clone(), None);
+    text.mask = Some(io["input.encoder_hidden_states_mask"].shallow_clone());
+    let v = tch::no_grad(|| model.velocity(&latents, &(&io["input.timestep"] * 1000.0), &text))
+        .expect("velocity");
+    let want = model.unpack(&io["output.sample"], 6, 10);
+    let rel = (&v - &want).norm().double_value(&[]) / want.norm().double_value(&[]);
+    assert!(rel < MODEL_RTOL, "velocity vs diffusers: {rel}");
+
+    // True CFG keeps each packed token at the conditional prediction's norm.
+    let (cond, uncond) = (Tensor::randn([2, 16, 6, 10], (Kind::Float, Device::Cpu)), want);
+    let guided = model.combine_guidance(&cond, &uncond, 4.0);
+    let norms = |t: &Tensor| model.pack(t).norm_scalaropt_dim(2, [-1], false);
+    let rel = (norms(&guided) - norms(&cond)).abs().max().double_value(&[]);
+    assert!(rel < 1e-4, "per-token norms differ by {rel}");
+    let plain = &uncond + (&cond - &uncond) * 4.0;
+    let cos = (model.pack(&guided) * model.pack(&plain)).sum_dim_intlist(&[-1i64][..], false, Kind::Float)
+        / (norms(&guided) * norms(&plain));
+    assert!((cos - 1.0).abs().max().double_value(&[]) < 1e-5, "rescaling changes directions");
+}
