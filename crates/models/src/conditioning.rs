@@ -3,9 +3,11 @@
 //! image shapes). Every tensor has the batch as its first dimension, so selecting, slicing and
 //! stacking rows works the same for every family.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use tch::Tensor;
+
+use crate::ModelError;
 
 /// Text conditioning of a denoiser, one row per sample.
 pub struct TextConditioning {
@@ -24,6 +26,31 @@ impl TextConditioning {
     /// Token states and an optional pooled vector; no mask, no extras.
     pub fn new(embeds: Tensor, pooled: Option<Tensor>) -> Self {
         Self { embeds, pooled, mask: None, extras: BTreeMap::new() }
+    }
+
+    /// The conditioning in diffusers' argument names: `encoder_hidden_states`, optional
+    /// `pooled_projections` and `encoder_hidden_states_mask`, and every other tensor besides
+    /// `hidden_states` and `timestep` as a named extra (e.g. `guidance`).
+    pub fn from_named(inputs: &HashMap<String, Tensor>) -> Result<Self, ModelError> {
+        const OWN: [&str; 5] = [
+            "hidden_states",
+            "timestep",
+            "encoder_hidden_states",
+            "pooled_projections",
+            "encoder_hidden_states_mask",
+        ];
+        let embeds = inputs.get("encoder_hidden_states").ok_or_else(|| {
+            ModelError::Input("no input `encoder_hidden_states`".into())
+        })?;
+        let mut text = Self::new(
+            embeds.shallow_clone(),
+            inputs.get("pooled_projections").map(Tensor::shallow_clone),
+        );
+        text.mask = inputs.get("encoder_hidden_states_mask").map(Tensor::shallow_clone);
+        for (name, t) in inputs.iter().filter(|(n, _)| !OWN.contains(&n.as_str())) {
+            text.extras.insert(name.clone(), t.shallow_clone());
+        }
+        Ok(text)
     }
 
     /// The same conditioning with `f` applied to every per-row tensor.

@@ -3,7 +3,7 @@
 //! the few store accessors of [`TrainableDenoiser`]; LoRA plumbing, weight files and classifier-free
 //! guidance come with the traits.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use tch::nn::VarStore;
@@ -192,6 +192,17 @@ pub trait TrainableDenoiser: Denoiser {
     /// Reads base weights saved by [`Self::save_weights`] (names and shapes checked).
     fn load_weights_file(&mut self, path: &Path) -> Result<(), ModelError> {
         load_weights(&mut self.weights_mut().base, &[path.to_path_buf()], LoadOptions::default())
+    }
+
+    /// The reference implementation's forward on its own argument names (`hidden_states`,
+    /// `timestep`, …, without the `input.` prefix), for `flowtune debug forward`. By default the
+    /// velocity, for families whose forward takes the velocity's layout and timestep scale.
+    fn forward_named(&self, inputs: &HashMap<String, Tensor>) -> Result<Tensor, ModelError> {
+        let get = |name: &str| {
+            inputs.get(name).ok_or_else(|| ModelError::Input(format!("no input `{name}`")))
+        };
+        let text = TextConditioning::from_named(inputs)?;
+        self.velocity(get("hidden_states")?, get("timestep")?, &text)
     }
 }
 

@@ -8,7 +8,6 @@ use anyhow::{anyhow, Context};
 use flowtune_models::lora::{self, LoraConfig};
 use flowtune_models::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
 use flowtune_models::vae::AutoencoderKl;
-use flowtune_models::TextConditioning;
 use flowtune_sampling::SampleRng;
 use tch::{Device, Kind, Tensor};
 
@@ -42,34 +41,6 @@ fn input<'a>(
         .ok_or_else(|| Failure::input(anyhow!("{}: no tensor `{name}`", file.display())))
 }
 
-/// A denoiser's text conditioning from diffusers' argument names: `input.encoder_hidden_states`,
-/// optional `input.pooled_projections` and `input.encoder_hidden_states_mask`, and every other
-/// `input.*` tensor besides `hidden_states` and `timestep` as a named extra (e.g. `guidance`).
-fn conditioning(
-    inputs: &HashMap<String, Tensor>,
-    file: &Path,
-) -> Result<TextConditioning, Failure> {
-    let mut text = TextConditioning::new(
-        input(inputs, "input.encoder_hidden_states", file)?.shallow_clone(),
-        inputs.get("input.pooled_projections").map(Tensor::shallow_clone),
-    );
-    text.mask = inputs.get("input.encoder_hidden_states_mask").map(Tensor::shallow_clone);
-    for (name, t) in inputs {
-        let key = name.strip_prefix("input.").unwrap_or(name);
-        let known = [
-            "hidden_states",
-            "timestep",
-            "encoder_hidden_states",
-            "pooled_projections",
-            "encoder_hidden_states_mask",
-        ];
-        if !known.contains(&key) {
-            text.extras.insert(key.to_string(), t.shallow_clone());
-        }
-    }
-    Ok(text)
-}
-
 /// Runs `component` on `inputs_file` and writes `out`.
 pub fn forward(
     component: &Path,
@@ -100,8 +71,12 @@ pub fn forward(
             if let Some((f, _)) = lora_file {
                 model.load_lora(f).map_err(Failure::input)?;
             }
-            let text = conditioning(&inputs, inputs_file)?;
-            let sample = tch::no_grad(|| model.velocity(get("input.hidden_states")?, get("input.timestep")?, &text).map_err(Failure::input))?;
+            let named = inputs
+                .iter()
+                .filter_map(|(n, t)| n.strip_prefix("input.").map(|k| (k.to_string(), t.shallow_clone())))
+                .collect();
+            let sample = tch::no_grad(|| model.forward_named(&named))
+                .map_err(|e| Failure::input(anyhow!("{}: {e}", inputs_file.display())))?;
             let name = if lora_file.is_some() { "output.sample_with_lora" } else { "output.sample" };
             vec![(name.into(), sample)]
         }

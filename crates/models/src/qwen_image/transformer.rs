@@ -1,6 +1,7 @@
 //! `QwenImageTransformer2DModel`: packed 2×2 latent tokens and text states through dual-stream
 //! blocks, continuous AdaLN, projection back to packed latent channels.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
@@ -298,6 +299,23 @@ impl TrainableDenoiser for QwenImageTransformer {
             text,
             tokens: batch * (height / c.patch_size) * (width / c.patch_size),
         }
+    }
+
+    /// diffusers' forward: packed `hidden_states`, `timestep` as σ, `img_shapes` as an (n, 3)
+    /// tensor of (frames, rows, columns) shared by every row.
+    fn forward_named(&self, inputs: &HashMap<String, Tensor>) -> Result<Tensor, ModelError> {
+        let get = |name: &str| {
+            inputs.get(name).ok_or_else(|| ModelError::Input(format!("no input `{name}`")))
+        };
+        let grids = Vec::<i64>::try_from(get("img_shapes")?.reshape([-1]))?;
+        let shapes: Vec<ImageShape> = grids.chunks(3).map(|g| (g[0], g[1], g[2])).collect();
+        self.forward(
+            get("hidden_states")?,
+            get("encoder_hidden_states")?,
+            inputs.get("encoder_hidden_states_mask"),
+            get("timestep")?,
+            &shapes,
+        )
     }
 
     fn describe(&self) -> String {
