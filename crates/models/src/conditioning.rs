@@ -39,9 +39,9 @@ impl TextConditioning {
             "pooled_projections",
             "encoder_hidden_states_mask",
         ];
-        let embeds = inputs.get("encoder_hidden_states").ok_or_else(|| {
-            ModelError::Input("no input `encoder_hidden_states`".into())
-        })?;
+        let embeds = inputs
+            .get("encoder_hidden_states")
+            .ok_or_else(|| ModelError::Input("no input `encoder_hidden_states`".into()))?;
         let mut text = Self::new(
             embeds.shallow_clone(),
             inputs.get("pooled_projections").map(Tensor::shallow_clone),

@@ -99,6 +99,12 @@ pub trait FlowPipeline {
     /// u8 RGB pictures (B, H, W, 3) → clean latents (f32), the inverse of [`Self::decode_rgb8`].
     fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError>;
 
+    /// The negative prompt of CFG when a prompt row names none (diffusers' pipeline default:
+    /// empty for SD3, `" "` for Qwen-Image).
+    fn default_negative_prompt(&self) -> &'static str {
+        ""
+    }
+
     /// The folder of the denoiser's diffusers component (its `config.json` goes beside a fully
     /// fine-tuned export).
     fn denoiser_dir(&self) -> PathBuf {

@@ -83,9 +83,9 @@ impl LoraConfig {
     /// Whether the layer named `module` (dotted) gets an adapter: a target names it or its
     /// dotted suffix, and PEFT's `all-linear` names every linear layer.
     pub fn targets(&self, module: &str) -> bool {
-        self.target_modules.iter().any(|t| {
-            t == ALL_LINEAR || module == t || module.ends_with(&format!(".{t}"))
-        })
+        self.target_modules
+            .iter()
+            .any(|t| t == ALL_LINEAR || module == t || module.ends_with(&format!(".{t}")))
     }
 
     /// The output scale α/r.

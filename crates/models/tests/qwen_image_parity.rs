@@ -51,12 +51,18 @@ fn qwen_image_transformers_match_diffusers() {
         let model_dir = dir().join(entry["model"].as_str().expect("model"));
         let io = tensors(&format!("{name}_io.safetensors"));
         let lora = lora_of(&entry);
-        let mut model = QwenImageTransformer::load(&model_dir, Device::Cpu, Kind::Float, Some(&lora))
-            .expect("load");
+        let mut model =
+            QwenImageTransformer::load(&model_dir, Device::Cpu, Kind::Float, Some(&lora))
+                .expect("load");
         model.load_lora(&dir().join(format!("{name}_lora.safetensors"))).expect("load lora");
         model.set_adapters_enabled(false);
         let plain = tch::no_grad(|| forward(&model, &io));
-        check.close_within(&format!("{name} output.sample"), &plain, &io["output.sample"], MODEL_RTOL);
+        check.close_within(
+            &format!("{name} output.sample"),
+            &plain,
+            &io["output.sample"],
+            MODEL_RTOL,
+        );
         model.set_adapters_enabled(true);
         let out = forward(&model, &io);
         check.close_within(
@@ -84,8 +90,11 @@ fn qwen_image_transformers_match_diffusers() {
             match io.get(&format!("grad.transformer.{var_name}")) {
                 Some(want) => check.close_within(var_name, &var.grad(), want, MODEL_RTOL),
                 // The last block's text outputs do not reach the image prediction.
-                None if !var.grad().defined() || var.grad().abs().max().double_value(&[]) == 0.0 => {}
-                None => check.fail(format!("{name}: {var_name} has a gradient, diffusers' has none")),
+                None if !var.grad().defined()
+                    || var.grad().abs().max().double_value(&[]) == 0.0 => {}
+                None => {
+                    check.fail(format!("{name}: {var_name} has a gradient, diffusers' has none"))
+                }
             }
         }
         if model.store().variables().values().any(|v| v.requires_grad() || v.grad().defined()) {
@@ -121,7 +130,10 @@ fn velocity_packs_latents_and_rescales_true_cfg_per_token() {
     let rel = (norms(&guided) - norms(&cond)).abs().max().double_value(&[]);
     assert!(rel < 1e-4, "per-token norms differ by {rel}");
     let plain = &uncond + (&cond - &uncond) * 4.0;
-    let cos = (model.pack(&guided) * model.pack(&plain)).sum_dim_intlist(&[-1i64][..], false, Kind::Float)
-        / (norms(&guided) * norms(&plain));
+    let cos = (model.pack(&guided) * model.pack(&plain)).sum_dim_intlist(
+        &[-1i64][..],
+        false,
+        Kind::Float,
+    ) / (norms(&guided) * norms(&plain));
     assert!((cos - 1.0).abs().max().double_value(&[]) < 1e-5, "rescaling changes directions");
 }

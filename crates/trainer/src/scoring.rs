@@ -31,8 +31,10 @@ pub fn rollout_and_score(
     on_error: OnError,
 ) -> Result<Scored, TrainError> {
     let prompts: Vec<&str> = records.iter().map(|r| r.prompt.as_str()).collect();
-    let negatives: Vec<&str> =
-        records.iter().map(|r| r.negative_prompt.as_deref().unwrap_or("")).collect();
+    let negatives: Vec<&str> = records
+        .iter()
+        .map(|r| r.negative_prompt.as_deref().unwrap_or(engine.pipe.default_negative_prompt()))
+        .collect();
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<(usize, Vec<RgbImage>)>();
         let worker = scope.spawn(move || score_chunks(rx, records, scorers, on_error));

@@ -61,7 +61,7 @@ fn bench_rollout(a: RolloutArgs, device: Device) -> Result<(), Failure> {
         .map_err(|e| Failure::input(anyhow::anyhow!("--resolution {e}")))?;
     let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).map_err(Failure::input)?;
     let prompts = vec!["a photo of a red circle next to a blue square"; a.batch];
-    let negatives = vec![""; a.batch];
+    let negatives = vec![pipe.default_negative_prompt(); a.batch];
     let mut step = 0u64;
     let seconds = time(a.iters, device, || {
         step += 1;

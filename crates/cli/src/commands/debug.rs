@@ -42,6 +42,9 @@ pub enum DebugCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Run one trajectory (any family) from given initial latents and per-step noise; write its
+    /// latents, log-probs, timesteps and decoded pictures.
+    Rollout(super::debug_rollout::RolloutArgs),
     /// Print the sigma grid of a diffusers scheduler config as JSON {sigmas, timesteps, mu}.
     Schedule {
         /// A diffusers `scheduler_config.json` (FlowMatchEulerDiscreteScheduler).
@@ -78,6 +81,7 @@ pub fn run(command: DebugCommand, device: &DeviceArg) -> Result<(), Failure> {
         DebugCommand::MakeLora { component, out, rank, alpha, seed } => {
             super::forward::make_lora(&component, &out, rank, alpha, seed)
         }
+        DebugCommand::Rollout(args) => super::debug_rollout::rollout(args, device),
         DebugCommand::Schedule {
             scheduler_config,
             steps,

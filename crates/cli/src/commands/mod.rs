@@ -6,6 +6,7 @@ pub mod bench_shapes;
 pub mod config;
 pub mod data;
 pub mod debug;
+pub mod debug_rollout;
 pub mod demo;
 pub mod env;
 pub mod forward;

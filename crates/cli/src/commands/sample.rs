@@ -73,8 +73,10 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
     let mut index = vec![];
     for (chunk_no, chunk) in records.chunks(a.batch.max(1)).enumerate() {
         let prompts: Vec<&str> = chunk.iter().map(|r| r.prompt.as_str()).collect();
-        let negatives: Vec<&str> =
-            chunk.iter().map(|r| r.negative_prompt.as_deref().unwrap_or("")).collect();
+        let negatives: Vec<&str> = chunk
+            .iter()
+            .map(|r| r.negative_prompt.as_deref().unwrap_or(pipe.default_negative_prompt()))
+            .collect();
         // Image i is seeded `row_seed(seed, 1, i)`: the batch size does not change the images.
         let first = (chunk_no * a.batch.max(1)) as u64;
         let seeds: Vec<u64> = (first..first + prompts.len() as u64)

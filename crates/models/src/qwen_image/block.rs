@@ -29,7 +29,8 @@ pub struct JointAttention {
 impl JointAttention {
     pub fn new(scope: &Scope<'_>, dim: i64, heads: i64, head_dim: i64) -> Self {
         let inner = heads * head_dim;
-        let linear = |name: &str, input: i64, output: i64| (scope / name).linear(input, output, true);
+        let linear =
+            |name: &str, input: i64, output: i64| (scope / name).linear(input, output, true);
         let norm = |name: &str| RmsNorm::new(&(scope / name), head_dim, EPS);
         Self {
             to_q: linear("to_q", dim, inner),
@@ -93,7 +94,14 @@ impl JointAttention {
             ],
             1,
         );
-        let out = attention(&q.transpose(1, 2), &k.transpose(1, 2), &v.transpose(1, 2), mask, false, None);
+        let out = attention(
+            &q.transpose(1, 2),
+            &k.transpose(1, 2),
+            &v.transpose(1, 2),
+            mask,
+            false,
+            None,
+        );
         let (b, h, n, d) = out.size4().expect("4-d attention output");
         let out = out.transpose(1, 2).reshape([b, n, h * d]);
         let l = text.size()[1];
@@ -172,7 +180,8 @@ impl QwenImageTransformerBlock {
         let txt_params = self.txt_mod.forward(&text_temb.silu()).chunk(2, -1);
         let (img1, img2) =
             (Modulation::new(&img_params[0], select), Modulation::new(&img_params[1], select));
-        let (txt1, txt2) = (Modulation::new(&txt_params[0], None), Modulation::new(&txt_params[1], None));
+        let (txt1, txt2) =
+            (Modulation::new(&txt_params[0], None), Modulation::new(&txt_params[1], None));
 
         let (img_attn, txt_attn) = self.attn.forward(
             &img1.apply(&layer_norm(image, EPS)),
@@ -183,7 +192,8 @@ impl QwenImageTransformerBlock {
         let image = image + &img1.gate * img_attn;
         let text = text + &txt1.gate * txt_attn;
 
-        let image = &image + &img2.gate * self.img_mlp.forward(&img2.apply(&layer_norm(&image, EPS)));
+        let image =
+            &image + &img2.gate * self.img_mlp.forward(&img2.apply(&layer_norm(&image, EPS)));
         let text = &text + &txt2.gate * self.txt_mlp.forward(&txt2.apply(&layer_norm(&text, EPS)));
         (image, text)
     }

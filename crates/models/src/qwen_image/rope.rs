@@ -52,7 +52,8 @@ pub fn rotary_angles(
     let mut text_start = 0;
     for (index, &(frames, rows, cols)) in images.iter().enumerate() {
         let grid = |t: Tensor, shape: [i64; 3]| t.view(shape).expand([frames, rows, cols], false);
-        let frame = Tensor::arange_start(index as i64, index as i64 + frames, (Kind::Int64, device));
+        let frame =
+            Tensor::arange_start(index as i64, index as i64 + frames, (Kind::Int64, device));
         let frame = grid(frame, [frames, 1, 1]).reshape([-1]);
         let row = grid(centred(rows, device), [1, rows, 1]).reshape([-1]);
         let col = grid(centred(cols, device), [1, 1, cols]).reshape([-1]);

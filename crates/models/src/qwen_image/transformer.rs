@@ -143,8 +143,14 @@ impl QwenImageTransformer {
         let rope = rotary_angles(&self.config.axes_dims_rope, ROPE_THETA, img_shapes, l, device);
         let (mut image, mut text) = (image, text);
         for block in &self.transformer_blocks {
-            (image, text) =
-                block.forward(&image, &text, &temb, attention_mask.as_ref(), &rope, select.as_ref());
+            (image, text) = block.forward(
+                &image,
+                &text,
+                &temb,
+                attention_mask.as_ref(),
+                &rope,
+                select.as_ref(),
+            );
         }
         let temb = if select.is_some() { temb.chunk(2, 0)[0].shallow_clone() } else { temb };
         let mods = self.norm_out.forward(&temb.silu()).chunk(2, 1);
@@ -178,7 +184,11 @@ impl QwenImageTransformer {
         let b = xs[0];
         let ts = text.size();
         if ts.len() != 3 || ts[0] != b || ts[2] != c.joint_attention_dim {
-            return bad("encoder_hidden_states", ts, format!("[{b}, L, {}]", c.joint_attention_dim));
+            return bad(
+                "encoder_hidden_states",
+                ts,
+                format!("[{b}, L, {}]", c.joint_attention_dim),
+            );
         }
         if let Some(m) = mask {
             if m.size() != [b, ts[1]] {
@@ -195,10 +205,11 @@ impl QwenImageTransformer {
     pub fn pack(&self, latents: &Tensor) -> Tensor {
         let p = self.config.patch_size;
         let (b, c, h, w) = latents.size4().expect("4-d latents");
-        latents
-            .view([b, c, h / p, p, w / p, p])
-            .permute([0, 2, 4, 1, 3, 5])
-            .reshape([b, (h / p) * (w / p), c * p * p])
+        latents.view([b, c, h / p, p, w / p, p]).permute([0, 2, 4, 1, 3, 5]).reshape([
+            b,
+            (h / p) * (w / p),
+            c * p * p,
+        ])
     }
 
     /// The inverse of [`Self::pack`] for a (B, S, C·p²) prediction of an `h × w` latent.
@@ -290,8 +301,10 @@ impl TrainableDenoiser for QwenImageTransformer {
         let c = &self.config;
         let device = self.weights.base.device();
         let opts = (self.img_in.weight.kind(), device);
-        let mut text =
-            TextConditioning::new(Tensor::randn([batch, text_len, c.joint_attention_dim], opts), None);
+        let mut text = TextConditioning::new(
+            Tensor::randn([batch, text_len, c.joint_attention_dim], opts),
+            None,
+        );
         text.mask = Some(Tensor::ones([batch, text_len], (Kind::Int64, device)));
         ExampleInputs {
             latents: Tensor::randn([batch, c.latent_channels(), height, width], opts),
