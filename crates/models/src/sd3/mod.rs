@@ -6,7 +6,7 @@ mod config;
 pub(crate) mod embeddings;
 mod family;
 mod pipeline;
-mod tiny;
+pub(crate) mod tiny;
 mod transformer;
 
 pub use config::Sd3TransformerConfig;

@@ -1,0 +1,145 @@
+//! The Qwen-Image pipeline: a diffusers `QwenImagePipeline` directory loaded as components, and
+//! its prompt encoding, latent layout and schedule.
+
+use std::path::Path;
+
+use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
+use tch::nn::VarStore;
+use tch::{Device, Tensor};
+
+use super::{AutoencoderKlQwenImage, QwenImageTransformer};
+use crate::denoiser::TrainableDenoiser;
+use crate::family::{FlowPipeline, PipelineOptions};
+use crate::pipeline::PipelineDir;
+use crate::text_encoders::qwen_prompts::QwenPromptEncoder;
+use crate::{ModelError, TextConditioning};
+
+/// Text tokens kept per prompt when the options give none (the pipeline's default).
+const MAX_SEQUENCE_LENGTH: usize = 512;
+
+/// Every component of a Qwen-Image pipeline.
+pub struct QwenImagePipeline {
+    pub dir: PipelineDir,
+    pub transformer: QwenImageTransformer,
+    pub vae: AutoencoderKlQwenImage,
+    /// Qwen2.5-VL's language model with the Qwen2 tokenizer.
+    pub text: QwenPromptEncoder,
+    pub scheduler: SchedulerConfig,
+    /// Text tokens kept per prompt after the template (`max_sequence_length`).
+    pub max_sequence_length: usize,
+}
+
+impl QwenImagePipeline {
+    /// Loads the `QwenImagePipeline` directory at `path`.
+    pub fn load(path: &Path, options: &PipelineOptions) -> Result<Self, ModelError> {
+        Self::open(PipelineDir::open(path)?, options)
+    }
+
+    /// Loads the components of an opened pipeline directory.
+    pub fn open(dir: PipelineDir, options: &PipelineOptions) -> Result<Self, ModelError> {
+        let (device, dtypes) = (options.device, options.dtypes);
+        let scheduler_dir = dir.component("scheduler", &["FlowMatchEulerDiscreteScheduler"])?;
+        Ok(Self {
+            transformer: QwenImageTransformer::load(
+                &dir.component("transformer", &["QwenImageTransformer2DModel"])?,
+                device,
+                dtypes.transformer,
+                options.lora.as_ref(),
+            )?,
+            vae: AutoencoderKlQwenImage::load(
+                &dir.component("vae", &["AutoencoderKLQwenImage"])?,
+                device,
+                dtypes.vae,
+            )?,
+            text: QwenPromptEncoder::load(
+                &dir.component("text_encoder", &["Qwen2_5_VLForConditionalGeneration"])?,
+                &dir.tokenizer("tokenizer")?,
+                device,
+                dtypes.text_encoders,
+            )?,
+            scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
+            max_sequence_length: options.max_sequence_length.unwrap_or(MAX_SEQUENCE_LENGTH),
+            dir,
+        })
+    }
+
+    /// Pixels per latent cell on a side.
+    pub fn vae_scale_factor(&self) -> i64 {
+        self.vae.config.spatial_factor()
+    }
+}
+
+impl FlowPipeline for QwenImagePipeline {
+    fn dir(&self) -> &PipelineDir {
+        &self.dir
+    }
+
+    fn device(&self) -> Device {
+        self.transformer.img_in.weight.device()
+    }
+
+    fn scheduler(&self) -> &SchedulerConfig {
+        &self.scheduler
+    }
+
+    fn denoiser(&self) -> &dyn TrainableDenoiser {
+        &self.transformer
+    }
+
+    fn denoiser_mut(&mut self) -> &mut dyn TrainableDenoiser {
+        &mut self.transformer
+    }
+
+    /// The chat template around each prompt, Qwen2.5-VL's last hidden states past the template,
+    /// rows zero-padded to the longest with a mask.
+    fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
+        let (embeds, mask) = self.text.encode_prompts(prompts, self.max_sequence_length)?;
+        let kind = self.transformer.img_in.weight.kind();
+        let mut text = TextConditioning::new(embeds.to_kind(kind), None);
+        text.mask = Some(mask);
+        Ok(text)
+    }
+
+    fn default_negative_prompt(&self) -> &'static str {
+        " "
+    }
+
+    /// `[16, H/8, W/8]`; sides must be multiples of 16 (VAE factor × patch size).
+    fn latent_shape(&self, height: i64, width: i64) -> Result<Vec<i64>, ModelError> {
+        let factor = self.vae_scale_factor();
+        let multiple = factor * self.transformer.config.patch_size;
+        for side in [height, width] {
+            if side <= 0 || side % multiple != 0 {
+                return Err(ModelError::Input(format!(
+                    "{side}: expected a positive multiple of {multiple} (VAE factor × patch size)"
+                )));
+            }
+        }
+        Ok(vec![self.transformer.config.latent_channels(), height / factor, width / factor])
+    }
+
+    /// Dynamic shifting from the packed token count `(H/2)·(W/2)` of the latent.
+    fn grid_request(&self, steps: usize, latent_shape: &[i64]) -> GridRequest {
+        let p = self.transformer.config.patch_size;
+        let tokens = latent_shape[1] / p * (latent_shape[2] / p);
+        GridRequest {
+            steps,
+            pipeline: Pipeline::QwenImage,
+            image_seq_len: Some(tokens as u64),
+            ..Default::default()
+        }
+    }
+
+    fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
+        Ok(AutoencoderKlQwenImage::to_rgb8(&self.vae.decode(latents)))
+    }
+
+    fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError> {
+        let pixels = images.permute([0, 3, 1, 2]).to_kind(tch::Kind::Float) / 127.5 - 1.0;
+        Ok(self.vae.encode(&pixels).0.to_kind(tch::Kind::Float))
+    }
+
+    fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {
+        vec![("transformer", "diffusion_pytorch_model.safetensors", &self.transformer.weights.base)]
+    }
+}

@@ -1,0 +1,119 @@
+//! `flowtune make-tiny qwen_image`: a complete random `QwenImagePipeline` directory in the exact
+//! diffusers layout (loadable by diffusers), for tests and examples.
+
+use std::path::Path;
+
+use flowtune_sampling::SampleRng;
+use serde_json::json;
+use tch::Device;
+
+use super::{write_tiny_qwen_vae, QwenImageTransformer, QwenImageTransformerConfig, QwenVaeConfig};
+use crate::sd3::tiny::{randomize, write_component, DIFFUSERS_VERSION};
+use crate::sd3::WeightInit;
+use crate::text_encoders::qwen_tiny::{write_tiny_qwen_text_encoder, TinyQwenTextSpec};
+use crate::{write_json, ModelError};
+
+/// Sizes of a tiny Qwen-Image pipeline.
+#[derive(Debug, Clone)]
+pub struct TinyQwenImageSpec {
+    pub seed: u64,
+    pub layers: usize,
+    pub heads: i64,
+    pub head_dim: i64,
+    /// Rotary dimensions per axis (frame, row, column); they sum to `head_dim`.
+    pub axes_dims_rope: [i64; 3],
+    /// The text encoder, whose width is the transformer's `joint_attention_dim`.
+    pub text: TinyQwenTextSpec,
+    pub vae: QwenVaeConfig,
+    /// The Edit models' zero timestep for condition tokens.
+    pub zero_cond_t: bool,
+}
+
+impl Default for TinyQwenImageSpec {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            layers: 2,
+            heads: 2,
+            head_dim: 16,
+            axes_dims_rope: [4, 6, 6],
+            text: TinyQwenTextSpec::default(),
+            vae: QwenVaeConfig::tiny(),
+            zero_cond_t: false,
+        }
+    }
+}
+
+/// Writes the pipeline into `dir` (created if missing).
+pub fn write_tiny_qwen_image(dir: &Path, spec: &TinyQwenImageSpec) -> Result<(), ModelError> {
+    write_tiny_qwen_text_encoder(
+        &dir.join("text_encoder"),
+        &dir.join("tokenizer"),
+        spec.seed,
+        &spec.text,
+    )?;
+    write_tiny_qwen_vae(&dir.join("vae"), spec.seed + 1, &spec.vae)?;
+
+    let config = QwenImageTransformerConfig {
+        num_layers: spec.layers,
+        num_attention_heads: spec.heads,
+        attention_head_dim: spec.head_dim,
+        axes_dims_rope: spec.axes_dims_rope,
+        joint_attention_dim: spec.text.hidden_size,
+        in_channels: 4 * spec.vae.z_dim,
+        out_channels: Some(spec.vae.z_dim),
+        zero_cond_t: spec.zero_cond_t,
+        ..Default::default()
+    };
+    let transformer = QwenImageTransformer::new(&config, Device::Cpu, None)?;
+    let mut rng = SampleRng::new(spec.seed + 2);
+    randomize(&transformer.weights.base, &mut rng, WeightInit::Normal(0.1))?;
+    let mut cfg = serde_json::to_value(&config).expect("config");
+    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
+    write_component(
+        &dir.join("transformer"),
+        &transformer.weights.base,
+        "diffusion_pytorch_model.safetensors",
+        &cfg,
+    )?;
+
+    let scheduler = dir.join("scheduler");
+    std::fs::create_dir_all(&scheduler).map_err(|e| ModelError::Io {
+        path: scheduler.display().to_string(),
+        message: e.to_string(),
+    })?;
+    // Qwen-Image's own scheduler settings (dynamic shifting, exponential time shift, terminal 0.02).
+    write_json(
+        &scheduler.join("scheduler_config.json"),
+        &json!({
+            "_class_name": "FlowMatchEulerDiscreteScheduler",
+            "_diffusers_version": DIFFUSERS_VERSION,
+            "base_image_seq_len": 256,
+            "base_shift": 0.5,
+            "invert_sigmas": false,
+            "max_image_seq_len": 8192,
+            "max_shift": 0.9,
+            "num_train_timesteps": 1000,
+            "shift": 1.0,
+            "shift_terminal": 0.02,
+            "stochastic_sampling": false,
+            "time_shift_type": "exponential",
+            "use_beta_sigmas": false,
+            "use_dynamic_shifting": true,
+            "use_exponential_sigmas": false,
+            "use_karras_sigmas": false
+        }),
+    )?;
+    write_json(
+        &dir.join("model_index.json"),
+        &json!({
+            "_class_name": "QwenImagePipeline",
+            "_diffusers_version": DIFFUSERS_VERSION,
+            "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+            "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
+            "tokenizer": ["transformers", "Qwen2Tokenizer"],
+            "transformer": ["diffusers", "QwenImageTransformer2DModel"],
+            "vae": ["diffusers", "AutoencoderKLQwenImage"],
+        }),
+    )
+}
