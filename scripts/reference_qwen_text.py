@@ -174,7 +174,9 @@ def check_and_write_ids(files_dir: Path):
 
 def tiny_tokenizer() -> Path:
     out = FIX / "qwen_text_tiny_tokenizer"
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
