@@ -192,3 +192,27 @@ fn a_missing_tensor_is_named() {
     }
     let _ = MATH_RTOL;
 }
+
+#[test]
+fn tiny_writer_loads_and_encodes() {
+    use flowtune_models::text_encoders::qwen_tiny::{
+        write_tiny_qwen_text_encoder, TinyQwenTextSpec,
+    };
+    let root = scratch("tiny-writer");
+    let (te, tok) = (root.join("text_encoder"), root.join("tokenizer"));
+    write_tiny_qwen_text_encoder(&te, &tok, 3, &TinyQwenTextSpec::default()).expect("write");
+    let encoder = QwenPromptEncoder::load(&te, &tok, Device::Cpu, Kind::Float).expect("load");
+    let (embeds, mask) =
+        tch::no_grad(|| encoder.encode_prompts(&["a red circle", " "], 1024)).expect("encode");
+    assert_eq!(embeds.size()[0], 2);
+    assert_eq!(embeds.size()[2], 32);
+    let lengths: Vec<i64> = Vec::try_from(mask.sum_dim_intlist(1, false, Kind::Int64)).unwrap();
+    assert!(lengths[0] > lengths[1] && lengths[1] > 0, "{lengths:?}");
+    // The vocab.json + merges.txt path gives the same ids as the tokenizer.json path.
+    let files = scratch("tiny-writer-files");
+    copy(&tok, &files, &["vocab.json", "merges.txt", "tokenizer_config.json"]);
+    let from_files = TextTokenizer::load(&files).expect("load vocab+merges");
+    let text =
+        flowtune_models::text_encoders::qwen_prompts::PROMPT_TEMPLATE.replace("{}", "猫 cat!");
+    assert_eq!(from_files.ids(&text).unwrap(), encoder.tokenizer.ids(&text).unwrap());
+}

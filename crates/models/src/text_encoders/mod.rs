@@ -3,6 +3,7 @@
 pub mod clip;
 pub mod qwen2_5_vl;
 pub mod qwen_prompts;
+pub mod qwen_tiny;
 pub mod t5;
 
 use std::path::Path;

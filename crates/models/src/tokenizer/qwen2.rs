@@ -71,3 +71,32 @@ pub fn from_vocab_merges(dir: &Path) -> Result<Tokenizer, ModelError> {
     })?;
     with_bpe(bpe)
 }
+
+/// Qwen2.5-VL's added tokens, from id `vocabulary size` on; all but the last
+/// [`NON_SPECIAL_ADDED`] are special.
+pub const ADDED_TOKENS: [&str; 22] = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+];
+/// How many of the last [`ADDED_TOKENS`] are not special.
+pub const NON_SPECIAL_ADDED: usize = 8;
