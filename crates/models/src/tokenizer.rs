@@ -161,27 +161,6 @@ impl TextTokenizer {
         Self { inner, pad_id, pad_token: pad_token.to_string(), model_max_length }
     }
 
-    /// Token ids (B, `length`) of `texts`, truncated and padded to exactly `length`.
-    pub fn encode(&self, texts: &[&str], length: usize) -> Result<Tensor, ModelError> {
-        let mut tok = self.inner.clone();
-        tok.with_truncation(Some(TruncationParams { max_length: length, ..Default::default() }))
-            .map_err(|e| ModelError::Input(format!("tokenizer truncation: {e}")))?;
-        tok.with_padding(Some(PaddingParams {
-            strategy: PaddingStrategy::Fixed(length),
-            pad_id: self.pad_id,
-            pad_token: self.pad_token.clone(),
-            ..Default::default()
-        }));
-        let encodings = tok
-            .encode_batch(texts.to_vec(), true)
-            .map_err(|e| ModelError::Input(format!("tokenizing prompts: {e}")))?;
-        let ids: Vec<i64> =
-            encodings.iter().flat_map(|e| e.get_ids().iter().map(|&i| i as i64)).collect();
-        Ok(Tensor::from_slice(&ids).view([texts.len() as i64, length as i64]))
-    }
-}
-
-impl TextTokenizer {
     /// Token ids and attention mask (B, L) of `texts`, truncated to `max_length` and right-padded
     /// to the longest row (transformers' `padding=True, truncation=True, max_length=…`).
     pub fn encode_longest(
@@ -219,6 +198,25 @@ impl TextTokenizer {
             .encode(text, true)
             .map_err(|e| ModelError::Input(format!("tokenizing {text:?}: {e}")))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Token ids (B, `length`) of `texts`, truncated and padded to exactly `length`.
+    pub fn encode(&self, texts: &[&str], length: usize) -> Result<Tensor, ModelError> {
+        let mut tok = self.inner.clone();
+        tok.with_truncation(Some(TruncationParams { max_length: length, ..Default::default() }))
+            .map_err(|e| ModelError::Input(format!("tokenizer truncation: {e}")))?;
+        tok.with_padding(Some(PaddingParams {
+            strategy: PaddingStrategy::Fixed(length),
+            pad_id: self.pad_id,
+            pad_token: self.pad_token.clone(),
+            ..Default::default()
+        }));
+        let encodings = tok
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| ModelError::Input(format!("tokenizing prompts: {e}")))?;
+        let ids: Vec<i64> =
+            encodings.iter().flat_map(|e| e.get_ids().iter().map(|&i| i as i64)).collect();
+        Ok(Tensor::from_slice(&ids).view([texts.len() as i64, length as i64]))
     }
 }
 
