@@ -1,7 +1,11 @@
 //! Tokenizers from a pipeline's `tokenizer*/tokenizer.json` (Hugging Face `tokenizers`), with the
 //! pad token and length limit of `tokenizer_config.json`, padded and truncated as transformers'
-//! fast tokenizers do with `padding="max_length", truncation=True`.
+//! fast tokenizers do with `padding="max_length", truncation=True`. A Qwen2 folder without
+//! `tokenizer.json` is built from `vocab.json` + `merges.txt` ([`qwen2`]).
 
+pub mod qwen2;
+
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use tch::Tensor;
@@ -25,6 +29,61 @@ struct TokenizerConfig {
     eos_token: Option<serde_json::Value>,
     unk_token: Option<serde_json::Value>,
     model_max_length: Option<f64>,
+    tokenizer_class: Option<String>,
+    added_tokens_decoder: Option<BTreeMap<String, AddedTokenEntry>>,
+}
+
+/// One entry of `added_tokens_decoder`.
+#[derive(serde::Deserialize)]
+struct AddedTokenEntry {
+    content: String,
+    #[serde(default)]
+    special: bool,
+    #[serde(default)]
+    normalized: bool,
+    #[serde(default)]
+    lstrip: bool,
+    #[serde(default)]
+    rstrip: bool,
+    #[serde(default)]
+    single_word: bool,
+}
+
+/// Adds the `added_tokens_decoder` tokens in id order, checking each lands on its id.
+fn add_decoder_tokens(
+    inner: &mut Tokenizer,
+    entries: &BTreeMap<String, AddedTokenEntry>,
+    config_file: &Path,
+) -> Result<(), ModelError> {
+    let bad =
+        |message: String| ModelError::Format { path: config_file.display().to_string(), message };
+    let mut by_id = entries
+        .iter()
+        .map(|(id, e)| {
+            Ok((id.parse::<u32>().map_err(|_| bad(format!("added token id {id:?}")))?, e))
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    by_id.sort_by_key(|(id, _)| *id);
+    for (id, entry) in by_id {
+        let token = tokenizers::AddedToken::from(entry.content.clone(), entry.special)
+            .normalized(entry.normalized)
+            .lstrip(entry.lstrip)
+            .rstrip(entry.rstrip)
+            .single_word(entry.single_word);
+        if entry.special {
+            inner.add_special_tokens(&[token]);
+        } else {
+            inner.add_tokens(&[token]);
+        }
+        let found = inner.token_to_id(&entry.content);
+        if found != Some(id) {
+            return Err(bad(format!(
+                "added token {:?} has id {id}, the vocabulary gives it {found:?}",
+                entry.content
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// transformers writes special tokens as a string or as {"content": …}.
@@ -37,18 +96,35 @@ fn token_text(value: &Option<serde_json::Value>) -> Option<String> {
 }
 
 impl TextTokenizer {
-    /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`.
+    /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`; a folder of a
+    /// Qwen2 tokenizer (`tokenizer_class` `Qwen2Tokenizer[Fast]`) without `tokenizer.json` is
+    /// built from its `vocab.json`, `merges.txt` and `added_tokens_decoder`.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
         let file = dir.join("tokenizer.json");
-        let mut inner = Tokenizer::from_file(&file).map_err(|e| ModelError::Format {
-            path: file.display().to_string(),
-            message: e.to_string(),
-        })?;
         let config_file = dir.join("tokenizer_config.json");
         let config: TokenizerConfig = if config_file.exists() {
             crate::read_config(&config_file)?
         } else {
             TokenizerConfig::default()
+        };
+        let mut inner = if file.exists() {
+            Tokenizer::from_file(&file).map_err(|e| ModelError::Format {
+                path: file.display().to_string(),
+                message: e.to_string(),
+            })?
+        } else if qwen2::is_qwen2(config.tokenizer_class.as_deref()) {
+            let mut tok = qwen2::from_vocab_merges(dir)?;
+            if let Some(entries) = &config.added_tokens_decoder {
+                add_decoder_tokens(&mut tok, entries, &config_file)?;
+            }
+            tok
+        } else {
+            return Err(ModelError::Io {
+                path: file.display().to_string(),
+                message: "no tokenizer.json (and not a Qwen2 tokenizer folder with vocab.json \
+                          and merges.txt)"
+                    .into(),
+            });
         };
         // As transformers does, the config's special tokens are matched whole in the text (SD3's
         // CLIP-G pads with "!", so a "!" in a prompt is that token).
@@ -83,6 +159,45 @@ impl TextTokenizer {
     ) -> Self {
         let pad_id = inner.token_to_id(pad_token).unwrap_or(0);
         Self { inner, pad_id, pad_token: pad_token.to_string(), model_max_length }
+    }
+
+    /// Token ids and attention mask (B, L) of `texts`, truncated to `max_length` and right-padded
+    /// to the longest row (transformers' `padding=True, truncation=True, max_length=…`).
+    pub fn encode_longest(
+        &self,
+        texts: &[&str],
+        max_length: usize,
+    ) -> Result<(Tensor, Tensor), ModelError> {
+        let mut tok = self.inner.clone();
+        tok.with_truncation(Some(TruncationParams { max_length, ..Default::default() }))
+            .map_err(|e| ModelError::Input(format!("tokenizer truncation: {e}")))?;
+        tok.with_padding(Some(PaddingParams {
+            strategy: PaddingStrategy::BatchLongest,
+            pad_id: self.pad_id,
+            pad_token: self.pad_token.clone(),
+            ..Default::default()
+        }));
+        let encodings = tok
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| ModelError::Input(format!("tokenizing prompts: {e}")))?;
+        let length = encodings.first().map_or(0, |e| e.len()) as i64;
+        let ids: Vec<i64> =
+            encodings.iter().flat_map(|e| e.get_ids().iter().map(|&i| i as i64)).collect();
+        let mask: Vec<i64> = encodings
+            .iter()
+            .flat_map(|e| e.get_attention_mask().iter().map(|&m| m as i64))
+            .collect();
+        let shape = [texts.len() as i64, length];
+        Ok((Tensor::from_slice(&ids).view(shape), Tensor::from_slice(&mask).view(shape)))
+    }
+
+    /// Token ids of one text, without padding or truncation.
+    pub fn ids(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        let encoding = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| ModelError::Input(format!("tokenizing {text:?}: {e}")))?;
+        Ok(encoding.get_ids().to_vec())
     }
 
     /// Token ids (B, `length`) of `texts`, truncated and padded to exactly `length`.

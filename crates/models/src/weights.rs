@@ -16,6 +16,12 @@ pub struct LoadOptions {
     pub kind: Option<Kind>,
     /// Checkpoint tensors whose names end so are skipped (buffers a model does not keep).
     pub ignored_suffixes: &'static [&'static str],
+    /// Checkpoint tensors whose names start so are skipped (parts of a checkpoint a model does
+    /// not use, e.g. a vision tower beside a language model).
+    pub ignored_prefixes: &'static [&'static str],
+    /// `(checkpoint prefix, model prefix)`: a checkpoint name starting with the first is read as
+    /// if it started with the second (another library version's module names).
+    pub renamed_prefixes: &'static [(&'static str, &'static str)],
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> ModelError {
@@ -105,9 +111,16 @@ pub fn load_weights(
             path: file.display().to_string(),
             message: format!("not a safetensors file: {e}"),
         })?;
-        for (name, view) in tensors.tensors() {
+        for (stored, view) in tensors.tensors() {
+            let name = options
+                .renamed_prefixes
+                .iter()
+                .find_map(|(from, to)| stored.strip_prefix(from).map(|rest| format!("{to}{rest}")))
+                .unwrap_or(stored);
             let Some(var) = variables.get(&name) else {
-                if !options.ignored_suffixes.iter().any(|s| name.ends_with(s)) {
+                let ignored = options.ignored_suffixes.iter().any(|s| name.ends_with(s))
+                    || options.ignored_prefixes.iter().any(|p| name.starts_with(p));
+                if !ignored {
                     unexpected.push(name);
                 }
                 continue;

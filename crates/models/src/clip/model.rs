@@ -72,7 +72,11 @@ impl ClipModel {
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let config: ClipConfig = read_config(&dir.join("config.json"))?;
         let mut model = Self::new(&config, device)?;
-        let options = LoadOptions { kind: Some(kind), ignored_suffixes: &[".position_ids"] };
+        let options = LoadOptions {
+            kind: Some(kind),
+            ignored_suffixes: &[".position_ids"],
+            ..Default::default()
+        };
         load_weights(&mut model.store, &checkpoint_files(dir)?, options)?;
         model.store.freeze();
         Ok(model)

@@ -1,6 +1,9 @@
 //! Text encoders of the diffusers pipelines, in the transformers layout.
 
 pub mod clip;
+pub mod qwen2_5_vl;
+pub mod qwen_prompts;
+pub mod qwen_tiny;
 pub mod t5;
 
 use std::path::Path;

@@ -1,0 +1,283 @@
+//! The language model of `Qwen2_5_VLForConditionalGeneration` for text-only input (Qwen-Image's
+//! text encoder): pre-norm decoder layers with grouped-query attention (q/k/v biases, rotary
+//! positions) and a SwiGLU MLP. The vision tower and `lm_head` of the checkpoint are not loaded.
+//!
+//! Qwen2.5-VL's multimodal RoPE gives text tokens the same position in its three sections, so it
+//! is ordinary RoPE with `rope_theta` here (`mrope_section` only regroups equal frequencies).
+
+use std::path::Path;
+
+use serde::Deserialize;
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::nn::{attention, Embedding, Linear, RmsNorm, Scope};
+use crate::weights::{checkpoint_files, load_weights, LoadOptions};
+use crate::{read_config, ModelError};
+
+/// Checkpoint parts that are not the language model.
+const IGNORED_PREFIXES: &[&str] = &["visual.", "model.visual.", "lm_head."];
+/// transformers 5 module names for the language model.
+const RENAMED_PREFIXES: &[(&str, &str)] = &[("model.language_model.", "model.")];
+
+/// The text fields of a Qwen2.5-VL `config.json`, from its `text_config` (transformers 5) or from
+/// the top level (the flat layout of `Qwen/Qwen-Image`'s `text_encoder/config.json`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Qwen25VlTextConfig {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: i64,
+    pub num_key_value_heads: i64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+}
+
+/// Rope settings: `rope_parameters` (transformers 5) or `rope_scaling` (4.x).
+#[derive(Debug, Clone, Default, Deserialize)]
+struct RopeFields {
+    rope_theta: Option<f64>,
+    rope_type: Option<String>,
+    #[serde(rename = "type")]
+    legacy_type: Option<String>,
+}
+
+/// Either layout's text fields, with transformers' `Qwen2_5_VLTextConfig` defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+struct TextFields {
+    vocab_size: i64,
+    hidden_size: i64,
+    intermediate_size: i64,
+    num_hidden_layers: usize,
+    num_attention_heads: i64,
+    num_key_value_heads: Option<i64>,
+    rms_norm_eps: f64,
+    hidden_act: String,
+    use_sliding_window: bool,
+    rope_theta: Option<f64>,
+    rope_parameters: Option<RopeFields>,
+    rope_scaling: Option<RopeFields>,
+}
+
+impl Default for TextFields {
+    fn default() -> Self {
+        Self {
+            vocab_size: 152064,
+            hidden_size: 8192,
+            intermediate_size: 29568,
+            num_hidden_layers: 80,
+            num_attention_heads: 64,
+            num_key_value_heads: Some(8),
+            rms_norm_eps: 1e-5,
+            hidden_act: "silu".into(),
+            use_sliding_window: false,
+            rope_theta: None,
+            rope_parameters: None,
+            rope_scaling: None,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ConfigFile {
+    text_config: Option<TextFields>,
+    #[serde(flatten)]
+    flat: TextFields,
+}
+
+impl Qwen25VlTextConfig {
+    /// Reads `config.json` in either layout; a nested `text_config` wins, as in transformers 5.
+    pub fn from_file(path: &Path) -> Result<Self, ModelError> {
+        let file: ConfigFile = read_config(path)?;
+        let t = file.text_config.unwrap_or(file.flat);
+        let bad =
+            |message: String| ModelError::Format { path: path.display().to_string(), message };
+        if t.hidden_act != "silu" {
+            return Err(bad(format!(
+                "hidden_act `{}` is not supported; expected silu",
+                t.hidden_act
+            )));
+        }
+        if t.use_sliding_window {
+            return Err(bad("use_sliding_window=true is not supported; expected false".into()));
+        }
+        let rope = t.rope_parameters.or(t.rope_scaling).unwrap_or_default();
+        let rope_type = rope.rope_type.or(rope.legacy_type).unwrap_or_else(|| "default".into());
+        if rope_type != "default" && rope_type != "mrope" {
+            return Err(bad(format!(
+                "rope type `{rope_type}` is not supported; expected default or mrope"
+            )));
+        }
+        let heads = t.num_attention_heads;
+        let kv_heads = t.num_key_value_heads.unwrap_or(heads);
+        if heads <= 0 || t.hidden_size % heads != 0 || kv_heads <= 0 || heads % kv_heads != 0 {
+            return Err(bad(format!(
+                "hidden_size {} / num_attention_heads {heads} / num_key_value_heads {kv_heads}: \
+                 expected hidden_size divisible by the heads and the heads by the kv heads",
+                t.hidden_size
+            )));
+        }
+        Ok(Self {
+            vocab_size: t.vocab_size,
+            hidden_size: t.hidden_size,
+            intermediate_size: t.intermediate_size,
+            num_hidden_layers: t.num_hidden_layers,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
+            rms_norm_eps: t.rms_norm_eps,
+            rope_theta: rope.rope_theta.or(t.rope_theta).unwrap_or(1e6),
+        })
+    }
+
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> i64 {
+        self.hidden_size / self.num_attention_heads
+    }
+}
+
+struct Layer {
+    input_layernorm: RmsNorm,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    post_attention_layernorm: RmsNorm,
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+/// The decoder stack with module names `model.embed_tokens`, `model.layers.N.…`, `model.norm`.
+pub struct Qwen25VlTextEncoder {
+    pub config: Qwen25VlTextConfig,
+    embed_tokens: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    pub store: VarStore,
+}
+
+impl Qwen25VlTextEncoder {
+    /// Variables for `config` (zeros until loaded).
+    pub fn new(config: &Qwen25VlTextConfig, device: Device) -> Self {
+        let store = super::store(device);
+        let root = Scope::root(store.root(), None);
+        let model = &root / "model";
+        let (d, eps) = (config.hidden_size, config.rms_norm_eps);
+        let kv = config.num_key_value_heads * config.head_dim();
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| {
+                let layer = &(&model / "layers") / i;
+                let (attn, mlp) = (&layer / "self_attn", &layer / "mlp");
+                Layer {
+                    input_layernorm: RmsNorm::new(&(&layer / "input_layernorm"), d, eps),
+                    q_proj: (&attn / "q_proj").linear(d, d, true),
+                    k_proj: (&attn / "k_proj").linear(d, kv, true),
+                    v_proj: (&attn / "v_proj").linear(d, kv, true),
+                    o_proj: (&attn / "o_proj").linear(d, d, false),
+                    post_attention_layernorm: RmsNorm::new(
+                        &(&layer / "post_attention_layernorm"),
+                        d,
+                        eps,
+                    ),
+                    gate_proj: (&mlp / "gate_proj").linear(d, config.intermediate_size, false),
+                    up_proj: (&mlp / "up_proj").linear(d, config.intermediate_size, false),
+                    down_proj: (&mlp / "down_proj").linear(config.intermediate_size, d, false),
+                }
+            })
+            .collect();
+        Self {
+            embed_tokens: Embedding::new(&(&model / "embed_tokens"), config.vocab_size, d),
+            layers,
+            norm: RmsNorm::new(&(&model / "norm"), d, eps),
+            config: config.clone(),
+            store,
+        }
+    }
+
+    /// Loads a transformers directory (`config.json` + safetensors, either key layout), frozen;
+    /// the vision tower and `lm_head` are skipped.
+    pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
+        let config = Qwen25VlTextConfig::from_file(&dir.join("config.json"))?;
+        let mut model = Self::new(&config, device);
+        let options = LoadOptions {
+            kind: Some(kind),
+            ignored_prefixes: IGNORED_PREFIXES,
+            renamed_prefixes: RENAMED_PREFIXES,
+            ..Default::default()
+        };
+        load_weights(&mut model.store, &checkpoint_files(dir)?, options)?;
+        model.store.freeze();
+        Ok(model)
+    }
+
+    /// cos and sin (L, head_dim) of positions 0‥L, computed in f32 as transformers does.
+    fn rotary(&self, len: i64, device: Device) -> (Tensor, Tensor) {
+        let dim = self.config.head_dim();
+        let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Float, device)) / dim as f64;
+        let inv_freq = Tensor::pow_scalar(self.config.rope_theta, &exponents).reciprocal();
+        let positions = Tensor::arange(len, (Kind::Float, device));
+        let freqs = positions.unsqueeze(1) * inv_freq.unsqueeze(0);
+        let angles = Tensor::cat(&[&freqs, &freqs], -1);
+        (angles.cos(), angles.sin())
+    }
+
+    /// `hidden_states[-1]` of transformers with `output_hidden_states=True` (after the final
+    /// norm), (B, L, hidden_size), for `input_ids` (B, L) and `attention_mask` (B, L) of ones
+    /// and zeros (padding), under a causal mask.
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        let (b, l) = input_ids.size2().map_err(|_| {
+            ModelError::Input(format!(
+                "Qwen2.5-VL input_ids must be (B, L), got {:?}",
+                input_ids.size()
+            ))
+        })?;
+        if attention_mask.size() != [b, l] {
+            return Err(ModelError::Input(format!(
+                "Qwen2.5-VL attention_mask must have the shape of input_ids {:?}, got {:?}",
+                [b, l],
+                attention_mask.size()
+            )));
+        }
+        let device = input_ids.device();
+        let mut x = self.embed_tokens.forward(input_ids);
+        let (cos, sin) = self.rotary(l, device);
+        let (cos, sin) = (cos.to_kind(x.kind()), sin.to_kind(x.kind()));
+        let causal = Tensor::ones([l, l], (Kind::Bool, device)).tril(0);
+        let keys = attention_mask.to_kind(Kind::Bool).view([b, 1, 1, l]);
+        let mask = causal.view([1, 1, l, l]).logical_and(&keys);
+        let (heads, kv_heads) = (self.config.num_attention_heads, self.config.num_key_value_heads);
+        let rotate = |t: &Tensor| {
+            let half = t.size()[3] / 2;
+            let rotated = Tensor::cat(&[-t.narrow(3, half, half), t.narrow(3, 0, half)], 3);
+            t * &cos + rotated * &sin
+        };
+        for layer in &self.layers {
+            let h = layer.input_layernorm.forward(&x);
+            let split = |t: Tensor, n: i64| t.view([b, l, n, -1]).transpose(1, 2);
+            let q = rotate(&split(layer.q_proj.forward(&h), heads));
+            let k = rotate(&split(layer.k_proj.forward(&h), kv_heads));
+            let v = split(layer.v_proj.forward(&h), kv_heads);
+            let repeat = heads / kv_heads;
+            let (k, v) = if repeat > 1 {
+                (
+                    k.repeat_interleave_self_int(repeat, 1, None),
+                    v.repeat_interleave_self_int(repeat, 1, None),
+                )
+            } else {
+                (k, v)
+            };
+            let attn = attention(&q, &k, &v, Some(&mask), false, None);
+            x = &x + layer.o_proj.forward(&attn.transpose(1, 2).reshape([b, l, -1]));
+            let h = layer.post_attention_layernorm.forward(&x);
+            let gated = layer.gate_proj.forward(&h).silu() * layer.up_proj.forward(&h);
+            x = &x + layer.down_proj.forward(&gated);
+        }
+        Ok(self.norm.forward(&x))
+    }
+}
