@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, Context};
 use flowtune_models::lora::{self, LoraConfig};
+use flowtune_models::text_encoders::qwen2_5_vl::Qwen25VlTextEncoder;
 use flowtune_models::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
 use flowtune_models::vae::AutoencoderKl;
 use flowtune_sampling::SampleRng;
@@ -98,9 +99,18 @@ pub fn forward(
             let t5 = T5Encoder::load(component, device, Kind::Float).map_err(Failure::input)?;
             vec![("output.last_hidden_state".into(), tch::no_grad(|| t5.forward(get("input.input_ids")?).map_err(Failure::input))?)]
         }
+        "Qwen2_5_VLForConditionalGeneration" => {
+            let encoder = Qwen25VlTextEncoder::load(component, device, Kind::Float).map_err(Failure::input)?;
+            let ids = get("input.input_ids")?;
+            let mask = match inputs.get("input.attention_mask") {
+                Some(mask) => mask.shallow_clone(),
+                None => ids.ones_like(),
+            };
+            vec![("output.last_hidden_state".into(), tch::no_grad(|| encoder.forward(ids, &mask).map_err(Failure::input))?)]
+        }
         other => {
             return Err(Failure::input(anyhow!(
-                "{}: class `{other}` is not supported; expected a registered denoiser ({}), AutoencoderKL, CLIPTextModelWithProjection or T5EncoderModel",
+                "{}: class `{other}` is not supported; expected a registered denoiser ({}), AutoencoderKL, AutoencoderKLQwenImage, CLIPTextModelWithProjection, T5EncoderModel or Qwen2_5_VLForConditionalGeneration",
                 component.display(),
                 flowtune_models::families().iter().map(|f| f.denoiser_class).collect::<Vec<_>>().join(", ")
             )))
