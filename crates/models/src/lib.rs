@@ -10,6 +10,7 @@ pub mod lora;
 pub mod model_weights;
 pub mod nn;
 pub mod pipeline;
+pub mod qwen_image;
 pub mod registry;
 pub mod sd3;
 pub mod text_encoders;
