@@ -86,7 +86,8 @@ fn tiny_writer_round_trips() {
     let again_dir = scratch("tiny-again");
     write_tiny_qwen_vae(&again_dir, 3, &config).expect("write");
     let file = "diffusion_pytorch_model.safetensors";
-    let (a, b) = (std::fs::read(d.join(file)).unwrap(), std::fs::read(again_dir.join(file)).unwrap());
+    let (a, b) =
+        (std::fs::read(d.join(file)).unwrap(), std::fs::read(again_dir.join(file)).unwrap());
     assert!(a == b, "seeded writes differ");
     let _ = std::fs::remove_dir_all(&d);
     let _ = std::fs::remove_dir_all(&again_dir);
@@ -125,6 +126,9 @@ fn inconsistent_config_is_explained() {
     flowtune_models::write_json(&d.join("config.json"), &config).unwrap();
     let err = AutoencoderKlQwenImage::load(&d, Device::Cpu, Kind::Float).err().expect("rejected");
     let message = err.to_string();
-    assert!(message.contains("config.json") && message.contains("temperal_downsample"), "{message}");
+    assert!(
+        message.contains("config.json") && message.contains("temperal_downsample"),
+        "{message}"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -57,10 +57,9 @@ impl AutoencoderKlQwenImage {
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let path = dir.join("config.json");
         let config: QwenVaeConfig = read_config(&path)?;
-        config.validate().map_err(|message| ModelError::Format {
-            path: path.display().to_string(),
-            message,
-        })?;
+        config
+            .validate()
+            .map_err(|message| ModelError::Format { path: path.display().to_string(), message })?;
         let mut model = Self::new(&config, device)?;
         load_weights(
             &mut model.store,

@@ -35,9 +35,8 @@ impl ResidualBlock {
             conv1: CausalConv3d::new(&(s / "conv1"), input, output, [3; 3], [1; 3]),
             norm2: RmsNorm::new(&(s / "norm2"), output, false),
             conv2: CausalConv3d::new(&(s / "conv2"), output, output, [3; 3], [1; 3]),
-            conv_shortcut: (input != output).then(|| {
-                CausalConv3d::new(&(s / "conv_shortcut"), input, output, [1; 3], [1; 3])
-            }),
+            conv_shortcut: (input != output)
+                .then(|| CausalConv3d::new(&(s / "conv_shortcut"), input, output, [1; 3], [1; 3])),
         }
     }
 

@@ -73,7 +73,8 @@ impl QwenVaeConfig {
                 levels - 1
             ));
         }
-        for (name, stats) in [("latents_mean", &self.latents_mean), ("latents_std", &self.latents_std)]
+        for (name, stats) in
+            [("latents_mean", &self.latents_mean), ("latents_std", &self.latents_std)]
         {
             if stats.len() as i64 != self.z_dim {
                 return Err(format!(

@@ -62,7 +62,8 @@ impl CausalConv3d {
         if x.size()[2] == 1 && front == kt - 1 {
             // One frame behind zeros: only the kernel's last time slice meets data.
             let weight = self.weight.select(2, kt - 1);
-            let y = x.squeeze_dim(2).conv2d(&weight, Some(&self.bias), [sh, sw], [ph, pw], [1, 1], 1);
+            let y =
+                x.squeeze_dim(2).conv2d(&weight, Some(&self.bias), [sh, sw], [ph, pw], [1, 1], 1);
             return y.unsqueeze(2);
         }
         x.constant_pad_nd([0, 0, 0, 0, front, 0]).conv3d(

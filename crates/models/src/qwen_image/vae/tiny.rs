@@ -19,7 +19,11 @@ impl QwenVaeConfig {
 /// Writes `config.json` and `diffusion_pytorch_model.safetensors` of a random VAE into `dir`
 /// (created if missing): weights N(0, 1/fan-in), biases N(0, 0.1²), norm scales 1 + N(0, 0.1²),
 /// drawn from `seed` the same way on every machine.
-pub fn write_tiny_qwen_vae(dir: &Path, seed: u64, config: &QwenVaeConfig) -> Result<(), ModelError> {
+pub fn write_tiny_qwen_vae(
+    dir: &Path,
+    seed: u64,
+    config: &QwenVaeConfig,
+) -> Result<(), ModelError> {
     let vae = AutoencoderKlQwenImage::new(config, Device::Cpu)?;
     let mut rng = SampleRng::new(seed);
     let mut vars: Vec<(String, Tensor)> = vae.store.variables().into_iter().collect();
