@@ -18,6 +18,8 @@ The io file holds, in f32:
   output.image_latents (B, z, h, w) (mode - mean) / std  (pipeline_qwenimage_edit_plus._encode_vae_image)
   input.video, output.video_mean, input.video_latents, output.video: the same on 5-D video
     (B, C, F, H, W), through the frame-chunked feature cache.
+and `fixtures/qwen_vae_default_shapes.json`: every tensor name and shape of the default
+(Qwen-Image) config, without weights.
 """
 import json
 import math
@@ -137,6 +139,16 @@ def make(out_dir, name, case):
     }
 
 
+def default_shapes(out_dir):
+    with torch.device("meta"):
+        vae = AutoencoderKLQwenImage()
+    shapes = {k: list(v.shape) for k, v in sorted(vae.state_dict().items())}
+    with open(os.path.join(out_dir, "qwen_vae_default_shapes.json"), "w") as f:
+        json.dump(shapes, f, indent=0)
+        f.write("\n")
+    print(f"qwen_vae_default_shapes.json: {len(shapes)} tensors")
+
+
 def check(model_dir):
     vae, info = AutoencoderKLQwenImage.from_pretrained(model_dir, output_loading_info=True)
     problems = {k: v for k, v in info.items() if v}
@@ -153,6 +165,7 @@ def main(args):
     out_dir = args[0]
     run_encoder_attention()
     entries = [make(out_dir, name, case) for name, case in CASES.items()]
+    default_shapes(out_dir)
     manifest_path = os.path.join(out_dir, "manifest.json")
     with open(manifest_path) as f:
         manifest = json.load(f)
