@@ -27,6 +27,8 @@ pub use tiny::write_tiny_qwen_vae;
 /// Frames per encoder chunk after the first (diffusers' fixed 1 + 4 + 4 + … split).
 const ENCODER_CHUNK: i64 = 4;
 
+/// The VAE: `encoder`, `quant_conv`, `post_quant_conv` and `decoder` below the store's root, named
+/// like the checkpoint keys.
 pub struct AutoencoderKlQwenImage {
     pub config: QwenVaeConfig,
     encoder: Encoder,

@@ -165,7 +165,9 @@ impl MidBlock {
     }
 }
 
-/// One entry of the encoder's flat `down_blocks` list.
+/// One entry of the encoder's flat `down_blocks` list. Attention (only with `attn_scales`, which
+/// no released checkpoint sets) runs per frame without cache; diffusers 0.42 fails on it (it passes
+/// the cache to a block that takes none), so the reference script patches that call.
 enum DownLayer {
     Residual(ResidualBlock),
     Attention(AttentionBlock),
