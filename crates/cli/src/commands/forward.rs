@@ -8,6 +8,7 @@ use anyhow::{anyhow, Context};
 use flowtune_models::lora::{self, LoraConfig};
 use flowtune_models::text_encoders::qwen2_5_vl::Qwen25VlTextEncoder;
 use flowtune_models::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
+use flowtune_models::qwen_image::AutoencoderKlQwenImage;
 use flowtune_models::vae::AutoencoderKl;
 use flowtune_sampling::SampleRng;
 use tch::{Device, Kind, Tensor};
@@ -83,6 +84,11 @@ pub fn forward(
         }
         "AutoencoderKL" => {
             let vae = AutoencoderKl::load(component, device, Kind::Float).map_err(Failure::input)?;
+            let latents = get("input.latents")?;
+            vec![("output.image".into(), tch::no_grad(|| vae.decode(latents)))]
+        }
+        "AutoencoderKLQwenImage" => {
+            let vae = AutoencoderKlQwenImage::load(component, device, Kind::Float).map_err(Failure::input)?;
             let latents = get("input.latents")?;
             vec![("output.image".into(), tch::no_grad(|| vae.decode(latents)))]
         }

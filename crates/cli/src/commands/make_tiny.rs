@@ -1,9 +1,11 @@
-//! `flowtune make-tiny sd3|shapes DIR`: a random-initialised pipeline in the diffusers layout.
+//! `flowtune make-tiny sd3|shapes|qwen-image DIR`: a random-initialised pipeline in the diffusers layout.
 
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use flowtune_models::qwen_image::{write_tiny_qwen_image, TinyQwenImageSpec};
 use flowtune_models::sd3::{write_tiny_sd3, TinySd3Spec, WeightInit};
+use flowtune_models::text_encoders::qwen_tiny::TinyQwenTextSpec;
 
 use crate::Failure;
 
@@ -14,6 +16,32 @@ pub enum MakeTiny {
     /// The shapes-world base model before pre-training: a pixel-space SD3 pipeline (no VAE, no
     /// T5) with word-level CLIP tokenizers over the shapes vocabulary, initialised for training.
     Shapes(ShapesArgs),
+    /// A QwenImagePipeline: transformer, VAE (AutoencoderKLQwenImage), Qwen2.5-VL text encoder,
+    /// a small Qwen2 BPE tokenizer, scheduler; diffusers loads and runs it.
+    QwenImage(QwenImageArgs),
+}
+
+#[derive(Args)]
+pub struct QwenImageArgs {
+    /// Output directory (created if missing).
+    dir: PathBuf,
+    /// Seed of the random weights (the same on every machine).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Dual-stream transformer blocks.
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    #[arg(long, default_value_t = 2)]
+    heads: i64,
+    /// Width of one head (the rotary axes split it 1:1.5:1.5).
+    #[arg(long, default_value_t = 16)]
+    head_dim: i64,
+    /// Width of the text encoder (the transformer's joint_attention_dim).
+    #[arg(long, default_value_t = 32)]
+    text_width: i64,
+    /// Give condition-image tokens timestep 0 (the Edit models' `zero_cond_t`).
+    #[arg(long)]
+    zero_cond_t: bool,
 }
 
 #[derive(Args)]
@@ -78,6 +106,23 @@ pub struct Sd3Args {
 
 pub fn run(command: MakeTiny) -> Result<(), Failure> {
     let (dir, spec) = match command {
+        MakeTiny::QwenImage(a) => {
+            let frame = (a.head_dim / 8) * 2;
+            let side = (a.head_dim - frame) / 4 * 2;
+            let spec = TinyQwenImageSpec {
+                seed: a.seed,
+                layers: a.layers,
+                heads: a.heads,
+                head_dim: a.head_dim,
+                axes_dims_rope: [a.head_dim - 2 * side, side, side],
+                text: TinyQwenTextSpec { hidden_size: a.text_width, ..Default::default() },
+                zero_cond_t: a.zero_cond_t,
+                ..Default::default()
+            };
+            write_tiny_qwen_image(&a.dir, &spec).map_err(Failure::input)?;
+            println!("wrote {}", a.dir.display());
+            return Ok(());
+        }
         MakeTiny::Sd3(a) => {
             let spec = TinySd3Spec {
                 seed: a.seed,

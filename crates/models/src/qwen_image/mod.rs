@@ -3,9 +3,17 @@
 
 mod block;
 mod config;
+mod family;
+mod pipeline;
 mod rope;
+mod tiny;
 mod transformer;
+mod vae;
 
 pub use config::QwenImageTransformerConfig;
+pub use family::FAMILY;
+pub use pipeline::QwenImagePipeline;
 pub use rope::ImageShape;
+pub use tiny::{write_tiny_qwen_image, TinyQwenImageSpec};
 pub use transformer::{QwenImageTransformer, CONDITION_LATENTS, CONDITION_SHAPES};
+pub use vae::{write_tiny_qwen_vae, AutoencoderKlQwenImage, QwenVaeConfig};

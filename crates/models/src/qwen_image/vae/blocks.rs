@@ -1,0 +1,320 @@
+//! Residual, attention and resampling blocks, and the encoder and decoder built from them.
+
+use tch::Tensor;
+
+use super::layers::{CausalConv3d, FrameCache, RmsNorm};
+use super::QwenVaeConfig;
+use crate::nn::{attention, Conv2d, Scope};
+
+/// (B, C, T, H, W) → (B·T, C, H, W).
+fn frames_to_batch(x: &Tensor) -> Tensor {
+    let (b, c, t, h, w) = x.size5().expect("5-d (B, C, T, H, W) activations");
+    x.permute([0, 2, 1, 3, 4]).reshape([b * t, c, h, w])
+}
+
+/// (B·T, C, H, W) → (B, C, T, H, W).
+fn batch_to_frames(x: &Tensor, b: i64) -> Tensor {
+    let (bt, c, h, w) = x.size4().expect("4-d activations");
+    x.reshape([b, bt / b, c, h, w]).permute([0, 2, 1, 3, 4])
+}
+
+/// Two causal 3×3×3 convolutions after RMS norm and SiLU, plus the (1×1×1 where the width
+/// changes) shortcut.
+struct ResidualBlock {
+    norm1: RmsNorm,
+    conv1: CausalConv3d,
+    norm2: RmsNorm,
+    conv2: CausalConv3d,
+    conv_shortcut: Option<CausalConv3d>,
+}
+
+impl ResidualBlock {
+    fn new(s: &Scope<'_>, input: i64, output: i64) -> Self {
+        Self {
+            norm1: RmsNorm::new(&(s / "norm1"), input, false),
+            conv1: CausalConv3d::new(&(s / "conv1"), input, output, [3; 3], [1; 3]),
+            norm2: RmsNorm::new(&(s / "norm2"), output, false),
+            conv2: CausalConv3d::new(&(s / "conv2"), output, output, [3; 3], [1; 3]),
+            conv_shortcut: (input != output)
+                .then(|| CausalConv3d::new(&(s / "conv_shortcut"), input, output, [1; 3], [1; 3])),
+        }
+    }
+
+    fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
+        let h = cache.conv(&self.conv1, &self.norm1.forward(x).silu());
+        let h = cache.conv(&self.conv2, &self.norm2.forward(&h).silu());
+        match &self.conv_shortcut {
+            Some(c) => h + c.forward(x, None),
+            None => h + x,
+        }
+    }
+}
+
+/// Single-head spatial self-attention within each frame, with residual.
+struct AttentionBlock {
+    norm: RmsNorm,
+    to_qkv: Conv2d,
+    proj: Conv2d,
+}
+
+impl AttentionBlock {
+    fn new(s: &Scope<'_>, dim: i64) -> Self {
+        Self {
+            norm: RmsNorm::new(&(s / "norm"), dim, true),
+            to_qkv: (s / "to_qkv").conv2d(dim, 3 * dim, 1, 1, 0),
+            proj: (s / "proj").conv2d(dim, dim, 1, 1, 0),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let (b, c, _, h, w) = x.size5().expect("5-d activations");
+        let frames = frames_to_batch(x);
+        let bt = frames.size()[0];
+        let qkv = self.to_qkv.forward(&self.norm.forward(&frames));
+        let qkv = qkv.reshape([bt, 1, 3 * c, h * w]).transpose(2, 3);
+        let [q, k, v]: [Tensor; 3] = qkv.chunk(3, -1).try_into().expect("three chunks");
+        let out = attention(&q, &k, &v, None, false, None);
+        let out = out.squeeze_dim(1).transpose(1, 2).reshape([bt, c, h, w]);
+        batch_to_frames(&self.proj.forward(&out), b) + x
+    }
+}
+
+/// Spatial ×2 resampling of each frame (`resample.1`), and with `time_conv` also in time: the
+/// decoder doubles every frame after the first chunk's, the encoder halves the frames after it
+/// (stride 2 over the previous chunk's last frame and this chunk's).
+struct Resample {
+    conv: Conv2d,
+    time_conv: Option<CausalConv3d>,
+    up: bool,
+}
+
+impl Resample {
+    fn new(s: &Scope<'_>, dim: i64, up: bool, temporal: bool) -> Self {
+        let conv = &(s / "resample") / 1;
+        let time = s / "time_conv";
+        if up {
+            Self {
+                conv: conv.conv2d(dim, dim / 2, 3, 1, 1),
+                time_conv: temporal
+                    .then(|| CausalConv3d::new(&time, dim, 2 * dim, [3, 1, 1], [1; 3])),
+                up,
+            }
+        } else {
+            Self {
+                conv: conv.conv2d(dim, dim, 3, 2, 0),
+                time_conv: temporal.then(|| {
+                    CausalConv3d::with_padding(&time, dim, dim, [3, 1, 1], [2, 1, 1], [0; 3])
+                }),
+                up,
+            }
+        }
+    }
+
+    fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
+        let (b, c, t, h, w) = x.size5().expect("5-d activations");
+        let mut x = x.shallow_clone();
+        if let (true, Some(time_conv)) = (self.up, &self.time_conv) {
+            if cache.first_chunk() {
+                cache.take();
+            } else {
+                // Channels (2, C) become frame pairs (T, 2).
+                x = cache.conv(time_conv, &x).reshape([b, 2, c, t, h, w]);
+                x = x.permute([0, 2, 3, 1, 4, 5]).reshape([b, c, 2 * t, h, w]);
+            }
+        }
+        let frames = frames_to_batch(&x);
+        let frames = if self.up {
+            let (_, _, h, w) = frames.size4().expect("4-d frames");
+            frames.internal_upsample_nearest_exact2d([2 * h, 2 * w], 2.0, 2.0)
+        } else {
+            frames.constant_pad_nd([0, 1, 0, 1])
+        };
+        let x = batch_to_frames(&self.conv.forward(&frames), b);
+        match (self.up, &self.time_conv) {
+            (false, Some(time_conv)) => {
+                let (slot, history) = cache.take();
+                cache.put(slot, history.as_ref(), &x, 1);
+                match history {
+                    Some(last) => time_conv.forward(&Tensor::cat(&[&last, &x], 2), None),
+                    None => x,
+                }
+            }
+            _ => x,
+        }
+    }
+}
+
+/// Residual block, attention, residual block.
+struct MidBlock {
+    resnets: [ResidualBlock; 2],
+    attention: AttentionBlock,
+}
+
+impl MidBlock {
+    fn new(s: &Scope<'_>, dim: i64) -> Self {
+        let r = s / "resnets";
+        Self {
+            resnets: [0, 1].map(|i| ResidualBlock::new(&(&r / i), dim, dim)),
+            attention: AttentionBlock::new(&(&(s / "attentions") / 0), dim),
+        }
+    }
+
+    fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
+        let x = self.resnets[0].forward(x, cache);
+        self.resnets[1].forward(&self.attention.forward(&x), cache)
+    }
+}
+
+/// One entry of the encoder's flat `down_blocks` list. Attention (only with `attn_scales`, which
+/// no released checkpoint sets) runs per frame without cache; diffusers 0.42 fails on it (it passes
+/// the cache to a block that takes none), so the reference script patches that call.
+enum DownLayer {
+    Residual(ResidualBlock),
+    Attention(AttentionBlock),
+    Resample(Resample),
+}
+
+pub(super) struct Encoder {
+    conv_in: CausalConv3d,
+    down_blocks: Vec<DownLayer>,
+    mid_block: MidBlock,
+    norm_out: RmsNorm,
+    conv_out: CausalConv3d,
+}
+
+impl Encoder {
+    /// Images or video to `2·z_dim` moments (before `quant_conv`).
+    pub fn new(s: &Scope<'_>, config: &QwenVaeConfig) -> Self {
+        let dims: Vec<i64> = std::iter::once(1)
+            .chain(config.dim_mult.iter().copied())
+            .map(|m| m * config.base_dim)
+            .collect();
+        let list = s / "down_blocks";
+        let mut down_blocks = vec![];
+        let mut scale = 1.0;
+        for (i, pair) in dims.windows(2).enumerate() {
+            let (mut input, output) = (pair[0], pair[1]);
+            for _ in 0..config.num_res_blocks {
+                let at = &list / down_blocks.len();
+                down_blocks.push(DownLayer::Residual(ResidualBlock::new(&at, input, output)));
+                if config.attn_scales.contains(&scale) {
+                    let at = &list / down_blocks.len();
+                    down_blocks.push(DownLayer::Attention(AttentionBlock::new(&at, output)));
+                }
+                input = output;
+            }
+            if let Some(&temporal) = config.temperal_downsample.get(i) {
+                let at = &list / down_blocks.len();
+                down_blocks.push(DownLayer::Resample(Resample::new(&at, output, false, temporal)));
+                scale /= 2.0;
+            }
+        }
+        let top = *dims.last().expect("validated non-empty");
+        Self {
+            conv_in: CausalConv3d::new(
+                &(s / "conv_in"),
+                config.input_channels,
+                dims[0],
+                [3; 3],
+                [1; 3],
+            ),
+            down_blocks,
+            mid_block: MidBlock::new(&(s / "mid_block"), top),
+            norm_out: RmsNorm::new(&(s / "norm_out"), top, false),
+            conv_out: CausalConv3d::new(&(s / "conv_out"), top, 2 * config.z_dim, [3; 3], [1; 3]),
+        }
+    }
+
+    /// One chunk of frames.
+    pub fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
+        let mut x = cache.conv(&self.conv_in, x);
+        for layer in &self.down_blocks {
+            x = match layer {
+                DownLayer::Residual(r) => r.forward(&x, cache),
+                DownLayer::Attention(a) => a.forward(&x),
+                DownLayer::Resample(r) => r.forward(&x, cache),
+            };
+        }
+        let x = self.mid_block.forward(&x, cache);
+        cache.conv(&self.conv_out, &self.norm_out.forward(&x).silu())
+    }
+}
+
+/// `num_res_blocks + 1` residual blocks, then the optional upsampler (`upsamplers.0`).
+struct UpBlock {
+    resnets: Vec<ResidualBlock>,
+    upsampler: Option<Resample>,
+}
+
+pub(super) struct Decoder {
+    conv_in: CausalConv3d,
+    mid_block: MidBlock,
+    up_blocks: Vec<UpBlock>,
+    norm_out: RmsNorm,
+    conv_out: CausalConv3d,
+}
+
+impl Decoder {
+    /// `z_dim` latents (after `post_quant_conv`) to pixels. `attn_scales` adds nothing here, as
+    /// in diffusers.
+    pub fn new(s: &Scope<'_>, config: &QwenVaeConfig) -> Self {
+        let top = *config.dim_mult.last().expect("validated non-empty");
+        let dims: Vec<i64> = std::iter::once(top)
+            .chain(config.dim_mult.iter().rev().copied())
+            .map(|m| m * config.base_dim)
+            .collect();
+        let levels = config.dim_mult.len();
+        let list = s / "up_blocks";
+        let up_blocks = dims
+            .windows(2)
+            .enumerate()
+            .map(|(i, pair)| {
+                let at = &list / i;
+                // Every upsampler halves the width it outputs.
+                let input = if i > 0 { pair[0] / 2 } else { pair[0] };
+                let output = pair[1];
+                UpBlock {
+                    resnets: (0..=config.num_res_blocks)
+                        .map(|j| {
+                            let from = if j == 0 { input } else { output };
+                            ResidualBlock::new(&(&(&at / "resnets") / j), from, output)
+                        })
+                        .collect(),
+                    upsampler: (i + 1 < levels).then(|| {
+                        let temporal = config.temperal_downsample[levels - 2 - i];
+                        Resample::new(&(&(&at / "upsamplers") / 0), output, true, temporal)
+                    }),
+                }
+            })
+            .collect();
+        let bottom = config.base_dim * config.dim_mult[0];
+        Self {
+            conv_in: CausalConv3d::new(&(s / "conv_in"), config.z_dim, dims[0], [3; 3], [1; 3]),
+            mid_block: MidBlock::new(&(s / "mid_block"), dims[0]),
+            up_blocks,
+            norm_out: RmsNorm::new(&(s / "norm_out"), bottom, false),
+            conv_out: CausalConv3d::new(
+                &(s / "conv_out"),
+                bottom,
+                config.input_channels,
+                [3; 3],
+                [1; 3],
+            ),
+        }
+    }
+
+    /// One latent frame (or chunk).
+    pub fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
+        let x = cache.conv(&self.conv_in, x);
+        let mut x = self.mid_block.forward(&x, cache);
+        for block in &self.up_blocks {
+            for r in &block.resnets {
+                x = r.forward(&x, cache);
+            }
+            if let Some(up) = &block.upsampler {
+                x = up.forward(&x, cache);
+            }
+        }
+        cache.conv(&self.conv_out, &self.norm_out.forward(&x).silu())
+    }
+}
