@@ -6,9 +6,9 @@ use std::path::Path;
 
 use anyhow::{anyhow, Context};
 use flowtune_models::lora::{self, LoraConfig};
+use flowtune_models::qwen_image::AutoencoderKlQwenImage;
 use flowtune_models::text_encoders::qwen2_5_vl::Qwen25VlTextEncoder;
 use flowtune_models::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
-use flowtune_models::qwen_image::AutoencoderKlQwenImage;
 use flowtune_models::vae::AutoencoderKl;
 use flowtune_sampling::SampleRng;
 use tch::{Device, Kind, Tensor};

@@ -89,7 +89,11 @@ impl Default for TinySd3Spec {
 pub(crate) const DIFFUSERS_VERSION: &str = "0.42.1";
 
 /// Fills every variable as `init` says, from a seeded stream that is the same on every machine.
-pub(crate) fn randomize(store: &VarStore, rng: &mut SampleRng, init: WeightInit) -> Result<(), ModelError> {
+pub(crate) fn randomize(
+    store: &VarStore,
+    rng: &mut SampleRng,
+    init: WeightInit,
+) -> Result<(), ModelError> {
     let mut vars: Vec<(String, Tensor)> = store.variables().into_iter().collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
     let _guard = tch::no_grad_guard();
