@@ -1,7 +1,7 @@
 """Check that a LoRA written by flowtune gives the same transformer output in diffusers.
 
-Usage (needs `pip install torch diffusers transformers peft`):
-    flowtune make-tiny sd3 /tmp/tiny
+Usage (needs `pip install torch diffusers transformers peft`), for SD3 or Qwen-Image:
+    flowtune make-tiny sd3 /tmp/tiny            # or: flowtune make-tiny qwen-image /tmp/tiny
     flowtune debug make-lora --component /tmp/tiny/transformer --out /tmp/lora.safetensors
     python scripts/check_lora_in_diffusers.py /tmp/tiny /tmp/lora.safetensors target/release/flowtune
 
@@ -14,22 +14,38 @@ import sys
 import tempfile
 
 import torch
-from diffusers import StableDiffusion3Pipeline
+from diffusers import DiffusionPipeline
 from safetensors.torch import load_file, save_file
 
 
-def main(pipeline_dir, lora_file, flowtune):
-    pipe = StableDiffusion3Pipeline.from_pretrained(pipeline_dir)
-    t = pipe.transformer.eval()
-    c = t.config
-    g = torch.Generator().manual_seed(0)
-    inputs = {
+def example_inputs(cls, c, g):
+    """The transformer's forward arguments, named as `flowtune debug forward` reads them."""
+    if cls == "QwenImageTransformer2DModel":
+        # 3 × 4 packed tokens; the second prompt has 5 of its 9 tokens.
+        mask = torch.ones(2, 9, dtype=torch.int64)
+        mask[1, 5:] = 0
+        return {
+            "input.hidden_states": torch.randn(2, 12, c.in_channels, generator=g),
+            "input.encoder_hidden_states": torch.randn(2, 9, c.joint_attention_dim, generator=g),
+            "input.encoder_hidden_states_mask": mask,
+            "input.timestep": torch.tensor([0.999, 0.3125]),
+            "input.img_shapes": torch.tensor([[1, 3, 4]]),
+        }
+    return {
         "input.hidden_states": torch.randn(2, c.in_channels, 16, 12, generator=g),
         "input.encoder_hidden_states": torch.randn(2, 9, c.joint_attention_dim, generator=g),
         "input.pooled_projections": torch.randn(2, c.pooled_projection_dim, generator=g),
         "input.timestep": torch.tensor([999.0, 312.5]),
     }
+
+
+def main(pipeline_dir, lora_file, flowtune):
+    pipe = DiffusionPipeline.from_pretrained(pipeline_dir)
+    t = pipe.transformer.eval()
+    inputs = example_inputs(type(t).__name__, t.config, torch.Generator().manual_seed(0))
     args = {k.removeprefix("input."): v for k, v in inputs.items()}
+    if "img_shapes" in args:
+        args["img_shapes"] = [[tuple(s) for s in args["img_shapes"].tolist()]] * args["hidden_states"].shape[0]
     with torch.no_grad():
         base = t(**args, return_dict=False)[0]
         pipe.load_lora_weights(lora_file)

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Subcommand;
+use flowtune_models::lora::LoraConfig;
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig, SigmaGrid};
 use serde_json::json;
 
@@ -29,7 +30,7 @@ pub enum DebugCommand {
         #[arg(long, requires = "lora")]
         lora_alpha: Option<f64>,
     },
-    /// Write random LoRA adapters for an SD3 transformer directory (diffusers/PEFT layout).
+    /// Write random LoRA adapters for a denoiser directory of any family (diffusers/PEFT layout).
     MakeLora {
         #[arg(long)]
         component: PathBuf,
@@ -41,6 +42,13 @@ pub enum DebugCommand {
         alpha: f64,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Adapted layers, comma-separated (PEFT's names; `all-linear` for every linear layer).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "attn.to_q,attn.to_k,attn.to_v,attn.to_out.0,attn.add_q_proj,attn.add_k_proj,attn.add_v_proj,attn.to_add_out"
+        )]
+        target_modules: Vec<String>,
     },
     /// Run one trajectory (any family) from given initial latents and per-step noise; write its
     /// latents, log-probs, timesteps and decoded pictures.
@@ -78,8 +86,9 @@ pub fn run(command: DebugCommand, device: &DeviceArg) -> Result<(), Failure> {
             let lora = lora.as_deref().map(|f| (f, lora_alpha));
             super::forward::forward(&component, &inputs, &out, lora, device.resolve()?)
         }
-        DebugCommand::MakeLora { component, out, rank, alpha, seed } => {
-            super::forward::make_lora(&component, &out, rank, alpha, seed)
+        DebugCommand::MakeLora { component, out, rank, alpha, seed, target_modules } => {
+            let config = LoraConfig { rank, alpha, target_modules, ..Default::default() };
+            super::forward::make_lora(&component, &out, &config, seed)
         }
         DebugCommand::Rollout(args) => super::debug_rollout::rollout(args, device),
         DebugCommand::Schedule {

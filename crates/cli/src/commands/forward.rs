@@ -137,12 +137,10 @@ pub fn forward(
 pub fn make_lora(
     component: &Path,
     out: &Path,
-    rank: i64,
-    alpha: f64,
+    config: &LoraConfig,
     seed: u64,
 ) -> Result<(), Failure> {
-    let config = LoraConfig { rank, alpha, ..Default::default() };
-    let model = flowtune_models::load_denoiser(component, Device::Cpu, Kind::Float, Some(&config))
+    let model = flowtune_models::load_denoiser(component, Device::Cpu, Kind::Float, Some(config))
         .map_err(Failure::input)?;
     let store = &model.adapters().expect("built with LoRA").store;
     let mut rng = SampleRng::new(seed);
@@ -154,6 +152,12 @@ pub fn make_lora(
         }
     });
     model.save_lora(out).map_err(|e| Failure::Runtime(e.into()))?;
-    println!("wrote {} ({} adapter tensors, r {rank}, alpha {alpha})", out.display(), vars.len());
+    println!(
+        "wrote {} ({} adapter tensors, r {}, alpha {})",
+        out.display(),
+        vars.len(),
+        config.rank,
+        config.alpha
+    );
     Ok(())
 }
