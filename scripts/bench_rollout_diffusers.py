@@ -1,6 +1,6 @@
 """The PyTorch-eager anchor for `flowtune bench rollout`: the same pipeline, batch, steps and CFG in
-diffusers' StableDiffusion3Pipeline (ODE sampling and VAE decode; flowtune's rollout also computes
-SDE log-probs).
+diffusers' StableDiffusion3Pipeline or QwenImagePipeline (ODE sampling and VAE decode; Qwen-Image's
+CFG is its "true CFG" against the negative prompt " "; flowtune's rollout also computes SDE log-probs).
 
 Usage (needs `pip install torch diffusers transformers`):
     python scripts/bench_rollout_diffusers.py DIR [--batch 4 --steps 10 --guidance 4.5 --resolution 512 --iters 3]
@@ -9,7 +9,7 @@ import argparse
 import time
 
 import torch
-from diffusers import StableDiffusion3Pipeline
+from diffusers import DiffusionPipeline
 
 
 def main():
@@ -21,13 +21,17 @@ def main():
     ap.add_argument("--resolution", type=int, default=512)
     ap.add_argument("--iters", type=int, default=3)
     a = ap.parse_args()
-    pipe = StableDiffusion3Pipeline.from_pretrained(a.dir)
+    pipe = DiffusionPipeline.from_pretrained(a.dir)
     pipe.set_progress_bar_config(disable=True)
     prompts = ["a photo of a red circle next to a blue square"] * a.batch
 
     def run():
         with torch.no_grad():
-            pipe(prompts, num_inference_steps=a.steps, guidance_scale=a.guidance, height=a.resolution, width=a.resolution, output_type="np")
+            if type(pipe).__name__ == "QwenImagePipeline":
+                cfg = dict(true_cfg_scale=a.guidance, negative_prompt=[" "] * a.batch)
+            else:
+                cfg = dict(guidance_scale=a.guidance)
+            pipe(prompts, num_inference_steps=a.steps, height=a.resolution, width=a.resolution, output_type="np", **cfg)
 
     run()
     start = time.perf_counter()

@@ -1,4 +1,5 @@
-"""The PyTorch-eager anchor for `flowtune bench transformer`: the same shapes and weights in diffusers.
+"""The PyTorch-eager anchor for `flowtune bench transformer`: the same shapes and weights in diffusers
+(SD3Transformer2DModel or QwenImageTransformer2DModel; --latent is the unpacked latent side).
 
 Usage (needs `pip install torch diffusers peft`):
     python scripts/bench_transformer_diffusers.py DIR [--batch 2 --latent 64 --text-len 77 --iters 5 --lora-rank 32]
@@ -7,7 +8,10 @@ import argparse
 import time
 
 import torch
-from diffusers import SD3Transformer2DModel
+import json
+import os
+
+from diffusers import QwenImageTransformer2DModel, SD3Transformer2DModel
 from peft import LoraConfig
 
 TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
@@ -31,20 +35,37 @@ def main():
     ap.add_argument("--lora-rank", type=int, default=32)
     a = ap.parse_args()
     torch.manual_seed(0)
-    model = SD3Transformer2DModel.from_pretrained(a.dir).eval()
-    c = model.config
-    x = torch.randn(a.batch, c.in_channels, a.latent, a.latent)
-    text = torch.randn(a.batch, a.text_len, c.joint_attention_dim)
-    pooled = torch.randn(a.batch, c.pooled_projection_dim)
-    t = torch.full((a.batch,), 500.0)
+    cls = json.load(open(os.path.join(a.dir, "config.json")))["_class_name"]
+    if cls == "QwenImageTransformer2DModel":
+        model = QwenImageTransformer2DModel.from_pretrained(a.dir).eval()
+        c = model.config
+        side = a.latent // c.patch_size
+        args = dict(
+            hidden_states=torch.randn(a.batch, side * side, c.in_channels),
+            encoder_hidden_states=torch.randn(a.batch, a.text_len, c.joint_attention_dim),
+            encoder_hidden_states_mask=torch.ones(a.batch, a.text_len, dtype=torch.int64),
+            timestep=torch.full((a.batch,), 0.5),
+            img_shapes=[[(1, side, side)]] * a.batch,
+            return_dict=False,
+        )
+    else:
+        model = SD3Transformer2DModel.from_pretrained(a.dir).eval()
+        c = model.config
+        args = dict(
+            hidden_states=torch.randn(a.batch, c.in_channels, a.latent, a.latent),
+            encoder_hidden_states=torch.randn(a.batch, a.text_len, c.joint_attention_dim),
+            pooled_projections=torch.randn(a.batch, c.pooled_projection_dim),
+            timestep=torch.full((a.batch,), 500.0),
+            return_dict=False,
+        )
     with torch.no_grad():
-        fwd = timed(a.iters, lambda: model(x, text, pooled, t, return_dict=False))
+        fwd = timed(a.iters, lambda: model(**args))
     model.add_adapter(LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, target_modules=TARGETS, init_lora_weights="gaussian"))
     for n, p in model.named_parameters():
         p.requires_grad_("lora_" in n)
 
     def step():
-        model(x, text, pooled, t, return_dict=False)[0].square().mean().backward()
+        model(**args)[0].square().mean().backward()
 
     bwd = timed(a.iters, step)
     tokens = a.batch * (a.latent // c.patch_size) ** 2
