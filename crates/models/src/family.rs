@@ -115,3 +115,23 @@ pub trait FlowPipeline {
     /// it), as (folder, weights file, store), in the diffusers layout.
     fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)>;
 }
+
+/// `[channels, height / factor, width / factor]` of a VAE-latent family whose sides must be
+/// multiples of `factor × patch`; the error names the side and the multiple.
+pub fn image_latent_shape(
+    height: i64,
+    width: i64,
+    channels: i64,
+    factor: i64,
+    patch: i64,
+) -> Result<Vec<i64>, ModelError> {
+    let multiple = factor * patch;
+    for side in [height, width] {
+        if side <= 0 || side % multiple != 0 {
+            return Err(ModelError::Input(format!(
+                "{side}: expected a positive multiple of {multiple} (VAE factor × patch size)"
+            )));
+        }
+    }
+    Ok(vec![channels, height / factor, width / factor])
+}

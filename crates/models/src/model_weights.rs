@@ -2,11 +2,14 @@
 //! built with LoRA — its adapters in a store of their own with an on/off switch. A family builds
 //! its module tree from [`WeightsBuilder::root`] and keeps what [`WeightsBuilder::finish`] returns.
 
+use std::path::Path;
+
 use tch::nn::VarStore;
-use tch::Device;
+use tch::{Device, Kind};
 
 use crate::lora::{AdapterSwitch, Adapters, LoraConfig};
 use crate::nn::{LoraScope, Scope};
+use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::ModelError;
 
 /// Base weights and optional adapters.
@@ -54,5 +57,14 @@ impl WeightsBuilder {
             adapters.initialize(0)?;
         }
         Ok(ModelWeights { base, adapters })
+    }
+}
+
+impl ModelWeights {
+    /// Loads a diffusers component folder's safetensors (sharded or not) into the base weights as
+    /// `kind`; names and shapes are checked.
+    pub fn load_base(&mut self, dir: &Path, kind: Kind) -> Result<(), ModelError> {
+        let options = LoadOptions { kind: Some(kind), ..Default::default() };
+        load_weights(&mut self.base, &checkpoint_files(dir)?, options)
     }
 }

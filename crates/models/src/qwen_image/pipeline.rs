@@ -9,7 +9,7 @@ use tch::{Device, Tensor};
 
 use super::{AutoencoderKlQwenImage, QwenImageTransformer};
 use crate::denoiser::TrainableDenoiser;
-use crate::family::{FlowPipeline, PipelineOptions};
+use crate::family::{image_latent_shape, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::qwen_prompts::QwenPromptEncoder;
 use crate::{ModelError, TextConditioning};
@@ -106,16 +106,14 @@ impl FlowPipeline for QwenImagePipeline {
 
     /// `[16, H/8, W/8]`; sides must be multiples of 16 (VAE factor × patch size).
     fn latent_shape(&self, height: i64, width: i64) -> Result<Vec<i64>, ModelError> {
-        let factor = self.vae_scale_factor();
-        let multiple = factor * self.transformer.config.patch_size;
-        for side in [height, width] {
-            if side <= 0 || side % multiple != 0 {
-                return Err(ModelError::Input(format!(
-                    "{side}: expected a positive multiple of {multiple} (VAE factor × patch size)"
-                )));
-            }
-        }
-        Ok(vec![self.transformer.config.latent_channels(), height / factor, width / factor])
+        let patch = self.transformer.config.patch_size;
+        image_latent_shape(
+            height,
+            width,
+            self.transformer.config.latent_channels(),
+            self.vae_scale_factor(),
+            patch,
+        )
     }
 
     /// Dynamic shifting from the packed token count `(H/2)·(W/2)` of the latent.

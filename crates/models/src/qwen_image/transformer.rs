@@ -14,7 +14,6 @@ use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, Linear, RmsNorm};
 use crate::sd3::embeddings::{timestep_features, Mlp, TIMESTEP_CHANNELS};
-use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, rescaled_guidance, ModelError, TextConditioning};
 
 /// The rotary base of every axis.
@@ -94,11 +93,7 @@ impl QwenImageTransformer {
     ) -> Result<Self, ModelError> {
         let config: QwenImageTransformerConfig = read_config(&dir.join("config.json"))?;
         let mut model = Self::new(&config, device, lora)?;
-        load_weights(
-            &mut model.weights.base,
-            &checkpoint_files(dir)?,
-            LoadOptions { kind: Some(kind), ..Default::default() },
-        )?;
+        model.weights.load_base(dir, kind)?;
         Ok(model)
     }
 

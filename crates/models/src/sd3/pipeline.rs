@@ -9,7 +9,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::Sd3Transformer;
 use crate::denoiser::TrainableDenoiser;
-use crate::family::{FlowPipeline, PipelineOptions};
+use crate::family::{image_latent_shape, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
 use crate::tokenizer::TextTokenizer;
@@ -199,16 +199,14 @@ impl FlowPipeline for Sd3Pipeline {
     }
 
     fn latent_shape(&self, height: i64, width: i64) -> Result<Vec<i64>, ModelError> {
-        let factor = self.vae_scale_factor();
-        let multiple = factor * self.transformer.config.patch_size;
-        for side in [height, width] {
-            if side <= 0 || side % multiple != 0 {
-                return Err(ModelError::Input(format!(
-                    "{side}: expected a positive multiple of {multiple} (VAE factor × patch size)"
-                )));
-            }
-        }
-        Ok(vec![self.transformer.config.in_channels, height / factor, width / factor])
+        let patch = self.transformer.config.patch_size;
+        image_latent_shape(
+            height,
+            width,
+            self.transformer.config.in_channels,
+            self.vae_scale_factor(),
+            patch,
+        )
     }
 
     /// The scheduler's own grid (SD3 has no dynamic shift).

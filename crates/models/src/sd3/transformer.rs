@@ -11,7 +11,6 @@ use crate::denoiser::{copy_frozen, Denoiser, ExampleInputs, TrainableDenoiser};
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, Linear};
-use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, ModelError, TextConditioning};
 
 /// The position table's checkpoint name.
@@ -99,12 +98,7 @@ impl Sd3Transformer {
     ) -> Result<Self, ModelError> {
         let config: Sd3TransformerConfig = read_config(&dir.join("config.json"))?;
         let mut model = Self::new(&config, device, lora)?;
-        let files = checkpoint_files(dir)?;
-        load_weights(
-            &mut model.weights.base,
-            &files,
-            LoadOptions { kind: Some(kind), ..Default::default() },
-        )?;
+        model.weights.load_base(dir, kind)?;
         Ok(model)
     }
 
