@@ -527,3 +527,80 @@ fn score_prints_one_line_per_image() {
     assert_bad_input(&score_jpeg(&two), &["holds 3 images", "holds 2 prompts"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn debug_rollout_reproduces_the_qwen_image_reference_loop() {
+    // The fixture of scripts/reference_qwen_rollout.py: its prompts, noise and settings.
+    let io: std::collections::HashMap<String, tch::Tensor> =
+        tch::Tensor::read_safetensors(repo("fixtures/qwen_image_rollout_io.safetensors"))
+            .unwrap()
+            .into_iter()
+            .collect();
+    let dir = std::env::temp_dir().join(format!("flowtune-debug-rollout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prompts = dir.join("prompts.txt");
+    std::fs::write(
+        &prompts,
+        "a red circle next to a blue square\n一只猫坐在垫子上, \"OPEN\" 24/7\n",
+    )
+    .unwrap();
+    let noise = dir.join("noise.safetensors");
+    tch::Tensor::write_safetensors(
+        &[
+            ("initial_latents", &io["input.initial_latents"]),
+            ("step_noise", &io["input.step_noise"]),
+        ],
+        &noise,
+    )
+    .unwrap();
+    let out = dir.join("trajectory.safetensors");
+    let (model, p, n, o) = (
+        repo("fixtures/qwen_image_pipeline"),
+        prompts.display().to_string(),
+        noise.display().to_string(),
+        out.display().to_string(),
+    );
+    let run = |steps: &str| {
+        flowtune(&[
+            "debug",
+            "rollout",
+            "--model",
+            &model,
+            "--prompts",
+            &p,
+            "--noise",
+            &n,
+            "--out",
+            &o,
+            "--steps",
+            steps,
+            "--guidance",
+            "4",
+            "--noise-level",
+            "0.7",
+            "--window-start",
+            "1",
+            "--window-size",
+            "3",
+        ])
+    };
+    let done = run("6");
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let got: std::collections::HashMap<String, tch::Tensor> =
+        tch::Tensor::read_safetensors(&out).unwrap().into_iter().collect();
+    for key in ["all_latents", "all_log_probs", "all_timesteps", "final_latents"] {
+        let (g, w) = (&got[key], &io[&format!("output.{key}")]);
+        let rel = (g - w).norm().double_value(&[]) / w.norm().double_value(&[]);
+        assert!(rel < 1e-3, "{key}: relative error {rel}");
+    }
+    let want = ((io["output.image"].clamp(-1.0, 1.0) + 1.0) * 127.5)
+        .round()
+        .permute([0, 2, 3, 1])
+        .to_kind(tch::Kind::Int);
+    let off = (got["images"].to_kind(tch::Kind::Int) - want).abs().max().int64_value(&[]);
+    assert!(off <= 1, "pictures differ by {off} levels");
+    assert_eq!(image_size(&dir.join("trajectory_1.png")), (80, 48));
+    // Noise for another step count is named, not silently cut.
+    assert_bad_input(&run("5"), &["noise.safetensors", "step_noise", "--steps 5"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
