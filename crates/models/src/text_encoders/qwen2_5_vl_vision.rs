@@ -272,9 +272,10 @@ impl Qwen25VlVision {
         let m = c.spatial_merge_size;
         let size = pixel_values.size();
         let tokens: i64 = grids.iter().map(|(t, h, w)| t * h * w).sum();
-        if size.len() != 2 || size[1] != c.patch_dim() || size[0] != tokens {
+        if grids.is_empty() || size.len() != 2 || size[1] != c.patch_dim() || size[0] != tokens {
             return Err(ModelError::Input(format!(
-                "Qwen2.5-VL pixel_values must be (Σ t·h·w = {tokens}, {}), got {size:?}",
+                "Qwen2.5-VL pixel_values must be (Σ t·h·w = {tokens}, {}) over at least one grid, \
+                 got {size:?}",
                 c.patch_dim()
             )));
         }
