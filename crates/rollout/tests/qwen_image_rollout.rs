@@ -79,3 +79,39 @@ fn qwen_image_rollout_matches_diffusers_loop() {
     }
     check.finish();
 }
+
+/// The reference's pitfall: with the model in bf16, rollout latents and log-probs stay f32 (never
+/// the model dtype), and the trajectory stays close to the f32 one.
+#[test]
+fn bf16_model_keeps_f32_latents_and_log_probs() {
+    let dir = dir().join("qwen_image_pipeline");
+    let sampler = SamplerConfig {
+        n: 1,
+        steps: STEPS,
+        guidance_scale: GUIDANCE,
+        noise_level: 0.7,
+        sde_window_size: WINDOW.len(),
+        ..Default::default()
+    };
+    let run = |kind: Kind| {
+        let options = PipelineOptions {
+            dtypes: flowtune_models::Dtypes::all(kind),
+            ..PipelineOptions::new(Device::Cpu)
+        };
+        let pipe = flowtune_models::load_pipeline(&dir, &options).expect("load");
+        let engine = Engine::new(pipe.as_ref(), &sampler, vec![16, 6, 10], 3).expect("engine");
+        let negatives = [pipe.default_negative_prompt(); 2];
+        engine
+            .rollout(&PROMPTS, &negatives, &engine.row_seeds(2, 1), 1)
+            .expect("rollout")
+            .trajectory
+    };
+    let (full, half) = (run(Kind::Float), run(Kind::BFloat16));
+    for t in [&half.all_latents, &half.all_log_probs, &half.final_latents] {
+        assert_eq!(t.kind(), Kind::Float, "recorded in f32");
+        assert!(t.isfinite().all().int64_value(&[]) == 1);
+    }
+    let rel = (&half.final_latents - &full.final_latents).norm().double_value(&[])
+        / full.final_latents.norm().double_value(&[]);
+    assert!(rel > 0.0 && rel < 0.05, "bf16 vs f32 final latents: {rel}");
+}
