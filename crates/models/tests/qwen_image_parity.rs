@@ -137,3 +137,40 @@ fn velocity_packs_latents_and_rescales_true_cfg_per_token() {
     ) / (norms(&guided) * norms(&plain));
     assert!((cos - 1.0).abs().max().double_value(&[]) < 1e-5, "rescaling changes directions");
 }
+
+#[test]
+fn bad_checkpoints_and_configs_are_named() {
+    let src = dir().join("qwen_image_tiny");
+    let tmp = std::env::temp_dir().join(format!("flowtune-qwen-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let weights = "diffusion_pytorch_model.safetensors";
+    let mut tensors = Tensor::read_safetensors(src.join(weights)).unwrap();
+    let dropped = "transformer_blocks.1.attn.norm_added_k.weight";
+    tensors.retain(|(name, _)| name != dropped);
+    Tensor::write_safetensors(&tensors, tmp.join(weights)).unwrap();
+    std::fs::copy(src.join("config.json"), tmp.join("config.json")).unwrap();
+    let err = QwenImageTransformer::load(&tmp, Device::Cpu, Kind::Float, None)
+        .err()
+        .expect("a missing tensor fails")
+        .to_string();
+    assert!(err.contains(dropped) && err.contains(weights), "{err}");
+
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["guidance_embeds"] = true.into();
+    std::fs::write(tmp.join("config.json"), config.to_string()).unwrap();
+    let err = QwenImageTransformer::load(&tmp, Device::Cpu, Kind::Float, None)
+        .err()
+        .expect("guidance_embeds is refused")
+        .to_string();
+    assert!(err.contains("guidance_embeds"), "{err}");
+    config["guidance_embeds"] = false.into();
+    config["axes_dims_rope"] = serde_json::json!([4, 6, 8]);
+    std::fs::write(tmp.join("config.json"), config.to_string()).unwrap();
+    let err = QwenImageTransformer::load(&tmp, Device::Cpu, Kind::Float, None)
+        .err()
+        .expect("rotary axes that do not fill a head are refused")
+        .to_string();
+    assert!(err.contains("axes_dims_rope") && err.contains("16"), "{err}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
