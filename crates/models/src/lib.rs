@@ -12,6 +12,7 @@ pub mod nn;
 pub mod pipeline;
 pub mod qwen_image;
 pub mod registry;
+pub mod resize;
 pub mod sd3;
 pub mod text_encoders;
 pub mod tokenizer;

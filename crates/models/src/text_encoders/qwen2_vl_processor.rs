@@ -1,14 +1,16 @@
 //! `Qwen2VLImageProcessor` for one RGB picture: `smart_resize` to multiples of patch × merge within
-//! the pixel bounds, bicubic resizing in 8 bits as the PIL backend does (what transformers uses
+//! the pixel bounds, Pillow's bicubic resize exactly ([`crate::resize`]; what transformers uses
 //! without torchvision), scaling to [0, 1], CLIP normalisation, the frame repeated
 //! `temporal_patch_size` times, and the patches flattened in merge-block order into
 //! `(grid_h·grid_w, C·T·P·P)`.
 
 use std::path::Path;
 
+use image::RgbImage;
 use serde::Deserialize;
 use tch::{Device, Kind, Tensor};
 
+use crate::resize::{resize, Filter};
 use crate::{read_config, ModelError};
 
 /// `size` of a Qwen2-VL processor config: pixel bounds.
@@ -179,7 +181,6 @@ impl Qwen2VlImageProcessor {
             )));
         }
         let (h, w) = (height as i64, width as i64);
-        let x = Tensor::from_slice(pixels).view([h, w, 3]).permute([2, 0, 1]).unsqueeze(0);
         let (rh, rw) = if self.do_resize { self.smart_resize(h, w)? } else { (h, w) };
         let (p, m, t) = (self.patch_size, self.merge_size, self.temporal_patch_size);
         if rh % (p * m) != 0 || rw % (p * m) != 0 {
@@ -188,17 +189,15 @@ impl Qwen2VlImageProcessor {
                 p * m
             )));
         }
-        // PIL resamples the width, then the height, rounding half up to 8 bits after each pass;
-        // in f64 this is within one level of its fixed-point sums (on ≤ 0.1% of the values).
-        let mut x = x.to_kind(Kind::Double);
-        let eight_bits = |t: Tensor| (t.clamp(0.0, 255.0) + 0.5).floor();
-        if rw != w {
-            x = eight_bits(x.f_internal_upsample_bicubic2d_aa([h, rw], false, None, None)?);
-        }
-        if rh != h {
-            x = eight_bits(x.f_internal_upsample_bicubic2d_aa([rh, rw], false, None, None)?);
-        }
-        let mut x = x.to_device(device).to_kind(Kind::Float);
+        let picture = RgbImage::from_raw(width as u32, height as u32, pixels.to_vec())
+            .expect("the length was checked");
+        let picture = resize(&picture, rw as u32, rh as u32, Filter::Bicubic);
+        let mut x = Tensor::from_slice(picture.as_raw())
+            .view([rh, rw, 3])
+            .permute([2, 0, 1])
+            .unsqueeze(0)
+            .to_device(device)
+            .to_kind(Kind::Float);
         if self.do_rescale {
             x *= self.rescale_factor;
         }
