@@ -63,7 +63,7 @@ fn hidden_states_with_pictures_match_transformers() {
     assert!(err.to_string().contains("image_embeds"), "{err}");
 }
 
-fn pictures<'a>(io: &'a HashMap<String, Tensor>, names: &[&str]) -> Vec<(usize, usize, Vec<u8>)> {
+fn pictures(io: &HashMap<String, Tensor>, names: &[&str]) -> Vec<(usize, usize, Vec<u8>)> {
     names
         .iter()
         .map(|n| {
