@@ -14,7 +14,7 @@ bounds). Writes `fixtures/qwen_edit_text_io.safetensors`:
   `lm.image_grid_thw`, `lm.position_ids` (3, 2, L) from `get_rope_index`, and
   `lm.hidden_states` = `hidden_states[-1]` with those 3-D positions.
 - `edit.<case>.embeds` / `.mask` (1, L, D) / (1, L) from `_get_qwen_prompt_embeds` with the 3-D
-  positions, for the prompt and pictures of `EDIT_CASES`.
+  positions, for the prompt and pictures of `EDIT_CASES` (`none`: no picture, text only).
 
 diffusers 0.42 does not pass `mm_token_type_ids` to the text encoder, and transformers 5 only
 computes 3-D positions when it gets them, so the pipeline as shipped gives image tokens sequential
@@ -41,6 +41,7 @@ PICTURES = {"square": (70, 100), "wide": (50, 100)}
 EDIT_CASES = {
     "one": ("make the cat red", ["square"]),
     "two": ("put the dog from picture 2 next to the cat", ["square", "wide"]),
+    "none": ("a cat", []),
 }
 LM_TEXTS = [
     "a photo <|vision_start|><|image_pad|><|vision_end|> of a cat on a mat",
@@ -138,7 +139,7 @@ def main():
     mrope = pipeline(WithTokenTypes(model), tokenizer, processor)
     shipped = pipeline(model, tokenizer, processor)
     for case, (prompt, names) in EDIT_CASES.items():
-        images = [Image.fromarray(pics[n]) for n in names]
+        images = [Image.fromarray(pics[n]) for n in names] or None
         with torch.no_grad():
             embeds, mask = mrope._get_qwen_prompt_embeds(prompt, images)
             plain, _ = shipped._get_qwen_prompt_embeds(prompt, images)

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use flowtune_fixtures::{dir, tensors, Checker};
-use flowtune_models::text_encoders::qwen2_5_vl::Qwen25VlTextEncoder;
+use flowtune_models::text_encoders::qwen2_5_vl::{Qwen25VlTextConfig, Qwen25VlTextEncoder};
 use flowtune_models::text_encoders::qwen2_5_vl_positions::multimodal_positions;
 use flowtune_models::text_encoders::qwen_edit_prompts::{ConditionPicture, QwenEditPromptEncoder};
 use flowtune_models::ModelError;
@@ -15,6 +15,7 @@ const IO: &str = "qwen_edit_text_io.safetensors";
 const EDIT_CASES: &[(&str, &str, &[&str])] = &[
     ("one", "make the cat red", &["square"]),
     ("two", "put the dog from picture 2 next to the cat", &["square", "wide"]),
+    ("none", "a cat", &[]),
 ];
 const MERGE: i64 = 2;
 
@@ -110,4 +111,17 @@ fn edit_prompt_embeds_match_diffusers() {
         check.close(&format!("edit.{case} batch row"), &embeds.get(1).narrow(0, 0, n), ref_embeds);
     }
     check.finish();
+}
+
+#[test]
+fn names_a_bad_mrope_section() {
+    let scratch = std::env::temp_dir().join(format!("flowtune-qwen-mrope-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).expect("scratch");
+    let config = scratch.join("config.json");
+    let text = r#"{"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rope_scaling": {"type": "default", "mrope_section": [1, 1, 1]}}"#;
+    std::fs::write(&config, text).expect("write");
+    let err = Qwen25VlTextConfig::from_file(&config).expect_err("sections sum to 3, not 4");
+    assert!(err.to_string().contains("mrope_section [1, 1, 1]"), "{err}");
+    let _ = std::fs::remove_dir_all(&scratch);
 }
