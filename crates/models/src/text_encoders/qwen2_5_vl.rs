@@ -264,7 +264,7 @@ impl Qwen25VlTextEncoder {
             .iter()
             .enumerate()
             .map(|(row, &n)| {
-                let group = freqs.get(row as i64 % 3).narrow(-1, start, n);
+                let group = freqs.get(row as i64).narrow(-1, start, n);
                 start += n;
                 group
             })
