@@ -1,9 +1,11 @@
-//! The language model of `Qwen2_5_VLForConditionalGeneration` for text-only input (Qwen-Image's
-//! text encoder): pre-norm decoder layers with grouped-query attention (q/k/v biases, rotary
-//! positions) and a SwiGLU MLP. The vision tower and `lm_head` of the checkpoint are not loaded.
+//! The language model of `Qwen2_5_VLForConditionalGeneration` (Qwen-Image's text encoder):
+//! pre-norm decoder layers with grouped-query attention (q/k/v biases, rotary positions) and a
+//! SwiGLU MLP. The vision tower and `lm_head` of the checkpoint are not loaded; image embeddings
+//! from [`super::qwen2_5_vl_vision`] come in through [`Qwen25VlTextEncoder::forward_multimodal`].
 //!
-//! Qwen2.5-VL's multimodal RoPE gives text tokens the same position in its three sections, so it
-//! is ordinary RoPE with `rope_theta` here (`mrope_section` only regroups equal frequencies).
+//! Rotary positions are multimodal (3-D): each frequency group of `mrope_section` rotates by one
+//! of three position rows (temporal, height, width; see [`super::qwen2_5_vl_positions`]). Text
+//! tokens have equal rows, which makes it ordinary RoPE with `rope_theta`.
 
 use std::path::Path;
 
@@ -11,6 +13,7 @@ use serde::Deserialize;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
+use super::qwen2_5_vl_positions::{multimodal_positions, text_positions};
 use crate::nn::{attention, Embedding, Linear, RmsNorm, Scope};
 use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, ModelError};
@@ -32,7 +35,15 @@ pub struct Qwen25VlTextConfig {
     pub num_key_value_heads: i64,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
+    /// Rotary frequencies per position row (temporal, height, width), summing to head_dim / 2;
+    /// `None` when the config has none (transformers then uses [16, 24, 24]).
+    pub mrope_section: Option<Vec<i64>>,
+    /// The `<|image_pad|>` token whose embeddings images replace.
+    pub image_token_id: i64,
 }
+
+/// transformers' `mrope_section` when the config gives none.
+const DEFAULT_MROPE_SECTION: [i64; 3] = [16, 24, 24];
 
 /// Rope settings: `rope_parameters` (transformers 5) or `rope_scaling` (4.x).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -41,6 +52,7 @@ struct RopeFields {
     rope_type: Option<String>,
     #[serde(rename = "type")]
     legacy_type: Option<String>,
+    mrope_section: Option<Vec<i64>>,
 }
 
 /// Either layout's text fields, with transformers' `Qwen2_5_VLTextConfig` defaults.
@@ -83,6 +95,7 @@ impl Default for TextFields {
 #[derive(Deserialize)]
 struct ConfigFile {
     text_config: Option<TextFields>,
+    image_token_id: Option<i64>,
     #[serde(flatten)]
     flat: TextFields,
 }
@@ -119,6 +132,17 @@ impl Qwen25VlTextConfig {
                 t.hidden_size
             )));
         }
+        let half = t.hidden_size / heads / 2;
+        if let Some(section) = rope.mrope_section.as_ref() {
+            if section.len() != 3
+                || section.iter().any(|&n| n < 0)
+                || section.iter().sum::<i64>() != half
+            {
+                return Err(bad(format!(
+                    "mrope_section {section:?}: expected three sizes summing to head_dim / 2 = {half}"
+                )));
+            }
+        }
         Ok(Self {
             vocab_size: t.vocab_size,
             hidden_size: t.hidden_size,
@@ -128,6 +152,8 @@ impl Qwen25VlTextConfig {
             num_key_value_heads: kv_heads,
             rms_norm_eps: t.rms_norm_eps,
             rope_theta: rope.rope_theta.or(t.rope_theta).unwrap_or(1e6),
+            mrope_section: rope.mrope_section,
+            image_token_id: file.image_token_id.unwrap_or(151655),
         })
     }
 
@@ -212,25 +238,44 @@ impl Qwen25VlTextEncoder {
         Ok(model)
     }
 
-    /// cos and sin (L, head_dim) of positions 0‥L, computed in f32 as transformers does.
-    fn rotary(&self, len: i64, device: Device) -> (Tensor, Tensor) {
+    /// The rotary groups: `mrope_section`, or transformers' default, checked against head_dim.
+    fn mrope_section(&self) -> Result<Vec<i64>, ModelError> {
+        let section = self.config.mrope_section.clone().unwrap_or(DEFAULT_MROPE_SECTION.to_vec());
+        let half = self.config.head_dim() / 2;
+        if section.iter().sum::<i64>() != half {
+            return Err(ModelError::Input(format!(
+                "Qwen2.5-VL mrope_section {section:?} must sum to head_dim / 2 = {half}; give it \
+                 in the config's rope_scaling"
+            )));
+        }
+        Ok(section)
+    }
+
+    /// cos and sin (B, 1, L, head_dim) of `positions` (3, B, L), computed in f32 as transformers
+    /// does: frequency group `i` of `section` rotates by position row `i`.
+    fn rotary(&self, positions: &Tensor, section: &[i64]) -> (Tensor, Tensor) {
         let dim = self.config.head_dim();
+        let device = positions.device();
         let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Float, device)) / dim as f64;
         let inv_freq = Tensor::pow_scalar(self.config.rope_theta, &exponents).reciprocal();
-        let positions = Tensor::arange(len, (Kind::Float, device));
-        let freqs = positions.unsqueeze(1) * inv_freq.unsqueeze(0);
-        let angles = Tensor::cat(&[&freqs, &freqs], -1);
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq;
+        let mut start = 0;
+        let groups: Vec<Tensor> = section
+            .iter()
+            .enumerate()
+            .map(|(row, &n)| {
+                let group = freqs.get(row as i64).narrow(-1, start, n);
+                start += n;
+                group
+            })
+            .collect();
+        let half = Tensor::cat(&groups, -1);
+        let angles = Tensor::cat(&[&half, &half], -1).unsqueeze(1);
         (angles.cos(), angles.sin())
     }
 
-    /// `hidden_states[-1]` of transformers with `output_hidden_states=True` (after the final
-    /// norm), (B, L, hidden_size), for `input_ids` (B, L) and `attention_mask` (B, L) of ones
-    /// and zeros (padding), under a causal mask.
-    pub fn forward(
-        &self,
-        input_ids: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<Tensor, ModelError> {
+    /// (B, L) of `input_ids`, checked against `attention_mask`.
+    fn check_inputs(input_ids: &Tensor, attention_mask: &Tensor) -> Result<(i64, i64), ModelError> {
         let (b, l) = input_ids.size2().map_err(|_| {
             ModelError::Input(format!(
                 "Qwen2.5-VL input_ids must be (B, L), got {:?}",
@@ -244,9 +289,72 @@ impl Qwen25VlTextEncoder {
                 attention_mask.size()
             )));
         }
-        let device = input_ids.device();
-        let mut x = self.embed_tokens.forward(input_ids);
-        let (cos, sin) = self.rotary(l, device);
+        Ok((b, l))
+    }
+
+    /// `hidden_states[-1]` of transformers with `output_hidden_states=True` (after the final
+    /// norm), (B, L, hidden_size), for `input_ids` (B, L) and `attention_mask` (B, L) of ones
+    /// and zeros (padding), under a causal mask; text only, at positions 0‥L.
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        let (b, l) = Self::check_inputs(input_ids, attention_mask)?;
+        let positions = text_positions(b, l, input_ids.device());
+        // equal rows make any grouping the same; one group needs no mrope_section
+        let section = [self.config.head_dim() / 2];
+        self.decode(self.embed_tokens.forward(input_ids), attention_mask, &positions, &section)
+    }
+
+    /// As [`Self::forward`], with pictures: `image_embeds` (N, hidden_size), the vision tower's
+    /// merged embeddings of the pictures with patch grids `grids` (in order; N = Σ t·h·w /
+    /// `spatial_merge_size`²), replace the embeddings of the `image_token_id` tokens in row-major
+    /// order, and positions are [`multimodal_positions`] (transformers with `mm_token_type_ids`).
+    pub fn forward_multimodal(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        image_embeds: &Tensor,
+        grids: &[(i64, i64, i64)],
+        spatial_merge_size: i64,
+    ) -> Result<Tensor, ModelError> {
+        Self::check_inputs(input_ids, attention_mask)?;
+        let section = self.mrope_section()?;
+        let image_token = self.config.image_token_id;
+        let positions = multimodal_positions(
+            input_ids,
+            attention_mask,
+            image_token,
+            grids,
+            spatial_merge_size,
+        )?;
+        let slots = input_ids.eq(image_token);
+        let count = slots.sum(Kind::Int64).int64_value(&[]);
+        if image_embeds.size() != [count, self.config.hidden_size] {
+            return Err(ModelError::Input(format!(
+                "Qwen2.5-VL image_embeds must be ({count}, {}) for the {count} image tokens, got \
+                 {:?}",
+                self.config.hidden_size,
+                image_embeds.size()
+            )));
+        }
+        let x = self.embed_tokens.forward(input_ids);
+        let x = x.masked_scatter(&slots.unsqueeze(-1), &image_embeds.to_kind(x.kind()));
+        self.decode(x, attention_mask, &positions, &section)
+    }
+
+    /// The decoder stack on embeddings `x` (B, L, D) at `positions` (3, B, L).
+    fn decode(
+        &self,
+        mut x: Tensor,
+        attention_mask: &Tensor,
+        positions: &Tensor,
+        section: &[i64],
+    ) -> Result<Tensor, ModelError> {
+        let (b, l) = attention_mask.size2()?;
+        let device = x.device();
+        let (cos, sin) = self.rotary(positions, section);
         let (cos, sin) = (cos.to_kind(x.kind()), sin.to_kind(x.kind()));
         let causal = Tensor::ones([l, l], (Kind::Bool, device)).tril(0);
         let keys = attention_mask.to_kind(Kind::Bool).view([b, 1, 1, l]);

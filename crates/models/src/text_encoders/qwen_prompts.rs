@@ -62,20 +62,31 @@ impl QwenPromptEncoder {
             self.tokenizer.encode_longest(&texts, max_sequence_length + TEMPLATE_START)?;
         let device = self.encoder.store.device();
         let hidden = self.encoder.forward(&ids.to_device(device), &mask.to_device(device))?;
-        let lengths: Vec<i64> = Vec::<i64>::try_from(mask.sum_dim_intlist(1, false, Kind::Int64))?
-            .into_iter()
-            .map(|n| (n - TEMPLATE_START as i64).max(0))
-            .collect();
-        let longest = lengths.iter().copied().max().unwrap_or(0);
-        let (b, d) = (prompts.len() as i64, self.encoder.config.hidden_size);
-        let embeds = Tensor::zeros([b, longest, d], (hidden.kind(), device));
-        let out_mask = Tensor::zeros([b, longest], (Kind::Int64, device));
-        for (row, &n) in lengths.iter().enumerate() {
-            let row = row as i64;
-            let states = hidden.get(row).narrow(0, TEMPLATE_START as i64, n);
-            embeds.get(row).narrow(0, 0, n).copy_(&states);
-            let _ = out_mask.get(row).narrow(0, 0, n).fill_(1);
-        }
-        Ok((embeds, out_mask))
+        drop_template(&hidden, &mask, TEMPLATE_START)
     }
+}
+
+/// The states of `hidden` (B, L, D) after the first `start` tokens of each row's `mask` (B, L)
+/// (right padding), re-padded with zeros to the longest row, and their mask (B, L') i64.
+pub(super) fn drop_template(
+    hidden: &Tensor,
+    mask: &Tensor,
+    start: usize,
+) -> Result<(Tensor, Tensor), ModelError> {
+    let lengths: Vec<i64> = Vec::<i64>::try_from(mask.sum_dim_intlist(1, false, Kind::Int64))?
+        .into_iter()
+        .map(|n| (n - start as i64).max(0))
+        .collect();
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    let (b, d) = (hidden.size()[0], hidden.size()[2]);
+    let device = hidden.device();
+    let embeds = Tensor::zeros([b, longest, d], (hidden.kind(), device));
+    let out_mask = Tensor::zeros([b, longest], (Kind::Int64, device));
+    for (row, &n) in lengths.iter().enumerate() {
+        let row = row as i64;
+        let states = hidden.get(row).narrow(0, start as i64, n);
+        embeds.get(row).narrow(0, 0, n).copy_(&states);
+        let _ = out_mask.get(row).narrow(0, 0, n).fill_(1);
+    }
+    Ok((embeds, out_mask))
 }

@@ -77,6 +77,8 @@ pub fn write_tiny_qwen_text_encoder(
         num_key_value_heads: spec.kv_heads,
         rms_norm_eps: 1e-6,
         rope_theta: spec.rope_theta,
+        mrope_section: Some(tiny_mrope_section(spec.hidden_size / spec.heads / 2)),
+        image_token_id: (base_vocab + 12) as i64,
     };
     let model = Qwen25VlTextEncoder::new(&config, Device::Cpu);
     let root = model.store.root();
@@ -122,11 +124,15 @@ pub fn write_tiny_qwen_text_encoder(
     write_json(&dir_text_encoder.join("config.json"), &flat_config(&config, spec, base_vocab))
 }
 
-/// The flat `config.json` layout of `Qwen/Qwen-Image`'s text encoder.
-fn flat_config(c: &Qwen25VlTextConfig, spec: &TinyQwenTextSpec, base: usize) -> serde_json::Value {
-    let half = c.head_dim() / 2;
+/// `mrope_section` for `half` rotary frequencies: a quarter temporal, the rest split in two.
+fn tiny_mrope_section(half: i64) -> Vec<i64> {
     let t = half / 4;
     let hgt = (half - t) / 2;
+    vec![t, hgt, half - t - hgt]
+}
+
+/// The flat `config.json` layout of `Qwen/Qwen-Image`'s text encoder.
+fn flat_config(c: &Qwen25VlTextConfig, spec: &TinyQwenTextSpec, base: usize) -> serde_json::Value {
     json!({
         "architectures": ["Qwen2_5_VLForConditionalGeneration"],
         "attention_dropout": 0.0,
@@ -134,7 +140,7 @@ fn flat_config(c: &Qwen25VlTextConfig, spec: &TinyQwenTextSpec, base: usize) -> 
         "eos_token_id": base + 2,
         "hidden_act": "silu",
         "hidden_size": c.hidden_size,
-        "image_token_id": base + 12,
+        "image_token_id": c.image_token_id,
         "initializer_range": 0.02,
         "intermediate_size": c.intermediate_size,
         "max_position_embeddings": 128000,
@@ -144,7 +150,7 @@ fn flat_config(c: &Qwen25VlTextConfig, spec: &TinyQwenTextSpec, base: usize) -> 
         "num_hidden_layers": c.num_hidden_layers,
         "num_key_value_heads": c.num_key_value_heads,
         "rms_norm_eps": c.rms_norm_eps,
-        "rope_scaling": {"mrope_section": [t, hgt, half - t - hgt], "rope_type": "default", "type": "default"},
+        "rope_scaling": {"mrope_section": c.mrope_section, "rope_type": "default", "type": "default"},
         "rope_theta": c.rope_theta,
         "sliding_window": 32768,
         "tie_word_embeddings": false,
