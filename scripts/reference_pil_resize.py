@@ -3,7 +3,7 @@
 Usage (any Python with numpy, Pillow and safetensors):
     python scripts/reference_pil_resize.py fixtures/pil_resize.safetensors
 
-Random 8-bit RGB pictures resized up, down and mixed with LANCZOS (diffusers' VaeImageProcessor)
+Random 8-bit RGB pictures resized up, down and mixed (both pass orders of Pillow 13) with LANCZOS (diffusers' VaeImageProcessor)
 and BICUBIC (Qwen2-VL's image processor): `<i>.in`, `<i>.out`, `<i>.filter` (0 bicubic, 1 lanczos).
 """
 import sys
@@ -19,6 +19,13 @@ CASES = [  # (height, width, new width, new height, filter)
     (33, 47, 33, 20, "lanczos"),
     (50, 80, 56, 84, "bicubic"),
     (120, 90, 28, 56, "bicubic"),
+    (40, 60, 59, 38, "bicubic"),
+    (320, 480, 476, 308, "bicubic"),
+    (320, 480, 476, 320, "bicubic"),
+    (320, 480, 480, 308, "bicubic"),
+    (32, 480, 476, 32, "bicubic"),
+    (50, 50, 49, 45, "lanczos"),  # Pillow 13 resamples the height first here
+    (151, 20, 175, 23, "lanczos"),
 ]
 
 

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use flowtune_sampling::{GridRequest, SchedulerConfig};
+use image::RgbImage;
 use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
@@ -98,6 +99,24 @@ pub trait FlowPipeline {
 
     /// u8 RGB pictures (B, H, W, 3) → clean latents (f32), the inverse of [`Self::decode_rgb8`].
     fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError>;
+
+    /// Text conditioning of `prompts` that all share the condition `pictures` (image editing:
+    /// Qwen-Image-Edit-Plus). Without pictures it is [`Self::encode_prompts`]; a family that
+    /// takes none refuses them.
+    fn encode_prompts_with_pictures(
+        &self,
+        prompts: &[&str],
+        pictures: &[RgbImage],
+    ) -> Result<TextConditioning, ModelError> {
+        if pictures.is_empty() {
+            return self.encode_prompts(prompts);
+        }
+        Err(ModelError::Input(format!(
+            "{}: a {} takes no condition pictures",
+            self.dir().root.display(),
+            self.dir().index.class_name
+        )))
+    }
 
     /// The negative prompt of CFG when a prompt row names none (diffusers' pipeline default:
     /// empty for SD3, `" "` for Qwen-Image).

@@ -1,5 +1,5 @@
-//! Pillow's `Image.resize` for 8-bit RGB pictures, reproduced exactly: separable convolution
-//! (width first, then height) with the filter stretched by the downscale factor, weights
+//! Pillow's (13) `Image.resize` for 8-bit RGB pictures, reproduced exactly: separable convolution
+//! (width first, then height, unless the height shrinks much more) with the filter stretched by the downscale factor, weights
 //! normalised per output pixel and turned into 22-bit fixed point, sums rounded half up and
 //! clamped to 8 bits after each pass. diffusers' image processors resize with Lanczos, Qwen2-VL's
 //! with bicubic; matching Pillow bit for bit keeps reference pictures and latents identical.
@@ -70,14 +70,15 @@ fn taps(input: usize, output: usize, filter: Filter) -> Vec<Taps> {
     let scale = input as f64 / output as f64;
     let filter_scale = scale.max(1.0);
     let support = filter.support() * filter_scale;
+    // Pillow multiplies by the reciprocal; dividing would move some weights by an ulp.
+    let inverse = 1.0 / filter_scale;
     (0..output)
         .map(|i| {
             let center = (i as f64 + 0.5) * scale;
             let first = ((center - support + 0.5) as i64).max(0) as usize;
             let end = ((center + support + 0.5) as i64).min(input as i64) as usize;
-            let raw: Vec<f64> = (first..end)
-                .map(|x| filter.weight((x as f64 - center + 0.5) / filter_scale))
-                .collect();
+            let raw: Vec<f64> =
+                (first..end).map(|x| filter.weight((x as f64 - center + 0.5) * inverse)).collect();
             let total: f64 = raw.iter().sum();
             let unit = (1i64 << PRECISION_BITS) as f64;
             let weights = raw
@@ -141,13 +142,23 @@ pub fn resize(picture: &RgbImage, width: u32, height: u32, filter: Filter) -> Rg
     let (w, h) = (picture.width() as usize, picture.height() as usize);
     let (ow, oh) = (width as usize, height as usize);
     let mut pixels = picture.as_raw().clone();
-    let mut shape = (h, w);
-    if ow != w {
-        pixels = pass(&pixels, shape, ow, true, filter);
-        shape = (h, ow);
-    }
-    if oh != h {
-        pixels = pass(&pixels, shape, oh, false, filter);
+    // Pillow 13 resamples the height first when it shrinks more than twice as many rows as
+    // columns go (a faster second pass); the order changes the 8-bit rounding in between.
+    let (dh, dw) = (h as i64 - oh as i64, w as i64 - ow as i64);
+    if dh > 0 && dh > 2 * dw {
+        if oh != h {
+            pixels = pass(&pixels, (h, w), oh, false, filter);
+        }
+        if ow != w {
+            pixels = pass(&pixels, (oh, w), ow, true, filter);
+        }
+    } else {
+        if ow != w {
+            pixels = pass(&pixels, (h, w), ow, true, filter);
+        }
+        if oh != h {
+            pixels = pass(&pixels, (h, ow), oh, false, filter);
+        }
     }
     RgbImage::from_raw(width, height, pixels).expect("the resized buffer has the output size")
 }

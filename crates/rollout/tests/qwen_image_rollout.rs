@@ -115,3 +115,71 @@ fn bf16_model_keeps_f32_latents_and_log_probs() {
         / full.final_latents.norm().double_value(&[]);
     assert!(rel > 0.0 && rel < 0.05, "bf16 vs f32 final latents: {rel}");
 }
+
+/// Qwen-Image-Edit-Plus against `scripts/reference_qwen_edit_rollout.py`: a condition picture
+/// through the vision tower with the prompt (and with the negative prompt), VAE-encoded at about
+/// 1024² onto the image stream with `zero_cond_t`, true CFG and an SDE window.
+#[test]
+fn qwen_image_edit_plus_rollout_matches_diffusers_loop() {
+    let io = tensors("qwen_image_edit_rollout_io.safetensors");
+    let pipe = flowtune_models::load_pipeline(
+        &dir().join("qwen_image_edit_pipeline"),
+        &PipelineOptions::new(Device::Cpu),
+    )
+    .expect("load the tiny Edit-Plus pipeline");
+    let raw = &io["input.picture_0"];
+    let (h, w, _) = raw.size3().unwrap();
+    let bytes = Vec::<u8>::try_from(raw.flatten(0, -1)).unwrap();
+    let picture = image::RgbImage::from_raw(w as u32, h as u32, bytes).unwrap();
+    let prompts = ["make the square red"];
+    let sampler = SamplerConfig {
+        n: 1,
+        steps: 4,
+        guidance_scale: GUIDANCE,
+        noise_level: 0.7,
+        sde_window_size: 2,
+        ..Default::default()
+    };
+    let engine =
+        Engine::new(pipe.as_ref(), &sampler, pipe.latent_shape(32, 48).unwrap(), 0).unwrap();
+    let mut check = Checker::new("qwen_image_edit_rollout_io.safetensors");
+    check.case();
+    let pictures = [picture];
+    let text = tch::no_grad(|| pipe.encode_prompts_with_pictures(&prompts, &pictures)).unwrap();
+    let negative = tch::no_grad(|| pipe.encode_prompts_with_pictures(&[" "], &pictures)).unwrap();
+    check.close_within("prompt_embeds", &text.embeds, &io["output.prompt_embeds"], MODEL_RTOL);
+    check.close_within(
+        "negative_prompt_embeds",
+        &negative.embeds,
+        &io["output.negative_prompt_embeds"],
+        MODEL_RTOL,
+    );
+    check.close_within(
+        "condition_latents",
+        &text.extras["condition_latents"],
+        &io["output.condition_latents"],
+        MODEL_RTOL,
+    );
+    let windows = vec![1..3];
+    let request = TrajectoryRequest {
+        grid: &engine.grid,
+        text: &text,
+        guidance: Guidance { scale: GUIDANCE, negative: Some(&negative) },
+        step: sampler.step_params(engine.grid.sigmas[1] as f64),
+        windows: &windows,
+        initial: &io["input.initial_latents"],
+    };
+    let noise = &io["input.step_noise"];
+    let out =
+        tch::no_grad(|| sample_trajectory(pipe.denoiser(), &request, |i| noise.get(i as i64)))
+            .expect("rollout");
+    for (key, t) in [
+        ("output.all_latents", &out.all_latents),
+        ("output.all_log_probs", &out.all_log_probs),
+        ("output.all_timesteps", &out.all_timesteps),
+        ("output.final_latents", &out.final_latents),
+    ] {
+        check.close_within(key, t, &io[key], MODEL_RTOL);
+    }
+    check.finish();
+}

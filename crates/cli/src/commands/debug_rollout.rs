@@ -8,7 +8,7 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use flowtune_data::PromptDataset;
 use flowtune_models::PipelineOptions;
-use flowtune_rollout::{encode_rows, sample_trajectory, Engine, Guidance, TrajectoryRequest};
+use flowtune_rollout::{sample_trajectory, Engine, Guidance, TrajectoryRequest};
 use flowtune_sampling::{SamplerConfig, SdeType};
 use tch::{Device, Kind, Tensor};
 
@@ -51,6 +51,10 @@ pub struct RolloutArgs {
     /// Text tokens of the family's long text encoder (its default when absent).
     #[arg(long)]
     max_sequence_length: Option<usize>,
+    /// Condition pictures every prompt shares (image editing, e.g. Qwen-Image-Edit-Plus),
+    /// comma-separated; the negative prompt gets them too, as in diffusers.
+    #[arg(long, value_delimiter = ',')]
+    images: Vec<PathBuf>,
 }
 
 pub fn rollout(a: RolloutArgs, device: &DeviceArg) -> Result<(), Failure> {
@@ -112,10 +116,20 @@ pub fn rollout(a: RolloutArgs, device: &DeviceArg) -> Result<(), Failure> {
         )));
     }
     let windows = vec![a.window_start..a.window_start + size; b as usize];
+    let pictures = a
+        .images
+        .iter()
+        .map(|p| {
+            image::open(p)
+                .map(|i| i.to_rgb8())
+                .with_context(|| format!("cannot read --images {}", p.display()))
+                .map_err(Failure::BadInput)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let encode = |prompts: &[&str]| pipe.encode_prompts_with_pictures(prompts, &pictures);
     let out = tch::no_grad(|| {
-        let text = encode_rows(pipe.as_ref(), &prompts)?;
-        let negative =
-            (a.guidance > 1.0).then(|| encode_rows(pipe.as_ref(), &negatives)).transpose()?;
+        let text = encode(&prompts)?;
+        let negative = (a.guidance > 1.0).then(|| encode(&negatives)).transpose()?;
         let request = TrajectoryRequest {
             grid: &engine.grid,
             text: &text,

@@ -42,6 +42,9 @@ pub struct QwenImageArgs {
     /// Give condition-image tokens timestep 0 (the Edit models' `zero_cond_t`).
     #[arg(long)]
     zero_cond_t: bool,
+    /// A QwenImageEditPlusPipeline (condition pictures through the vision tower and the VAE).
+    #[arg(long)]
+    edit: bool,
 }
 
 #[derive(Args)]
@@ -117,6 +120,7 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 axes_dims_rope: [a.head_dim - 2 * side, side, side],
                 text: TinyQwenTextSpec { hidden_size: a.text_width, ..Default::default() },
                 zero_cond_t: a.zero_cond_t,
+                edit: a.edit,
                 ..Default::default()
             };
             write_tiny_qwen_image(&a.dir, &spec).map_err(Failure::input)?;

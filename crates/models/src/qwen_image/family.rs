@@ -4,7 +4,9 @@ use std::path::Path;
 
 use tch::{Device, Kind};
 
-use super::{write_tiny_qwen_image, QwenImagePipeline, QwenImageTransformer, TinyQwenImageSpec};
+use super::{
+    write_tiny_qwen_image, QwenImagePipeline, QwenImageTransformer, TinyQwenImageSpec, EDIT_PLUS,
+};
 use crate::denoiser::TrainableDenoiser;
 use crate::family::{FlowPipeline, PipelineOptions};
 use crate::lora::LoraConfig;
@@ -12,16 +14,17 @@ use crate::pipeline::PipelineDir;
 use crate::registry::Family;
 use crate::ModelError;
 
-/// Qwen-Image (`QwenImagePipeline`).
+/// Qwen-Image (`QwenImagePipeline`) and Qwen-Image-Edit-Plus (`QwenImageEditPlusPipeline`).
 pub const FAMILY: Family = Family {
     name: "qwen_image",
-    pipeline_classes: &["QwenImagePipeline"],
+    pipeline_classes: &["QwenImagePipeline", EDIT_PLUS],
     denoiser_class: "QwenImageTransformer2DModel",
     components: &[
         ("transformer", "QwenImageTransformer2DModel (dual-stream MMDiT, 2×2 packed latents)"),
         ("vae", "AutoencoderKLQwenImage (causal 3-D, one frame per image)"),
         ("text_encoder", "Qwen2_5_VLForConditionalGeneration (its language model, text only)"),
         ("tokenizer", "Qwen2 BPE (tokenizer.json, or vocab.json + merges.txt)"),
+        ("processor", "Qwen2VLProcessor (Edit-Plus: the vision tower's image processor)"),
         ("scheduler", "FlowMatchEulerDiscreteScheduler (dynamic shifting)"),
     ],
     load,

@@ -3,6 +3,7 @@
 
 mod block;
 mod config;
+mod edit;
 mod family;
 mod pipeline;
 mod rope;
@@ -11,8 +12,9 @@ mod transformer;
 mod vae;
 
 pub use config::QwenImageTransformerConfig;
+pub use edit::{calculate_dimensions, EDIT_PLUS};
 pub use family::FAMILY;
-pub use pipeline::QwenImagePipeline;
+pub use pipeline::{QwenImagePipeline, QwenText};
 pub use rope::ImageShape;
 pub use tiny::{write_tiny_qwen_image, TinyQwenImageSpec};
 pub use transformer::{QwenImageTransformer, CONDITION_LATENTS, CONDITION_SHAPES};

@@ -4,26 +4,36 @@
 use std::path::Path;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
+use image::RgbImage;
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 
+use super::edit::EDIT_PLUS;
 use super::{AutoencoderKlQwenImage, QwenImageTransformer};
 use crate::denoiser::TrainableDenoiser;
 use crate::family::{image_latent_shape, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
+use crate::text_encoders::qwen_edit_prompts::QwenEditPromptEncoder;
 use crate::text_encoders::qwen_prompts::QwenPromptEncoder;
 use crate::{ModelError, TextConditioning};
 
 /// Text tokens kept per prompt when the options give none (the pipeline's default).
 const MAX_SEQUENCE_LENGTH: usize = 512;
 
-/// Every component of a Qwen-Image pipeline.
+/// How prompts are encoded: Qwen-Image's text template, or Qwen-Image-Edit-Plus's with condition
+/// pictures through the vision tower.
+pub enum QwenText {
+    Plain(QwenPromptEncoder),
+    Edit(QwenEditPromptEncoder),
+}
+
+/// Every component of a Qwen-Image (or Qwen-Image-Edit-Plus) pipeline.
 pub struct QwenImagePipeline {
     pub dir: PipelineDir,
     pub transformer: QwenImageTransformer,
     pub vae: AutoencoderKlQwenImage,
-    /// Qwen2.5-VL's language model with the Qwen2 tokenizer.
-    pub text: QwenPromptEncoder,
+    /// Qwen2.5-VL with the Qwen2 tokenizer (and, for Edit-Plus, its vision tower and processor).
+    pub text: QwenText,
     pub scheduler: SchedulerConfig,
     /// Text tokens kept per prompt after the template (`max_sequence_length`).
     pub max_sequence_length: usize,
@@ -51,16 +61,34 @@ impl QwenImagePipeline {
                 device,
                 dtypes.vae,
             )?,
-            text: QwenPromptEncoder::load(
-                &dir.component("text_encoder", &["Qwen2_5_VLForConditionalGeneration"])?,
-                &dir.tokenizer("tokenizer")?,
-                device,
-                dtypes.text_encoders,
-            )?,
+            text: {
+                let encoder =
+                    dir.component("text_encoder", &["Qwen2_5_VLForConditionalGeneration"])?;
+                let tokenizer = dir.tokenizer("tokenizer")?;
+                let kind = dtypes.text_encoders;
+                if dir.index.class_name == EDIT_PLUS {
+                    let processor = dir.root.join("processor");
+                    QwenText::Edit(QwenEditPromptEncoder::load(
+                        &encoder, &tokenizer, &processor, device, kind,
+                    )?)
+                } else {
+                    QwenText::Plain(QwenPromptEncoder::load(&encoder, &tokenizer, device, kind)?)
+                }
+            },
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
             max_sequence_length: options.max_sequence_length.unwrap_or(MAX_SEQUENCE_LENGTH),
             dir,
         })
+    }
+
+    /// Prompt states and mask as the transformer takes them: its dtype, at most
+    /// `max_sequence_length` tokens.
+    pub(super) fn conditioning(&self, embeds: Tensor, mask: Tensor) -> TextConditioning {
+        let keep = embeds.size()[1].min(self.max_sequence_length as i64);
+        let kind = self.transformer.img_in.weight.kind();
+        let mut text = TextConditioning::new(embeds.narrow(1, 0, keep).to_kind(kind), None);
+        text.mask = Some(mask.narrow(1, 0, keep));
+        text
     }
 
     /// Pixels per latent cell on a side.
@@ -93,11 +121,25 @@ impl FlowPipeline for QwenImagePipeline {
     /// The chat template around each prompt, Qwen2.5-VL's last hidden states past the template,
     /// rows zero-padded to the longest with a mask.
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        let (embeds, mask) = self.text.encode_prompts(prompts, self.max_sequence_length)?;
-        let kind = self.transformer.img_in.weight.kind();
-        let mut text = TextConditioning::new(embeds.to_kind(kind), None);
-        text.mask = Some(mask);
-        Ok(text)
+        match &self.text {
+            QwenText::Plain(text) => {
+                let (embeds, mask) = text.encode_prompts(prompts, self.max_sequence_length)?;
+                Ok(self.conditioning(embeds, mask))
+            }
+            QwenText::Edit(_) => self.encode_edit(prompts, &[]),
+        }
+    }
+
+    /// Edit-Plus: the pictures through the vision tower with the prompt, and as VAE tokens.
+    fn encode_prompts_with_pictures(
+        &self,
+        prompts: &[&str],
+        pictures: &[RgbImage],
+    ) -> Result<TextConditioning, ModelError> {
+        match (&self.text, pictures.is_empty()) {
+            (QwenText::Plain(_), true) => self.encode_prompts(prompts),
+            _ => self.encode_edit(prompts, pictures),
+        }
     }
 
     fn default_negative_prompt(&self) -> &'static str {

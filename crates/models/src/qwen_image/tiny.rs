@@ -7,7 +7,9 @@ use flowtune_sampling::SampleRng;
 use serde_json::json;
 use tch::Device;
 
-use super::{write_tiny_qwen_vae, QwenImageTransformer, QwenImageTransformerConfig, QwenVaeConfig};
+use super::{
+    write_tiny_qwen_vae, QwenImageTransformer, QwenImageTransformerConfig, QwenVaeConfig, EDIT_PLUS,
+};
 use crate::sd3::tiny::{randomize, write_component, DIFFUSERS_VERSION};
 use crate::sd3::WeightInit;
 use crate::text_encoders::qwen_tiny::{write_tiny_qwen_text_encoder, TinyQwenTextSpec};
@@ -27,6 +29,8 @@ pub struct TinyQwenImageSpec {
     pub vae: QwenVaeConfig,
     /// The Edit models' zero timestep for condition tokens.
     pub zero_cond_t: bool,
+    /// A `QwenImageEditPlusPipeline` (with a `processor/` folder) instead of `QwenImagePipeline`.
+    pub edit: bool,
 }
 
 impl Default for TinyQwenImageSpec {
@@ -40,6 +44,7 @@ impl Default for TinyQwenImageSpec {
             text: TinyQwenTextSpec::default(),
             vae: QwenVaeConfig::tiny(),
             zero_cond_t: false,
+            edit: false,
         }
     }
 }
@@ -104,9 +109,7 @@ pub fn write_tiny_qwen_image(dir: &Path, spec: &TinyQwenImageSpec) -> Result<(),
             "use_karras_sigmas": false
         }),
     )?;
-    write_json(
-        &dir.join("model_index.json"),
-        &json!({
+    let mut index = json!({
             "_class_name": "QwenImagePipeline",
             "_diffusers_version": DIFFUSERS_VERSION,
             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
@@ -114,6 +117,46 @@ pub fn write_tiny_qwen_image(dir: &Path, spec: &TinyQwenImageSpec) -> Result<(),
             "tokenizer": ["transformers", "Qwen2Tokenizer"],
             "transformer": ["diffusers", "QwenImageTransformer2DModel"],
             "vae": ["diffusers", "AutoencoderKLQwenImage"],
+    });
+    if spec.edit {
+        index["_class_name"] = json!(EDIT_PLUS);
+        index["processor"] = json!(["transformers", "Qwen2VLProcessor"]);
+        write_processor(&dir.join("processor"), &dir.join("tokenizer"))?;
+    }
+    write_json(&dir.join("model_index.json"), &index)
+}
+
+/// Edit-Plus's `processor/`: Qwen2-VL's image-processor settings (the released pipeline's) and a
+/// copy of the tokenizer, as `Qwen2VLProcessor.save_pretrained` lays them out.
+fn write_processor(dir: &Path, tokenizer: &Path) -> Result<(), ModelError> {
+    let io = |path: &Path, e: std::io::Error| ModelError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    for entry in std::fs::read_dir(tokenizer).map_err(|e| io(tokenizer, e))? {
+        let from = entry.map_err(|e| io(tokenizer, e))?.path();
+        let to = dir.join(from.file_name().expect("a file in the folder"));
+        std::fs::copy(&from, &to).map_err(|e| io(&to, e))?;
+    }
+    write_json(
+        &dir.join("preprocessor_config.json"),
+        &json!({
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "processor_class": "Qwen2VLProcessor",
+            "do_resize": true,
+            "do_rescale": true,
+            "do_normalize": true,
+            "do_convert_rgb": true,
+            "resample": 3,
+            "rescale_factor": 1.0 / 255.0,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "min_pixels": 3136,
+            "max_pixels": 12845056,
+            "patch_size": 14,
+            "temporal_patch_size": 2,
+            "merge_size": 2
         }),
     )
 }

@@ -1,0 +1,109 @@
+//! Qwen-Image-Edit-Plus (`QwenImageEditPlusPipeline`): the prompt is encoded together with the
+//! condition pictures (resized to about 384² for the vision tower), and the pictures' VAE latents
+//! (resized to about 1024²) ride on the image stream as extra tokens the prediction ignores.
+
+use image::RgbImage;
+use tch::{Kind, Tensor};
+
+use super::pipeline::QwenText;
+use super::{QwenImagePipeline, CONDITION_LATENTS, CONDITION_SHAPES};
+use crate::family::FlowPipeline;
+use crate::resize::{resize, Filter};
+use crate::text_encoders::qwen_edit_prompts::ConditionPicture;
+use crate::{ModelError, TextConditioning};
+
+/// The pipeline class of Qwen-Image-Edit-Plus in `model_index.json`.
+pub const EDIT_PLUS: &str = "QwenImageEditPlusPipeline";
+/// Pixel area of the pictures the vision tower sees (diffusers' `CONDITION_IMAGE_SIZE`).
+const CONDITION_AREA: f64 = 384.0 * 384.0;
+/// Pixel area the pictures are VAE-encoded at (diffusers' `VAE_IMAGE_SIZE`).
+const VAE_AREA: f64 = 1024.0 * 1024.0;
+
+/// diffusers' `calculate_dimensions`: (width, height) covering `area` pixels at aspect `ratio`
+/// (width / height), each rounded (half to even, as Python) to a multiple of 32.
+pub fn calculate_dimensions(area: f64, ratio: f64) -> (u32, u32) {
+    let width = (area * ratio).sqrt();
+    let height = width / ratio;
+    let multiple = |v: f64| ((v / 32.0).round_ties_even() * 32.0) as u32;
+    (multiple(width), multiple(height))
+}
+
+/// `picture` resized with Pillow's Lanczos to `area` pixels at its own aspect ratio.
+fn at_area(picture: &RgbImage, area: f64) -> RgbImage {
+    let (w, h) = calculate_dimensions(area, picture.width() as f64 / picture.height() as f64);
+    resize(picture, w, h, Filter::Lanczos)
+}
+
+impl QwenImagePipeline {
+    /// Edit-Plus conditioning of `prompts`, which all share the condition `pictures` (none: the
+    /// text-only template): prompt states and mask, and the extras [`CONDITION_LATENTS`] (the
+    /// pictures' packed, normalised VAE latents in order) and [`CONDITION_SHAPES`] (their token
+    /// grids).
+    pub fn encode_edit(
+        &self,
+        prompts: &[&str],
+        pictures: &[RgbImage],
+    ) -> Result<TextConditioning, ModelError> {
+        let QwenText::Edit(encoder) = &self.text else {
+            return Err(ModelError::Input(format!(
+                "{}: condition pictures need a {EDIT_PLUS}, this is a {}",
+                self.dir.root.display(),
+                self.dir.index.class_name
+            )));
+        };
+        let small: Vec<RgbImage> = pictures.iter().map(|p| at_area(p, CONDITION_AREA)).collect();
+        let views: Vec<ConditionPicture<'_>> = small
+            .iter()
+            .map(|p| ConditionPicture {
+                height: p.height() as usize,
+                width: p.width() as usize,
+                rgb: p.as_raw(),
+            })
+            .collect();
+        let (embeds, mask) = encoder.encode_prompts(prompts, &views)?;
+        let mut text = self.conditioning(embeds, mask);
+        if pictures.is_empty() {
+            return Ok(text);
+        }
+        let device = self.device();
+        let cell = self.vae_scale_factor() * self.transformer.config.patch_size;
+        let mut tokens = vec![];
+        let mut grids = vec![];
+        for picture in pictures.iter().map(|p| at_area(p, VAE_AREA)) {
+            let (w, h) = (picture.width() as i64, picture.height() as i64);
+            let pixels = Tensor::from_slice(picture.as_raw())
+                .view([1, h, w, 3])
+                .permute([0, 3, 1, 2])
+                .to_device(device)
+                .to_kind(Kind::Float)
+                / 255.0
+                * 2.0
+                - 1.0;
+            let latents = self.vae.encode(&pixels).0.to_kind(Kind::Float);
+            tokens.push(self.transformer.pack(&latents));
+            grids.extend([1, h / cell, w / cell]);
+        }
+        let b = prompts.len() as i64;
+        let n = pictures.len() as i64;
+        let latents = Tensor::cat(&tokens, 1).expand([b, -1, -1], false).contiguous();
+        let grids = Tensor::from_slice(&grids).view([1, n, 3]).expand([b, n, 3], false);
+        text.extras.insert(CONDITION_LATENTS.into(), latents);
+        text.extras.insert(CONDITION_SHAPES.into(), grids.contiguous().to_device(device));
+        Ok(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dimensions_round_like_python() {
+        // 1024² at 4:3: width √(1048576·4/3) = 1182.4 → 1184, height 886.8 → 896.
+        assert_eq!(calculate_dimensions(VAE_AREA, 4.0 / 3.0), (1184, 896));
+        assert_eq!(calculate_dimensions(CONDITION_AREA, 1.0), (384, 384));
+        // 48 / 32 = 1.5 and 80 / 32 = 2.5 round to even: 64 and 64.
+        assert_eq!(calculate_dimensions(48.0 * 48.0, 1.0), (64, 64));
+        assert_eq!(calculate_dimensions(80.0 * 80.0, 1.0), (64, 64));
+    }
+}
