@@ -24,7 +24,7 @@ const MAX_SEQUENCE_LENGTH: usize = 512;
 /// pictures through the vision tower.
 pub enum QwenText {
     Plain(QwenPromptEncoder),
-    Edit(QwenEditPromptEncoder),
+    Edit(Box<QwenEditPromptEncoder>),
 }
 
 /// Every component of a Qwen-Image (or Qwen-Image-Edit-Plus) pipeline.
@@ -68,9 +68,9 @@ impl QwenImagePipeline {
                 let kind = dtypes.text_encoders;
                 if dir.index.class_name == EDIT_PLUS {
                     let processor = dir.root.join("processor");
-                    QwenText::Edit(QwenEditPromptEncoder::load(
+                    QwenText::Edit(Box::new(QwenEditPromptEncoder::load(
                         &encoder, &tokenizer, &processor, device, kind,
-                    )?)
+                    )?))
                 } else {
                     QwenText::Plain(QwenPromptEncoder::load(&encoder, &tokenizer, device, kind)?)
                 }
