@@ -23,7 +23,7 @@ const MAX_SEQUENCE_LENGTH: usize = 512;
 /// How prompts are encoded: Qwen-Image's text template, or Qwen-Image-Edit-Plus's with condition
 /// pictures through the vision tower.
 pub enum QwenText {
-    Plain(QwenPromptEncoder),
+    Plain(Box<QwenPromptEncoder>),
     Edit(Box<QwenEditPromptEncoder>),
 }
 
@@ -72,7 +72,9 @@ impl QwenImagePipeline {
                         &encoder, &tokenizer, &processor, device, kind,
                     )?))
                 } else {
-                    QwenText::Plain(QwenPromptEncoder::load(&encoder, &tokenizer, device, kind)?)
+                    QwenText::Plain(Box::new(QwenPromptEncoder::load(
+                        &encoder, &tokenizer, device, kind,
+                    )?))
                 }
             },
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
