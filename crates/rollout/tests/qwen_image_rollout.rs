@@ -160,7 +160,7 @@ fn qwen_image_edit_plus_rollout_matches_diffusers_loop() {
         &io["output.condition_latents"],
         MODEL_RTOL,
     );
-    let windows = [1..3];
+    let windows = vec![1..3; 1];
     let request = TrajectoryRequest {
         grid: &engine.grid,
         text: &text,
