@@ -1,6 +1,6 @@
 //! Prompt records and the file formats they come from.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -16,6 +16,24 @@ pub struct PromptRecord {
     /// What the image must show, e.g. the text an OCR prompt quotes.
     pub ground_truth: Option<String>,
     pub extra_info: Value,
+    /// Condition pictures of an image-editing prompt (`images` / `image`, top level or in
+    /// `extra_info`), resolved against the prompt file's folder.
+    pub images: Vec<PathBuf>,
+}
+
+impl PromptRecord {
+    /// The condition pictures, decoded as 8-bit RGB (an unreadable file is named).
+    pub fn load_images(&self) -> Result<Vec<image::RgbImage>, DataError> {
+        self.images
+            .iter()
+            .map(|path| {
+                image::open(path).map(|i| i.to_rgb8()).map_err(|e| DataError::Io {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })
+            })
+            .collect()
+    }
 }
 
 /// The text between the first pair of double quotes (straight or curly), as OCR prompts quote
@@ -46,12 +64,13 @@ impl PromptDataset {
             message: e.to_string(),
         })?;
         let is_jsonl = matches!(path.extension().and_then(|e| e.to_str()), Some("jsonl" | "json"));
+        let base = path.parent().unwrap_or(Path::new("."));
         let mut records = vec![];
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
             let record = if is_jsonl {
                 serde_json::from_str(line)
                     .map_err(|e| format!("not JSON: {e}"))
-                    .and_then(|v| record_from_json(&v, &source))
+                    .and_then(|v| record_from_json(&v, &source, base))
                     .map_err(|message| DataError::Record {
                         path: path.display().to_string(),
                         line: i + 1,
@@ -65,6 +84,7 @@ impl PromptDataset {
                     negative_prompt: None,
                     data_source: source.clone(),
                     extra_info: Value::Null,
+                    images: vec![],
                 }
             };
             records.push(record);
@@ -90,9 +110,11 @@ impl PromptDataset {
         let mut records = vec![];
         for (i, row) in rows.enumerate() {
             let row = row.map_err(|e| fail(e.to_string()))?;
-            let record = record_from_json(&row.to_json_value(), source).map_err(|message| {
-                DataError::Record { path: path.display().to_string(), line: i + 1, message }
-            })?;
+            let base = path.parent().unwrap_or(Path::new("."));
+            let record =
+                record_from_json(&row.to_json_value(), source, base).map_err(|message| {
+                    DataError::Record { path: path.display().to_string(), line: i + 1, message }
+                })?;
             records.push(record);
         }
         Self::non_empty(path, records)
@@ -101,7 +123,7 @@ impl PromptDataset {
 
 /// A record in the reference layout: `prompt` (a string, or chat messages whose user turn is the
 /// prompt), `data_source`, `negative_prompt`, `reward_model.ground_truth`, `extra_info`.
-fn record_from_json(v: &Value, default_source: &str) -> Result<PromptRecord, String> {
+fn record_from_json(v: &Value, default_source: &str, base: &Path) -> Result<PromptRecord, String> {
     let prompt = match &v["prompt"] {
         Value::String(s) => s.clone(),
         Value::Array(messages) => messages
@@ -125,13 +147,64 @@ fn record_from_json(v: &Value, default_source: &str) -> Result<PromptRecord, Str
         data_source: text(&v["data_source"]).unwrap_or_else(|| default_source.to_string()),
         ground_truth,
         extra_info: v.get("extra_info").cloned().unwrap_or(Value::Null),
+        images: condition_images(v, base)?,
         prompt,
     })
+}
+
+/// The condition pictures a record names: `images` (a path or a list of paths) or `image`, at
+/// the top level or in `extra_info`; relative paths are taken from `base`. A named picture that
+/// does not exist is an error.
+fn condition_images(v: &Value, base: &Path) -> Result<Vec<PathBuf>, String> {
+    let field = ["images", "image"]
+        .iter()
+        .flat_map(|k| [&v[*k], &v["extra_info"][*k]])
+        .find(|f| !f.is_null());
+    let names: Vec<&str> = match field {
+        None => return Ok(vec![]),
+        Some(Value::String(one)) => vec![one.as_str()],
+        Some(Value::Array(many)) => many
+            .iter()
+            .map(|p| p.as_str().ok_or_else(|| format!("`images` entry {p} is not a path")))
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(format!("`images` must be a path or a list of paths, got {other}"))
+        }
+    };
+    names
+        .into_iter()
+        .map(|name| {
+            let path = base.join(name);
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(format!("condition picture {} does not exist", path.display()))
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn condition_pictures_resolve_against_the_file_and_must_exist() {
+        let dir = std::env::temp_dir().join(format!("flowtune-images-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.png"), b"").unwrap();
+        let parse = |line: &str| record_from_json(&serde_json::from_str(line).unwrap(), "s", &dir);
+        let r = parse(r#"{"prompt": "p", "images": ["a.png"]}"#).unwrap();
+        assert_eq!(r.images, [dir.join("a.png")]);
+        let r = parse(r#"{"prompt": "p", "extra_info": {"image": "a.png"}}"#).unwrap();
+        assert_eq!(r.images, [dir.join("a.png")]);
+        assert!(parse(r#"{"prompt": "p"}"#).unwrap().images.is_empty());
+        let err = parse(r#"{"prompt": "p", "image": "missing.png"}"#).unwrap_err();
+        assert!(err.contains("missing.png") && err.contains("does not exist"), "{err}");
+        let err = parse(r#"{"prompt": "p", "images": 3}"#).unwrap_err();
+        assert!(err.contains("list of paths"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn quoted_targets() {
@@ -145,7 +218,7 @@ mod tests {
     }
 
     fn parse_json_record(line: &str, source: &str) -> Result<PromptRecord, String> {
-        record_from_json(&serde_json::from_str(line).unwrap(), source)
+        record_from_json(&serde_json::from_str(line).unwrap(), source, Path::new("."))
     }
 
     #[test]

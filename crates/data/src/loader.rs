@@ -115,6 +115,7 @@ mod tests {
                 data_source: "t".into(),
                 ground_truth: None,
                 extra_info: serde_json::Value::Null,
+                images: vec![],
             })
             .collect();
         PromptDataset { records }

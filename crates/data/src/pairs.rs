@@ -80,6 +80,7 @@ pub fn pair_prompts(pairs: &[PreferencePair]) -> PromptDataset {
                 data_source: "preference_pairs".into(),
                 ground_truth: None,
                 extra_info: Value::Null,
+                images: vec![],
             })
             .collect(),
     }

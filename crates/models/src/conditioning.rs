@@ -82,6 +82,65 @@ impl TextConditioning {
         }
     }
 
+    /// The rows of `parts` stacked in order; token lengths may differ (shorter rows are padded
+    /// with zeros and masked), extras must have the same shape past the batch.
+    pub fn stack(parts: Vec<Self>) -> Result<Self, ModelError> {
+        if parts.len() == 1 {
+            return Ok(parts.into_iter().next().expect("one part"));
+        }
+        let longest = parts.iter().map(|p| p.embeds.size()[1]).max().unwrap_or(0);
+        // Zeros after the last token: (B, L) → [0, extra]; (B, L, D) → [0, 0, 0, extra].
+        let pad = |t: &Tensor, len: i64| {
+            let mut pads = vec![0i64; 2 * (t.dim() - 2)];
+            pads.extend([0, longest - len]);
+            t.constant_pad_nd(pads)
+        };
+        let mut padded = vec![];
+        for part in parts {
+            let (b, len) = (part.embeds.size()[0], part.embeds.size()[1]);
+            let mask = part.mask.as_ref().map(Tensor::shallow_clone).unwrap_or_else(|| {
+                Tensor::ones([b, len], (tch::Kind::Int64, part.embeds.device()))
+            });
+            let embeds = pad(&part.embeds, len);
+            padded.push(Self {
+                embeds,
+                mask: Some(pad(&mask, len)),
+                pooled: part.pooled,
+                extras: part.extras,
+            });
+        }
+        let first = &padded[0];
+        for part in &padded[1..] {
+            let same = first.extras.len() == part.extras.len()
+                && first.extras.iter().all(|(k, t)| {
+                    part.extras.get(k).is_some_and(|u| u.size()[1..] == t.size()[1..])
+                });
+            if !same || first.pooled.is_some() != part.pooled.is_some() {
+                return Err(ModelError::Input(format!(
+                    "rows of one batch are conditioned differently: {:?} vs {:?} (e.g. condition \
+                     pictures of different sizes; give one batch pictures of one size)",
+                    shapes(first),
+                    shapes(part)
+                )));
+            }
+        }
+        let cat =
+            |f: &dyn Fn(&Self) -> Tensor| Tensor::cat(&padded.iter().map(f).collect::<Vec<_>>(), 0);
+        Ok(Self {
+            embeds: cat(&|p| p.embeds.shallow_clone()),
+            pooled: first
+                .pooled
+                .as_ref()
+                .map(|_| cat(&|p| p.pooled.as_ref().unwrap().shallow_clone())),
+            mask: Some(cat(&|p| p.mask.as_ref().unwrap().shallow_clone())),
+            extras: first
+                .extras
+                .keys()
+                .map(|k| (k.clone(), cat(&|p| p.extras[k].shallow_clone())))
+                .collect(),
+        })
+    }
+
     /// The rows at `index` (a 1-D int64 tensor).
     pub fn rows(&self, index: &Tensor) -> Self {
         self.map_rows(|t| t.index_select(0, index))
@@ -91,4 +150,9 @@ impl TextConditioning {
     pub fn narrow(&self, start: i64, len: i64) -> Self {
         self.map_rows(|t| t.narrow(0, start, len))
     }
+}
+
+/// Shapes of the extras, for error messages.
+fn shapes(text: &TextConditioning) -> BTreeMap<&str, Vec<i64>> {
+    text.extras.iter().map(|(k, t)| (k.as_str(), t.size())).collect()
 }

@@ -33,23 +33,51 @@ pub struct Engine<'a> {
     pub seed: u64,
 }
 
-/// Text conditioning of `prompts` (one row each), encoding each distinct prompt once.
+/// Text conditioning of `prompts` (one row each), encoding each distinct prompt once; with
+/// `pictures` (one set per row, or none at all) each row is conditioned on its set too (image
+/// editing), rows sharing a set and a prompt encoded once.
 pub fn encode_rows(
     pipe: &dyn FlowPipeline,
     prompts: &[&str],
+    pictures: &[Vec<RgbImage>],
 ) -> Result<TextConditioning, ModelError> {
-    let mut unique: Vec<&str> = vec![];
-    let index: Vec<i64> = prompts
+    if !pictures.is_empty() && pictures.len() != prompts.len() {
+        return Err(ModelError::Input(format!(
+            "{} picture sets for {} prompts",
+            pictures.len(),
+            prompts.len()
+        )));
+    }
+    let none: &[RgbImage] = &[];
+    let mut sets: Vec<&[RgbImage]> = vec![];
+    let mut unique: Vec<(usize, &str)> = vec![];
+    let keys: Vec<(usize, &str)> = prompts
         .iter()
-        .map(|p| match unique.iter().position(|u| u == p) {
-            Some(i) => i as i64,
-            None => {
-                unique.push(p);
-                unique.len() as i64 - 1
+        .enumerate()
+        .map(|(row, &prompt)| {
+            let set = pictures.get(row).map_or(none, Vec::as_slice);
+            let s = sets.iter().position(|&known| known == set).unwrap_or_else(|| {
+                sets.push(set);
+                sets.len() - 1
+            });
+            if !unique.contains(&(s, prompt)) {
+                unique.push((s, prompt));
             }
+            (s, prompt)
         })
         .collect();
-    let encoded = tch::no_grad(|| pipe.encode_prompts(&unique))?;
+    // One encoder call per picture set, its prompts in first-seen order.
+    let mut order = vec![];
+    let mut parts = vec![];
+    for (s, set) in sets.iter().enumerate() {
+        let group: Vec<(usize, &str)> = unique.iter().copied().filter(|u| u.0 == s).collect();
+        let texts: Vec<&str> = group.iter().map(|u| u.1).collect();
+        parts.push(tch::no_grad(|| pipe.encode_prompts_with_pictures(&texts, set))?);
+        order.extend(group);
+    }
+    let encoded = TextConditioning::stack(parts)?;
+    let index: Vec<i64> =
+        keys.iter().map(|k| order.iter().position(|o| o == k).expect("encoded") as i64).collect();
     Ok(encoded.rows(&Tensor::from_slice(&index).to_device(encoded.embeds.device())))
 }
 
@@ -73,14 +101,16 @@ impl<'a> Engine<'a> {
     }
 
     /// Samples every row from its own seed; `step` (1-based) drives the SDE-window strategies.
+    /// `pictures` are the rows' condition pictures (image editing), or empty.
     pub fn rollout(
         &self,
         prompts: &[&str],
         negatives: &[&str],
+        pictures: &[Vec<RgbImage>],
         seeds: &[u64],
         step: u64,
     ) -> Result<RolloutBatch, RolloutError> {
-        self.rollout_streaming(prompts, negatives, seeds, step, &mut |_, _| {})
+        self.rollout_streaming(prompts, negatives, pictures, seeds, step, &mut |_, _| {})
     }
 
     /// [`Self::rollout`], handing each chunk's images to `on_images(first row, images)` as soon
@@ -89,6 +119,7 @@ impl<'a> Engine<'a> {
         &self,
         prompts: &[&str],
         negatives: &[&str],
+        pictures: &[Vec<RgbImage>],
         seeds: &[u64],
         step: u64,
         on_images: &mut dyn FnMut(usize, &[RgbImage]),
@@ -100,9 +131,11 @@ impl<'a> Engine<'a> {
                 prompts.len()
             )));
         }
-        let text = encode_rows(self.pipe, prompts)?;
+        let text = encode_rows(self.pipe, prompts, pictures)?;
         let guided = self.sampler.guidance_scale > 1.0;
-        let negative = if guided { Some(encode_rows(self.pipe, negatives)?) } else { None };
+        // The negative side sees the same pictures, as in diffusers' edit pipelines.
+        let negative =
+            if guided { Some(encode_rows(self.pipe, negatives, pictures)?) } else { None };
         let mut shape = vec![1];
         shape.extend(&self.latent_shape);
         let device = self.pipe.device();

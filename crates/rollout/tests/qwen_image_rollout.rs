@@ -37,9 +37,9 @@ fn qwen_image_rollout_matches_diffusers_loop() {
     let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).expect("engine");
     let mut check = Checker::new("qwen_image_rollout_io.safetensors");
     check.case();
-    let text = encode_rows(pipe.as_ref(), &PROMPTS).expect("prompts");
+    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[]).expect("prompts");
     let negative =
-        encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2]).expect("negative");
+        encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2], &[]).expect("negative");
     check.close_within("prompt_embeds", &text.embeds, &io["output.prompt_embeds"], MODEL_RTOL);
     check.close_within(
         "negative_prompt_embeds",
@@ -102,7 +102,7 @@ fn bf16_model_keeps_f32_latents_and_log_probs() {
         let engine = Engine::new(pipe.as_ref(), &sampler, vec![16, 6, 10], 3).expect("engine");
         let negatives = [pipe.default_negative_prompt(); 2];
         engine
-            .rollout(&PROMPTS, &negatives, &engine.row_seeds(2, 1), 1)
+            .rollout(&PROMPTS, &negatives, &[], &engine.row_seeds(2, 1), 1)
             .expect("rollout")
             .trajectory
     };

@@ -35,14 +35,22 @@ pub fn rollout_and_score(
         .iter()
         .map(|r| r.negative_prompt.as_deref().unwrap_or(engine.pipe.default_negative_prompt()))
         .collect();
+    let pictures = records.iter().map(|r| r.load_images()).collect::<Result<Vec<_>, _>>()?;
+    let pictures = if pictures.iter().all(Vec::is_empty) { vec![] } else { pictures };
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<(usize, Vec<RgbImage>)>();
         let worker = scope.spawn(move || score_chunks(rx, records, scorers, on_error));
-        let batch =
-            engine.rollout_streaming(&prompts, &negatives, seeds, step, &mut |first, images| {
+        let batch = engine.rollout_streaming(
+            &prompts,
+            &negatives,
+            &pictures,
+            seeds,
+            step,
+            &mut |first, images| {
                 // A closed channel means the worker stopped on an error, which join reports.
                 let _ = tx.send((first, images.to_vec()));
-            });
+            },
+        );
         drop(tx);
         let scored = worker.join().expect("the reward thread does not panic");
         let batch = batch?;

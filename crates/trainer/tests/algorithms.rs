@@ -45,7 +45,7 @@ fn mix_grpo_trains_exactly_its_sliding_window() {
         flowtune_models::load_pipeline(pipeline(), &PipelineOptions::new(Device::Cpu)).unwrap();
     let shape = pipe.latent_shape(32, 32).unwrap();
     let engine = Engine::new(pipe.as_ref(), &recipe.rollout, shape, recipe.seed).unwrap();
-    let batch = engine.rollout(&["a", "b"], &["", ""], &engine.row_seeds(2, 2), 2).unwrap();
+    let batch = engine.rollout(&["a", "b"], &["", ""], &[], &engine.row_seeds(2, 2), 2).unwrap();
     assert!(batch.windows.iter().all(|w| *w == (2..3)));
     assert_eq!(batch.trajectory.all_log_probs.size(), [2, 1]);
     let t = Vec::<f32>::try_from(batch.trajectory.all_timesteps.flatten(0, -1)).unwrap();

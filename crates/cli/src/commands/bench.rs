@@ -66,7 +66,7 @@ fn bench_rollout(a: RolloutArgs, device: Device) -> Result<(), Failure> {
     let seconds = time(a.iters, device, || {
         step += 1;
         engine
-            .rollout(&prompts, &negatives, &engine.row_seeds(a.batch, step), step)
+            .rollout(&prompts, &negatives, &[], &engine.row_seeds(a.batch, step), step)
             .map(drop)
             .map_err(|e| Failure::Runtime(e.into()))
     })?;

@@ -82,8 +82,14 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
         let seeds: Vec<u64> = (first..first + prompts.len() as u64)
             .map(|i| flowtune_sampling::row_seed(a.seed, 1, i))
             .collect();
+        let pictures = chunk
+            .iter()
+            .map(|r| r.load_images())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Failure::input)?;
+        let pictures = if pictures.iter().all(Vec::is_empty) { vec![] } else { pictures };
         let batch = engine
-            .rollout(&prompts, &negatives, &seeds, 1)
+            .rollout(&prompts, &negatives, &pictures, &seeds, 1)
             .map_err(|e| Failure::Runtime(e.into()))?;
         for (i, (image, prompt)) in batch.images.iter().zip(&prompts).enumerate() {
             let file = format!("{:05}.png", chunk_no * a.batch.max(1) + i);
