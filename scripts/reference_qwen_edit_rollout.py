@@ -28,7 +28,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 sys.path.insert(0, os.path.dirname(__file__))
 from reference_qwen_edit_text import ImageOnlyProcessor, WithTokenTypes  # noqa: E402
-from reference_qwen_rollout import pack, sde_step, unpack  # noqa: E402
+from reference_qwen_rollout import denoise, pack  # noqa: E402
 
 PROMPTS = ["make the square red"]  # diffusers takes one prompt at a time
 SPEC = dict(steps=4, guidance_scale=4.0, noise_level=0.7, window_start=1, window_size=2, height=32, width=48)
@@ -79,39 +79,9 @@ def main(pipeline_dir, out, flowtune=None):
         io["output.prompt_embeds"] = pe
         io["output.negative_prompt_embeds"] = ne
         io["output.condition_latents"] = image_latents
-        n = s["steps"]
-        seq = (h // 2) * (w // 2)
-        c = pipe.scheduler.config
-        m = (c.max_shift - c.base_shift) / (c.max_image_seq_len - c.base_image_seq_len)
-        mu = seq * m + c.base_shift - m * c.base_image_seq_len
-        pipe.scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / n, n).tolist(), mu=mu)
-        sigmas, timesteps = pipe.scheduler.sigmas, pipe.scheduler.timesteps
         img_shapes = [[(1, h // 2, w // 2), (1, vh // f // 2, vw // f // 2)]] * b
-        lat = pack(x)
-        ws, wn = s["window_start"], s["window_size"]
-        lats, lps, ts = [], [], []
-        for i in range(n):
-            t = timesteps[i].expand(b).to(lat.dtype)
-            call = dict(hidden_states=torch.cat([lat, image_latents], dim=1), timestep=t / 1000,
-                        img_shapes=img_shapes, return_dict=False)
-            v_pos = pipe.transformer(encoder_hidden_states=pe, encoder_hidden_states_mask=pm, **call)[0][:, : lat.size(1)]
-            v_neg = pipe.transformer(encoder_hidden_states=ne, encoder_hidden_states_mask=nm, **call)[0][:, : lat.size(1)]
-            comb = v_neg + s["guidance_scale"] * (v_pos - v_neg)
-            v = comb * (torch.norm(v_pos, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
-            in_window = ws <= i < ws + wn
-            if i == ws:
-                lats.append(unpack(lat, h, w))
-            if in_window:
-                lat, lp = sde_step(sigmas, i, lat, v, s["noise_level"], pack(step_noise[i]))
-                lats.append(unpack(lat, h, w))
-                lps.append(lp)
-                ts.append(t.clone())
-            else:
-                lat = lat + v * (sigmas[i + 1] - sigmas[i])
-    io["output.final_latents"] = unpack(lat, h, w)
-    io["output.all_latents"] = torch.stack(lats, dim=1)
-    io["output.all_log_probs"] = torch.stack(lps, dim=1)
-    io["output.all_timesteps"] = torch.stack(ts, dim=1)
+        _, recorded, _ = denoise(pipe, s, x, step_noise, (pe, pm), (ne, nm), img_shapes, image_latents)
+    io.update(recorded)
     save_file({k: v.contiguous() for k, v in io.items()}, out)
     print(f"wrote {out}: {s}, condition {cw}×{ch}, VAE {vw}×{vh}, prompt tokens {pe.shape[1]}")
 
@@ -123,8 +93,9 @@ def main(pipeline_dir, out, flowtune=None):
             save_file({"initial_latents": x, "step_noise": step_noise}, f"{tmp}/noise.safetensors")
             subprocess.run([flowtune, "debug", "rollout", "--model", pipeline_dir, "--prompts", f"{tmp}/prompts.txt",
                             "--noise", f"{tmp}/noise.safetensors", "--out", f"{tmp}/out.safetensors",
-                            "--steps", str(n), "--guidance", str(s["guidance_scale"]), "--noise-level", str(s["noise_level"]),
-                            "--window-start", str(ws), "--window-size", str(wn), "--images", f"{tmp}/picture.png"], check=True)
+                            "--steps", str(s["steps"]), "--guidance", str(s["guidance_scale"]),
+                            "--noise-level", str(s["noise_level"]), "--window-start", str(s["window_start"]),
+                            "--window-size", str(s["window_size"]), "--images", f"{tmp}/picture.png"], check=True)
             ours = load_file(f"{tmp}/out.safetensors")
         worst = 0.0
         for k in ["all_latents", "all_log_probs", "all_timesteps", "final_latents"]:

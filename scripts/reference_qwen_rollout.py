@@ -47,6 +47,50 @@ def unpack(x, h, w):
     return x.view(b, h // 2, w // 2, c4 // 4, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c4 // 4, h, w)
 
 
+def denoise(pipe, s, x, step_noise, positive, negative, img_shapes, condition=None):
+    """The reference loop on packed tokens: diffusers' dynamic-shift grid, true CFG with per-token
+    norm rescale, the SDE step inside the window and Euler outside. `condition` (packed condition
+    latents) rides on the image stream and is cropped from the prediction, as in the edit pipelines.
+    Returns the final latents and `output.*` records in flowtune's layout, and the sigmas."""
+    b, _, h, w = x.shape
+    n = s["steps"]
+    c = pipe.scheduler.config
+    m = (c.max_shift - c.base_shift) / (c.max_image_seq_len - c.base_image_seq_len)
+    mu = (h // 2) * (w // 2) * m + c.base_shift - m * c.base_image_seq_len
+    pipe.scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / n, n).tolist(), mu=mu)
+    sigmas, timesteps = pipe.scheduler.sigmas, pipe.scheduler.timesteps
+    lat = pack(x)
+    ws, wn = s["window_start"], s["window_size"]
+    lats, lps, ts = [], [], []
+    for i in range(n):
+        t = timesteps[i].expand(b).to(lat.dtype)
+        tokens = lat if condition is None else torch.cat([lat, condition], dim=1)
+        call = dict(hidden_states=tokens, timestep=t / 1000, img_shapes=img_shapes, return_dict=False)
+        (pe, pm), (ne, nm) = positive, negative
+        v_pos = pipe.transformer(encoder_hidden_states=pe, encoder_hidden_states_mask=pm, **call)[0][:, : lat.size(1)]
+        v_neg = pipe.transformer(encoder_hidden_states=ne, encoder_hidden_states_mask=nm, **call)[0][:, : lat.size(1)]
+        comb = v_neg + s["guidance_scale"] * (v_pos - v_neg)
+        v = comb * (torch.norm(v_pos, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
+        in_window = ws <= i < ws + wn
+        if i == ws:
+            lats.append(unpack(lat, h, w))
+        if in_window:
+            lat, lp = sde_step(sigmas, i, lat, v, s["noise_level"], pack(step_noise[i]))
+            lats.append(unpack(lat, h, w))
+            lps.append(lp)
+            ts.append(t.clone())
+        else:
+            lat = lat + v * (sigmas[i + 1] - sigmas[i])
+    final = unpack(lat, h, w)
+    recorded = {
+        "output.final_latents": final,
+        "output.all_latents": torch.stack(lats, dim=1),
+        "output.all_log_probs": torch.stack(lps, dim=1),
+        "output.all_timesteps": torch.stack(ts, dim=1),
+    }
+    return final, recorded, sigmas
+
+
 def main(pipeline_dir, out, flowtune=None):
     pipe = QwenImagePipeline.from_pretrained(pipeline_dir)
     s = SPEC
@@ -63,42 +107,12 @@ def main(pipeline_dir, out, flowtune=None):
         ne, nm = pipe.encode_prompt([" "] * b, device="cpu", max_sequence_length=512)
         io["output.prompt_embeds"] = pe
         io["output.negative_prompt_embeds"] = ne
-        n = s["steps"]
-        seq = (h // 2) * (w // 2)
-        c = pipe.scheduler.config
-        mu = (seq * (c.max_shift - c.base_shift) / (c.max_image_seq_len - c.base_image_seq_len)
-              + c.base_shift - (c.max_shift - c.base_shift) / (c.max_image_seq_len - c.base_image_seq_len) * c.base_image_seq_len)
-        pipe.scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / n, n).tolist(), mu=mu)
-        sigmas, timesteps = pipe.scheduler.sigmas, pipe.scheduler.timesteps
         img_shapes = [[(1, h // 2, w // 2)]] * b
-        lat = pack(x)
-        ws, wn = s["window_start"], s["window_size"]
-        lats, lps, ts = [], [], []
-        for i in range(n):
-            t = timesteps[i].expand(b).to(lat.dtype)
-            call = dict(hidden_states=lat, timestep=t / 1000, img_shapes=img_shapes, return_dict=False)
-            v_pos = pipe.transformer(encoder_hidden_states=pe, encoder_hidden_states_mask=pm, **call)[0]
-            v_neg = pipe.transformer(encoder_hidden_states=ne, encoder_hidden_states_mask=nm, **call)[0]
-            comb = v_neg + s["guidance_scale"] * (v_pos - v_neg)
-            v = comb * (torch.norm(v_pos, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
-            in_window = ws <= i < ws + wn
-            if i == ws:
-                lats.append(unpack(lat, h, w))
-            if in_window:
-                lat, lp = sde_step(sigmas, i, lat, v, s["noise_level"], pack(step_noise[i]))
-                lats.append(unpack(lat, h, w))
-                lps.append(lp)
-                ts.append(t.clone())
-            else:
-                lat = lat + v * (sigmas[i + 1] - sigmas[i])
-        final = unpack(lat, h, w)
+        final, recorded, sigmas = denoise(pipe, s, x, step_noise, (pe, pm), (ne, nm), img_shapes)
         mean = torch.tensor(pipe.vae.config.latents_mean).view(1, 16, 1, 1, 1)
         std = torch.tensor(pipe.vae.config.latents_std).view(1, 16, 1, 1, 1)
         image = pipe.vae.decode(final.unsqueeze(2) * std + mean, return_dict=False)[0][:, :, 0]
-    io["output.final_latents"] = final
-    io["output.all_latents"] = torch.stack(lats, dim=1)
-    io["output.all_log_probs"] = torch.stack(lps, dim=1)
-    io["output.all_timesteps"] = torch.stack(ts, dim=1)
+    io.update(recorded)
     io["output.image"] = image
     save_file({k: v.contiguous() for k, v in io.items()}, out)
     print(f"wrote {out}: {s}, sigmas {[round(float(v), 4) for v in sigmas]}")
@@ -110,9 +124,9 @@ def main(pipeline_dir, out, flowtune=None):
             save_file({"initial_latents": x, "step_noise": step_noise}, f"{tmp}/noise.safetensors")
             subprocess.run([flowtune, "debug", "rollout", "--model", pipeline_dir, "--prompts", f"{tmp}/prompts.txt",
                             "--noise", f"{tmp}/noise.safetensors", "--out", f"{tmp}/out.safetensors",
-                            "--steps", str(n), "--guidance", str(s["guidance_scale"]),
-                            "--noise-level", str(s["noise_level"]), "--window-start", str(ws),
-                            "--window-size", str(wn)], check=True)
+                            "--steps", str(s["steps"]), "--guidance", str(s["guidance_scale"]),
+                            "--noise-level", str(s["noise_level"]),
+                            "--window-start", str(s["window_start"]), "--window-size", str(s["window_size"])], check=True)
             ours = load_file(f"{tmp}/out.safetensors")
         worst = 0.0
         for k in ["all_latents", "all_log_probs", "all_timesteps", "final_latents"]:

@@ -249,3 +249,35 @@ impl FeedForward {
         self.proj_out.forward(&gelu_tanh(&self.proj_in.forward(x)))
     }
 }
+
+/// Two linear layers with SiLU between (`TimestepEmbedding`, `PixArtAlphaTextProjection`).
+pub struct Mlp {
+    pub linear_1: Linear,
+    pub linear_2: Linear,
+}
+
+impl Mlp {
+    pub fn new(scope: &Scope<'_>, input: i64, dim: i64) -> Self {
+        Self {
+            linear_1: (scope / "linear_1").linear(input, dim, true),
+            linear_2: (scope / "linear_2").linear(dim, dim, true),
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        self.linear_2.forward(&self.linear_1.forward(x).silu())
+    }
+}
+
+/// Channels of the sinusoidal timestep features.
+pub const TIMESTEP_CHANNELS: i64 = 256;
+
+/// diffusers' `get_timestep_embedding` with `flip_sin_to_cos = true`, shift 0: `[cos, sin]` of
+/// `scale · t · exp(−ln(10⁴)·k/half)`.
+pub fn timestep_features(timestep: &Tensor, channels: i64, scale: f64) -> Tensor {
+    let half = channels / 2;
+    let exponent =
+        Tensor::arange(half, (Kind::Float, timestep.device())) * (-(10_000f64).ln() / half as f64);
+    let args = timestep.to_kind(Kind::Float).unsqueeze(1) * exponent.exp().unsqueeze(0) * scale;
+    Tensor::cat(&[args.cos(), args.sin()], -1)
+}

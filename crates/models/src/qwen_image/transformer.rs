@@ -12,8 +12,7 @@ use super::rope::{rotary_angles, ImageShape};
 use crate::denoiser::{copy_frozen, Denoiser, ExampleInputs, TrainableDenoiser};
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
-use crate::nn::{layer_norm, Linear, RmsNorm};
-use crate::sd3::embeddings::{timestep_features, Mlp, TIMESTEP_CHANNELS};
+use crate::nn::{layer_norm, timestep_features, Linear, Mlp, RmsNorm, TIMESTEP_CHANNELS};
 use crate::{read_config, rescaled_guidance, ModelError, TextConditioning};
 
 /// The rotary base of every axis.

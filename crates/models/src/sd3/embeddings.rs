@@ -1,8 +1,8 @@
 //! Input embeddings: patches with a centre-cropped positional table, and timestep + pooled text.
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
-use crate::nn::{Conv2d, Linear, Scope};
+use crate::nn::{timestep_features, Conv2d, Mlp, Scope, TIMESTEP_CHANNELS};
 
 /// `PatchEmbed`: a stride-p convolution to tokens plus the centre crop of a
 /// `pos_embed_max_size²` sin-cos table (stored in the checkpoint as `pos_embed.pos_embed`).
@@ -39,38 +39,6 @@ impl PatchEmbed {
         let crop = table.narrow(1, top, h).narrow(2, left, w).reshape([1, h * w, dim]);
         (tokens + crop).to_kind(latent.kind()).contiguous()
     }
-}
-
-/// Two linear layers with SiLU between (`TimestepEmbedding`, `PixArtAlphaTextProjection`).
-pub struct Mlp {
-    pub linear_1: Linear,
-    pub linear_2: Linear,
-}
-
-impl Mlp {
-    pub fn new(scope: &Scope<'_>, input: i64, dim: i64) -> Self {
-        Self {
-            linear_1: (scope / "linear_1").linear(input, dim, true),
-            linear_2: (scope / "linear_2").linear(dim, dim, true),
-        }
-    }
-
-    pub fn forward(&self, x: &Tensor) -> Tensor {
-        self.linear_2.forward(&self.linear_1.forward(x).silu())
-    }
-}
-
-/// Channels of the sinusoidal timestep features.
-pub const TIMESTEP_CHANNELS: i64 = 256;
-
-/// diffusers' `get_timestep_embedding` with `flip_sin_to_cos = true`, shift 0: `[cos, sin]` of
-/// `scale · t · exp(−ln(10⁴)·k/half)`.
-pub fn timestep_features(timestep: &Tensor, channels: i64, scale: f64) -> Tensor {
-    let half = channels / 2;
-    let exponent =
-        Tensor::arange(half, (Kind::Float, timestep.device())) * (-(10_000f64).ln() / half as f64);
-    let args = timestep.to_kind(Kind::Float).unsqueeze(1) * exponent.exp().unsqueeze(0) * scale;
-    Tensor::cat(&[args.cos(), args.sin()], -1)
 }
 
 /// `CombinedTimestepTextProjEmbeddings`: the conditioning vector of every AdaLN.

@@ -3,7 +3,7 @@
 mod attention;
 mod block;
 mod config;
-pub(crate) mod embeddings;
+mod embeddings;
 mod family;
 mod pipeline;
 pub(crate) mod tiny;

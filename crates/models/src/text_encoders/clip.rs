@@ -155,7 +155,7 @@ impl ClipTextModel {
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let config: ClipTextConfig = read_config(&dir.join("config.json"))?;
         let mut model = Self::new(&config, device)?;
-        super::load_frozen(&mut model.store, dir, kind)?;
+        super::load_frozen(&mut model.store, dir, kind, &[], &[])?;
         Ok(model)
     }
 

@@ -18,13 +18,22 @@ use tch::{Device, Kind};
 use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::ModelError;
 
-/// Loads the weights of a component directory into `store`, frozen (text encoders are not trained).
-fn load_frozen(store: &mut VarStore, dir: &Path, kind: Kind) -> Result<(), ModelError> {
-    load_weights(
-        store,
-        &checkpoint_files(dir)?,
-        LoadOptions { kind: Some(kind), ..Default::default() },
-    )?;
+/// Loads the weights of a component directory into `store` as `kind`, frozen (text encoders are
+/// not trained); checkpoint names under `ignored` are skipped, `renamed` maps other key layouts.
+fn load_frozen(
+    store: &mut VarStore,
+    dir: &Path,
+    kind: Kind,
+    ignored: &'static [&'static str],
+    renamed: &'static [(&'static str, &'static str)],
+) -> Result<(), ModelError> {
+    let options = LoadOptions {
+        kind: Some(kind),
+        ignored_prefixes: ignored,
+        renamed_prefixes: renamed,
+        ..Default::default()
+    };
+    load_weights(store, &checkpoint_files(dir)?, options)?;
     store.freeze();
     Ok(())
 }

@@ -13,7 +13,6 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use crate::nn::{attention, Linear, RmsNorm, Scope};
-use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, ModelError};
 
 /// Checkpoint parts that are not the vision tower.
@@ -239,14 +238,7 @@ impl Qwen25VlVision {
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let config = Qwen25VlVisionConfig::from_file(&dir.join("config.json"))?;
         let mut model = Self::new(&config, device);
-        let options = LoadOptions {
-            kind: Some(kind),
-            ignored_prefixes: IGNORED_PREFIXES,
-            renamed_prefixes: RENAMED_PREFIXES,
-            ..Default::default()
-        };
-        load_weights(&mut model.store, &checkpoint_files(dir)?, options)?;
-        model.store.freeze();
+        super::load_frozen(&mut model.store, dir, kind, IGNORED_PREFIXES, RENAMED_PREFIXES)?;
         Ok(model)
     }
 

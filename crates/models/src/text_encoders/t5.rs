@@ -121,7 +121,7 @@ impl T5Encoder {
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let config: T5Config = read_config(&dir.join("config.json"))?;
         let mut model = Self::new(&config, device)?;
-        super::load_frozen(&mut model.store, dir, kind)?;
+        super::load_frozen(&mut model.store, dir, kind, &[], &[])?;
         Ok(model)
     }
 
