@@ -18,6 +18,7 @@ pub mod text_encoders;
 pub mod tokenizer;
 pub mod vae;
 pub mod weights;
+pub mod z_image;
 
 pub use conditioning::TextConditioning;
 pub use denoiser::{
