@@ -48,7 +48,12 @@ fn z_image_transformers_match_diffusers() {
         model.load_lora(&dir().join(format!("{name}_lora.safetensors"))).expect("load lora");
         model.set_adapters_enabled(false);
         let plain = tch::no_grad(|| forward(&model, &io));
-        check.close_within(&format!("{name} output.sample"), &plain, &io["output.sample"], MODEL_RTOL);
+        check.close_within(
+            &format!("{name} output.sample"),
+            &plain,
+            &io["output.sample"],
+            MODEL_RTOL,
+        );
         model.set_adapters_enabled(true);
         let out = forward(&model, &io);
         check.close_within(

@@ -77,11 +77,13 @@ pub enum Pipeline {
     Flux,
     /// Qwen-Image: as Flux.
     QwenImage,
+    /// Z-Image: explicit sigmas from `torch.linspace(1, 1/N, N)` (f32), then the config's shift.
+    ZImage,
 }
 
 impl Pipeline {
     /// Every pipeline name, for error messages and `--help`.
-    pub const NAMES: [&'static str; 3] = ["sd3", "flux", "qwen_image"];
+    pub const NAMES: [&'static str; 4] = ["sd3", "flux", "qwen_image", "z_image"];
 
     /// Parses a pipeline name as written in recipes and on the command line.
     pub fn parse(name: &str) -> Result<Self, SamplingError> {
@@ -89,6 +91,7 @@ impl Pipeline {
             "sd3" => Ok(Self::Sd3),
             "flux" => Ok(Self::Flux),
             "qwen_image" => Ok(Self::QwenImage),
+            "z_image" => Ok(Self::ZImage),
             _ => Err(SamplingError::UnknownChoice {
                 what: "pipeline",
                 value: name.to_string(),
@@ -235,6 +238,14 @@ fn linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
     out
 }
 
+/// `torch.linspace(1, 1/N, N)` in f32 on the CPU (libtorch's own kernel, whose halves count from
+/// both ends), as Z-Image's `get_default_z_image_sigmas` builds them.
+fn torch_linspace(num: usize) -> Vec<f64> {
+    let stop = 1.0 / num as f64;
+    let t = tch::Tensor::linspace(1.0, stop, num as i64, (tch::Kind::Float, tch::Device::Cpu));
+    Vec::<f32>::try_from(t).expect("a 1-D f32 tensor").into_iter().map(f64::from).collect()
+}
+
 impl SigmaGrid {
     /// `FlowMatchEulerDiscreteScheduler.set_timesteps` as the chosen pipeline calls it.
     pub fn new(config: &SchedulerConfig, request: &GridRequest) -> Result<Self, SamplingError> {
@@ -244,6 +255,7 @@ impl SigmaGrid {
         })?;
         let explicit = match &request.sigmas {
             Some(s) => Some(s.clone()),
+            None if request.pipeline == Pipeline::ZImage => Some(torch_linspace(request.steps)),
             None if request.pipeline.uses_explicit_sigmas() => {
                 let n = request.steps as f64;
                 Some(linspace(1.0, 1.0 / n, request.steps))

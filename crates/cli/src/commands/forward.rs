@@ -8,6 +8,7 @@ use anyhow::{anyhow, Context};
 use flowtune_models::lora::{self, LoraConfig};
 use flowtune_models::qwen_image::AutoencoderKlQwenImage;
 use flowtune_models::text_encoders::qwen2_5_vl::Qwen25VlTextEncoder;
+use flowtune_models::text_encoders::qwen3::Qwen3TextEncoder;
 use flowtune_models::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
 use flowtune_models::vae::AutoencoderKl;
 use flowtune_sampling::SampleRng;
@@ -114,9 +115,18 @@ pub fn forward(
             };
             vec![("output.last_hidden_state".into(), tch::no_grad(|| encoder.forward(ids, &mask).map_err(Failure::input))?)]
         }
+        "Qwen3Model" | "Qwen3ForCausalLM" => {
+            let encoder = Qwen3TextEncoder::load(component, device, Kind::Float).map_err(Failure::input)?;
+            let ids = get("input.input_ids")?;
+            let mask = match inputs.get("input.attention_mask") {
+                Some(mask) => mask.shallow_clone(),
+                None => ids.ones_like(),
+            };
+            vec![("output.hidden_states_m2".into(), tch::no_grad(|| encoder.penultimate(ids, &mask).map_err(Failure::input))?)]
+        }
         other => {
             return Err(Failure::input(anyhow!(
-                "{}: class `{other}` is not supported; expected a registered denoiser ({}), AutoencoderKL, AutoencoderKLQwenImage, CLIPTextModelWithProjection, T5EncoderModel or Qwen2_5_VLForConditionalGeneration",
+                "{}: class `{other}` is not supported; expected a registered denoiser ({}), AutoencoderKL, AutoencoderKLQwenImage, CLIPTextModelWithProjection, T5EncoderModel, Qwen2_5_VLForConditionalGeneration or Qwen3Model",
                 component.display(),
                 flowtune_models::families().iter().map(|f| f.denoiser_class).collect::<Vec<_>>().join(", ")
             )))

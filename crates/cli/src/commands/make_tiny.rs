@@ -1,4 +1,4 @@
-//! `flowtune make-tiny sd3|shapes|qwen-image DIR`: a random-initialised pipeline in the diffusers layout.
+//! `flowtune make-tiny sd3|shapes|qwen-image|z-image DIR`: a random-initialised pipeline in the diffusers layout.
 
 use std::path::PathBuf;
 
@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 use flowtune_models::qwen_image::{write_tiny_qwen_image, TinyQwenImageSpec};
 use flowtune_models::sd3::{write_tiny_sd3, TinySd3Spec, WeightInit};
 use flowtune_models::text_encoders::qwen_tiny::TinyQwenTextSpec;
+use flowtune_models::z_image::{write_tiny_z_image, TinyZImageSpec};
 
 use crate::Failure;
 
@@ -19,6 +20,22 @@ pub enum MakeTiny {
     /// A QwenImagePipeline: transformer, VAE (AutoencoderKLQwenImage), Qwen2.5-VL text encoder,
     /// a small Qwen2 BPE tokenizer, scheduler; diffusers loads and runs it.
     QwenImage(QwenImageArgs),
+    /// A ZImagePipeline: transformer, VAE (AutoencoderKL with scaling and shift factors), Qwen3
+    /// text encoder, a small Qwen2 BPE tokenizer with a Qwen3 chat template, scheduler;
+    /// diffusers loads and runs it.
+    ZImage(ZImageArgs),
+}
+
+#[derive(Args)]
+pub struct ZImageArgs {
+    /// Output directory (created if missing).
+    dir: PathBuf,
+    /// Seed of the random weights (the same on every machine).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Main single-stream blocks.
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
 }
 
 #[derive(Args)]
@@ -109,6 +126,12 @@ pub struct Sd3Args {
 
 pub fn run(command: MakeTiny) -> Result<(), Failure> {
     let (dir, spec) = match command {
+        MakeTiny::ZImage(a) => {
+            let spec = TinyZImageSpec { seed: a.seed, layers: a.layers, ..Default::default() };
+            write_tiny_z_image(&a.dir, &spec).map_err(Failure::input)?;
+            println!("wrote {}", a.dir.display());
+            return Ok(());
+        }
         MakeTiny::QwenImage(a) => {
             let frame = (a.head_dim / 8) * 2;
             let side = (a.head_dim - frame) / 4 * 2;

@@ -14,7 +14,8 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use super::qwen2_5_vl_positions::{multimodal_positions, text_positions};
-use crate::nn::{attention, Embedding, Linear, RmsNorm, Scope};
+use super::qwen_decoder::{DecoderShape, QwenDecoder};
+use crate::nn::Scope;
 use crate::{read_config, ModelError};
 
 /// Checkpoint parts that are not the language model.
@@ -162,24 +163,10 @@ impl Qwen25VlTextConfig {
     }
 }
 
-struct Layer {
-    input_layernorm: RmsNorm,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    post_attention_layernorm: RmsNorm,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
-}
-
 /// The decoder stack with module names `model.embed_tokens`, `model.layers.N.…`, `model.norm`.
 pub struct Qwen25VlTextEncoder {
     pub config: Qwen25VlTextConfig,
-    embed_tokens: Embedding,
-    layers: Vec<Layer>,
-    norm: RmsNorm,
+    decoder: QwenDecoder,
     pub store: VarStore,
 }
 
@@ -188,37 +175,21 @@ impl Qwen25VlTextEncoder {
     pub fn new(config: &Qwen25VlTextConfig, device: Device) -> Self {
         let store = super::store(device);
         let root = Scope::root(store.root(), None);
-        let model = &root / "model";
-        let (d, eps) = (config.hidden_size, config.rms_norm_eps);
-        let kv = config.num_key_value_heads * config.head_dim();
-        let layers = (0..config.num_hidden_layers)
-            .map(|i| {
-                let layer = &(&model / "layers") / i;
-                let (attn, mlp) = (&layer / "self_attn", &layer / "mlp");
-                Layer {
-                    input_layernorm: RmsNorm::new(&(&layer / "input_layernorm"), d, eps),
-                    q_proj: (&attn / "q_proj").linear(d, d, true),
-                    k_proj: (&attn / "k_proj").linear(d, kv, true),
-                    v_proj: (&attn / "v_proj").linear(d, kv, true),
-                    o_proj: (&attn / "o_proj").linear(d, d, false),
-                    post_attention_layernorm: RmsNorm::new(
-                        &(&layer / "post_attention_layernorm"),
-                        d,
-                        eps,
-                    ),
-                    gate_proj: (&mlp / "gate_proj").linear(d, config.intermediate_size, false),
-                    up_proj: (&mlp / "up_proj").linear(d, config.intermediate_size, false),
-                    down_proj: (&mlp / "down_proj").linear(config.intermediate_size, d, false),
-                }
-            })
-            .collect();
-        Self {
-            embed_tokens: Embedding::new(&(&model / "embed_tokens"), config.vocab_size, d),
-            layers,
-            norm: RmsNorm::new(&(&model / "norm"), d, eps),
-            config: config.clone(),
-            store,
-        }
+        let shape = DecoderShape {
+            vocab_size: config.vocab_size,
+            hidden_size: config.hidden_size,
+            intermediate_size: config.intermediate_size,
+            num_hidden_layers: config.num_hidden_layers,
+            num_attention_heads: config.num_attention_heads,
+            num_key_value_heads: config.num_key_value_heads,
+            head_dim: config.head_dim(),
+            rms_norm_eps: config.rms_norm_eps,
+            rope_theta: config.rope_theta,
+            qkv_bias: true,
+            qk_norm: false,
+        };
+        let decoder = QwenDecoder::new(&(&root / "model"), &shape);
+        Self { config: config.clone(), decoder, store }
     }
 
     /// Loads a transformers directory (`config.json` + safetensors, either key layout), frozen;
@@ -241,29 +212,6 @@ impl Qwen25VlTextEncoder {
             )));
         }
         Ok(section)
-    }
-
-    /// cos and sin (B, 1, L, head_dim) of `positions` (3, B, L), computed in f32 as transformers
-    /// does: frequency group `i` of `section` rotates by position row `i`.
-    fn rotary(&self, positions: &Tensor, section: &[i64]) -> (Tensor, Tensor) {
-        let dim = self.config.head_dim();
-        let device = positions.device();
-        let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Float, device)) / dim as f64;
-        let inv_freq = Tensor::pow_scalar(self.config.rope_theta, &exponents).reciprocal();
-        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq;
-        let mut start = 0;
-        let groups: Vec<Tensor> = section
-            .iter()
-            .enumerate()
-            .map(|(row, &n)| {
-                let group = freqs.get(row as i64).narrow(-1, start, n);
-                start += n;
-                group
-            })
-            .collect();
-        let half = Tensor::cat(&groups, -1);
-        let angles = Tensor::cat(&[&half, &half], -1).unsqueeze(1);
-        (angles.cos(), angles.sin())
     }
 
     /// (B, L) of `input_ids`, checked against `attention_mask`.
@@ -296,7 +244,7 @@ impl Qwen25VlTextEncoder {
         let positions = text_positions(b, l, input_ids.device());
         // equal rows make any grouping the same; one group needs no mrope_section
         let section = [self.config.head_dim() / 2];
-        self.decode(self.embed_tokens.forward(input_ids), attention_mask, &positions, &section)
+        self.decode(self.decoder.embed(input_ids), attention_mask, &positions, &section)
     }
 
     /// As [`Self::forward`], with pictures: `image_embeds` (N, hidden_size), the vision tower's
@@ -331,53 +279,21 @@ impl Qwen25VlTextEncoder {
                 image_embeds.size()
             )));
         }
-        let x = self.embed_tokens.forward(input_ids);
+        let x = self.decoder.embed(input_ids);
         let x = x.masked_scatter(&slots.unsqueeze(-1), &image_embeds.to_kind(x.kind()));
         self.decode(x, attention_mask, &positions, &section)
     }
 
-    /// The decoder stack on embeddings `x` (B, L, D) at `positions` (3, B, L).
+    /// The decoder stack and final norm on embeddings `x` (B, L, D) at `positions` (3, B, L).
     fn decode(
         &self,
-        mut x: Tensor,
+        x: Tensor,
         attention_mask: &Tensor,
         positions: &Tensor,
         section: &[i64],
     ) -> Result<Tensor, ModelError> {
-        let (b, l) = attention_mask.size2()?;
-        let device = x.device();
-        let (cos, sin) = self.rotary(positions, section);
-        let (cos, sin) = (cos.to_kind(x.kind()), sin.to_kind(x.kind()));
-        let causal = Tensor::ones([l, l], (Kind::Bool, device)).tril(0);
-        let keys = attention_mask.to_kind(Kind::Bool).view([b, 1, 1, l]);
-        let mask = causal.view([1, 1, l, l]).logical_and(&keys);
-        let (heads, kv_heads) = (self.config.num_attention_heads, self.config.num_key_value_heads);
-        let rotate = |t: &Tensor| {
-            let half = t.size()[3] / 2;
-            let rotated = Tensor::cat(&[-t.narrow(3, half, half), t.narrow(3, 0, half)], 3);
-            t * &cos + rotated * &sin
-        };
-        for layer in &self.layers {
-            let h = layer.input_layernorm.forward(&x);
-            let split = |t: Tensor, n: i64| t.view([b, l, n, -1]).transpose(1, 2);
-            let q = rotate(&split(layer.q_proj.forward(&h), heads));
-            let k = rotate(&split(layer.k_proj.forward(&h), kv_heads));
-            let v = split(layer.v_proj.forward(&h), kv_heads);
-            let repeat = heads / kv_heads;
-            let (k, v) = if repeat > 1 {
-                (
-                    k.repeat_interleave_self_int(repeat, 1, None),
-                    v.repeat_interleave_self_int(repeat, 1, None),
-                )
-            } else {
-                (k, v)
-            };
-            let attn = attention(&q, &k, &v, Some(&mask), false, None);
-            x = &x + layer.o_proj.forward(&attn.transpose(1, 2).reshape([b, l, -1]));
-            let h = layer.post_attention_layernorm.forward(&x);
-            let gated = layer.gate_proj.forward(&h).silu() * layer.up_proj.forward(&h);
-            x = &x + layer.down_proj.forward(&gated);
-        }
-        Ok(self.norm.forward(&x))
+        let depth = self.config.num_hidden_layers;
+        let x = self.decoder.run(x, attention_mask, positions, section, depth)?;
+        Ok(self.decoder.final_norm(&x))
     }
 }

@@ -184,7 +184,7 @@ fn flat_config(c: &Qwen25VlTextConfig, spec: &TinyQwenTextSpec, base: usize) -> 
 
 /// Trains a byte-level BPE of `vocab_size` on [`CORPUS`] and the template, writes it in both
 /// layouts, and returns its size before the added tokens.
-fn write_tokenizer(dir: &Path, vocab_size: usize) -> Result<usize, ModelError> {
+pub(crate) fn write_tokenizer(dir: &Path, vocab_size: usize) -> Result<usize, ModelError> {
     let build = |e: tokenizers::Error| ModelError::Input(format!("training a tiny tokenizer: {e}"));
     let mut tok = qwen2::with_bpe(BPE::default())?;
     let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()

@@ -24,7 +24,8 @@ const QK_NORM_EPS: f64 = 1e-5;
 impl SelfAttention {
     fn new(scope: &Scope<'_>, dim: i64, heads: i64, qk_norm: bool) -> Self {
         let head_dim = dim / heads;
-        let norm = |name: &str| qk_norm.then(|| RmsNorm::new(&(scope / name), head_dim, QK_NORM_EPS));
+        let norm =
+            |name: &str| qk_norm.then(|| RmsNorm::new(&(scope / name), head_dim, QK_NORM_EPS));
         Self {
             to_q: (scope / "to_q").linear(dim, dim, false),
             to_k: (scope / "to_k").linear(dim, dim, false),
@@ -131,7 +132,8 @@ impl ZImageBlock {
             Some(m) => m[i].tanh() * h,
             None => h,
         };
-        let attn = self.attention.forward(&scaled(self.attention_norm1.forward(x), 0), mask, rotations);
+        let attn =
+            self.attention.forward(&scaled(self.attention_norm1.forward(x), 0), mask, rotations);
         let x = x + gated(self.attention_norm2.forward(&attn), 1);
         let ffn = self.feed_forward.forward(&scaled(self.ffn_norm1.forward(&x), 2));
         &x + gated(self.ffn_norm2.forward(&ffn), 3)

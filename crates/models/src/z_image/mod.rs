@@ -3,10 +3,16 @@
 
 mod block;
 mod config;
+mod family;
+mod pipeline;
 mod rope;
+mod tiny;
 mod transformer;
 
 pub use config::ZImageTransformerConfig;
+pub use family::FAMILY;
+pub use pipeline::{ZImagePipeline, ZImagePromptEncoder, CHAT_TEMPLATE};
+pub use tiny::{write_tiny_z_image, TinyZImageSpec};
 pub use transformer::{valid_tokens, ZImageTransformer, SEQ_MULTI_OF};
 
 /// Width of the timestep embedding the adaLN layers read (at most `dim`).

@@ -136,8 +136,9 @@ impl ZImageTransformer {
         lora: Option<&LoraConfig>,
     ) -> Result<Self, ModelError> {
         let config: ZImageTransformerConfig = read_config(&dir.join("config.json"))?;
-        let mut model = Self::new(&config, device, lora)
-            .map_err(|e| ModelError::Input(format!("{}: {e}", dir.join("config.json").display())))?;
+        let mut model = Self::new(&config, device, lora).map_err(|e| {
+            ModelError::Input(format!("{}: {e}", dir.join("config.json").display()))
+        })?;
         model.weights.load_base(dir, kind)?;
         Ok(model)
     }
@@ -145,7 +146,12 @@ impl ZImageTransformer {
     /// diffusers' forward for one frame per sample: latents `x` (B, C, H, W), `t` (B,) as the
     /// pipeline passes it (`(1000 − timestep) / 1000`), and each row's caption states
     /// (L_i, cap_feat_dim) (its valid tokens only). Returns the prediction (B, C, H, W).
-    pub fn forward(&self, x: &Tensor, t: &Tensor, captions: &[Tensor]) -> Result<Tensor, ModelError> {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        t: &Tensor,
+        captions: &[Tensor],
+    ) -> Result<Tensor, ModelError> {
         let (b, h, w) = self.check_inputs(x, t, captions)?;
         let c = &self.config;
         let (p, dim, device) = (PIPELINE_PATCH.0, c.dim, x.device());
@@ -154,12 +160,13 @@ impl ZImageTransformer {
         let n = rows * cols;
         let image_len = padded(n);
 
-        let features = timestep_features(&(t.to_kind(Kind::Float) * c.t_scale), TIMESTEP_CHANNELS, 1.0);
-        let adaln = self.t_embedder.1.forward(&self.t_embedder.0.forward(&features.to_kind(kind)).silu());
+        let features =
+            timestep_features(&(t.to_kind(Kind::Float) * c.t_scale), TIMESTEP_CHANNELS, 1.0);
+        let adaln =
+            self.t_embedder.1.forward(&self.t_embedder.0.forward(&features.to_kind(kind)).silu());
 
-        let patches = x.to_kind(kind).view([b, c.in_channels, rows, p, cols, p]).permute([
-            0, 2, 4, 3, 5, 1,
-        ]);
+        let patches =
+            x.to_kind(kind).view([b, c.in_channels, rows, p, cols, p]).permute([0, 2, 4, 3, 5, 1]);
         let image = self.x_embedder.forward(&patches.reshape([b, n, -1]));
         let pads = self.x_pad_token.to_kind(kind).expand([b, image_len - n, dim], false);
         let mut image = Tensor::cat(&[image, pads], 1);
@@ -172,8 +179,10 @@ impl ZImageTransformer {
             .iter()
             .zip(&caption_lens)
             .map(|(cap, &len)| {
-                let states = self.cap_embedder.1.forward(&self.cap_embedder.0.forward(&cap.to_kind(kind)));
-                let pad_tokens = self.cap_pad_token.to_kind(kind).expand([len - cap.size()[0], dim], false);
+                let states =
+                    self.cap_embedder.1.forward(&self.cap_embedder.0.forward(&cap.to_kind(kind)));
+                let pad_tokens =
+                    self.cap_pad_token.to_kind(kind).expand([len - cap.size()[0], dim], false);
                 let empty = Tensor::zeros([longest - len, dim], (kind, device));
                 Tensor::cat(&[states, pad_tokens.shallow_clone(), empty], 0)
             })
@@ -237,9 +246,10 @@ impl ZImageTransformer {
             })
             .collect();
         let index = Tensor::arange_start(1, longest + 1, int);
-        let text_pos = Tensor::stack(&[index.shallow_clone(), index.zeros_like(), index.zeros_like()], 1)
-            .unsqueeze(0)
-            .expand([b, longest, 3], false);
+        let text_pos =
+            Tensor::stack(&[index.shallow_clone(), index.zeros_like(), index.zeros_like()], 1)
+                .unsqueeze(0)
+                .expand([b, longest, 3], false);
         (
             rotations(&c.axes_dims, c.rope_theta, &Tensor::stack(&image_pos, 0)),
             rotations(&c.axes_dims, c.rope_theta, &text_pos),
@@ -277,13 +287,17 @@ impl ZImageTransformer {
         }
         let b = size[0];
         if t.size() != [b] {
-            return Err(ModelError::Input(format!("timestep has shape {:?}, expected [{b}]", t.size())));
+            return Err(ModelError::Input(format!(
+                "timestep has shape {:?}, expected [{b}]",
+                t.size()
+            )));
         }
         if captions.len() as i64 != b {
             return Err(ModelError::Input(format!("{} captions for {b} latents", captions.len())));
         }
-        if let Some(bad) =
-            captions.iter().find(|t| t.dim() != 2 || t.size()[1] != c.cap_feat_dim || t.size()[0] == 0)
+        if let Some(bad) = captions
+            .iter()
+            .find(|t| t.dim() != 2 || t.size()[1] != c.cap_feat_dim || t.size()[0] == 0)
         {
             return Err(ModelError::Input(format!(
                 "a caption has shape {:?}, expected [L ≥ 1, {}]",
@@ -350,7 +364,10 @@ impl TrainableDenoiser for ZImageTransformer {
         ExampleInputs {
             latents: Tensor::randn([batch, c.in_channels, height, width], opts),
             timestep: Tensor::full([batch], 500.0, (Kind::Float, device)),
-            text: TextConditioning::new(Tensor::randn([batch, text_len, c.cap_feat_dim], opts), None),
+            text: TextConditioning::new(
+                Tensor::randn([batch, text_len, c.cap_feat_dim], opts),
+                None,
+            ),
             tokens: batch * (padded((height / 2) * (width / 2)) + padded(text_len)),
         }
     }
