@@ -1,0 +1,92 @@
+//! A Z-Image trajectory end to end against `scripts/reference_z_image_rollout.py`: the tiny
+//! pipeline of `flowtune make-tiny z-image` loaded through the registry, prompts in the Qwen3
+//! chat template with each row's valid tokens, CFG against the `""` negative prompt (diffusers'
+//! `g` is flowtune's `g + 1`), Z-Image's sigmas, an SDE window, given noise, and the decoded
+//! pictures (scaling and shift factors) — all equal to diffusers' components in a loop.
+
+use flowtune_fixtures::{dir, tensors, Checker, MODEL_RTOL};
+use flowtune_models::PipelineOptions;
+use flowtune_rollout::{encode_rows, sample_trajectory, Engine, Guidance, TrajectoryRequest};
+use flowtune_sampling::SamplerConfig;
+use tch::{Device, Kind};
+
+/// The script's `PROMPTS` and `SPEC` (guidance 3 in diffusers' convention).
+const PROMPTS: [&str; 2] = [
+    "a red circle next to a blue square",
+    "一只猫坐在垫子上, \"OPEN\" 24/7, with a long caption that runs past thirty-two tokens of \
+     the template so the two rows pad to different lengths",
+];
+const STEPS: usize = 6;
+const GUIDANCE: f64 = 4.0;
+const WINDOW: std::ops::Range<usize> = 1..4;
+
+#[test]
+fn z_image_rollout_matches_diffusers_loop() {
+    let io = tensors("z_image_rollout_io.safetensors");
+    let pipe = flowtune_models::load_pipeline(
+        &dir().join("z_image_pipeline"),
+        &PipelineOptions::new(Device::Cpu),
+    )
+    .expect("load the tiny pipeline");
+    let sampler = SamplerConfig {
+        n: 1,
+        steps: STEPS,
+        guidance_scale: GUIDANCE,
+        noise_level: 0.7,
+        sde_window_size: WINDOW.len(),
+        ..Default::default()
+    };
+    let latent_shape = pipe.latent_shape(24, 40).expect("24 × 40");
+    assert_eq!(latent_shape, [16, 12, 20]);
+    let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).expect("engine");
+    let mut check = Checker::new("z_image_rollout_io.safetensors");
+    check.case();
+    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[]).expect("prompts");
+    let negative =
+        encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2], &[]).expect("negative");
+    for (name, cond) in [("prompt", &text), ("negative_prompt", &negative)] {
+        let mask = cond.mask.as_ref().expect("a mask");
+        check.close_within(
+            &format!("{name}_mask"),
+            &mask.to_kind(Kind::Float),
+            &io[&format!("output.{name}_mask")].to_kind(Kind::Float),
+            0.0,
+        );
+        check.close_within(
+            &format!("{name}_embeds"),
+            &cond.embeds,
+            &io[&format!("output.{name}_embeds")],
+            MODEL_RTOL,
+        );
+    }
+    let request = TrajectoryRequest {
+        grid: &engine.grid,
+        text: &text,
+        guidance: Guidance { scale: GUIDANCE, negative: Some(&negative) },
+        step: engine.sampler.step_params(engine.grid.sigmas[1] as f64),
+        windows: &vec![WINDOW; 2],
+        initial: &io["input.initial_latents"],
+    };
+    let noise = &io["input.step_noise"];
+    let out =
+        tch::no_grad(|| sample_trajectory(pipe.denoiser(), &request, |i| noise.get(i as i64)))
+            .expect("rollout");
+    for (key, t) in [
+        ("output.all_latents", &out.all_latents),
+        ("output.all_log_probs", &out.all_log_probs),
+        ("output.all_timesteps", &out.all_timesteps),
+        ("output.final_latents", &out.final_latents),
+    ] {
+        check.close_within(key, t, &io[key], MODEL_RTOL);
+    }
+    let pixels = tch::no_grad(|| pipe.decode_rgb8(&out.final_latents)).expect("decode");
+    let want = ((io["output.image"].clamp(-1.0, 1.0) + 1.0) * 127.5)
+        .round()
+        .permute([0, 2, 3, 1])
+        .to_kind(Kind::Int);
+    let off = (pixels.to_kind(Kind::Int) - want).abs().max().int64_value(&[]);
+    if off > 1 {
+        check.fail(format!("decoded pictures differ from diffusers' by {off} levels"));
+    }
+    check.finish();
+}
