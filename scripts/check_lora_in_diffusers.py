@@ -1,8 +1,9 @@
 """Check that a LoRA written by flowtune gives the same transformer output in diffusers.
 
-Usage (needs `pip install torch diffusers transformers peft`), for SD3 or Qwen-Image:
-    flowtune make-tiny sd3 /tmp/tiny            # or: flowtune make-tiny qwen-image /tmp/tiny
+Usage (needs `pip install torch diffusers transformers peft`), for SD3, Qwen-Image or Z-Image:
+    flowtune make-tiny sd3 /tmp/tiny            # or: flowtune make-tiny qwen-image|z-image /tmp/tiny
     flowtune debug make-lora --component /tmp/tiny/transformer --out /tmp/lora.safetensors
+    # Z-Image's layers: --target-modules to_q,to_k,to_v,to_out.0,feed_forward.w1,feed_forward.w2,feed_forward.w3
     python scripts/check_lora_in_diffusers.py /tmp/tiny /tmp/lora.safetensors target/release/flowtune
 
 Loads the pipeline in diffusers, applies the LoRA with `pipe.load_lora_weights`, runs the
@@ -31,12 +32,30 @@ def example_inputs(cls, c, g):
             "input.timestep": torch.tensor([0.999, 0.3125]),
             "input.img_shapes": torch.tensor([[1, 3, 4]]),
         }
+    if cls == "ZImageTransformer2DModel":
+        # One frame of 6 × 8 latents per row; the second caption has 5 of its 9 tokens.
+        mask = torch.ones(2, 9, dtype=torch.int64)
+        mask[1, 5:] = 0
+        return {
+            "input.x": torch.randn(2, c.in_channels, 1, 6, 8, generator=g),
+            "input.t": torch.tensor([0.001, 0.6875]),
+            "input.cap_feats": torch.randn(2, 9, c.cap_feat_dim, generator=g),
+            "input.cap_mask": mask,
+        }
     return {
         "input.hidden_states": torch.randn(2, c.in_channels, 16, 12, generator=g),
         "input.encoder_hidden_states": torch.randn(2, 9, c.joint_attention_dim, generator=g),
         "input.pooled_projections": torch.randn(2, c.pooled_projection_dim, generator=g),
         "input.timestep": torch.tensor([999.0, 312.5]),
     }
+
+
+def run(t, args):
+    """The transformer's output on `args`; Z-Image takes lists (one frame, each row's caption tokens)."""
+    if type(t).__name__ != "ZImageTransformer2DModel":
+        return t(**args, return_dict=False)[0]
+    caps = [c[m.bool()] for c, m in zip(args["cap_feats"], args["cap_mask"])]
+    return torch.stack(t(list(args["x"].unbind(0)), args["t"], caps, return_dict=False)[0])
 
 
 def main(pipeline_dir, lora_file, flowtune):
@@ -47,9 +66,9 @@ def main(pipeline_dir, lora_file, flowtune):
     if "img_shapes" in args:
         args["img_shapes"] = [[tuple(s) for s in args["img_shapes"].tolist()]] * args["hidden_states"].shape[0]
     with torch.no_grad():
-        base = t(**args, return_dict=False)[0]
+        base = run(t, args)
         pipe.load_lora_weights(lora_file)
-        ours_ref = t(**args, return_dict=False)[0]
+        ours_ref = run(t, args)
     with tempfile.TemporaryDirectory() as tmp:
         save_file(inputs, f"{tmp}/in.safetensors")
         subprocess.run(
