@@ -1,5 +1,7 @@
 """The PyTorch-eager anchor for `flowtune bench transformer`: the same shapes and weights in diffusers
-(SD3Transformer2DModel or QwenImageTransformer2DModel; --latent is the unpacked latent side).
+(SD3Transformer2DModel, QwenImageTransformer2DModel or ZImageTransformer2DModel; --latent is the unpacked latent side).
+For Z-Image, give flowtune the same adapters: `flowtune bench transformer ... --lora-targets to_q,to_k,to_v,to_out.0,\
+feed_forward.w1,feed_forward.w2,feed_forward.w3`.
 
 Usage (needs `pip install torch diffusers peft`):
     python scripts/bench_transformer_diffusers.py DIR [--batch 2 --latent 64 --text-len 77 --iters 5 --lora-rank 32]
@@ -11,10 +13,11 @@ import torch
 import json
 import os
 
-from diffusers import QwenImageTransformer2DModel, SD3Transformer2DModel
+from diffusers import QwenImageTransformer2DModel, SD3Transformer2DModel, ZImageTransformer2DModel
 from peft import LoraConfig
 
 TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
+Z_IMAGE_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"]
 
 
 def timed(iters, fn):
@@ -48,6 +51,13 @@ def main():
             img_shapes=[[(1, side, side)]] * a.batch,
             return_dict=False,
         )
+    elif cls == "ZImageTransformer2DModel":
+        model = ZImageTransformer2DModel.from_pretrained(a.dir).eval()
+        c = model.config
+        # the pipeline's call: one frame per row, each row's caption states, t = (1000 - timestep) / 1000
+        latents = list(torch.randn(a.batch, c.in_channels, 1, a.latent, a.latent).unbind(0))
+        captions = list(torch.randn(a.batch, a.text_len, c.cap_feat_dim).unbind(0))
+        args = dict(x=latents, t=torch.full((a.batch,), 0.5), cap_feats=captions, return_dict=False)
     else:
         model = SD3Transformer2DModel.from_pretrained(a.dir).eval()
         c = model.config
@@ -60,15 +70,17 @@ def main():
         )
     with torch.no_grad():
         fwd = timed(a.iters, lambda: model(**args))
-    model.add_adapter(LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, target_modules=TARGETS, init_lora_weights="gaussian"))
+    targets = Z_IMAGE_TARGETS if cls == "ZImageTransformer2DModel" else TARGETS
+    model.add_adapter(LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, target_modules=targets, init_lora_weights="gaussian"))
     for n, p in model.named_parameters():
         p.requires_grad_("lora_" in n)
 
     def step():
-        model(**args)[0].square().mean().backward()
+        out = model(**args)[0]
+        (torch.stack(out) if isinstance(out, list) else out).square().mean().backward()
 
     bwd = timed(a.iters, step)
-    tokens = a.batch * (a.latent // c.patch_size) ** 2
+    tokens = a.batch * (a.latent // getattr(c, "patch_size", 2)) ** 2
     print(f"diffusers threads {torch.get_num_threads()}")
     print(f"forward:               {fwd * 1e3:8.1f} ms  {tokens / fwd:10.0f} image tokens/s")
     print(f"forward+backward LoRA: {bwd * 1e3:8.1f} ms  {tokens / bwd:10.0f} image tokens/s")

@@ -102,6 +102,10 @@ pub struct TransformerArgs {
     /// LoRA rank for the backward timing.
     #[arg(long, default_value_t = 32)]
     lora_rank: i64,
+    /// Adapted layers, comma-separated (SD3's attention projections when absent; Z-Image:
+    /// to_q,to_k,to_v,to_out.0,feed_forward.w1,feed_forward.w2,feed_forward.w3).
+    #[arg(long, value_delimiter = ',')]
+    lora_targets: Vec<String>,
     /// f32 | bf16 | f16
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     dtype: Dtype,
@@ -142,8 +146,11 @@ pub fn run(command: BenchCommand, device: &DeviceArg) -> Result<(), Failure> {
         BenchCommand::Reward(a) => return super::bench_reward::run(a),
     };
     let kind = a.dtype.kind();
-    let lora =
+    let mut lora =
         LoraConfig { rank: a.lora_rank, alpha: 2.0 * a.lora_rank as f64, ..Default::default() };
+    if !a.lora_targets.is_empty() {
+        lora.target_modules = a.lora_targets;
+    }
     let model = flowtune_models::load_denoiser(&a.component, device, kind, Some(&lora))
         .map_err(Failure::input)?;
     tch::manual_seed(0);

@@ -23,12 +23,16 @@ pub fn rotations(axes_dims: &[i64], theta: f64, positions: &Tensor) -> Tensor {
 }
 
 /// Rotates queries or keys (B, S, H, d) by `rotations` (B, S, d / 2), pairing consecutive
-/// channels as (real, imaginary), in f32; the result has the input's dtype.
+/// channels as (real, imaginary), in f32 (real arithmetic, whose backward is cheap); the result
+/// has the input's dtype.
 pub fn rotate(x: &Tensor, rotations: &Tensor) -> Tensor {
     let size = x.size();
     let mut pairs = size.clone();
     pairs.pop();
     pairs.extend([-1, 2]);
-    let complex = x.to_kind(Kind::Float).reshape(pairs.as_slice()).view_as_complex();
-    (complex * rotations.unsqueeze(2)).view_as_real().reshape(size.as_slice()).to_kind(x.kind())
+    let x2 = x.to_kind(Kind::Float).reshape(pairs.as_slice());
+    let (re, im) = (x2.select(-1, 0), x2.select(-1, 1));
+    let (cos, sin) = (rotations.real().unsqueeze(2), rotations.imag().unsqueeze(2));
+    let out = Tensor::stack(&[&re * &cos - &im * &sin, &re * &sin + &im * &cos], -1);
+    out.reshape(size.as_slice()).to_kind(x.kind())
 }

@@ -368,7 +368,7 @@ impl TrainableDenoiser for ZImageTransformer {
                 Tensor::randn([batch, text_len, c.cap_feat_dim], opts),
                 None,
             ),
-            tokens: batch * (padded((height / 2) * (width / 2)) + padded(text_len)),
+            tokens: batch * (height / 2) * (width / 2),
         }
     }
 
