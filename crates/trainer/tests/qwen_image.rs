@@ -5,94 +5,20 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 
 use common::{lora_moved, root, scratch, tensors};
 use flowtune_config::Recipe;
 use flowtune_trainer::train;
 use tch::Device;
 
-/// One tiny Qwen-Image pipeline for every test of this binary.
-fn pipeline() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = scratch("qwen-image-pipeline");
-        let family = flowtune_models::family_named("qwen_image").expect("qwen_image is built in");
-        (family.write_tiny)(&dir, 5).expect("make-tiny qwen-image");
-        dir
-    })
-}
-
-/// `examples/<file>` on the tiny Qwen-Image pipeline with the Qwen-Image tiny recipe's targets.
-fn recipe(file: &str, out: &Path, steps: u64, resume: &str) -> Recipe {
-    let qwen = Recipe::load(&root().join("examples/flow_grpo_qwen_image_tiny.yaml"), &[])
-        .expect("the Qwen-Image tiny recipe");
-    let targets = qwen.model.lora.target_modules.join(", ");
-    let overrides = [
-        format!("model.path={}", pipeline().display()),
-        format!("model.lora.target_modules=[{targets}]"),
-        format!("data.train_files=[{}]", root().join("examples/prompts/tiny.txt").display()),
-        format!("trainer.output_dir={}", out.display()),
-        format!("trainer.total_steps={steps}"),
-        "trainer.save_freq=1".into(),
-        format!("trainer.resume={resume}"),
-    ];
-    Recipe::load(&root().join("examples").join(file), &overrides).expect("recipe")
-}
-
 #[test]
 fn every_algorithm_trains_and_resumes_on_qwen_image() {
-    for file in [
+    common::families::every_algorithm_trains_and_resumes(
+        "qwen_image",
         "flow_grpo_qwen_image_tiny.yaml",
-        "mix_grpo_tiny.yaml",
-        "grpo_guard_tiny.yaml",
-        "dance_grpo_tiny.yaml",
-        "flow_dppo_tiny.yaml",
-        "dpo_tiny.yaml",
-        "diffusion_nft_tiny.yaml",
-    ] {
-        let name = file.trim_end_matches(".yaml");
-        let straight = scratch(&format!("qwen-{name}"));
-        let summary = train(&recipe(file, &straight, 2, "none"), Device::Cpu)
-            .unwrap_or_else(|e| panic!("{file}: {e}"));
-        let first = &summary.metrics[0];
-        assert!(first.values().all(|v| v.is_finite()), "{file}: {first:?}");
-        if file.starts_with("flow_grpo") {
-            for key in ["actor/ratio_mean", "rollout_corr/logprob_abs_diff_max"] {
-                assert!(first.contains_key(key), "{file}: no {key} in {first:?}");
-            }
-        }
-        if let Some(ratio) = first.get("actor/ratio_mean") {
-            assert!((ratio - 1.0).abs() <= 1e-6, "{file}: on-policy at step 1: {first:?}");
-        }
-        if let Some(drift) = first.get("rollout_corr/logprob_abs_diff_max") {
-            assert!(*drift <= 1e-5, "{file}: rollout ↔ replay drift {drift}");
-        }
-        let lora = tensors(&summary.export);
-        assert!(lora_moved(&lora), "{file}: the LoRA trained");
-        assert!(
-            lora.keys().any(|k| k.contains("img_mlp.net.0.proj.lora_B")),
-            "{file}: the feed-forward targets are adapted: {:?}",
-            lora.keys()
-        );
-
-        let resumed = scratch(&format!("qwen-{name}-resumed"));
-        train(&recipe(file, &resumed, 1, "none"), Device::Cpu).expect("first step");
-        let again = train(&recipe(file, &resumed, 2, "auto"), Device::Cpu).expect("resumed");
-        assert_eq!(again.steps_run, 1, "{file}: resumed from step 1");
-        let after = tensors(&again.export);
-        for (key, t) in &lora {
-            assert!(t.equal(&after[key]), "{file}: {key} differs after resuming");
-        }
-        for (key, a) in &summary.metrics[1] {
-            if key.starts_with("perf/") || key.starts_with("timing") {
-                continue;
-            }
-            let b = again.metrics[0][key];
-            assert!(a == &b || (a.is_nan() && b.is_nan()), "{file}: {key}: {a} vs {b} resumed");
-        }
-    }
+        "img_mlp.net.0.proj.lora_B",
+    );
 }
 
 /// Qwen-Image-Edit-Plus through the trainer: prompt rows carry condition pictures (`images`, or

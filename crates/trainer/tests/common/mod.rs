@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod families;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
