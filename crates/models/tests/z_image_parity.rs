@@ -118,3 +118,21 @@ fn unsupported_configs_are_named() {
     let err = ZImageTransformer::new(&parsed, Device::Cpu, None).err().expect("omni is refused");
     assert!(err.to_string().contains("siglip_feat_dim"), "{err}");
 }
+
+#[test]
+fn a_missing_tensor_is_named() {
+    let src = dir().join("z_image_tiny");
+    let tmp = std::env::temp_dir().join(format!("flowtune-z-image-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::copy(src.join("config.json"), tmp.join("config.json")).unwrap();
+    let weights = "diffusion_pytorch_model.safetensors";
+    let mut tensors = Tensor::read_safetensors(src.join(weights)).unwrap();
+    let dropped = "context_refiner.0.attention.norm_k.weight";
+    tensors.retain(|(name, _)| name != dropped);
+    Tensor::write_safetensors(&tensors, tmp.join(weights)).unwrap();
+    let err = ZImageTransformer::load(&tmp, Device::Cpu, Kind::Float, None)
+        .err()
+        .expect("a checkpoint without a tensor is refused");
+    assert!(err.to_string().contains(dropped), "{err}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}

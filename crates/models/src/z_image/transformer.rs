@@ -171,23 +171,10 @@ impl ZImageTransformer {
         let pads = self.x_pad_token.to_kind(kind).expand([b, image_len - n, dim], false);
         let mut image = Tensor::cat(&[image, pads], 1);
 
-        let lengths: Vec<i64> = captions.iter().map(|t| t.size()[0]).collect();
-        let caption_lens: Vec<i64> = lengths.iter().map(|&l| padded(l)).collect();
+        let caption_lens: Vec<i64> = captions.iter().map(|t| padded(t.size()[0])).collect();
         let longest = *caption_lens.iter().max().expect("at least one row");
         self.check_positions(longest, rows, cols)?;
-        let text_rows: Vec<Tensor> = captions
-            .iter()
-            .zip(&caption_lens)
-            .map(|(cap, &len)| {
-                let states =
-                    self.cap_embedder.1.forward(&self.cap_embedder.0.forward(&cap.to_kind(kind)));
-                let pad_tokens =
-                    self.cap_pad_token.to_kind(kind).expand([len - cap.size()[0], dim], false);
-                let empty = Tensor::zeros([longest - len, dim], (kind, device));
-                Tensor::cat(&[states, pad_tokens.shallow_clone(), empty], 0)
-            })
-            .collect();
-        let mut text = Tensor::stack(&text_rows, 0);
+        let mut text = self.embed_captions(captions, &caption_lens, longest);
 
         let (image_rot, text_rot) = self.positions(&caption_lens, longest, rows, cols, device);
         for block in &self.noise_refiner {
@@ -218,6 +205,26 @@ impl ZImageTransformer {
             h,
             w,
         ]))
+    }
+
+    /// Caption states (B, longest, D): row `i`'s embedded tokens, then the learned pad token up to
+    /// its padded length `caption_lens[i]`, then zeros (masked).
+    fn embed_captions(&self, captions: &[Tensor], caption_lens: &[i64], longest: i64) -> Tensor {
+        let kind = self.x_embedder.weight.kind();
+        let dim = self.config.dim;
+        let rows: Vec<Tensor> = captions
+            .iter()
+            .zip(caption_lens)
+            .map(|(cap, &len)| {
+                let (norm, proj) = &self.cap_embedder;
+                let states = proj.forward(&norm.forward(&cap.to_kind(kind)));
+                let pads =
+                    self.cap_pad_token.to_kind(kind).expand([len - cap.size()[0], dim], false);
+                let empty = Tensor::zeros([longest - len, dim], (kind, cap.device()));
+                Tensor::cat(&[states, pads, empty], 0)
+            })
+            .collect();
+        Tensor::stack(&rows, 0)
     }
 
     /// Rotations of the image tokens (B, S_img, d/2) and the caption tokens (B, S_cap, d/2):
