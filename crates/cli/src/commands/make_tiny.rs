@@ -36,6 +36,12 @@ pub struct ZImageArgs {
     /// Main single-stream blocks.
     #[arg(long, default_value_t = 2)]
     layers: usize,
+    /// Transformer width.
+    #[arg(long, default_value_t = 64)]
+    dim: i64,
+    /// Attention heads (the rotary axes split the head width 1:1.5:1.5).
+    #[arg(long, default_value_t = 2)]
+    heads: i64,
 }
 
 #[derive(Args)]
@@ -127,7 +133,17 @@ pub struct Sd3Args {
 pub fn run(command: MakeTiny) -> Result<(), Failure> {
     let (dir, spec) = match command {
         MakeTiny::ZImage(a) => {
-            let spec = TinyZImageSpec { seed: a.seed, layers: a.layers, ..Default::default() };
+            let head_dim = a.dim / a.heads;
+            let frame = (head_dim / 8) * 2;
+            let side = (head_dim - frame) / 4 * 2;
+            let spec = TinyZImageSpec {
+                seed: a.seed,
+                layers: a.layers,
+                dim: a.dim,
+                heads: a.heads,
+                axes_dims: vec![head_dim - 2 * side, side, side],
+                ..Default::default()
+            };
             write_tiny_z_image(&a.dir, &spec).map_err(Failure::input)?;
             println!("wrote {}", a.dir.display());
             return Ok(());
