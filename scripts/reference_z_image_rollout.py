@@ -6,8 +6,8 @@ Usage (the project's reference venv):
     flowtune make-tiny z-image fixtures/z_image_pipeline
     python scripts/reference_z_image_rollout.py fixtures/z_image_pipeline fixtures/z_image_rollout_io.safetensors [flowtune]
 
-The transformer predicts `-v` at `t = (1000 - timestep) / 1000`; the pipeline's CFG `pos + g (pos - neg)` is flowtune's
-`u + w (c - u)` with w = g + 1, so `flowtune debug rollout` runs with `--guidance` g + 1. With a flowtune binary, it
+The transformer predicts `-v` at `t = (1000 - timestep) / 1000`; the pipeline's CFG is `pos + g (pos - neg)`, which the
+family's `combine_guidance` reproduces, so `flowtune debug rollout` runs with the same `--guidance` g. With a flowtune binary, it
 also runs `flowtune debug rollout` on the same prompts and noise and prints the largest relative difference.
 """
 import os
@@ -108,7 +108,7 @@ def main(pipeline_dir, out, flowtune=None):
             save_file({"initial_latents": x, "step_noise": step_noise}, f"{tmp}/noise.safetensors")
             subprocess.run([flowtune, "debug", "rollout", "--model", pipeline_dir, "--prompts", f"{tmp}/prompts.txt",
                             "--noise", f"{tmp}/noise.safetensors", "--out", f"{tmp}/out.safetensors",
-                            "--steps", str(s["steps"]), "--guidance", str(s["guidance_scale"] + 1),
+                            "--steps", str(s["steps"]), "--guidance", str(s["guidance_scale"]),
                             "--noise-level", str(s["noise_level"]),
                             "--window-start", str(s["window_start"]), "--window-size", str(s["window_size"])], check=True)
             ours = load_file(f"{tmp}/out.safetensors")

@@ -347,6 +347,12 @@ impl Denoiser for ZImageTransformer {
     fn batched_cfg(&self) -> bool {
         false
     }
+
+    /// ZImagePipeline's CFG, `c + g·(c − u)`: a recipe's `guidance_scale` is diffusers' number
+    /// (CFG runs for g > 1, as the pipeline's `do_classifier_free_guidance`).
+    fn combine_guidance(&self, cond: &Tensor, uncond: &Tensor, scale: f64) -> Tensor {
+        cond + (cond - uncond) * scale
+    }
 }
 
 impl TrainableDenoiser for ZImageTransformer {
