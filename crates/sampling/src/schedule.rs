@@ -240,10 +240,12 @@ fn linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
 
 /// `torch.linspace(1, 1/N, N)` in f32 on the CPU (libtorch's own kernel, whose halves count from
 /// both ends), as Z-Image's `get_default_z_image_sigmas` builds them.
-fn torch_linspace(num: usize) -> Vec<f64> {
+fn torch_linspace(num: usize) -> Result<Vec<f64>, SamplingError> {
     let stop = 1.0 / num as f64;
-    let t = tch::Tensor::linspace(1.0, stop, num as i64, (tch::Kind::Float, tch::Device::Cpu));
-    Vec::<f32>::try_from(t).expect("a 1-D f32 tensor").into_iter().map(f64::from).collect()
+    let t = tch::Tensor::f_linspace(1.0, stop, num as i64, (tch::Kind::Float, tch::Device::Cpu))
+        .and_then(|t| Vec::<f32>::try_from(t))
+        .map_err(|e| SamplingError::Invalid(format!("torch.linspace(1, 1/{num}, {num}): {e}")))?;
+    Ok(t.into_iter().map(f64::from).collect())
 }
 
 impl SigmaGrid {
@@ -255,7 +257,7 @@ impl SigmaGrid {
         })?;
         let explicit = match &request.sigmas {
             Some(s) => Some(s.clone()),
-            None if request.pipeline == Pipeline::ZImage => Some(torch_linspace(request.steps)),
+            None if request.pipeline == Pipeline::ZImage => Some(torch_linspace(request.steps)?),
             None if request.pipeline.uses_explicit_sigmas() => {
                 let n = request.steps as f64;
                 Some(linspace(1.0, 1.0 / n, request.steps))
