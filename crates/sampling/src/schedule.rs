@@ -243,7 +243,7 @@ fn linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
 fn torch_linspace(num: usize) -> Result<Vec<f64>, SamplingError> {
     let stop = 1.0 / num as f64;
     let t = tch::Tensor::f_linspace(1.0, stop, num as i64, (tch::Kind::Float, tch::Device::Cpu))
-        .and_then(|t| Vec::<f32>::try_from(t))
+        .and_then(Vec::<f32>::try_from)
         .map_err(|e| SamplingError::Invalid(format!("torch.linspace(1, 1/{num}, {num}): {e}")))?;
     Ok(t.into_iter().map(f64::from).collect())
 }
