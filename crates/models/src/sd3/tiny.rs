@@ -200,7 +200,7 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
             eos_token_id: eos,
             pad_token_id: 1,
         };
-        let model = ClipTextModel::new(&config, device)?;
+        let model = ClipTextModel::new(&config, device, true)?;
         randomize(&model.store, &mut rng, spec.init)?;
         let mut cfg = serde_json::to_value(&config).expect("config");
         cfg["architectures"] = json!(["CLIPTextModelWithProjection"]);
