@@ -39,7 +39,8 @@ pub struct Family {
 }
 
 /// The families that ship with flowtune.
-const BUILT_IN: &[&Family] = &[&crate::sd3::FAMILY, &crate::qwen_image::FAMILY];
+const BUILT_IN: &[&Family] =
+    &[&crate::sd3::FAMILY, &crate::qwen_image::FAMILY, &crate::flux::FAMILY];
 
 /// Families registered at run time (plug-ins, tests).
 static REGISTERED: RwLock<Vec<&'static Family>> = RwLock::new(Vec::new());

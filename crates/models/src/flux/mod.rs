@@ -3,8 +3,15 @@
 
 mod block;
 mod config;
+mod family;
+mod pipeline;
 mod rope;
+mod tiny;
 mod transformer;
 
 pub use config::FluxTransformerConfig;
+pub use family::FAMILY;
+pub use pipeline::{FluxPipeline, DEFAULT_GUIDANCE};
+pub use rope::position_ids;
+pub use tiny::{write_tiny_flux, TinyFluxSpec};
 pub use transformer::{FluxTransformer, GUIDANCE};
