@@ -79,12 +79,19 @@ def main(pipeline_dir, out, flowtune=None):
         final = unpack(lat, h, w)
         z = final / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor
         image = pipe.vae.decode(z, return_dict=False)[0]
+        # The VAE's encoder on the decoded pictures as u8 (offline DPO's path): posterior mean,
+        # shifted and scaled into latents.
+        pixels = ((image.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        posterior = pipe.vae.encode(pixels.float() / 127.5 - 1, return_dict=False)[0]
+        encoded = (posterior.mean - pipe.vae.config.shift_factor) * pipe.vae.config.scaling_factor
     io.update({
         "output.final_latents": final,
         "output.all_latents": torch.stack(lats, dim=1),
         "output.all_log_probs": torch.stack(lps, dim=1),
         "output.all_timesteps": torch.stack(ts, dim=1),
         "output.image": image,
+        "input.pixels": pixels.permute(0, 2, 3, 1).contiguous(),
+        "output.encoded_latents": encoded,
     })
     save_file({k: v.contiguous() for k, v in io.items()}, out)
     print(f"wrote {out}: {s}, sigmas {[round(float(v), 4) for v in sigmas]}")

@@ -151,3 +151,25 @@ fn bad_checkpoints_and_configs_are_named() {
     assert!(err.contains("axes_dims_rope") && err.contains("config.json"), "{err}");
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn clip_text_model_loads_by_architecture() {
+    use flowtune_models::text_encoders::clip::ClipTextModel;
+    let src = dir().join("flux_pipeline/text_encoder");
+    let clip = ClipTextModel::load(&src, Device::Cpu, Kind::Float).expect("CLIPTextModel");
+    let ids = Tensor::from_slice(&[5i64, 9, 3, 1]).view([1, 4]);
+    let out = tch::no_grad(|| clip.forward(&ids)).expect("forward");
+    assert!(out.text_embeds.is_none(), "CLIPTextModel has no projection");
+    assert_eq!(out.pooler_output.size(), [1, clip.config.hidden_size]);
+
+    let tmp = std::env::temp_dir().join(format!("flowtune-flux-clip-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::copy(src.join("model.safetensors"), tmp.join("model.safetensors")).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["architectures"] = serde_json::json!(["CLIPVisionModel"]);
+    std::fs::write(tmp.join("config.json"), config.to_string()).unwrap();
+    let err = ClipTextModel::load(&tmp, Device::Cpu, Kind::Float).err().expect("refused").to_string();
+    assert!(err.contains("CLIPVisionModel") && err.contains("config.json"), "{err}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}

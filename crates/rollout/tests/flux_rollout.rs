@@ -1,8 +1,8 @@
 //! A FLUX.1 [dev] trajectory end to end against `scripts/reference_flux_rollout.py`: the tiny
 //! pipeline of `flowtune make-tiny flux` loaded through the registry, CLIP pooled + T5 prompt
 //! encoding, the distilled guidance through the guidance embedding (no CFG), the dynamic-shift
-//! grid, an SDE window, given noise, and the decoded pictures — all equal to diffusers'
-//! components in a loop.
+//! grid, an SDE window, given noise, the decoded pictures and the VAE encoder (scaling and shift
+//! factors) — all equal to diffusers' components in a loop.
 
 use flowtune_fixtures::{dir, tensors, Checker, MODEL_RTOL};
 use flowtune_models::flux::GUIDANCE;
@@ -82,5 +82,7 @@ fn flux_rollout_matches_diffusers_loop() {
     if off > 1 {
         check.fail(format!("decoded pictures differ from diffusers' by {off} levels"));
     }
+    let encoded = tch::no_grad(|| pipe.encode_rgb8(&io["input.pixels"])).expect("encode");
+    check.close_within("encoded_latents", &encoded, &io["output.encoded_latents"], MODEL_RTOL);
     check.finish();
 }
