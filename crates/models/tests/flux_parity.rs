@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MODEL_RTOL};
 use flowtune_models::flux::{FluxTransformer, GUIDANCE};
-use flowtune_models::lora::LoraConfig;
+use flowtune_models::lora::{LoraConfig, FLUX_TARGETS};
 use flowtune_models::packing::{pack, unpack};
 use flowtune_models::{Denoiser, TextConditioning, TrainableDenoiser};
 use tch::{Device, Kind, Tensor};
@@ -49,6 +49,9 @@ fn flux_transformers_match_diffusers() {
         let name = entry["name"].as_str().expect("name");
         let io = tensors(&format!("{name}_io.safetensors"));
         let lora = lora_of(&entry);
+        if name == "flux_dev_tiny" {
+            assert_eq!(lora.target_modules, FLUX_TARGETS, "the reference uses FLUX.1's targets");
+        }
         let mut model =
             FluxTransformer::load(&dir().join(name), Device::Cpu, Kind::Float, Some(&lora))
                 .expect("load");
@@ -169,7 +172,8 @@ fn clip_text_model_loads_by_architecture() {
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     config["architectures"] = serde_json::json!(["CLIPVisionModel"]);
     std::fs::write(tmp.join("config.json"), config.to_string()).unwrap();
-    let err = ClipTextModel::load(&tmp, Device::Cpu, Kind::Float).err().expect("refused").to_string();
+    let err =
+        ClipTextModel::load(&tmp, Device::Cpu, Kind::Float).err().expect("refused").to_string();
     assert!(err.contains("CLIPVisionModel") && err.contains("config.json"), "{err}");
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -126,7 +126,7 @@ impl FluxTransformer {
         };
         let mut temb = embed(&self.timestep_embedder, timestep);
         match (&self.guidance_embedder, guidance) {
-            (Some(embedder), Some(g)) => temb = temb + embed(embedder, g),
+            (Some(embedder), Some(g)) => temb += embed(embedder, g),
             (Some(_), None) => {
                 return Err(ModelError::Input(
                     "guidance_embeds: true ([dev]) needs a guidance value per row".into(),
