@@ -1,7 +1,7 @@
 """The PyTorch-eager anchor for `flowtune bench transformer`: the same shapes and weights in diffusers
-(SD3Transformer2DModel, QwenImageTransformer2DModel or ZImageTransformer2DModel; --latent is the unpacked latent side).
-For Z-Image, give flowtune the same adapters: `flowtune bench transformer ... --lora-targets to_q,to_k,to_v,to_out.0,\
-feed_forward.w1,feed_forward.w2,feed_forward.w3`.
+(SD3Transformer2DModel, QwenImageTransformer2DModel, ZImageTransformer2DModel or FluxTransformer2DModel; --latent is
+the unpacked latent side). For Z-Image, give flowtune the same adapters: `flowtune bench transformer ... --lora-targets
+to_q,to_k,to_v,to_out.0,feed_forward.w1,feed_forward.w2,feed_forward.w3`.
 
 Usage (needs `pip install torch diffusers peft`):
     python scripts/bench_transformer_diffusers.py DIR [--batch 2 --latent 64 --text-len 77 --iters 5 --lora-rank 32]
@@ -13,7 +13,12 @@ import torch
 import json
 import os
 
-from diffusers import QwenImageTransformer2DModel, SD3Transformer2DModel, ZImageTransformer2DModel
+from diffusers import (
+    FluxTransformer2DModel,
+    QwenImageTransformer2DModel,
+    SD3Transformer2DModel,
+    ZImageTransformer2DModel,
+)
 from peft import LoraConfig
 
 TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
@@ -58,6 +63,23 @@ def main():
         latents = list(torch.randn(a.batch, c.in_channels, 1, a.latent, a.latent).unbind(0))
         captions = list(torch.randn(a.batch, a.text_len, c.cap_feat_dim).unbind(0))
         args = dict(x=latents, t=torch.full((a.batch,), 0.5), cap_feats=captions, return_dict=False)
+    elif cls == "FluxTransformer2DModel":
+        model = FluxTransformer2DModel.from_pretrained(a.dir).eval()
+        c = model.config
+        side = a.latent // 2  # the pipeline packs 2 x 2 (the transformer's own patch_size is 1)
+        ids = torch.zeros(side, side, 3)
+        ids[..., 1] += torch.arange(side)[:, None]
+        ids[..., 2] += torch.arange(side)[None, :]
+        args = dict(
+            hidden_states=torch.randn(a.batch, side * side, c.in_channels),
+            encoder_hidden_states=torch.randn(a.batch, a.text_len, c.joint_attention_dim),
+            pooled_projections=torch.randn(a.batch, c.pooled_projection_dim),
+            timestep=torch.full((a.batch,), 0.5),
+            img_ids=ids.reshape(-1, 3),
+            txt_ids=torch.zeros(a.text_len, 3),
+            guidance=torch.full((a.batch,), 3.5) if c.guidance_embeds else None,
+            return_dict=False,
+        )
     else:
         model = SD3Transformer2DModel.from_pretrained(a.dir).eval()
         c = model.config
@@ -80,7 +102,8 @@ def main():
         (torch.stack(out) if isinstance(out, list) else out).square().mean().backward()
 
     bwd = timed(a.iters, step)
-    tokens = a.batch * (a.latent // getattr(c, "patch_size", 2)) ** 2
+    patch = 2 if cls == "FluxTransformer2DModel" else getattr(c, "patch_size", 2)
+    tokens = a.batch * (a.latent // patch) ** 2
     print(f"diffusers threads {torch.get_num_threads()}")
     print(f"forward:               {fwd * 1e3:8.1f} ms  {tokens / fwd:10.0f} image tokens/s")
     print(f"forward+backward LoRA: {bwd * 1e3:8.1f} ms  {tokens / bwd:10.0f} image tokens/s")

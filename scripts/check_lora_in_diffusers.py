@@ -1,9 +1,11 @@
 """Check that a LoRA written by flowtune gives the same transformer output in diffusers.
 
-Usage (needs `pip install torch diffusers transformers peft`), for SD3, Qwen-Image or Z-Image:
-    flowtune make-tiny sd3 /tmp/tiny            # or: flowtune make-tiny qwen-image|z-image /tmp/tiny
+Usage (needs `pip install torch diffusers transformers peft`), for SD3, Qwen-Image, Z-Image or FLUX.1:
+    flowtune make-tiny sd3 /tmp/tiny            # or: make-tiny qwen-image | z-image | flux [--schnell]
     flowtune debug make-lora --component /tmp/tiny/transformer --out /tmp/lora.safetensors
     # Z-Image's layers: --target-modules to_q,to_k,to_v,to_out.0,feed_forward.w1,feed_forward.w2,feed_forward.w3
+    # FLUX.1's targets: --target-modules attn.to_q,attn.to_k,attn.to_v,attn.to_out.0,attn.add_q_proj,\
+    #   attn.add_k_proj,attn.add_v_proj,attn.to_add_out,proj_mlp,proj_out
     python scripts/check_lora_in_diffusers.py /tmp/tiny /tmp/lora.safetensors target/release/flowtune
 
 Loads the pipeline in diffusers, applies the LoRA with `pipe.load_lora_weights`, runs the
@@ -42,6 +44,22 @@ def example_inputs(cls, c, g):
             "input.cap_feats": torch.randn(2, 9, c.cap_feat_dim, generator=g),
             "input.cap_mask": mask,
         }
+    if cls == "FluxTransformer2DModel":
+        # 3 × 4 packed tokens with their [0, row, column] ids; zero text ids; [dev]'s guidance.
+        ids = torch.zeros(3, 4, 3)
+        ids[..., 1] += torch.arange(3)[:, None]
+        ids[..., 2] += torch.arange(4)[None, :]
+        inputs = {
+            "input.hidden_states": torch.randn(2, 12, c.in_channels, generator=g),
+            "input.encoder_hidden_states": torch.randn(2, 9, c.joint_attention_dim, generator=g),
+            "input.pooled_projections": torch.randn(2, c.pooled_projection_dim, generator=g),
+            "input.timestep": torch.tensor([0.999, 0.3125]),
+            "input.img_ids": ids.reshape(12, 3),
+            "input.txt_ids": torch.zeros(9, 3),
+        }
+        if c.guidance_embeds:
+            inputs["input.guidance"] = torch.tensor([3.5, 2.0])
+        return inputs
     return {
         "input.hidden_states": torch.randn(2, c.in_channels, 16, 12, generator=g),
         "input.encoder_hidden_states": torch.randn(2, 9, c.joint_attention_dim, generator=g),

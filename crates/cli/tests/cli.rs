@@ -393,10 +393,10 @@ fn families_are_listed_and_failures_split_into_bad_input_and_runtime() {
         assert!(stdout.contains(needle), "`{needle}` missing from: {stdout}");
     }
     let root = std::env::temp_dir().join(format!("flowtune-cli-families-{}", std::process::id()));
-    let (model, flux) = (root.join("tiny"), root.join("flux"));
+    let (model, wan) = (root.join("tiny"), root.join("wan"));
     assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
-    std::fs::create_dir_all(&flux).unwrap();
-    std::fs::write(flux.join("model_index.json"), r#"{"_class_name": "FluxPipeline"}"#).unwrap();
+    std::fs::create_dir_all(&wan).unwrap();
+    std::fs::write(wan.join("model_index.json"), r#"{"_class_name": "WanPipeline"}"#).unwrap();
     let train = |model: &std::path::Path, extra: &[&str]| {
         let mut args = vec![
             "train".to_string(),
@@ -410,10 +410,10 @@ fn families_are_listed_and_failures_split_into_bad_input_and_runtime() {
         Command::new(env!("CARGO_BIN_EXE_flowtune")).args(&args).output().expect("run flowtune")
     };
     assert_bad_input(
-        &train(&flux, &[]),
+        &train(&wan, &[]),
         &[
             "model_index.json",
-            "`FluxPipeline` is not supported; supported: StableDiffusion3Pipeline",
+            "`WanPipeline` is not supported; supported: StableDiffusion3Pipeline",
         ],
     );
     let down = train(

@@ -21,6 +21,9 @@ pub struct ModelSection {
     pub lora: LoraConfig,
     /// Text tokens of the family's long text encoder (the T5 part of SD3 prompts).
     pub max_sequence_length: usize,
+    /// The distilled guidance value of a guidance-embedding model (FLUX.1 [dev], fed through its
+    /// guidance embedder, not CFG); unset: the family's default (3.5 for FLUX.1 [dev]).
+    pub guidance: Option<f64>,
     /// Image height and width in pixels.
     pub resolution: i64,
 }
@@ -34,6 +37,7 @@ impl Default for ModelSection {
             finetune: Finetune::Lora,
             lora: LoraConfig::default(),
             max_sequence_length: 256,
+            guidance: None,
             resolution: 512,
         }
     }

@@ -60,12 +60,21 @@ pub struct PipelineOptions {
     pub lora: Option<LoraConfig>,
     /// Text tokens of the long text encoder (T5 for SD3), where the family has such a limit.
     pub max_sequence_length: Option<usize>,
+    /// The distilled guidance value of a guidance-embedding model (FLUX.1 [dev]); `None` is the
+    /// family's default.
+    pub embedded_guidance: Option<f64>,
 }
 
 impl PipelineOptions {
-    /// f32 on `device`, no adapters, the family's own sequence length.
+    /// f32 on `device`, no adapters, the family's own sequence length and guidance.
     pub fn new(device: Device) -> Self {
-        Self { device, dtypes: Dtypes::all(Kind::Float), lora: None, max_sequence_length: None }
+        Self {
+            device,
+            dtypes: Dtypes::all(Kind::Float),
+            lora: None,
+            max_sequence_length: None,
+            embedded_guidance: None,
+        }
     }
 }
 

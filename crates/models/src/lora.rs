@@ -48,6 +48,23 @@ pub const SD3_ATTENTION_TARGETS: [&str; 8] = [
     "attn.to_add_out",
 ];
 
+/// FLUX.1's default LoRA targets: attention projections of both streams (the single blocks'
+/// `attn.to_q/k/v` too), the single blocks' `proj_mlp` and `proj_out` (PEFT's suffix match also
+/// adapts the top-level `proj_out`). flow_grpo's Flux recipes adapt the double blocks'
+/// feed-forwards instead of `proj_mlp` / `proj_out` (`examples/*_flux.yaml`).
+pub const FLUX_TARGETS: [&str; 10] = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "proj_mlp",
+    "proj_out",
+];
+
 /// PEFT's target that adapts every linear layer of the model.
 pub const ALL_LINEAR: &str = "all-linear";
 

@@ -39,8 +39,12 @@ pub struct Family {
 }
 
 /// The families that ship with flowtune.
-const BUILT_IN: &[&Family] =
-    &[&crate::sd3::FAMILY, &crate::qwen_image::FAMILY, &crate::z_image::FAMILY];
+const BUILT_IN: &[&Family] = &[
+    &crate::sd3::FAMILY,
+    &crate::qwen_image::FAMILY,
+    &crate::z_image::FAMILY,
+    &crate::flux::FAMILY,
+];
 
 /// Families registered at run time (plug-ins, tests).
 static REGISTERED: RwLock<Vec<&'static Family>> = RwLock::new(Vec::new());
@@ -123,12 +127,13 @@ mod tests {
     fn families_are_keyed_by_pipeline_class() {
         assert_eq!(family_of("StableDiffusion3Pipeline").unwrap().name, "sd3");
         assert_eq!(family_named("sd3").unwrap().denoiser_class, "SD3Transformer2DModel");
-        let err = family_of("FluxPipeline").unwrap_err().to_string();
+        assert_eq!(family_of("FluxPipeline").unwrap().name, "flux");
+        let err = family_of("WanPipeline").unwrap_err().to_string();
         assert!(
-            err.contains("`FluxPipeline` is not supported; supported: StableDiffusion3Pipeline"),
+            err.contains("`WanPipeline` is not supported; supported: StableDiffusion3Pipeline"),
             "{err}"
         );
-        let err = family_named("flux").unwrap_err().to_string();
-        assert!(err.contains("no model family `flux`; known: sd3"), "{err}");
+        let err = family_named("wan").unwrap_err().to_string();
+        assert!(err.contains("no model family `wan`; known: sd3"), "{err}");
     }
 }

@@ -62,7 +62,7 @@ fn clip_matches_transformers() {
         let clip = ClipTextModel::load(&model_dir, Device::Cpu, Kind::Float).expect("load");
         let out = tch::no_grad(|| clip.forward(&io["input.input_ids"])).expect("forward");
         for (key, t) in [
-            ("output.text_embeds", &out.text_embeds),
+            ("output.text_embeds", out.text_embeds.as_ref().expect("with projection")),
             ("output.last_hidden_state", &out.last_hidden_state),
             ("output.penultimate_hidden_state", &out.penultimate_hidden_state),
         ] {

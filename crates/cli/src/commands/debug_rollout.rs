@@ -51,6 +51,9 @@ pub struct RolloutArgs {
     /// Text tokens of the family's long text encoder (its default when absent).
     #[arg(long)]
     max_sequence_length: Option<usize>,
+    /// The distilled guidance of a guidance-embedding model (FLUX.1 [dev]; its default 3.5).
+    #[arg(long)]
+    embedded_guidance: Option<f64>,
     /// Condition pictures every prompt shares (image editing, e.g. Qwen-Image-Edit-Plus),
     /// comma-separated; the negative prompt gets them too, as in diffusers.
     #[arg(long, value_delimiter = ',')]
@@ -61,6 +64,7 @@ pub fn rollout(a: RolloutArgs, device: &DeviceArg) -> Result<(), Failure> {
     let device = device.resolve()?;
     let options = PipelineOptions {
         max_sequence_length: a.max_sequence_length,
+        embedded_guidance: a.embedded_guidance,
         ..PipelineOptions::new(device)
     };
     let pipe = flowtune_models::load_pipeline(&a.model, &options).map_err(Failure::input)?;

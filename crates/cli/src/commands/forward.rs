@@ -93,14 +93,16 @@ pub fn forward(
             let latents = get("input.latents")?;
             vec![("output.image".into(), tch::no_grad(|| vae.decode(latents)))]
         }
-        "CLIPTextModelWithProjection" => {
+        "CLIPTextModel" | "CLIPTextModelWithProjection" => {
             let clip = ClipTextModel::load(component, device, Kind::Float).map_err(Failure::input)?;
             let o = tch::no_grad(|| clip.forward(get("input.input_ids")?).map_err(Failure::input))?;
-            vec![
-                ("output.text_embeds".into(), o.text_embeds),
+            let mut outputs = vec![
+                ("output.pooler_output".into(), o.pooler_output),
                 ("output.last_hidden_state".into(), o.last_hidden_state),
                 ("output.penultimate_hidden_state".into(), o.penultimate_hidden_state),
-            ]
+            ];
+            outputs.extend(o.text_embeds.map(|t| ("output.text_embeds".into(), t)));
+            outputs
         }
         "T5EncoderModel" => {
             let t5 = T5Encoder::load(component, device, Kind::Float).map_err(Failure::input)?;
@@ -126,7 +128,7 @@ pub fn forward(
         }
         other => {
             return Err(Failure::input(anyhow!(
-                "{}: class `{other}` is not supported; expected a registered denoiser ({}), AutoencoderKL, AutoencoderKLQwenImage, CLIPTextModelWithProjection, T5EncoderModel, Qwen2_5_VLForConditionalGeneration or Qwen3Model",
+                "{}: class `{other}` is not supported; expected a registered denoiser ({}), AutoencoderKL, AutoencoderKLQwenImage, CLIPTextModel, CLIPTextModelWithProjection, T5EncoderModel, Qwen2_5_VLForConditionalGeneration or Qwen3Model",
                 component.display(),
                 flowtune_models::families().iter().map(|f| f.denoiser_class).collect::<Vec<_>>().join(", ")
             )))

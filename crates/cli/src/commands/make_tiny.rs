@@ -1,8 +1,9 @@
-//! `flowtune make-tiny sd3|shapes|qwen-image|z-image DIR`: a random-initialised pipeline in the diffusers layout.
+//! `flowtune make-tiny sd3|shapes|qwen-image|z-image|flux DIR`: a random-initialised pipeline in the diffusers layout.
 
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use flowtune_models::flux::{write_tiny_flux, TinyFluxSpec};
 use flowtune_models::qwen_image::{write_tiny_qwen_image, TinyQwenImageSpec};
 use flowtune_models::sd3::{write_tiny_sd3, TinySd3Spec, WeightInit};
 use flowtune_models::text_encoders::qwen_tiny::TinyQwenTextSpec;
@@ -24,6 +25,9 @@ pub enum MakeTiny {
     /// text encoder, a small Qwen2 BPE tokenizer with a Qwen3 chat template, scheduler;
     /// diffusers loads and runs it.
     ZImage(ZImageArgs),
+    /// A FluxPipeline (FLUX.1 [dev], or [schnell]): transformer, VAE, CLIPTextModel, T5,
+    /// tokenizers, scheduler; diffusers loads and runs it.
+    Flux(FluxArgs),
 }
 
 #[derive(Args)]
@@ -42,6 +46,24 @@ pub struct ZImageArgs {
     /// Attention heads (the rotary axes split the head width 1:1.5:1.5).
     #[arg(long, default_value_t = 2)]
     heads: i64,
+}
+
+#[derive(Args)]
+pub struct FluxArgs {
+    /// Output directory (created if missing).
+    dir: PathBuf,
+    /// Seed of the random weights (the same on every machine).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Double-stream transformer blocks.
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    /// Single-stream transformer blocks.
+    #[arg(long, default_value_t = 2)]
+    single_layers: usize,
+    /// FLUX.1 [schnell]: no guidance embedding, no dynamic shift.
+    #[arg(long)]
+    schnell: bool,
 }
 
 #[derive(Args)]
@@ -163,6 +185,18 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 ..Default::default()
             };
             write_tiny_qwen_image(&a.dir, &spec).map_err(Failure::input)?;
+            println!("wrote {}", a.dir.display());
+            return Ok(());
+        }
+        MakeTiny::Flux(a) => {
+            let spec = TinyFluxSpec {
+                seed: a.seed,
+                layers: a.layers,
+                single_layers: a.single_layers,
+                schnell: a.schnell,
+                ..Default::default()
+            };
+            write_tiny_flux(&a.dir, &spec).map_err(Failure::input)?;
             println!("wrote {}", a.dir.display());
             return Ok(());
         }

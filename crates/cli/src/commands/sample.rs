@@ -25,8 +25,12 @@ pub struct SampleArgs {
     prompts: PathBuf,
     #[arg(long, default_value_t = 40)]
     steps: usize,
+    /// CFG scale; ≤ 1 disables CFG.
     #[arg(long, default_value_t = 4.5)]
     guidance: f64,
+    /// The distilled guidance of a guidance-embedding model (FLUX.1 [dev]; its default 3.5).
+    #[arg(long)]
+    embedded_guidance: Option<f64>,
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Image height and width in pixels.
@@ -48,7 +52,11 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
         .map(|f| lora::read_config(f, "transformer"))
         .transpose()
         .map_err(Failure::input)?;
-    let options = PipelineOptions { lora: lora_config, ..PipelineOptions::new(device) };
+    let options = PipelineOptions {
+        lora: lora_config,
+        embedded_guidance: a.embedded_guidance,
+        ..PipelineOptions::new(device)
+    };
     let mut pipe = flowtune_models::load_pipeline(&a.model, &options).map_err(Failure::input)?;
     if let Some(f) = &a.lora {
         pipe.denoiser_mut().load_lora(f).map_err(Failure::input)?;

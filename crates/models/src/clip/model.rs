@@ -54,7 +54,7 @@ impl ClipModel {
             ClipTextConfig { projection_dim: config.projection_dim, ..config.text_config.clone() };
         let vision = ClipVisionTower::new(&root, &config.vision_config)?;
         Ok(Self {
-            text: ClipTextTower::new(&root, &text_config)?,
+            text: ClipTextTower::new(&root, &text_config, true)?,
             visual_projection: (&root / "visual_projection").linear(
                 config.vision_config.hidden_size,
                 config.projection_dim,
@@ -94,7 +94,10 @@ impl ClipModel {
 
     /// Projected text embeddings (B, projection_dim) of token ids (B, L), not normalised.
     pub fn text_embeds(&self, ids: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(self.text.forward(ids)?.text_embeds)
+        self.text
+            .forward(ids)?
+            .text_embeds
+            .ok_or_else(|| ModelError::Input("CLIP without text_projection".into()))
     }
 
     /// `exp(logit_scale)`: the factor on cosine similarities.

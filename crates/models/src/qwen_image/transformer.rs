@@ -13,6 +13,7 @@ use crate::denoiser::{copy_frozen, Denoiser, ExampleInputs, TrainableDenoiser};
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, Mlp, RmsNorm, TIMESTEP_CHANNELS};
+use crate::packing;
 use crate::{read_config, rescaled_guidance, ModelError, TextConditioning};
 
 /// The rotary base of every axis.
@@ -195,23 +196,14 @@ impl QwenImageTransformer {
         Ok(())
     }
 
-    /// (B, C, H, W) latents → (B, (H/p)(W/p), C·p²) tokens, row-major over the patch grid.
+    /// (B, C, H, W) latents → (B, (H/p)(W/p), C·p²) tokens ([`crate::packing::pack`]).
     pub fn pack(&self, latents: &Tensor) -> Tensor {
-        let p = self.config.patch_size;
-        let (b, c, h, w) = latents.size4().expect("4-d latents");
-        latents.view([b, c, h / p, p, w / p, p]).permute([0, 2, 4, 1, 3, 5]).reshape([
-            b,
-            (h / p) * (w / p),
-            c * p * p,
-        ])
+        packing::pack(latents, self.config.patch_size)
     }
 
     /// The inverse of [`Self::pack`] for a (B, S, C·p²) prediction of an `h × w` latent.
     pub fn unpack(&self, tokens: &Tensor, h: i64, w: i64) -> Tensor {
-        let p = self.config.patch_size;
-        let (b, _, cp) = tokens.size3().expect("3-d tokens");
-        let c = cp / (p * p);
-        tokens.view([b, h / p, w / p, c, p, p]).permute([0, 3, 1, 4, 2, 5]).reshape([b, c, h, w])
+        packing::unpack(tokens, h, w, self.config.patch_size)
     }
 }
 

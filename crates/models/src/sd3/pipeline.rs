@@ -144,7 +144,9 @@ impl Sd3Pipeline {
             let ids = branch.tokenizer.encode(prompts, clip_length)?.to_device(device);
             let out = branch.encoder.forward(&ids)?;
             states.push(out.penultimate_hidden_state);
-            pooled.push(out.text_embeds);
+            pooled.push(out.text_embeds.ok_or_else(|| {
+                ModelError::Input("SD3 needs CLIPTextModelWithProjection text encoders".into())
+            })?);
         }
         let clip = Tensor::cat(&states, -1).to_kind(kind);
         let joint = self.transformer.config.joint_attention_dim;

@@ -178,7 +178,6 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
         Some(words) => tiny::clip_words(words)?,
         None => tiny::clip()?,
     };
-    let eos = (clip_vocab - 1) as i64;
 
     // Text encoders and tokenizers (SD3's CLIP-G pads with "!", which word vocabularies lack).
     let pad_g = if spec.vocabulary.is_some() { "<|endoftext|>" } else { "!" };
@@ -186,39 +185,16 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
         ("text_encoder", spec.clip_l_width, "tokenizer", "<|endoftext|>"),
         ("text_encoder_2", spec.clip_g_width, "tokenizer_2", pad_g),
     ] {
-        let config = ClipTextConfig {
-            vocab_size: clip_vocab as i64,
-            hidden_size: width,
-            intermediate_size: 4 * width,
-            projection_dim: width,
-            num_hidden_layers: spec.text_layers,
-            num_attention_heads: 2,
-            max_position_embeddings: spec.clip_length as i64,
-            hidden_act: "quick_gelu".into(),
-            layer_norm_eps: 1e-5,
-            bos_token_id: eos - 1,
-            eos_token_id: eos,
-            pad_token_id: 1,
+        let clip = TinyClip {
+            tokenizer: &clip_tok,
+            vocab: clip_vocab,
+            width,
+            layers: spec.text_layers,
+            length: spec.clip_length,
+            projection: true,
+            pad,
         };
-        let model = ClipTextModel::new(&config, device)?;
-        randomize(&model.store, &mut rng, spec.init)?;
-        let mut cfg = serde_json::to_value(&config).expect("config");
-        cfg["architectures"] = json!(["CLIPTextModelWithProjection"]);
-        cfg["model_type"] = json!("clip_text_model");
-        cfg["dtype"] = json!("float32");
-        write_component(&dir.join(name), &model.store, "model.safetensors", &cfg)?;
-        tiny::write(
-            &dir.join(tokenizer_dir),
-            &clip_tok,
-            json!({
-                "tokenizer_class": "CLIPTokenizer",
-                "bos_token": "<|startoftext|>",
-                "eos_token": "<|endoftext|>",
-                "unk_token": "<|endoftext|>",
-                "pad_token": pad,
-                "model_max_length": spec.clip_length,
-            }),
-        )?;
+        clip.write(&dir.join(name), &dir.join(tokenizer_dir), spec.init, &mut rng)?;
     }
     if spec.t5 {
         write_t5(dir, spec, &mut rng)?;
@@ -284,15 +260,95 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
     )
 }
 
+/// A tiny CLIP text encoder over a tiny CLIP tokenizer.
+pub(crate) struct TinyClip<'a> {
+    pub tokenizer: &'a tokenizers::Tokenizer,
+    pub vocab: usize,
+    pub width: i64,
+    pub layers: usize,
+    /// Context length (`max_position_embeddings`, the tokenizer's `model_max_length`).
+    pub length: usize,
+    /// `CLIPTextModelWithProjection` (else `CLIPTextModel`).
+    pub projection: bool,
+    pub pad: &'a str,
+}
+
+impl TinyClip<'_> {
+    /// Writes the encoder into `encoder_dir` and the tokenizer into `tokenizer_dir`.
+    pub(crate) fn write(
+        &self,
+        encoder_dir: &Path,
+        tokenizer_dir: &Path,
+        init: WeightInit,
+        rng: &mut SampleRng,
+    ) -> Result<(), ModelError> {
+        let eos = (self.vocab - 1) as i64;
+        let config = ClipTextConfig {
+            vocab_size: self.vocab as i64,
+            hidden_size: self.width,
+            intermediate_size: 4 * self.width,
+            projection_dim: self.width,
+            num_hidden_layers: self.layers,
+            num_attention_heads: 2,
+            max_position_embeddings: self.length as i64,
+            hidden_act: "quick_gelu".into(),
+            layer_norm_eps: 1e-5,
+            bos_token_id: eos - 1,
+            eos_token_id: eos,
+            pad_token_id: 1,
+        };
+        let model = ClipTextModel::new(&config, Device::Cpu, self.projection)?;
+        randomize(&model.store, rng, init)?;
+        let mut cfg = serde_json::to_value(&config).expect("config");
+        let class = if self.projection { "CLIPTextModelWithProjection" } else { "CLIPTextModel" };
+        cfg["architectures"] = json!([class]);
+        cfg["model_type"] = json!("clip_text_model");
+        cfg["dtype"] = json!("float32");
+        write_component(encoder_dir, &model.store, "model.safetensors", &cfg)?;
+        tiny::write(
+            tokenizer_dir,
+            self.tokenizer,
+            json!({
+                "tokenizer_class": "CLIPTokenizer",
+                "bos_token": "<|startoftext|>",
+                "eos_token": "<|endoftext|>",
+                "unk_token": "<|endoftext|>",
+                "pad_token": self.pad,
+                "model_max_length": self.length,
+            }),
+        )
+    }
+}
+
 /// T5 and its tokenizer.
 fn write_t5(dir: &Path, spec: &TinySd3Spec, rng: &mut SampleRng) -> Result<(), ModelError> {
+    write_tiny_t5(
+        &dir.join("text_encoder_3"),
+        &dir.join("tokenizer_3"),
+        spec.t5_width,
+        spec.text_layers,
+        spec.init,
+        rng,
+    )
+}
+
+/// A tiny `T5EncoderModel` of width `width` in `encoder_dir` and the tiny T5 tokenizer in
+/// `tokenizer_dir`.
+pub(crate) fn write_tiny_t5(
+    encoder_dir: &Path,
+    tokenizer_dir: &Path,
+    width: i64,
+    layers: usize,
+    init: WeightInit,
+    rng: &mut SampleRng,
+) -> Result<(), ModelError> {
     let (t5_tok, t5_vocab) = tiny::t5()?;
     let t5_config = T5Config {
         vocab_size: t5_vocab as i64,
-        d_model: spec.t5_width,
-        d_kv: spec.t5_width / 2,
-        d_ff: 2 * spec.t5_width,
-        num_layers: spec.text_layers,
+        d_model: width,
+        d_kv: width / 2,
+        d_ff: 2 * width,
+        num_layers: layers,
         num_heads: 2,
         relative_attention_num_buckets: 8,
         relative_attention_max_distance: 16,
@@ -300,7 +356,7 @@ fn write_t5(dir: &Path, spec: &TinySd3Spec, rng: &mut SampleRng) -> Result<(), M
         feed_forward_proj: "gated-gelu".into(),
     };
     let t5 = T5Encoder::new(&t5_config, Device::Cpu)?;
-    randomize(&t5.store, rng, spec.init)?;
+    randomize(&t5.store, rng, init)?;
     let mut cfg = serde_json::to_value(&t5_config).expect("config");
     for (k, v) in [
         ("architectures", json!(["T5EncoderModel"])),
@@ -316,9 +372,9 @@ fn write_t5(dir: &Path, spec: &TinySd3Spec, rng: &mut SampleRng) -> Result<(), M
     ] {
         cfg[k] = v;
     }
-    write_component(&dir.join("text_encoder_3"), &t5.store, "model.safetensors", &cfg)?;
+    write_component(encoder_dir, &t5.store, "model.safetensors", &cfg)?;
     tiny::write(
-        &dir.join("tokenizer_3"),
+        tokenizer_dir,
         &t5_tok,
         json!({
             "tokenizer_class": "T5Tokenizer",
@@ -328,9 +384,7 @@ fn write_t5(dir: &Path, spec: &TinySd3Spec, rng: &mut SampleRng) -> Result<(), M
             "extra_ids": 0,
             "model_max_length": 512,
         }),
-    )?;
-
-    Ok(())
+    )
 }
 
 /// The VAE.

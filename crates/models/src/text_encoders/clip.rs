@@ -1,5 +1,5 @@
-//! `CLIPTextModelWithProjection`: causal pre-LN transformer over token + position embeddings;
-//! pooled output at the end-of-text token, projected.
+//! `CLIPTextModel` and `CLIPTextModelWithProjection`: causal pre-LN transformer over token +
+//! position embeddings; pooled output at the end-of-text token, projected by the latter.
 
 use std::path::Path;
 
@@ -54,23 +54,29 @@ pub struct ClipOutput {
     pub last_hidden_state: Tensor,
     /// Input of the last layer, not normed (B, L, D): `hidden_states[-2]`.
     pub penultimate_hidden_state: Tensor,
-    /// Projected pooled output (B, projection_dim).
-    pub text_embeds: Tensor,
+    /// Final-layer-normed state at the end-of-text token (B, D): `pooler_output`.
+    pub pooler_output: Tensor,
+    /// Projected pooled output (B, projection_dim); `None` without a `text_projection`.
+    pub text_embeds: Option<Tensor>,
 }
 
-/// The text tower under a model's root: `text_model.{embeddings, encoder, final_layer_norm}` and
-/// `text_projection` (the layout of both `CLIPTextModelWithProjection` and `CLIPModel`).
+/// The text tower under a model's root: `text_model.{embeddings, encoder, final_layer_norm}` and,
+/// with a projection, `text_projection` (`CLIPTextModelWithProjection`, `CLIPModel`).
 pub struct ClipTextTower {
     pub config: ClipTextConfig,
     token_embedding: Embedding,
     position_embedding: Embedding,
     encoder: Encoder,
     final_layer_norm: LayerNorm,
-    text_projection: Linear,
+    text_projection: Option<Linear>,
 }
 
 impl ClipTextTower {
-    pub fn new(root: &Scope<'_>, config: &ClipTextConfig) -> Result<Self, ModelError> {
+    pub fn new(
+        root: &Scope<'_>,
+        config: &ClipTextConfig,
+        projection: bool,
+    ) -> Result<Self, ModelError> {
         let text = root / "text_model";
         let d = config.hidden_size;
         let embeddings = &text / "embeddings";
@@ -99,7 +105,8 @@ impl ClipTextTower {
                 d,
                 config.layer_norm_eps,
             ),
-            text_projection: (root / "text_projection").linear(d, config.projection_dim, false),
+            text_projection: projection
+                .then(|| (root / "text_projection").linear(d, config.projection_dim, false)),
             config: config.clone(),
         })
     }
@@ -130,14 +137,19 @@ impl ClipTextTower {
         let rows = Tensor::arange(b, (Kind::Int64, ids.device()));
         let pooled = last.index(&[Some(rows), Some(eos_at)]);
         Ok(ClipOutput {
-            text_embeds: self.text_projection.forward(&pooled),
+            text_embeds: self.text_projection.as_ref().map(|p| p.forward(&pooled)),
+            pooler_output: pooled,
             last_hidden_state: last,
             penultimate_hidden_state: out.penultimate,
         })
     }
 }
 
-/// `CLIPTextModelWithProjection`: the text tower and the store holding its weights.
+/// The `architectures` of a text-only CLIP component's `config.json`.
+pub const CLIP_TEXT_ARCHITECTURES: [&str; 2] = ["CLIPTextModel", "CLIPTextModelWithProjection"];
+
+/// `CLIPTextModel` or `CLIPTextModelWithProjection`: the text tower and the store holding its
+/// weights.
 pub struct ClipTextModel {
     pub config: ClipTextConfig,
     tower: ClipTextTower,
@@ -145,16 +157,38 @@ pub struct ClipTextModel {
 }
 
 impl ClipTextModel {
-    pub fn new(config: &ClipTextConfig, device: Device) -> Result<Self, ModelError> {
+    /// Zeroed weights; `projection` builds `text_projection` (`CLIPTextModelWithProjection`).
+    pub fn new(
+        config: &ClipTextConfig,
+        device: Device,
+        projection: bool,
+    ) -> Result<Self, ModelError> {
         let store = super::store(device);
-        let tower = ClipTextTower::new(&Scope::root(store.root(), None), config)?;
+        let tower = ClipTextTower::new(&Scope::root(store.root(), None), config, projection)?;
         Ok(Self { config: config.clone(), tower, store })
     }
 
-    /// Loads a transformers directory (`config.json` + safetensors).
+    /// Loads a transformers directory (`config.json` + safetensors); `architectures` in the config
+    /// says whether it has a projection.
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
-        let config: ClipTextConfig = read_config(&dir.join("config.json"))?;
-        let mut model = Self::new(&config, device)?;
+        let path = dir.join("config.json");
+        let config: ClipTextConfig = read_config(&path)?;
+        let raw: serde_json::Value = read_config(&path)?;
+        let architecture = raw["architectures"].get(0).and_then(|a| a.as_str());
+        let projection = match architecture {
+            Some("CLIPTextModel") => false,
+            Some("CLIPTextModelWithProjection") => true,
+            _ => {
+                return Err(ModelError::Format {
+                    path: path.display().to_string(),
+                    message: format!(
+                        "architectures is {}, expected one of {CLIP_TEXT_ARCHITECTURES:?}",
+                        raw["architectures"]
+                    ),
+                })
+            }
+        };
+        let mut model = Self::new(&config, device, projection)?;
         super::load_frozen(&mut model.store, dir, kind, &[], &[])?;
         Ok(model)
     }
