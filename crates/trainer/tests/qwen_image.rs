@@ -17,6 +17,7 @@ fn every_algorithm_trains_and_resumes_on_qwen_image() {
     common::families::every_algorithm_trains_and_resumes(
         "qwen_image",
         "flow_grpo_qwen_image_tiny.yaml",
+        &[],
         "img_mlp.net.0.proj.lora_B",
     );
 }

@@ -9,6 +9,7 @@ fn every_algorithm_trains_and_resumes_on_z_image() {
     common::families::every_algorithm_trains_and_resumes(
         "z_image",
         "flow_grpo_z_image_tiny.yaml",
+        &[],
         "feed_forward.w1.lora_B",
     );
 }

@@ -21,10 +21,12 @@ const OTHER_TINY_RECIPES: [&str; 6] = [
     "diffusion_nft_tiny.yaml",
 ];
 
-/// `examples/<file>` on `pipeline` with the LoRA targets of `examples/<family_recipe>`.
+/// `examples/<file>` on `pipeline` with the LoRA targets of `examples/<family_recipe>` and the
+/// family's `extra` overrides.
 fn recipe(
     file: &str,
     family_recipe: &str,
+    extra: &[&str],
     pipeline: &Path,
     out: &Path,
     steps: u64,
@@ -33,7 +35,7 @@ fn recipe(
     let family = Recipe::load(&root().join("examples").join(family_recipe), &[])
         .expect("the family's tiny recipe");
     let targets = family.model.lora.target_modules.join(", ");
-    let overrides = [
+    let mut overrides = vec![
         format!("model.path={}", pipeline.display()),
         format!("model.lora.target_modules=[{targets}]"),
         format!("data.train_files=[{}]", root().join("examples/prompts/tiny.txt").display()),
@@ -42,18 +44,25 @@ fn recipe(
         "trainer.save_freq=1".into(),
         format!("trainer.resume={resume}"),
     ];
+    overrides.extend(extra.iter().map(|o| o.to_string()));
     Recipe::load(&root().join("examples").join(file), &overrides).expect("recipe")
 }
 
 /// Runs the check for `family` (its registered tiny writer, seed 5), whose tiny Flow-GRPO recipe
-/// is `family_recipe`; every exported LoRA must adapt a layer whose name contains `adapted`.
-pub fn every_algorithm_trains_and_resumes(family: &str, family_recipe: &str, adapted: &str) {
+/// is `family_recipe`, with `extra` overrides on every recipe (e.g. no CFG for a
+/// guidance-distilled model); every exported LoRA must adapt a layer whose name contains `adapted`.
+pub fn every_algorithm_trains_and_resumes(
+    family: &str,
+    family_recipe: &str,
+    extra: &[&str],
+    adapted: &str,
+) {
     let pipeline = scratch(&format!("{family}-pipeline"));
     let writer = flowtune_models::family_named(family).expect("a built-in family");
     (writer.write_tiny)(&pipeline, 5).expect("make-tiny");
     for file in std::iter::once(family_recipe).chain(OTHER_TINY_RECIPES) {
         let run = |out: &Path, steps: u64, resume: &str| {
-            train(&recipe(file, family_recipe, &pipeline, out, steps, resume), Device::Cpu)
+            train(&recipe(file, family_recipe, extra, &pipeline, out, steps, resume), Device::Cpu)
                 .unwrap_or_else(|e| panic!("{file}: {e}"))
         };
         let name = file.trim_end_matches(".yaml");
