@@ -221,6 +221,29 @@ pub fn copy_frozen(from: &VarStore, to: &mut VarStore) -> Result<(), ModelError>
     Ok(())
 }
 
+/// [`TrainableDenoiser`]'s `weights`, `weights_mut` and `frozen_copy` for a model with fields
+/// `weights` and `config` and a constructor `Self::new(&config, device, lora)`.
+macro_rules! weights_and_frozen_copy {
+    () => {
+        fn weights(&self) -> &$crate::model_weights::ModelWeights {
+            &self.weights
+        }
+
+        fn weights_mut(&mut self) -> &mut $crate::model_weights::ModelWeights {
+            &mut self.weights
+        }
+
+        fn frozen_copy(
+            &self,
+        ) -> Result<Box<dyn $crate::denoiser::TrainableDenoiser>, $crate::ModelError> {
+            let mut copy = Self::new(&self.config, self.weights.base.device(), None)?;
+            $crate::denoiser::copy_frozen(&self.weights.base, &mut copy.weights.base)?;
+            Ok(Box::new(copy))
+        }
+    };
+}
+pub(crate) use weights_and_frozen_copy;
+
 #[cfg(test)]
 mod tests {
     use super::*;

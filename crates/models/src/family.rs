@@ -78,6 +78,29 @@ impl PipelineOptions {
     }
 }
 
+/// [`FlowPipeline`]'s `dir`, `scheduler`, `denoiser` and `denoiser_mut` for a pipeline with fields
+/// `dir`, `scheduler` and `transformer`.
+macro_rules! pipeline_parts {
+    () => {
+        fn dir(&self) -> &$crate::pipeline::PipelineDir {
+            &self.dir
+        }
+
+        fn scheduler(&self) -> &flowtune_sampling::SchedulerConfig {
+            &self.scheduler
+        }
+
+        fn denoiser(&self) -> &dyn $crate::denoiser::TrainableDenoiser {
+            &self.transformer
+        }
+
+        fn denoiser_mut(&mut self) -> &mut dyn $crate::denoiser::TrainableDenoiser {
+            &mut self.transformer
+        }
+    };
+}
+pub(crate) use pipeline_parts;
+
 /// A loaded pipeline of some family: everything above `flowtune-models` goes through this.
 pub trait FlowPipeline {
     /// The directory it was loaded from.

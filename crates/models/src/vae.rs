@@ -314,6 +314,22 @@ impl AutoencoderKl {
         self.decoder.conv_in.weight.kind()
     }
 
+    /// u8 RGB images (B, H, W, 3) of diffusion latents, decoded in the decoder's dtype.
+    pub fn decode_rgb8(&self, latents: &Tensor) -> Tensor {
+        Self::to_rgb8(&self.decode(&latents.to_kind(self.decoder_kind())))
+    }
+
+    /// Clean latents (f32, the posterior mean) of u8 RGB images (B, H, W, 3).
+    pub fn encode_rgb8(&self, images: &Tensor) -> Tensor {
+        self.encode(&Self::from_rgb8(images).to_kind(self.decoder_kind())).0.to_kind(Kind::Float)
+    }
+
+    /// u8 RGB images (B, H, W, 3) as f32 pixels in [−1, 1] (B, 3, H, W): the inverse of
+    /// [`Self::to_rgb8`].
+    pub fn from_rgb8(images: &Tensor) -> Tensor {
+        images.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 127.5 - 1.0
+    }
+
     /// Decoded images as u8 RGB (B, H, W, 3).
     pub fn to_rgb8(images: &Tensor) -> Tensor {
         ((images.to_kind(Kind::Float) + 1.0) * 127.5)

@@ -1,6 +1,6 @@
 //! `flowtune make-tiny sd3|shapes|qwen-image|z-image|flux DIR`: a random-initialised pipeline in the diffusers layout.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use flowtune_models::flux::{write_tiny_flux, TinyFluxSpec};
@@ -8,6 +8,7 @@ use flowtune_models::qwen_image::{write_tiny_qwen_image, TinyQwenImageSpec};
 use flowtune_models::sd3::{write_tiny_sd3, TinySd3Spec, WeightInit};
 use flowtune_models::text_encoders::qwen_tiny::TinyQwenTextSpec;
 use flowtune_models::z_image::{write_tiny_z_image, TinyZImageSpec};
+use flowtune_models::ModelError;
 
 use crate::Failure;
 
@@ -30,13 +31,29 @@ pub enum MakeTiny {
     Flux(FluxArgs),
 }
 
+/// Where every pipeline goes, and its seed.
 #[derive(Args)]
-pub struct ZImageArgs {
+pub struct Out {
     /// Output directory (created if missing).
     dir: PathBuf,
     /// Seed of the random weights (the same on every machine).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+}
+
+impl Out {
+    /// Writes the pipeline with `write` into the directory and says so.
+    fn write(self, write: impl FnOnce(&Path) -> Result<(), ModelError>) -> Result<(), Failure> {
+        write(&self.dir).map_err(Failure::input)?;
+        println!("wrote {}", self.dir.display());
+        Ok(())
+    }
+}
+
+#[derive(Args)]
+pub struct ZImageArgs {
+    #[command(flatten)]
+    out: Out,
     /// Main single-stream blocks.
     #[arg(long, default_value_t = 2)]
     layers: usize,
@@ -50,11 +67,8 @@ pub struct ZImageArgs {
 
 #[derive(Args)]
 pub struct FluxArgs {
-    /// Output directory (created if missing).
-    dir: PathBuf,
-    /// Seed of the random weights (the same on every machine).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    out: Out,
     /// Double-stream transformer blocks.
     #[arg(long, default_value_t = 2)]
     layers: usize,
@@ -68,11 +82,8 @@ pub struct FluxArgs {
 
 #[derive(Args)]
 pub struct QwenImageArgs {
-    /// Output directory (created if missing).
-    dir: PathBuf,
-    /// Seed of the random weights (the same on every machine).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    out: Out,
     /// Dual-stream transformer blocks.
     #[arg(long, default_value_t = 2)]
     layers: usize,
@@ -94,10 +105,8 @@ pub struct QwenImageArgs {
 
 #[derive(Args)]
 pub struct ShapesArgs {
-    /// Output directory (created if missing).
-    dir: PathBuf,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    out: Out,
     /// Joint transformer blocks.
     #[arg(long, default_value_t = 4)]
     layers: usize,
@@ -124,11 +133,8 @@ pub struct ShapesArgs {
 
 #[derive(Args)]
 pub struct Sd3Args {
-    /// Output directory (created if missing).
-    dir: PathBuf,
-    /// Seed of the random weights (the same on every machine).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    out: Out,
     /// Joint transformer blocks.
     #[arg(long, default_value_t = 2)]
     layers: usize,
@@ -153,28 +159,26 @@ pub struct Sd3Args {
 }
 
 pub fn run(command: MakeTiny) -> Result<(), Failure> {
-    let (dir, spec) = match command {
+    match command {
         MakeTiny::ZImage(a) => {
             let head_dim = a.dim / a.heads;
             let frame = (head_dim / 8) * 2;
             let side = (head_dim - frame) / 4 * 2;
             let spec = TinyZImageSpec {
-                seed: a.seed,
+                seed: a.out.seed,
                 layers: a.layers,
                 dim: a.dim,
                 heads: a.heads,
                 axes_dims: vec![head_dim - 2 * side, side, side],
                 ..Default::default()
             };
-            write_tiny_z_image(&a.dir, &spec).map_err(Failure::input)?;
-            println!("wrote {}", a.dir.display());
-            return Ok(());
+            a.out.write(|dir| write_tiny_z_image(dir, &spec))
         }
         MakeTiny::QwenImage(a) => {
             let frame = (a.head_dim / 8) * 2;
             let side = (a.head_dim - frame) / 4 * 2;
             let spec = TinyQwenImageSpec {
-                seed: a.seed,
+                seed: a.out.seed,
                 layers: a.layers,
                 heads: a.heads,
                 head_dim: a.head_dim,
@@ -184,25 +188,21 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 edit: a.edit,
                 ..Default::default()
             };
-            write_tiny_qwen_image(&a.dir, &spec).map_err(Failure::input)?;
-            println!("wrote {}", a.dir.display());
-            return Ok(());
+            a.out.write(|dir| write_tiny_qwen_image(dir, &spec))
         }
         MakeTiny::Flux(a) => {
             let spec = TinyFluxSpec {
-                seed: a.seed,
+                seed: a.out.seed,
                 layers: a.layers,
                 single_layers: a.single_layers,
                 schnell: a.schnell,
                 ..Default::default()
             };
-            write_tiny_flux(&a.dir, &spec).map_err(Failure::input)?;
-            println!("wrote {}", a.dir.display());
-            return Ok(());
+            a.out.write(|dir| write_tiny_flux(dir, &spec))
         }
         MakeTiny::Sd3(a) => {
             let spec = TinySd3Spec {
-                seed: a.seed,
+                seed: a.out.seed,
                 layers: a.layers,
                 heads: a.heads,
                 head_dim: a.head_dim,
@@ -212,11 +212,11 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 vae_channels: a.vae_channels,
                 ..Default::default()
             };
-            (a.dir, spec)
+            a.out.write(|dir| write_tiny_sd3(dir, &spec))
         }
         MakeTiny::Shapes(a) => {
             let spec = TinySd3Spec {
-                seed: a.seed,
+                seed: a.out.seed,
                 layers: a.layers,
                 heads: a.heads,
                 head_dim: a.head_dim,
@@ -235,10 +235,7 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 shift: a.shift,
                 ..Default::default()
             };
-            (a.dir, spec)
+            a.out.write(|dir| write_tiny_sd3(dir, &spec))
         }
-    };
-    write_tiny_sd3(&dir, &spec).map_err(Failure::input)?;
-    println!("wrote {}", dir.display());
-    Ok(())
+    }
 }

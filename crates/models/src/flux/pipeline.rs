@@ -8,8 +8,7 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use super::{FluxTransformer, GUIDANCE};
-use crate::denoiser::TrainableDenoiser;
-use crate::family::{image_latent_shape, FlowPipeline, PipelineOptions};
+use crate::family::{image_latent_shape, pipeline_parts, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
 use crate::tokenizer::TextTokenizer;
@@ -93,24 +92,10 @@ impl FluxPipeline {
 }
 
 impl FlowPipeline for FluxPipeline {
-    fn dir(&self) -> &PipelineDir {
-        &self.dir
-    }
+    pipeline_parts!();
 
     fn device(&self) -> Device {
         self.transformer.x_embedder.weight.device()
-    }
-
-    fn scheduler(&self) -> &SchedulerConfig {
-        &self.scheduler
-    }
-
-    fn denoiser(&self) -> &dyn TrainableDenoiser {
-        &self.transformer
-    }
-
-    fn denoiser_mut(&mut self) -> &mut dyn TrainableDenoiser {
-        &mut self.transformer
     }
 
     /// T5 states of `max_sequence_length` tokens, CLIP's pooled output; [dev] adds the guidance
@@ -159,14 +144,11 @@ impl FlowPipeline for FluxPipeline {
     }
 
     fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
-        let images = self.vae.decode(&latents.to_kind(self.vae.decoder_kind()));
-        Ok(AutoencoderKl::to_rgb8(&images))
+        Ok(self.vae.decode_rgb8(latents))
     }
 
     fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError> {
-        let pixels = images.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 127.5 - 1.0;
-        let latents = self.vae.encode(&pixels.to_kind(self.vae.decoder_kind())).0;
-        Ok(latents.to_kind(Kind::Float))
+        Ok(self.vae.encode_rgb8(images))
     }
 
     fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {

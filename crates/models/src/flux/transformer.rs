@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 use super::block::{FluxSingleTransformerBlock, FluxTransformerBlock};
 use super::config::FluxTransformerConfig;
 use super::rope::{position_ids, rotary_tables};
-use crate::denoiser::{copy_frozen, Denoiser, ExampleInputs, TrainableDenoiser};
+use crate::denoiser::{weights_and_frozen_copy, Denoiser, ExampleInputs, TrainableDenoiser};
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, Mlp, TIMESTEP_CHANNELS};
@@ -237,19 +237,7 @@ impl Denoiser for FluxTransformer {
 }
 
 impl TrainableDenoiser for FluxTransformer {
-    fn weights(&self) -> &ModelWeights {
-        &self.weights
-    }
-
-    fn weights_mut(&mut self) -> &mut ModelWeights {
-        &mut self.weights
-    }
-
-    fn frozen_copy(&self) -> Result<Box<dyn TrainableDenoiser>, ModelError> {
-        let mut copy = Self::new(&self.config, self.weights.base.device(), None)?;
-        copy_frozen(&self.weights.base, &mut copy.weights.base)?;
-        Ok(Box::new(copy))
-    }
+    weights_and_frozen_copy!();
 
     fn example_inputs(&self, batch: i64, height: i64, width: i64, text_len: i64) -> ExampleInputs {
         let c = &self.config;

@@ -1,18 +1,9 @@
 //! Qwen-Image's registry entry.
 
-use std::path::Path;
-
-use tch::{Device, Kind};
-
 use super::{
     write_tiny_qwen_image, QwenImagePipeline, QwenImageTransformer, TinyQwenImageSpec, EDIT_PLUS,
 };
-use crate::denoiser::TrainableDenoiser;
-use crate::family::{FlowPipeline, PipelineOptions};
-use crate::lora::LoraConfig;
-use crate::pipeline::PipelineDir;
 use crate::registry::Family;
-use crate::ModelError;
 
 /// Qwen-Image (`QwenImagePipeline`) and Qwen-Image-Edit-Plus (`QwenImageEditPlusPipeline`).
 pub const FAMILY: Family = Family {
@@ -27,24 +18,11 @@ pub const FAMILY: Family = Family {
         ("processor", "Qwen2VLProcessor (Edit-Plus: the vision tower's image processor)"),
         ("scheduler", "FlowMatchEulerDiscreteScheduler (dynamic shifting)"),
     ],
-    load,
-    load_denoiser,
-    write_tiny,
+    load: |dir, options| Ok(Box::new(QwenImagePipeline::open(dir.clone(), options)?)),
+    load_denoiser: |dir, device, kind, lora| {
+        Ok(Box::new(QwenImageTransformer::load(dir, device, kind, lora)?))
+    },
+    write_tiny: |dir, seed| {
+        write_tiny_qwen_image(dir, &TinyQwenImageSpec { seed, ..Default::default() })
+    },
 };
-
-fn load(dir: &PipelineDir, options: &PipelineOptions) -> Result<Box<dyn FlowPipeline>, ModelError> {
-    Ok(Box::new(QwenImagePipeline::open(dir.clone(), options)?))
-}
-
-fn load_denoiser(
-    dir: &Path,
-    device: Device,
-    kind: Kind,
-    lora: Option<&LoraConfig>,
-) -> Result<Box<dyn TrainableDenoiser>, ModelError> {
-    Ok(Box::new(QwenImageTransformer::load(dir, device, kind, lora)?))
-}
-
-fn write_tiny(dir: &Path, seed: u64) -> Result<(), ModelError> {
-    write_tiny_qwen_image(dir, &TinyQwenImageSpec { seed, ..Default::default() })
-}

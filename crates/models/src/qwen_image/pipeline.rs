@@ -10,8 +10,7 @@ use tch::{Device, Tensor};
 
 use super::edit::EDIT_PLUS;
 use super::{AutoencoderKlQwenImage, QwenImageTransformer};
-use crate::denoiser::TrainableDenoiser;
-use crate::family::{image_latent_shape, FlowPipeline, PipelineOptions};
+use crate::family::{image_latent_shape, pipeline_parts, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::qwen_edit_prompts::QwenEditPromptEncoder;
 use crate::text_encoders::qwen_prompts::QwenPromptEncoder;
@@ -100,24 +99,10 @@ impl QwenImagePipeline {
 }
 
 impl FlowPipeline for QwenImagePipeline {
-    fn dir(&self) -> &PipelineDir {
-        &self.dir
-    }
+    pipeline_parts!();
 
     fn device(&self) -> Device {
         self.transformer.img_in.weight.device()
-    }
-
-    fn scheduler(&self) -> &SchedulerConfig {
-        &self.scheduler
-    }
-
-    fn denoiser(&self) -> &dyn TrainableDenoiser {
-        &self.transformer
-    }
-
-    fn denoiser_mut(&mut self) -> &mut dyn TrainableDenoiser {
-        &mut self.transformer
     }
 
     /// The chat template around each prompt, Qwen2.5-VL's last hidden states past the template,

@@ -5,11 +5,10 @@ use std::path::Path;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
 use tch::nn::VarStore;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use super::Sd3Transformer;
-use crate::denoiser::TrainableDenoiser;
-use crate::family::{image_latent_shape, FlowPipeline, PipelineOptions};
+use crate::family::{image_latent_shape, pipeline_parts, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
 use crate::tokenizer::TextTokenizer;
@@ -108,20 +107,18 @@ impl Sd3Pipeline {
 
     /// Clean latents → u8 RGB images (B × H × W × 3, on the latents' device).
     fn decode_pixels(&self, latents: &Tensor) -> Tensor {
-        let images = match &self.vae {
-            Some(vae) => vae.decode(&latents.to_kind(vae.decoder_kind())),
-            None => latents.shallow_clone(),
-        };
-        AutoencoderKl::to_rgb8(&images)
+        match &self.vae {
+            Some(vae) => vae.decode_rgb8(latents),
+            None => AutoencoderKl::to_rgb8(latents),
+        }
     }
 
     /// u8 RGB images (B × H × W × 3) → clean latents (f32): the VAE posterior mean, or the pixels
     /// in [−1, 1] for a pixel-space pipeline. The inverse of [`Self::decode_pixels`].
     fn encode_pixels(&self, images: &Tensor) -> Tensor {
-        let pixels = images.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 127.5 - 1.0;
         match &self.vae {
-            Some(vae) => vae.encode(&pixels.to_kind(vae.decoder_kind())).0.to_kind(Kind::Float),
-            None => pixels,
+            Some(vae) => vae.encode_rgb8(images),
+            None => AutoencoderKl::from_rgb8(images),
         }
     }
 
@@ -175,24 +172,10 @@ impl Sd3Pipeline {
 }
 
 impl FlowPipeline for Sd3Pipeline {
-    fn dir(&self) -> &PipelineDir {
-        &self.dir
-    }
+    pipeline_parts!();
 
     fn device(&self) -> Device {
         self.transformer.context_embedder.weight.device()
-    }
-
-    fn scheduler(&self) -> &SchedulerConfig {
-        &self.scheduler
-    }
-
-    fn denoiser(&self) -> &dyn TrainableDenoiser {
-        &self.transformer
-    }
-
-    fn denoiser_mut(&mut self) -> &mut dyn TrainableDenoiser {
-        &mut self.transformer
     }
 
     /// SD3 prompt encoding (see [`Sd3Pipeline::encode_text`]).

@@ -7,7 +7,7 @@ use tch::{Device, Kind, Tensor};
 use super::block::JointTransformerBlock;
 use super::config::Sd3TransformerConfig;
 use super::embeddings::{PatchEmbed, TimeTextEmbed};
-use crate::denoiser::{copy_frozen, Denoiser, ExampleInputs, TrainableDenoiser};
+use crate::denoiser::{weights_and_frozen_copy, Denoiser, ExampleInputs, TrainableDenoiser};
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, Linear};
@@ -201,22 +201,10 @@ impl Denoiser for Sd3Transformer {
 }
 
 impl TrainableDenoiser for Sd3Transformer {
-    fn weights(&self) -> &ModelWeights {
-        &self.weights
-    }
-
-    fn weights_mut(&mut self) -> &mut ModelWeights {
-        &mut self.weights
-    }
+    weights_and_frozen_copy!();
 
     fn buffers(&self) -> &'static [&'static str] {
         &[POSITION_TABLE]
-    }
-
-    fn frozen_copy(&self) -> Result<Box<dyn TrainableDenoiser>, ModelError> {
-        let mut copy = Self::new(&self.config, self.weights.base.device(), None)?;
-        copy_frozen(&self.weights.base, &mut copy.weights.base)?;
-        Ok(Box::new(copy))
     }
 
     fn example_inputs(&self, batch: i64, height: i64, width: i64, text_len: i64) -> ExampleInputs {

@@ -1,16 +1,7 @@
 //! Z-Image's registry entry.
 
-use std::path::Path;
-
-use tch::{Device, Kind};
-
 use super::{write_tiny_z_image, TinyZImageSpec, ZImagePipeline, ZImageTransformer};
-use crate::denoiser::TrainableDenoiser;
-use crate::family::{FlowPipeline, PipelineOptions};
-use crate::lora::LoraConfig;
-use crate::pipeline::PipelineDir;
 use crate::registry::Family;
-use crate::ModelError;
 
 /// Z-Image and Z-Image-Turbo (`ZImagePipeline`), text-to-image.
 pub const FAMILY: Family = Family {
@@ -24,24 +15,9 @@ pub const FAMILY: Family = Family {
         ("tokenizer", "Qwen2 BPE (tokenizer.json, or vocab.json + merges.txt)"),
         ("scheduler", "FlowMatchEulerDiscreteScheduler (sigmas linspace(1, 1/N, N), shift)"),
     ],
-    load,
-    load_denoiser,
-    write_tiny,
+    load: |dir, options| Ok(Box::new(ZImagePipeline::open(dir.clone(), options)?)),
+    load_denoiser: |dir, device, kind, lora| {
+        Ok(Box::new(ZImageTransformer::load(dir, device, kind, lora)?))
+    },
+    write_tiny: |dir, seed| write_tiny_z_image(dir, &TinyZImageSpec { seed, ..Default::default() }),
 };
-
-fn load(dir: &PipelineDir, options: &PipelineOptions) -> Result<Box<dyn FlowPipeline>, ModelError> {
-    Ok(Box::new(ZImagePipeline::open(dir.clone(), options)?))
-}
-
-fn load_denoiser(
-    dir: &Path,
-    device: Device,
-    kind: Kind,
-    lora: Option<&LoraConfig>,
-) -> Result<Box<dyn TrainableDenoiser>, ModelError> {
-    Ok(Box::new(ZImageTransformer::load(dir, device, kind, lora)?))
-}
-
-fn write_tiny(dir: &Path, seed: u64) -> Result<(), ModelError> {
-    write_tiny_z_image(dir, &TinyZImageSpec { seed, ..Default::default() })
-}

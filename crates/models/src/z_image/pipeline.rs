@@ -9,8 +9,7 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use super::ZImageTransformer;
-use crate::denoiser::TrainableDenoiser;
-use crate::family::{image_latent_shape, FlowPipeline, PipelineOptions};
+use crate::family::{image_latent_shape, pipeline_parts, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::qwen3::Qwen3TextEncoder;
 use crate::tokenizer::TextTokenizer;
@@ -134,24 +133,10 @@ impl ZImagePipeline {
 }
 
 impl FlowPipeline for ZImagePipeline {
-    fn dir(&self) -> &PipelineDir {
-        &self.dir
-    }
+    pipeline_parts!();
 
     fn device(&self) -> Device {
         self.transformer.x_embedder.weight.device()
-    }
-
-    fn scheduler(&self) -> &SchedulerConfig {
-        &self.scheduler
-    }
-
-    fn denoiser(&self) -> &dyn TrainableDenoiser {
-        &self.transformer
-    }
-
-    fn denoiser_mut(&mut self) -> &mut dyn TrainableDenoiser {
-        &mut self.transformer
     }
 
     /// Each prompt in the chat template, Qwen3's `hidden_states[-2]`, a mask of the valid tokens
@@ -182,13 +167,11 @@ impl FlowPipeline for ZImagePipeline {
     }
 
     fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
-        let images = self.vae.decode(&latents.to_kind(self.vae.decoder_kind()));
-        Ok(AutoencoderKl::to_rgb8(&images))
+        Ok(self.vae.decode_rgb8(latents))
     }
 
     fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError> {
-        let pixels = images.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 127.5 - 1.0;
-        Ok(self.vae.encode(&pixels.to_kind(self.vae.decoder_kind())).0.to_kind(Kind::Float))
+        Ok(self.vae.encode_rgb8(images))
     }
 
     fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {
