@@ -3,13 +3,15 @@
 //! [schnell] without, outputs with and without LoRA (reference targets and `all-linear`), every
 //! LoRA gradient, and `velocity` on unpacked latents.
 
+mod common;
+
 use std::collections::HashMap;
 
-use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MODEL_RTOL};
+use flowtune_fixtures::{dir, models_of_kind, tensors, MODEL_RTOL};
 use flowtune_models::flux::{FluxTransformer, GUIDANCE};
-use flowtune_models::lora::{LoraConfig, FLUX_TARGETS};
+use flowtune_models::lora::FLUX_TARGETS;
 use flowtune_models::packing::{pack, unpack};
-use flowtune_models::{Denoiser, TextConditioning, TrainableDenoiser};
+use flowtune_models::{Denoiser, TextConditioning};
 use tch::{Device, Kind, Tensor};
 
 fn forward(m: &FluxTransformer, io: &HashMap<String, Tensor>) -> Tensor {
@@ -26,72 +28,22 @@ fn forward(m: &FluxTransformer, io: &HashMap<String, Tensor>) -> Tensor {
     .expect("forward")
 }
 
-fn lora_of(entry: &serde_json::Value) -> LoraConfig {
-    let l = &entry["lora"];
-    LoraConfig {
-        rank: l["r"].as_i64().expect("r"),
-        alpha: l["alpha"].as_f64().expect("alpha"),
-        target_modules: l["targets"]
-            .as_array()
-            .expect("targets")
-            .iter()
-            .map(|t| t.as_str().unwrap().to_string())
-            .collect(),
-        ..Default::default()
-    }
-}
-
 #[test]
 fn flux_transformers_match_diffusers() {
-    let mut check = Checker::new("manifest.json flux_transformer");
-    for entry in models_of_kind("flux_transformer") {
-        check.case();
-        let name = entry["name"].as_str().expect("name");
-        let io = tensors(&format!("{name}_io.safetensors"));
-        let lora = lora_of(&entry);
-        if name == "flux_dev_tiny" {
-            assert_eq!(lora.target_modules, FLUX_TARGETS, "the reference uses FLUX.1's targets");
-        }
-        let mut model =
-            FluxTransformer::load(&dir().join(name), Device::Cpu, Kind::Float, Some(&lora))
-                .expect("load");
-        model.load_lora(&dir().join(format!("{name}_lora.safetensors"))).expect("load lora");
-        model.set_adapters_enabled(false);
-        let plain = tch::no_grad(|| forward(&model, &io));
-        check.close_within(
-            &format!("{name} output.sample"),
-            &plain,
-            &io["output.sample"],
-            MODEL_RTOL,
-        );
-        model.set_adapters_enabled(true);
-        let out = forward(&model, &io);
-        check.close_within(
-            &format!("{name} output.sample_with_lora"),
-            &out,
-            &io["output.sample_with_lora"],
-            MODEL_RTOL,
-        );
-        (out * &io["loss_weight"]).mean(Kind::Float).backward();
-        let vars = model.adapters().expect("adapters").store.variables();
-        let adapted = entry["adapted_modules"].as_array().expect("adapted_modules").len();
-        if vars.len() != 2 * adapted {
-            check.fail(format!(
-                "{name}: {} adapter tensors, PEFT adapts {adapted} modules",
-                vars.len()
-            ));
-        }
-        for (var_name, var) in &vars {
-            match io.get(&format!("grad.transformer.{var_name}")) {
-                Some(want) => check.close_within(var_name, &var.grad(), want, MODEL_RTOL),
-                None => check.fail(format!("{name}: no reference gradient for {var_name}")),
+    common::check_lora_fixtures(
+        "flux_transformer",
+        |dir, lora| {
+            if dir.ends_with("flux_dev_tiny") {
+                assert_eq!(
+                    lora.target_modules, FLUX_TARGETS,
+                    "the reference uses FLUX.1's targets"
+                );
             }
-        }
-        if model.store().variables().values().any(|v| v.requires_grad() || v.grad().defined()) {
-            check.fail(format!("{name}: base weights must not train"));
-        }
-    }
-    check.finish();
+            FluxTransformer::load(dir, Device::Cpu, Kind::Float, Some(lora)).expect("load")
+        },
+        forward,
+        false,
+    );
 }
 
 #[test]

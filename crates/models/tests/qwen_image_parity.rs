@@ -2,12 +2,12 @@
 //! `manifest.json` (`scripts/reference_qwen_image.py`): outputs with and without LoRA (reference
 //! targets and `all-linear`), every LoRA gradient, and the Edit model's `zero_cond_t`.
 
+mod common;
+
 use std::collections::HashMap;
 
-use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MODEL_RTOL};
-use flowtune_models::lora::LoraConfig;
+use flowtune_fixtures::{dir, models_of_kind, tensors, MODEL_RTOL};
 use flowtune_models::qwen_image::{ImageShape, QwenImageTransformer};
-use flowtune_models::TrainableDenoiser;
 use tch::{Device, Kind, Tensor};
 
 fn forward(m: &QwenImageTransformer, io: &HashMap<String, Tensor>) -> Tensor {
@@ -27,81 +27,17 @@ fn forward(m: &QwenImageTransformer, io: &HashMap<String, Tensor>) -> Tensor {
     .expect("forward")
 }
 
-fn lora_of(entry: &serde_json::Value) -> LoraConfig {
-    let l = &entry["lora"];
-    LoraConfig {
-        rank: l["r"].as_i64().expect("r"),
-        alpha: l["alpha"].as_f64().expect("alpha"),
-        target_modules: l["targets"]
-            .as_array()
-            .expect("targets")
-            .iter()
-            .map(|t| t.as_str().unwrap().to_string())
-            .collect(),
-        ..Default::default()
-    }
-}
-
 #[test]
 fn qwen_image_transformers_match_diffusers() {
-    let mut check = Checker::new("manifest.json qwen_image_transformer");
-    for entry in models_of_kind("qwen_image_transformer") {
-        check.case();
-        let name = entry["name"].as_str().expect("name");
-        let model_dir = dir().join(entry["model"].as_str().expect("model"));
-        let io = tensors(&format!("{name}_io.safetensors"));
-        let lora = lora_of(&entry);
-        let mut model =
-            QwenImageTransformer::load(&model_dir, Device::Cpu, Kind::Float, Some(&lora))
-                .expect("load");
-        model.load_lora(&dir().join(format!("{name}_lora.safetensors"))).expect("load lora");
-        model.set_adapters_enabled(false);
-        let plain = tch::no_grad(|| forward(&model, &io));
-        check.close_within(
-            &format!("{name} output.sample"),
-            &plain,
-            &io["output.sample"],
-            MODEL_RTOL,
-        );
-        model.set_adapters_enabled(true);
-        let out = forward(&model, &io);
-        check.close_within(
-            &format!("{name} output.sample_with_lora"),
-            &out,
-            &io["output.sample_with_lora"],
-            MODEL_RTOL,
-        );
-        (out * &io["loss_weight"]).mean(Kind::Float).backward();
-        let vars = model.adapters().expect("adapters").store.variables();
-        let adapted: Vec<&str> = entry["adapted_modules"]
-            .as_array()
-            .expect("adapted_modules")
-            .iter()
-            .map(|m| m.as_str().unwrap())
-            .collect();
-        if vars.len() != 2 * adapted.len() {
-            check.fail(format!(
-                "{name}: {} adapter tensors, PEFT adapts {} modules",
-                vars.len(),
-                adapted.len()
-            ));
-        }
-        for (var_name, var) in &vars {
-            match io.get(&format!("grad.transformer.{var_name}")) {
-                Some(want) => check.close_within(var_name, &var.grad(), want, MODEL_RTOL),
-                // The last block's text outputs do not reach the image prediction.
-                None if !var.grad().defined()
-                    || var.grad().abs().max().double_value(&[]) == 0.0 => {}
-                None => {
-                    check.fail(format!("{name}: {var_name} has a gradient, diffusers' has none"))
-                }
-            }
-        }
-        if model.store().variables().values().any(|v| v.requires_grad() || v.grad().defined()) {
-            check.fail(format!("{name}: base weights must not train"));
-        }
-    }
-    check.finish();
+    // The last block's text outputs do not reach the image prediction.
+    common::check_lora_fixtures(
+        "qwen_image_transformer",
+        |dir, lora| {
+            QwenImageTransformer::load(dir, Device::Cpu, Kind::Float, Some(lora)).expect("load")
+        },
+        forward,
+        true,
+    );
 }
 
 #[test]

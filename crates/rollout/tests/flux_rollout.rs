@@ -4,12 +4,14 @@
 //! grid, an SDE window, given noise, the decoded pictures and the VAE encoder (scaling and shift
 //! factors) — all equal to diffusers' components in a loop.
 
+mod common;
+
 use flowtune_fixtures::{dir, tensors, Checker, MODEL_RTOL};
 use flowtune_models::flux::GUIDANCE;
 use flowtune_models::PipelineOptions;
-use flowtune_rollout::{encode_rows, sample_trajectory, Engine, Guidance, TrajectoryRequest};
+use flowtune_rollout::{encode_rows, Engine, Guidance};
 use flowtune_sampling::SamplerConfig;
-use tch::{Device, Kind};
+use tch::Device;
 
 /// The script's `PROMPTS` and `SPEC`.
 const PROMPTS: [&str; 2] =
@@ -52,36 +54,9 @@ fn flux_rollout_matches_diffusers_loop() {
     );
     let guidance = Vec::<f64>::try_from(&text.extras[GUIDANCE]).unwrap();
     assert_eq!(guidance, [EMBEDDED_GUIDANCE; 2], "the guidance extra rides with every row");
-    let request = TrajectoryRequest {
-        grid: &engine.grid,
-        text: &text,
-        guidance: Guidance { scale: 1.0, negative: None },
-        step: engine.sampler.step_params(engine.grid.sigmas[1] as f64),
-        windows: &vec![WINDOW; 2],
-        initial: &io["input.initial_latents"],
-    };
-    let noise = &io["input.step_noise"];
-    let out = tch::no_grad(|| {
-        sample_trajectory(engine.pipe.denoiser(), &request, |i| noise.get(i as i64))
-    })
-    .expect("rollout");
-    for (key, t) in [
-        ("output.all_latents", &out.all_latents),
-        ("output.all_log_probs", &out.all_log_probs),
-        ("output.all_timesteps", &out.all_timesteps),
-        ("output.final_latents", &out.final_latents),
-    ] {
-        check.close_within(key, t, &io[key], MODEL_RTOL);
-    }
-    let pixels = tch::no_grad(|| pipe.decode_rgb8(&out.final_latents)).expect("decode");
-    let want = ((io["output.image"].clamp(-1.0, 1.0) + 1.0) * 127.5)
-        .round()
-        .permute([0, 2, 3, 1])
-        .to_kind(Kind::Int);
-    let off = (pixels.to_kind(Kind::Int) - want).abs().max().int64_value(&[]);
-    if off > 1 {
-        check.fail(format!("decoded pictures differ from diffusers' by {off} levels"));
-    }
+    let guidance = Guidance { scale: 1.0, negative: None };
+    let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &vec![WINDOW; 2]);
+    common::check_decoded(&mut check, &io, pipe.as_ref(), &out.final_latents);
     let encoded = tch::no_grad(|| pipe.encode_rgb8(&io["input.pixels"])).expect("encode");
     check.close_within("encoded_latents", &encoded, &io["output.encoded_latents"], MODEL_RTOL);
     check.finish();

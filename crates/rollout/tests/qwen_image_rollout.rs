@@ -3,15 +3,13 @@
 //! the chat template, "true CFG" against the `" "` negative prompt, dynamic-shift grid, SDE
 //! window, given noise, and the decoded pictures — all equal to diffusers' components in a loop.
 
-use std::collections::HashMap;
+mod common;
 
 use flowtune_fixtures::{dir, tensors, Checker, MODEL_RTOL};
-use flowtune_models::{PipelineOptions, TextConditioning};
-use flowtune_rollout::{
-    encode_rows, sample_trajectory, Engine, Guidance, Trajectory, TrajectoryRequest,
-};
+use flowtune_models::PipelineOptions;
+use flowtune_rollout::{encode_rows, Engine, Guidance};
 use flowtune_sampling::SamplerConfig;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind};
 
 /// The script's `PROMPTS` and `SPEC`.
 const PROMPTS: [&str; 2] =
@@ -19,39 +17,6 @@ const PROMPTS: [&str; 2] =
 const STEPS: usize = 6;
 const GUIDANCE: f64 = 4.0;
 const WINDOW: std::ops::Range<usize> = 1..4;
-
-/// The fixture's trajectory from its initial latents and step noise, compared key by key.
-fn check_trajectory(
-    check: &mut Checker,
-    io: &HashMap<String, Tensor>,
-    engine: &Engine<'_>,
-    text: &TextConditioning,
-    negative: &TextConditioning,
-    windows: &[std::ops::Range<usize>],
-) -> Trajectory {
-    let request = TrajectoryRequest {
-        grid: &engine.grid,
-        text,
-        guidance: Guidance { scale: GUIDANCE, negative: Some(negative) },
-        step: engine.sampler.step_params(engine.grid.sigmas[1] as f64),
-        windows,
-        initial: &io["input.initial_latents"],
-    };
-    let noise = &io["input.step_noise"];
-    let out = tch::no_grad(|| {
-        sample_trajectory(engine.pipe.denoiser(), &request, |i| noise.get(i as i64))
-    })
-    .expect("rollout");
-    for (key, t) in [
-        ("output.all_latents", &out.all_latents),
-        ("output.all_log_probs", &out.all_log_probs),
-        ("output.all_timesteps", &out.all_timesteps),
-        ("output.final_latents", &out.final_latents),
-    ] {
-        check.close_within(key, t, &io[key], MODEL_RTOL);
-    }
-    out
-}
 
 #[test]
 fn qwen_image_rollout_matches_diffusers_loop() {
@@ -84,16 +49,9 @@ fn qwen_image_rollout_matches_diffusers_loop() {
         &io["output.negative_prompt_embeds"],
         MODEL_RTOL,
     );
-    let out = check_trajectory(&mut check, &io, &engine, &text, &negative, &vec![WINDOW; 2]);
-    let pixels = tch::no_grad(|| pipe.decode_rgb8(&out.final_latents)).expect("decode");
-    let want = ((io["output.image"].clamp(-1.0, 1.0) + 1.0) * 127.5)
-        .round()
-        .permute([0, 2, 3, 1])
-        .to_kind(Kind::Int);
-    let off = (pixels.to_kind(Kind::Int) - want).abs().max().int64_value(&[]);
-    if off > 1 {
-        check.fail(format!("decoded pictures differ from diffusers' by {off} levels"));
-    }
+    let guidance = Guidance { scale: GUIDANCE, negative: Some(&negative) };
+    let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &vec![WINDOW; 2]);
+    common::check_decoded(&mut check, &io, pipe.as_ref(), &out.final_latents);
     check.finish();
 }
 
@@ -177,6 +135,7 @@ fn qwen_image_edit_plus_rollout_matches_diffusers_loop() {
         &io["output.condition_latents"],
         MODEL_RTOL,
     );
-    check_trajectory(&mut check, &io, &engine, &text, &negative, &vec![1..3; 1]);
+    let guidance = Guidance { scale: GUIDANCE, negative: Some(&negative) };
+    common::check_trajectory(&mut check, &io, &engine, &text, guidance, &vec![1..3; 1]);
     check.finish();
 }

@@ -4,9 +4,11 @@
 //! pipeline's `c + g(c − u)`, same `g`), Z-Image's sigmas, an SDE window, given noise, and the decoded
 //! pictures (scaling and shift factors) — all equal to diffusers' components in a loop.
 
+mod common;
+
 use flowtune_fixtures::{dir, tensors, Checker, MODEL_RTOL};
 use flowtune_models::PipelineOptions;
-use flowtune_rollout::{encode_rows, sample_trajectory, Engine, Guidance, TrajectoryRequest};
+use flowtune_rollout::{encode_rows, Engine, Guidance};
 use flowtune_sampling::SamplerConfig;
 use tch::{Device, Kind};
 
@@ -59,34 +61,8 @@ fn z_image_rollout_matches_diffusers_loop() {
             MODEL_RTOL,
         );
     }
-    let request = TrajectoryRequest {
-        grid: &engine.grid,
-        text: &text,
-        guidance: Guidance { scale: GUIDANCE, negative: Some(&negative) },
-        step: engine.sampler.step_params(engine.grid.sigmas[1] as f64),
-        windows: &vec![WINDOW; 2],
-        initial: &io["input.initial_latents"],
-    };
-    let noise = &io["input.step_noise"];
-    let out =
-        tch::no_grad(|| sample_trajectory(pipe.denoiser(), &request, |i| noise.get(i as i64)))
-            .expect("rollout");
-    for (key, t) in [
-        ("output.all_latents", &out.all_latents),
-        ("output.all_log_probs", &out.all_log_probs),
-        ("output.all_timesteps", &out.all_timesteps),
-        ("output.final_latents", &out.final_latents),
-    ] {
-        check.close_within(key, t, &io[key], MODEL_RTOL);
-    }
-    let pixels = tch::no_grad(|| pipe.decode_rgb8(&out.final_latents)).expect("decode");
-    let want = ((io["output.image"].clamp(-1.0, 1.0) + 1.0) * 127.5)
-        .round()
-        .permute([0, 2, 3, 1])
-        .to_kind(Kind::Int);
-    let off = (pixels.to_kind(Kind::Int) - want).abs().max().int64_value(&[]);
-    if off > 1 {
-        check.fail(format!("decoded pictures differ from diffusers' by {off} levels"));
-    }
+    let guidance = Guidance { scale: GUIDANCE, negative: Some(&negative) };
+    let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &vec![WINDOW; 2]);
+    common::check_decoded(&mut check, &io, pipe.as_ref(), &out.final_latents);
     check.finish();
 }
