@@ -6,7 +6,7 @@ mod config;
 mod family;
 mod pipeline;
 mod rope;
-mod tiny;
+pub(crate) mod tiny;
 mod transformer;
 
 pub use config::FluxTransformerConfig;

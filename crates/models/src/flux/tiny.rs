@@ -8,7 +8,9 @@ use serde_json::json;
 use tch::Device;
 
 use super::{FluxTransformer, FluxTransformerConfig};
-use crate::sd3::tiny::{randomize, write_component, write_tiny_t5, TinyClip, DIFFUSERS_VERSION};
+use crate::sd3::tiny::{
+    randomize, write_model, write_scheduler, write_tiny_t5, TinyClip, DIFFUSERS_VERSION,
+};
 use crate::sd3::WeightInit;
 use crate::tokenizer::tiny;
 use crate::vae::{AutoencoderKl, VaeConfig};
@@ -94,43 +96,13 @@ pub fn write_tiny_flux(dir: &Path, spec: &TinyFluxSpec) -> Result<(), ModelError
     };
     let transformer = FluxTransformer::new(&config, Device::Cpu, None)?;
     randomize(&transformer.weights.base, &mut rng, init)?;
-    let mut cfg = serde_json::to_value(&config).expect("config");
-    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
-    write_component(
-        &dir.join("transformer"),
-        &transformer.weights.base,
-        "diffusion_pytorch_model.safetensors",
-        &cfg,
-    )?;
+    write_model(&dir.join("transformer"), &transformer.weights.base, &config)?;
 
-    // FLUX.1's VAE settings (16 channels, scaling and shift factors, no quant convs), tiny.
-    let levels = spec.vae_channels.len();
-    let vae_config = VaeConfig {
-        latent_channels: LATENT_CHANNELS,
-        block_out_channels: spec.vae_channels.clone(),
-        down_block_types: vec!["DownEncoderBlock2D".into(); levels],
-        up_block_types: vec!["UpDecoderBlock2D".into(); levels],
-        layers_per_block: 1,
-        norm_num_groups: 4,
-        sample_size: 64,
-        scaling_factor: 0.3611,
-        shift_factor: Some(0.1159),
-        ..Default::default()
-    };
-    let vae = AutoencoderKl::new(&vae_config, Device::Cpu)?;
-    randomize(&vae.store, &mut rng, init)?;
-    let mut cfg = serde_json::to_value(&vae_config).expect("config");
-    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
-    write_component(&dir.join("vae"), &vae.store, "diffusion_pytorch_model.safetensors", &cfg)?;
+    write_flux_vae(&dir.join("vae"), &spec.vae_channels, &mut rng, init)?;
 
-    let scheduler = dir.join("scheduler");
-    std::fs::create_dir_all(&scheduler).map_err(|e| ModelError::Io {
-        path: scheduler.display().to_string(),
-        message: e.to_string(),
-    })?;
     // The released schedulers: [dev] shifts dynamically, [schnell] not at all.
-    write_json(
-        &scheduler.join("scheduler_config.json"),
+    write_scheduler(
+        dir,
         &json!({
             "_class_name": "FlowMatchEulerDiscreteScheduler",
             "_diffusers_version": DIFFUSERS_VERSION,
@@ -159,4 +131,31 @@ pub fn write_tiny_flux(dir: &Path, spec: &TinyFluxSpec) -> Result<(), ModelError
             "feature_extractor": [null, null]
         }),
     )
+}
+
+/// FLUX.1's VAE settings (16 channels, scaling and shift factors, no quant convs), tiny and random,
+/// written to `out` (Z-Image has the same VAE).
+pub(crate) fn write_flux_vae(
+    out: &Path,
+    block_out_channels: &[i64],
+    rng: &mut SampleRng,
+    init: WeightInit,
+) -> Result<VaeConfig, ModelError> {
+    let levels = block_out_channels.len();
+    let config = VaeConfig {
+        latent_channels: LATENT_CHANNELS,
+        block_out_channels: block_out_channels.to_vec(),
+        down_block_types: vec!["DownEncoderBlock2D".into(); levels],
+        up_block_types: vec!["UpDecoderBlock2D".into(); levels],
+        layers_per_block: 1,
+        norm_num_groups: 4,
+        sample_size: 64,
+        scaling_factor: 0.3611,
+        shift_factor: Some(0.1159),
+        ..Default::default()
+    };
+    let vae = AutoencoderKl::new(&config, Device::Cpu)?;
+    randomize(&vae.store, rng, init)?;
+    write_model(out, &vae.store, &config)?;
+    Ok(config)
 }

@@ -10,7 +10,7 @@ use tch::Device;
 use super::{
     write_tiny_qwen_vae, QwenImageTransformer, QwenImageTransformerConfig, QwenVaeConfig, EDIT_PLUS,
 };
-use crate::sd3::tiny::{randomize, write_component, DIFFUSERS_VERSION};
+use crate::sd3::tiny::{randomize, write_model, write_scheduler, DIFFUSERS_VERSION};
 use crate::sd3::WeightInit;
 use crate::text_encoders::qwen_tiny::{write_tiny_qwen_text_encoder, TinyQwenTextSpec};
 use crate::{write_json, ModelError};
@@ -73,23 +73,11 @@ pub fn write_tiny_qwen_image(dir: &Path, spec: &TinyQwenImageSpec) -> Result<(),
     let transformer = QwenImageTransformer::new(&config, Device::Cpu, None)?;
     let mut rng = SampleRng::new(spec.seed + 2);
     randomize(&transformer.weights.base, &mut rng, WeightInit::Normal(0.1))?;
-    let mut cfg = serde_json::to_value(&config).expect("config");
-    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
-    write_component(
-        &dir.join("transformer"),
-        &transformer.weights.base,
-        "diffusion_pytorch_model.safetensors",
-        &cfg,
-    )?;
+    write_model(&dir.join("transformer"), &transformer.weights.base, &config)?;
 
-    let scheduler = dir.join("scheduler");
-    std::fs::create_dir_all(&scheduler).map_err(|e| ModelError::Io {
-        path: scheduler.display().to_string(),
-        message: e.to_string(),
-    })?;
     // Qwen-Image's own scheduler settings (dynamic shifting, exponential time shift, terminal 0.02).
-    write_json(
-        &scheduler.join("scheduler_config.json"),
+    write_scheduler(
+        dir,
         &json!({
             "_class_name": "FlowMatchEulerDiscreteScheduler",
             "_diffusers_version": DIFFUSERS_VERSION,

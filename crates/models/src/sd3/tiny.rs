@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use flowtune_sampling::SampleRng;
+use serde::Serialize;
 use serde_json::json;
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
@@ -165,6 +166,25 @@ pub(crate) fn write_component(
     write_json(&out.join("config.json"), config)
 }
 
+/// A diffusers model folder: `store` as `diffusion_pytorch_model.safetensors` and `config` with
+/// `_diffusers_version`.
+pub(crate) fn write_model(
+    out: &Path,
+    store: &VarStore,
+    config: &impl Serialize,
+) -> Result<(), ModelError> {
+    let mut cfg = serde_json::to_value(config).expect("config");
+    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
+    write_component(out, store, "diffusion_pytorch_model.safetensors", &cfg)
+}
+
+/// `scheduler/scheduler_config.json` of the pipeline folder `dir`.
+pub(crate) fn write_scheduler(dir: &Path, config: &serde_json::Value) -> Result<(), ModelError> {
+    let out = dir.join("scheduler");
+    mkdir(&out)?;
+    write_json(&out.join("scheduler_config.json"), config)
+}
+
 fn mkdir(dir: &Path) -> Result<(), ModelError> {
     std::fs::create_dir_all(dir)
         .map_err(|e| ModelError::Io { path: dir.display().to_string(), message: e.to_string() })
@@ -220,24 +240,15 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
     };
     let transformer = Sd3Transformer::new(&transformer_config, device, None)?;
     randomize(&transformer.weights.base, &mut rng, spec.init)?;
-    let mut cfg = serde_json::to_value(&transformer_config).expect("config");
-    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
-    write_component(
-        &dir.join("transformer"),
-        &transformer.weights.base,
-        "diffusion_pytorch_model.safetensors",
-        &cfg,
-    )?;
+    write_model(&dir.join("transformer"), &transformer.weights.base, &transformer_config)?;
 
     if !spec.pixel_space {
         write_vae(dir, spec, &mut rng)?;
     }
 
     // Scheduler and index.
-    let out = dir.join("scheduler");
-    mkdir(&out)?;
-    write_json(
-        &out.join("scheduler_config.json"),
+    write_scheduler(
+        dir,
         &json!({"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": DIFFUSERS_VERSION, "num_train_timesteps": 1000, "shift": spec.shift}),
     )?;
     write_json(
@@ -402,9 +413,7 @@ fn write_vae(dir: &Path, spec: &TinySd3Spec, rng: &mut SampleRng) -> Result<(), 
     };
     let vae = AutoencoderKl::new(&vae_config, Device::Cpu)?;
     randomize(&vae.store, rng, spec.init)?;
-    let mut cfg = serde_json::to_value(&vae_config).expect("config");
-    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
-    write_component(&dir.join("vae"), &vae.store, "diffusion_pytorch_model.safetensors", &cfg)?;
+    write_model(&dir.join("vae"), &vae.store, &vae_config)?;
 
     Ok(())
 }

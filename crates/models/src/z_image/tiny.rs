@@ -8,13 +8,15 @@ use serde_json::json;
 use tch::Device;
 
 use super::{ZImageTransformer, ZImageTransformerConfig};
-use crate::sd3::tiny::{randomize, write_component, DIFFUSERS_VERSION};
+use crate::flux::tiny::write_flux_vae;
+use crate::sd3::tiny::{
+    randomize, write_component, write_model, write_scheduler, DIFFUSERS_VERSION,
+};
 use crate::sd3::WeightInit;
 use crate::text_encoders::qwen3::Qwen3TextEncoder;
 use crate::text_encoders::qwen_decoder::DecoderShape;
 use crate::text_encoders::qwen_tiny::write_tokenizer;
 use crate::tokenizer::qwen2::ADDED_TOKENS;
-use crate::vae::{AutoencoderKl, VaeConfig};
 use crate::{read_config, write_json, ModelError};
 
 /// A Jinja chat template that renders plain messages and the generation prompt as Qwen3's does
@@ -90,24 +92,8 @@ pub fn write_tiny_z_image(dir: &Path, spec: &TinyZImageSpec) -> Result<(), Model
         &qwen3_config(&text, base_vocab),
     )?;
 
-    let levels = spec.vae_channels.len();
-    let vae_config = VaeConfig {
-        block_out_channels: spec.vae_channels.clone(),
-        down_block_types: vec!["DownEncoderBlock2D".into(); levels],
-        up_block_types: vec!["UpDecoderBlock2D".into(); levels],
-        layers_per_block: 1,
-        norm_num_groups: 4,
-        sample_size: 64,
-        // FLUX's / Z-Image's VAE factors.
-        scaling_factor: 0.3611,
-        shift_factor: Some(0.1159),
-        ..Default::default()
-    };
-    let vae = AutoencoderKl::new(&vae_config, Device::Cpu)?;
-    randomize(&vae.store, &mut rng, WeightInit::Normal(0.1))?;
-    let mut cfg = serde_json::to_value(&vae_config).expect("config");
-    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
-    write_component(&dir.join("vae"), &vae.store, "diffusion_pytorch_model.safetensors", &cfg)?;
+    let vae_config =
+        write_flux_vae(&dir.join("vae"), &spec.vae_channels, &mut rng, WeightInit::Normal(0.1))?;
 
     let config = ZImageTransformerConfig {
         in_channels: vae_config.latent_channels,
@@ -123,23 +109,11 @@ pub fn write_tiny_z_image(dir: &Path, spec: &TinyZImageSpec) -> Result<(), Model
     };
     let transformer = ZImageTransformer::new(&config, Device::Cpu, None)?;
     randomize(&transformer.weights.base, &mut rng, WeightInit::Normal(0.1))?;
-    let mut cfg = serde_json::to_value(&config).expect("config");
-    cfg["_diffusers_version"] = json!(DIFFUSERS_VERSION);
-    write_component(
-        &dir.join("transformer"),
-        &transformer.weights.base,
-        "diffusion_pytorch_model.safetensors",
-        &cfg,
-    )?;
+    write_model(&dir.join("transformer"), &transformer.weights.base, &config)?;
 
-    let scheduler = dir.join("scheduler");
-    std::fs::create_dir_all(&scheduler).map_err(|e| ModelError::Io {
-        path: scheduler.display().to_string(),
-        message: e.to_string(),
-    })?;
     // Z-Image-Turbo's scheduler settings: a static shift of 3.
-    write_json(
-        &scheduler.join("scheduler_config.json"),
+    write_scheduler(
+        dir,
         &json!({
             "_class_name": "FlowMatchEulerDiscreteScheduler",
             "_diffusers_version": DIFFUSERS_VERSION,
