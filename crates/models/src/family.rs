@@ -150,6 +150,12 @@ pub trait FlowPipeline {
         )))
     }
 
+    /// Whether the denoiser takes a distilled guidance value through an embedding (FLUX.1 [dev]);
+    /// [`PipelineOptions::embedded_guidance`] is refused where it does not.
+    fn embeds_guidance(&self) -> bool {
+        false
+    }
+
     /// The negative prompt of CFG when a prompt row names none (diffusers' pipeline default:
     /// empty for SD3, `" "` for Qwen-Image).
     fn default_negative_prompt(&self) -> &'static str {

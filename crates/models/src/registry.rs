@@ -90,7 +90,17 @@ pub fn load_pipeline(
     let family = family_of(&dir.index.class_name).map_err(|e| {
         ModelError::Input(format!("{}: {e}", dir.root.join("model_index.json").display()))
     })?;
-    (family.load)(&dir, options)
+    let pipe = (family.load)(&dir, options)?;
+    match options.embedded_guidance {
+        Some(g) if !pipe.embeds_guidance() => Err(ModelError::Input(format!(
+            "{}: embedded guidance {g} (model.guidance / --embedded-guidance) needs a \
+             guidance-distilled denoiser such as FLUX.1 [dev]; this {} has no guidance \
+             embedding (classifier-free guidance is rollout.guidance_scale / --guidance)",
+            dir.root.display(),
+            dir.index.class_name
+        ))),
+        _ => Ok(pipe),
+    }
 }
 
 /// Loads a denoiser component directory through the family whose `denoiser_class` its

@@ -129,3 +129,18 @@ fn clip_text_model_loads_by_architecture() {
     assert!(err.contains("CLIPVisionModel") && err.contains("config.json"), "{err}");
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn embedded_guidance_needs_a_guidance_embedding() {
+    let options = |g| flowtune_models::PipelineOptions {
+        embedded_guidance: Some(g),
+        ..flowtune_models::PipelineOptions::new(Device::Cpu)
+    };
+    let dev = flowtune_models::load_pipeline(&dir().join("flux_pipeline"), &options(2.0));
+    assert!(dev.is_ok_and(|p| p.embeds_guidance()), "FLUX.1 [dev] takes it");
+    let err = flowtune_models::load_pipeline(&dir().join("z_image_pipeline"), &options(3.5))
+        .err()
+        .expect("Z-Image has no guidance embedding")
+        .to_string();
+    assert!(err.contains("ZImagePipeline has no guidance embedding"), "{err}");
+}

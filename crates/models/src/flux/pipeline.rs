@@ -94,6 +94,11 @@ impl FluxPipeline {
 impl FlowPipeline for FluxPipeline {
     pipeline_parts!();
 
+    /// [dev] has a guidance embedding, [schnell] none.
+    fn embeds_guidance(&self) -> bool {
+        self.transformer.config.guidance_embeds
+    }
+
     fn device(&self) -> Device {
         self.transformer.x_embedder.weight.device()
     }
