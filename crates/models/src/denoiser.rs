@@ -221,6 +221,23 @@ pub fn copy_frozen(from: &VarStore, to: &mut VarStore) -> Result<(), ModelError>
     Ok(())
 }
 
+/// A denoiser from a diffusers `transformer/` directory: `build` makes the module tree from
+/// `config.json` (a config it refuses is named by that file), then the base weights load
+/// (safetensors, sharded or not) in `kind`.
+pub(crate) fn load_component<C: serde::de::DeserializeOwned, M>(
+    dir: &Path,
+    kind: Kind,
+    build: impl FnOnce(&C) -> Result<M, ModelError>,
+    weights: impl FnOnce(&mut M) -> &mut ModelWeights,
+) -> Result<M, ModelError> {
+    let file = dir.join("config.json");
+    let config: C = crate::read_config(&file)?;
+    let mut model =
+        build(&config).map_err(|e| ModelError::Input(format!("{}: {e}", file.display())))?;
+    weights(&mut model).load_base(dir, kind)?;
+    Ok(model)
+}
+
 /// [`TrainableDenoiser`]'s `weights`, `weights_mut` and `frozen_copy` for a model with fields
 /// `weights` and `config` and a constructor `Self::new(&config, device, lora)`.
 macro_rules! weights_and_frozen_copy {

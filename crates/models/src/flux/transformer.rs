@@ -15,7 +15,7 @@ use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, Mlp, TIMESTEP_CHANNELS};
 use crate::packing::{pack, unpack};
-use crate::{read_config, ModelError, TextConditioning};
+use crate::{ModelError, TextConditioning};
 
 /// The conditioning extra of [dev]: the distilled guidance value per row, (B,).
 pub const GUIDANCE: &str = "guidance";
@@ -86,12 +86,12 @@ impl FluxTransformer {
         kind: Kind,
         lora: Option<&LoraConfig>,
     ) -> Result<Self, ModelError> {
-        let config: FluxTransformerConfig = read_config(&dir.join("config.json"))?;
-        let mut model = Self::new(&config, device, lora).map_err(|e| {
-            ModelError::Input(format!("{}: {e}", dir.join("config.json").display()))
-        })?;
-        model.weights.load_base(dir, kind)?;
-        Ok(model)
+        crate::denoiser::load_component(
+            dir,
+            kind,
+            |c: &FluxTransformerConfig| Self::new(c, device, lora),
+            |m| &mut m.weights,
+        )
     }
 
     /// diffusers' forward: packed tokens (B, S, in_channels), T5 states (B, L, joint_dim), CLIP

@@ -14,7 +14,7 @@ use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, Mlp, RmsNorm, TIMESTEP_CHANNELS};
 use crate::packing;
-use crate::{read_config, rescaled_guidance, ModelError, TextConditioning};
+use crate::{rescaled_guidance, ModelError, TextConditioning};
 
 /// The rotary base of every axis.
 const ROPE_THETA: f64 = 10_000.0;
@@ -91,10 +91,12 @@ impl QwenImageTransformer {
         kind: Kind,
         lora: Option<&LoraConfig>,
     ) -> Result<Self, ModelError> {
-        let config: QwenImageTransformerConfig = read_config(&dir.join("config.json"))?;
-        let mut model = Self::new(&config, device, lora)?;
-        model.weights.load_base(dir, kind)?;
-        Ok(model)
+        crate::denoiser::load_component(
+            dir,
+            kind,
+            |c: &QwenImageTransformerConfig| Self::new(c, device, lora),
+            |m| &mut m.weights,
+        )
     }
 
     /// diffusers' forward: packed tokens (B, S, in_channels), text states (B, L, joint_dim) with

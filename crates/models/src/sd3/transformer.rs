@@ -11,7 +11,7 @@ use crate::denoiser::{weights_and_frozen_copy, Denoiser, ExampleInputs, Trainabl
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, Linear};
-use crate::{read_config, ModelError, TextConditioning};
+use crate::{ModelError, TextConditioning};
 
 /// The position table's checkpoint name.
 const POSITION_TABLE: &str = "pos_embed.pos_embed";
@@ -96,10 +96,12 @@ impl Sd3Transformer {
         kind: Kind,
         lora: Option<&LoraConfig>,
     ) -> Result<Self, ModelError> {
-        let config: Sd3TransformerConfig = read_config(&dir.join("config.json"))?;
-        let mut model = Self::new(&config, device, lora)?;
-        model.weights.load_base(dir, kind)?;
-        Ok(model)
+        crate::denoiser::load_component(
+            dir,
+            kind,
+            |c: &Sd3TransformerConfig| Self::new(c, device, lora),
+            |m| &mut m.weights,
+        )
     }
 
     /// Velocity for latents (B, C, H, W), text tokens (B, L, joint_dim), pooled text (B, pooled_dim)

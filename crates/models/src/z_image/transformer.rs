@@ -15,7 +15,7 @@ use crate::denoiser::{weights_and_frozen_copy, Denoiser, ExampleInputs, Trainabl
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, RmsNorm, Scope, TIMESTEP_CHANNELS};
-use crate::{read_config, ModelError, TextConditioning};
+use crate::{ModelError, TextConditioning};
 
 /// Image and caption token runs are padded to a multiple of this.
 pub const SEQ_MULTI_OF: i64 = 32;
@@ -135,12 +135,12 @@ impl ZImageTransformer {
         kind: Kind,
         lora: Option<&LoraConfig>,
     ) -> Result<Self, ModelError> {
-        let config: ZImageTransformerConfig = read_config(&dir.join("config.json"))?;
-        let mut model = Self::new(&config, device, lora).map_err(|e| {
-            ModelError::Input(format!("{}: {e}", dir.join("config.json").display()))
-        })?;
-        model.weights.load_base(dir, kind)?;
-        Ok(model)
+        crate::denoiser::load_component(
+            dir,
+            kind,
+            |c: &ZImageTransformerConfig| Self::new(c, device, lora),
+            |m| &mut m.weights,
+        )
     }
 
     /// diffusers' forward for one frame per sample: latents `x` (B, C, H, W), `t` (B,) as the
