@@ -26,6 +26,8 @@ struct Cli {
 enum Command {
     /// Train with online RL from a recipe.
     Train(commands::train::TrainArgs),
+    /// Run a command (e.g. `train`) as several data-parallel processes on this machine.
+    Launch(commands::launch::LaunchArgs),
     /// The shapes-world demo: FlowGRPO on the shipped base model, pictures and accuracy before/after.
     Demo(commands::demo::DemoArgs),
     /// Pre-train every weight of a pipeline with the flow-matching loss (shapes world).
@@ -105,6 +107,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Env => commands::env::run(&cli.device),
         Command::Train(a) => commands::train::run(a, &cli.device),
+        Command::Launch(a) => commands::launch::run(a),
         Command::Sample(a) => commands::sample::sample(a, &cli.device),
         Command::Score(a) => commands::score::run(a),
         Command::ExportLora { checkpoint, out } => commands::sample::export_lora(&checkpoint, &out),
@@ -118,14 +121,16 @@ fn main() -> ExitCode {
         Command::MakeTiny(c) => commands::make_tiny::run(c),
         Command::Bench(c) => commands::bench::run(c, &cli.device),
     };
+    // In a launched job, each rank's errors say which rank it is.
+    let who = std::env::var("RANK").map_or(String::new(), |r| format!("rank {r}: "));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::BadInput(e)) => {
-            eprintln!("error: {}", one_line(&e));
+            eprintln!("{who}error: {}", one_line(&e));
             ExitCode::from(2)
         }
         Err(Failure::Runtime(e)) => {
-            eprintln!("error: {}", one_line(&e));
+            eprintln!("{who}error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }

@@ -183,6 +183,9 @@ pub struct TrainerSection {
     /// Stop after the step that crosses this many seconds of training (validating and saving
     /// as at the last step); none by default. For job time limits and equal-time comparisons.
     pub time_limit_s: Option<f64>,
+    /// Under several ranks, how long a collective waits for the others before the run stops
+    /// with an error (a rank that died or hangs).
+    pub dist_timeout_s: f64,
 }
 
 impl Default for TrainerSection {
@@ -209,6 +212,7 @@ impl Default for TrainerSection {
             val_before_train: false,
             ema_decay: None,
             time_limit_s: None,
+            dist_timeout_s: 1800.0,
         }
     }
 }
@@ -253,6 +257,10 @@ impl TrainerSection {
             if !(limit > 0.0 && limit.is_finite()) {
                 return bad("time_limit_s", limit.to_string(), "a finite number of seconds > 0");
             }
+        }
+        if !(self.dist_timeout_s > 0.0 && self.dist_timeout_s.is_finite()) {
+            let v = self.dist_timeout_s.to_string();
+            return bad("dist_timeout_s", v, "a finite number of seconds > 0");
         }
         if self.total_steps == 0 {
             return bad("total_steps", "0".into(), "≥ 1");

@@ -69,14 +69,14 @@ pub trait Reward: Send + Sync {
 pub type Weighted = (Box<dyn Reward>, f64);
 
 /// What the scorers said about one sample: each scorer's finite value by name, and the extras.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct SampleScores {
     pub by_scorer: BTreeMap<String, f64>,
     pub extras: BTreeMap<String, f64>,
 }
 
 /// The combined scores of a batch.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ScoredBatch {
     /// Weighted total per sample; `None` for a sample dropped under `on_error: skip_sample`.
     pub totals: Vec<Option<f64>>,

@@ -2,7 +2,9 @@
 //! fine-tuning, the transformer's weights, the optimizer state (with the EMA and DiffusionNFT's old
 //! policy) and the loop state. Written into a
 //! temporary directory and renamed, so a crash mid-write leaves the previous checkpoint as the
-//! newest complete one.
+//! newest complete one. In a job, rank 0 writes it; under a sharded optimizer each rank adds its
+//! share of the moments (`optimizer.rank<R>.safetensors`), stored by parameter name, so a job with
+//! another number of ranks resumes from it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,6 +14,7 @@ use flowtune_models::TrainableDenoiser;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
+use crate::dist::Comm;
 use crate::optim::Ema;
 use crate::update::Learner;
 use crate::TrainError;
@@ -31,41 +34,65 @@ const WEIGHTS: &str = "transformer.safetensors";
 const OPTIMIZER: &str = "optimizer.safetensors";
 const STATE: &str = "state.json";
 
-/// Writes a checkpoint for `state.step` and keeps the newest `keep`.
+/// This rank's share of the optimizer state under a sharded optimizer.
+fn rank_file(rank: usize) -> String {
+    format!("optimizer.rank{rank}.safetensors")
+}
+
+/// Writes a checkpoint for `state.step` and keeps the newest `keep`; every rank of a job calls it.
 pub(crate) fn save(
     root: &Path,
     model: &dyn TrainableDenoiser,
     learner: &Learner,
     state: &LoopState,
     keep: usize,
+    comm: &Comm,
 ) -> Result<PathBuf, TrainError> {
     let optimizer = &learner.optimizer;
     let dir = root.join(format!("step_{:06}", state.step));
     let tmp = root.join(format!(".step_{:06}.tmp", state.step));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
-    let weights = if model.adapters().is_some() { ADAPTERS } else { WEIGHTS };
+    if comm.is_main() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+    }
+    comm.barrier()?;
+    let moments = |named: &mut Vec<(String, Tensor)>| {
+        for (name, t) in optimizer.exp_avg.iter() {
+            named.push((format!("exp_avg.{name}"), t.shallow_clone()));
+            named.push((format!("exp_avg_sq.{name}"), optimizer.exp_avg_sq[name].shallow_clone()));
+        }
+    };
+    if !comm.is_main() {
+        if optimizer.owners.is_some() {
+            let mut named = vec![];
+            moments(&mut named);
+            Tensor::write_safetensors(&named, tmp.join(rank_file(comm.rank())))?;
+        }
+        comm.barrier()?;
+        comm.barrier()?;
+        return Ok(dir);
+    }
     if model.adapters().is_some() {
         model.save_lora(&tmp.join(ADAPTERS))?;
     } else {
         model.save_weights(&tmp.join(WEIGHTS))?;
     }
     let mut named: Vec<(String, Tensor)> = vec![];
-    for (name, t) in optimizer.exp_avg.iter() {
-        named.push((format!("exp_avg.{name}"), t.shallow_clone()));
-        named.push((format!("exp_avg_sq.{name}"), optimizer.exp_avg_sq[name].shallow_clone()));
-        for (prefix, shadow) in shadows(learner) {
-            named.push((format!("{prefix}.{name}"), shadow.shadow[name].shallow_clone()));
+    moments(&mut named);
+    for (prefix, shadow) in shadows(learner) {
+        for (name, t) in &shadow.shadow {
+            named.push((format!("{prefix}.{name}"), t.shallow_clone()));
         }
     }
     Tensor::write_safetensors(&named, tmp.join(OPTIMIZER))?;
     let text = serde_json::to_string_pretty(state).expect("state is JSON");
     std::fs::write(tmp.join(STATE), text).map_err(|e| TrainError::io(&tmp, e))?;
-    // On disk before the rename makes the checkpoint visible.
-    for name in [weights, OPTIMIZER, STATE] {
-        std::fs::File::open(tmp.join(name))
+    // Every rank's files on disk before the rename makes the checkpoint visible.
+    comm.barrier()?;
+    for entry in std::fs::read_dir(&tmp).map_err(|e| TrainError::io(&tmp, e))?.flatten() {
+        std::fs::File::open(entry.path())
             .and_then(|f| f.sync_all())
-            .map_err(|e| TrainError::io(&tmp.join(name), e))?;
+            .map_err(|e| TrainError::io(&entry.path(), e))?;
     }
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir).map_err(|e| TrainError::io(&dir, e))?;
@@ -83,6 +110,7 @@ pub(crate) fn save(
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
+    comm.barrier()?;
     Ok(dir)
 }
 
@@ -130,16 +158,24 @@ pub(crate) fn load(
             )))
         }
     }
-    let saved: BTreeMap<String, Tensor> =
+    // Rank 0's file, then the shares of a sharded optimizer's other ranks, if any.
+    let mut saved: BTreeMap<String, Tensor> =
         Tensor::read_safetensors(dir.join(OPTIMIZER))?.into_iter().collect();
+    for rank in 1.. {
+        let file = dir.join(rank_file(rank));
+        if !file.exists() {
+            break;
+        }
+        saved.extend(Tensor::read_safetensors(&file)?);
+    }
     let _guard = tch::no_grad_guard();
     for (name, m) in optimizer.exp_avg.iter() {
         let (sm, sv) =
             (saved.get(&format!("exp_avg.{name}")), saved.get(&format!("exp_avg_sq.{name}")));
         let (Some(sm), Some(sv)) = (sm, sv) else {
             return Err(TrainError::Invalid(format!(
-                "{}: no optimizer state for {name}",
-                dir.join(OPTIMIZER).display()
+                "{}: no optimizer state for {name} in {OPTIMIZER} or its other ranks' files",
+                dir.display()
             )));
         };
         m.shallow_clone().copy_(sm);

@@ -1,11 +1,16 @@
 //! The first half of an online step: a step's prompts sampled `n` times and scored, with the
 //! reward metrics, the periodic grid of training images, and the rows a reward failure dropped.
+//! Under data parallelism each rank samples and scores its share of the prompt groups (each row
+//! still seeded by its place in the whole step), and the scores are gathered, so rewards and
+//! advantages are those of the whole step on every rank.
 
+use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
 
 use flowtune_data::{PromptLoader, PromptRecord};
 use flowtune_objectives::Metrics;
+use flowtune_rewards::ScoredBatch;
 use flowtune_rollout::RolloutBatch;
 use tch::Tensor;
 
@@ -15,12 +20,15 @@ use crate::TrainError;
 
 /// A scored rollout, restricted to the rows that have a reward.
 pub(crate) struct Collected {
+    /// This rank's rows.
     pub batch: RolloutBatch,
-    /// Batch rows with a reward, as a tensor on the model's device.
+    /// This rank's batch rows with a reward, as a tensor on the model's device.
     pub kept: Tensor,
-    /// Their rewards and group ids (one uid per prompt).
+    /// The rewards and group ids (one uid per prompt) of the whole step's rows with a reward.
     pub rewards: Vec<f32>,
     pub uids: Vec<String>,
+    /// Which of those (positions into `rewards`) are this rank's `kept` rows, in order.
+    pub owned: Range<usize>,
 }
 
 /// Min, max and mean of `values` under `prefix/`.
@@ -32,8 +40,9 @@ pub(crate) fn stats(prefix: &str, values: &[f64], out: &mut Metrics) {
 }
 
 impl Collected {
-    /// Group advantages of the kept rows broadcast over `steps` trained steps, (rows, steps) on
-    /// the model's device; logs `critic/rewards/zero_std_ratio` and `critic/advantages/*`.
+    /// Group advantages over the whole step, broadcast over `steps` trained steps; logs
+    /// `critic/rewards/zero_std_ratio` and `critic/advantages/*`. Returns this rank's kept rows,
+    /// (rows, steps) on the model's device.
     pub fn advantages(
         &self,
         steps: usize,
@@ -46,7 +55,8 @@ impl Collected {
         let first: Vec<f64> =
             Vec::<f32>::try_from(adv.values.select(1, 0))?.into_iter().map(f64::from).collect();
         stats("critic/advantages", &first, m);
-        Ok(adv.values.to_device(self.kept.device()))
+        let owned = adv.values.narrow(0, self.owned.start as i64, self.owned.len() as i64);
+        Ok(owned.to_device(self.kept.device()))
     }
 }
 
@@ -57,34 +67,51 @@ pub(crate) fn collect(
     k: u64,
     m: &mut Metrics,
 ) -> Result<Collected, TrainError> {
-    let (engine, recipe) = (&run.engine, run.recipe);
+    let (engine, recipe, comm) = (&run.engine, run.recipe, &run.comm);
     let rows = loader.next_step();
     let records: Vec<&PromptRecord> = rows.iter().map(|r| loader.record(r)).collect();
+    // This rank's prompt groups, as rows of the whole step.
+    let groups = comm.share(rows.len() / recipe.rollout.n);
+    let local = groups.start * recipe.rollout.n..groups.end * recipe.rollout.n;
     let timer = Instant::now();
     let seeds = engine.row_seeds(records.len(), k);
-    let Scored { batch, scores, reward_seconds } =
-        rollout_and_score(engine, &records, &seeds, k, &run.scorers, recipe.reward.on_error)?;
+    let Scored { batch, scores, reward_seconds } = rollout_and_score(
+        engine,
+        &records[local.clone()],
+        &seeds[local.clone()],
+        k,
+        &run.scorers,
+        recipe.reward.on_error,
+    )?;
     m.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
     m.insert("timing_s/reward".into(), reward_seconds);
-    for e in &scores.errors {
-        eprintln!("step {k}: skipped samples after a reward failure: {e}");
+    let scores = ScoredBatch::concat(comm.gather(&scores)?);
+    if comm.is_main() {
+        for e in &scores.errors {
+            eprintln!("step {k}: skipped samples after a reward failure: {e}");
+        }
     }
     m.extend(scores.metrics());
     // Where the SDE window sat (MixGRPO's strategies move it).
-    let starts: Vec<f64> = batch.windows.iter().map(|w| w.start as f64).collect();
+    let windows: Vec<Vec<Range<usize>>> = comm.gather(&batch.windows)?;
+    let starts: Vec<f64> = windows.concat().iter().map(|w| w.start as f64).collect();
     m.insert("rollout/window_start".into(), starts.iter().sum::<f64>() / starts.len() as f64);
     let t = &recipe.trainer;
     if t.image_freq > 0 && k.is_multiple_of(t.image_freq) {
-        let shown = batch.images.len().min(16);
+        let shown = rows.len().min(16);
+        let mine = local.start.min(shown)..local.end.min(shown);
+        let images = crate::images::gather(comm, &batch.images[..mine.len()])?;
         let captions: Vec<(String, f64)> = (0..shown)
             .map(|i| (records[i].prompt.clone(), scores.totals[i].unwrap_or(f64::NAN)))
             .collect();
-        crate::images::save_grid(
-            &Path::new(&t.output_dir).join("images"),
-            &format!("train_step_{k:06}"),
-            &batch.images[..shown],
-            &captions,
-        )?;
+        if comm.is_main() {
+            crate::images::save_grid(
+                &Path::new(&t.output_dir).join("images"),
+                &format!("train_step_{k:06}"),
+                &images,
+                &captions,
+            )?;
+        }
     }
     let kept: Vec<usize> = (0..rows.len()).filter(|&i| scores.totals[i].is_some()).collect();
     if kept.is_empty() {
@@ -101,7 +128,9 @@ pub(crate) fn collect(
     let uids = kept.iter().map(|&i| rows[i].uid.clone()).collect();
     stats("critic/rewards", &rewards.iter().map(|&r| r as f64).collect::<Vec<_>>(), m);
     let device = batch.trajectory.final_latents.device();
-    let kept =
-        Tensor::from_slice(&kept.iter().map(|&i| i as i64).collect::<Vec<_>>()).to_device(device);
-    Ok(Collected { batch, kept, rewards, uids })
+    let first = kept.partition_point(|&i| i < local.start);
+    let owned = first..kept.partition_point(|&i| i < local.end);
+    let mine: Vec<i64> = kept[owned.clone()].iter().map(|&i| (i - local.start) as i64).collect();
+    let kept = Tensor::from_slice(&mine).to_device(device);
+    Ok(Collected { batch, kept, rewards, uids, owned })
 }

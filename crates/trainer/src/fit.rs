@@ -1,10 +1,12 @@
 //! The training loop, step by step as the algorithm reads: the algorithm's step (rollout and
-//! rewards, then its update), validation, checkpoint — each under a named timer.
+//! rewards, then its update), validation, checkpoint — each under a named timer. Launched as
+//! several ranks (torchrun, Slurm, `flowtune launch`), every rank runs this same loop on its share
+//! of each step; rank 0 alone writes metrics, pictures, checkpoints and the exported weights.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use flowtune_config::{Finetune, Recipe, Resume};
 use flowtune_data::PromptDataset;
@@ -14,6 +16,7 @@ use flowtune_rollout::Engine;
 use tch::Device;
 
 use crate::checkpoint::{self, LoopState};
+use crate::dist::Comm;
 use crate::logging::{progress_bar, say, step_line, summary_line, MetricLog};
 use crate::optim::{learning_rate, AdamW, Ema};
 use crate::reference::Reference;
@@ -67,11 +70,32 @@ fn resume_from(resume: &Resume, ckpt_root: &Path) -> Result<Option<PathBuf>, Tra
     })
 }
 
-/// Runs `recipe` on `device` until `trainer.total_steps`, resuming as `trainer.resume` says.
+/// How many prompt groups (or offline pairs) a step has: every rank needs at least one.
+fn check_shares(recipe: &Recipe, comm: &Comm) -> Result<(), TrainError> {
+    let (per_step, ranks) = (recipe.data.prompts_per_step, comm.size());
+    if ranks > 1 && per_step < ranks {
+        return Err(TrainError::Invalid(format!(
+            "data.prompts_per_step {per_step} is less than the {ranks} ranks of this job; every rank needs at least one prompt group per step"
+        )));
+    }
+    if ranks > 1 && !recipe.data.drop_last {
+        return Err(TrainError::Invalid(format!(
+            "data.drop_last: false with {ranks} ranks: an epoch's last, short step could leave a rank without prompts; set data.drop_last: true"
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `recipe` on `device` until `trainer.total_steps`, resuming as `trainer.resume` says. In a
+/// launched job (see [`Comm::from_env`]) it joins the other ranks first; a CUDA run then computes
+/// on `cuda:LOCAL_RANK`.
 pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError> {
     let registered = flowtune_objectives::algorithm(&recipe.algorithm)?;
     let algorithm = crate::algorithm::for_objective(registered.objective);
     let t = &recipe.trainer;
+    let comm = Comm::from_env(device, Duration::from_secs_f64(t.dist_timeout_s))?;
+    check_shares(recipe, &comm)?;
+    let device = comm.device();
     let validating = t.val_freq > 0 || t.val_before_train;
     if validating {
         validation_sampler(recipe).validate().map_err(|e| {
@@ -106,28 +130,40 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     let params = pipe.denoiser().trainable_parameters();
     let reference =
         Reference::for_recipe(recipe, pipe.as_ref(), algorithm.needs_reference(recipe))?;
-    let mut learner = Learner {
-        ema: t.ema_decay.map(|d| Ema::new(d, &params)),
-        // DiffusionNFT's old policy starts as a copy of the trained weights.
-        old: algorithm.keeps_old_policy().then(|| Ema::new(0.0, &params)),
-        optimizer: AdamW::new(params, t.betas, t.eps, t.weight_decay),
-    };
+    let ema = t.ema_decay.map(|d| Ema::new(d, &params));
+    // DiffusionNFT's old policy starts as a copy of the trained weights.
+    let old = algorithm.keeps_old_policy().then(|| Ema::new(0.0, &params));
+    let mut optimizer = AdamW::new(params, t.betas, t.eps, t.weight_decay);
+    if recipe.model.finetune == Finetune::Full && comm.size() > 1 {
+        // Full fine-tuning keeps each rank's share of the Adam moments only (ZeRO-1).
+        optimizer.shard(comm.rank(), comm.size());
+    }
+    let mut learner = Learner { ema, old, optimizer };
     let mut start = 0;
     if let Some(dir) = resume_from(&t.resume, &ckpt_root)? {
         let state = checkpoint::load(&dir, pipe.denoiser_mut(), &mut learner)?;
         source.loader().state = state.loader;
         start = state.step;
-        eprintln!("resumed from {} (step {start})", dir.display());
+        if comm.is_main() {
+            eprintln!("resumed from {} (step {start})", dir.display());
+        }
     }
 
+    let bar = progress_bar(t.total_steps, start);
+    if !comm.is_main() {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let world = comm.size();
     let run = Run {
         recipe,
         engine: Engine::new(pipe.as_ref(), &recipe.rollout, latent_shape, recipe.seed)?,
         reference,
         scorers,
-        bar: progress_bar(t.total_steps, start),
+        bar,
+        comm,
     };
-    let mut log = MetricLog::open(out_dir, start)?;
+    let comm = &run.comm;
+    let mut log = if comm.is_main() { Some(MetricLog::open(out_dir, start)?) } else { None };
     // Ctrl-C finishes the current step, saves a checkpoint and returns.
     let interrupted = Arc::new(AtomicBool::new(false));
     let flag = interrupted.clone();
@@ -140,8 +176,10 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         let timer = Instant::now();
         let mut m = validate(&run, &val_records, 0)?;
         m.insert("timing_s/testing".into(), timer.elapsed().as_secs_f64());
-        log.log(0, &m)?;
-        say(&run.bar, format!("validation before training: {}", summary_line(&m)));
+        if let Some(log) = log.as_mut() {
+            log.log(0, &m)?;
+            say(&run.bar, format!("validation before training: {}", summary_line(&m)));
+        }
     }
     let training = Instant::now();
     for k in start + 1..=t.total_steps {
@@ -152,7 +190,9 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         let samples = algorithm.step(&run, &mut learner, &mut source, k, lr, &mut m)?;
         m.insert("actor/lr".into(), lr);
 
-        let out_of_time = t.time_limit_s.is_some_and(|l| training.elapsed().as_secs_f64() >= l);
+        // Every rank stops at the same step: when any of them is out of time or interrupted.
+        let out_of_time =
+            comm.any(t.time_limit_s.is_some_and(|l| training.elapsed().as_secs_f64() >= l))?;
         let last_step = k == t.total_steps || out_of_time;
 
         // testing
@@ -171,21 +211,25 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
 
         // checkpoint
         let timer = Instant::now();
-        let stop = interrupted.load(Ordering::SeqCst);
+        let stop = comm.any(interrupted.load(Ordering::SeqCst))?;
         if (t.save_freq > 0 && k.is_multiple_of(t.save_freq)) || last_step || stop {
             let state = LoopState {
                 step: k,
                 loader: source.loader().state,
                 optimizer_steps: learner.optimizer.steps,
             };
-            checkpoint::save(&ckpt_root, pipe.denoiser(), &learner, &state, t.keep_last)?;
+            checkpoint::save(&ckpt_root, pipe.denoiser(), &learner, &state, t.keep_last, comm)?;
         }
         m.insert("timing_s/save_checkpoint".into(), timer.elapsed().as_secs_f64());
         let elapsed = step_start.elapsed().as_secs_f64();
         m.insert("timing_s/step".into(), elapsed);
+        // Images per second per rank (per GPU).
         m.insert("perf/throughput".into(), samples as f64 / elapsed);
+        m.insert("dist/world_size".into(), world as f64);
 
-        log.log(k, &m)?;
+        if let Some(log) = log.as_mut() {
+            log.log(k, &m)?;
+        }
         run.bar.inc(1);
         say(&run.bar, step_line(k, t.total_steps, &m, elapsed));
         if m.contains_key("timing_s/testing") {
@@ -203,22 +247,27 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         }
     }
     run.bar.finish_and_clear();
-    let export = export_weights(pipe.as_ref(), out_dir, false)?;
+    let main = comm.is_main();
+    let export = export_weights(pipe.as_ref(), out_dir, false, main)?;
     if let Some(ema) = learner.ema.as_mut() {
         ema.with_swapped(&learner.optimizer.params, || {
-            export_weights(pipe.as_ref(), out_dir, true)
+            export_weights(pipe.as_ref(), out_dir, true, main)
         })?;
     }
+    // The other ranks return once the exported weights are on disk.
+    comm.barrier()?;
     Ok(TrainSummary { metrics: all, export, steps_run: last - start })
 }
 
 /// Writes the trained weights for use outside flowtune: the LoRA in the diffusers/PEFT layout
 /// (`lora/pytorch_lora_weights.safetensors`), or after full fine-tuning a diffusers
-/// `transformer/` folder to put in place of the pipeline's. `ema` names the EMA variant.
+/// `transformer/` folder to put in place of the pipeline's. `ema` names the EMA variant. Only the
+/// writing rank (`write`) writes; every rank returns the path.
 fn export_weights(
     pipe: &dyn FlowPipeline,
     out_dir: &Path,
     ema: bool,
+    write: bool,
 ) -> Result<PathBuf, TrainError> {
     let model = pipe.denoiser();
     let lora = model.adapters().is_some();
@@ -228,8 +277,11 @@ fn export_weights(
         (false, false) => (out_dir.join("transformer"), "diffusion_pytorch_model.safetensors"),
         (false, true) => (out_dir.join("ema_transformer"), "diffusion_pytorch_model.safetensors"),
     };
-    std::fs::create_dir_all(&dir).map_err(|e| TrainError::io(&dir, e))?;
     let path = dir.join(file);
+    if !write {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| TrainError::io(&dir, e))?;
     if lora {
         model.save_lora(&path)?;
     } else {

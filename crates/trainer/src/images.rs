@@ -5,7 +5,23 @@ use std::path::Path;
 use flowtune_report::{captioned_grid, Caption};
 use flowtune_rewards::RgbImage;
 
+use crate::dist::Comm;
 use crate::TrainError;
+
+/// Every rank's `images`, in rank order (rank 0 draws the grids of a job).
+pub(crate) fn gather(comm: &Comm, images: &[RgbImage]) -> Result<Vec<RgbImage>, TrainError> {
+    let mine: Vec<(u32, u32, &[u8])> =
+        images.iter().map(|i| (i.width(), i.height(), i.as_raw().as_slice())).collect();
+    let all: Vec<Vec<(u32, u32, Vec<u8>)>> = comm.gather(&mine)?;
+    all.into_iter()
+        .flatten()
+        .map(|(w, h, raw)| {
+            RgbImage::from_raw(w, h, raw).ok_or_else(|| {
+                TrainError::Distributed(format!("a gathered {w}×{h} image has the wrong size"))
+            })
+        })
+        .collect()
+}
 
 /// Writes `<stem>.png` (the grid, each tile captioned with its prompt and score; green/red when
 /// every score is 0 or 1) and `<stem>.jsonl` (one caption per tile: prompt and score).

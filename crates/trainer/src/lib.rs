@@ -7,6 +7,7 @@
 mod algorithm;
 pub mod checkpoint;
 mod collect;
+pub mod dist;
 mod fit;
 pub mod images;
 mod logging;
@@ -68,6 +69,10 @@ pub enum TrainError {
     Data(#[from] flowtune_data::DataError),
     #[error(transparent)]
     Torch(#[from] tch::TchError),
+    /// A collective between the ranks of a job failed: a peer died, hung past the timeout, or
+    /// could not be reached.
+    #[error("distributed: {0}")]
+    Distributed(String),
 }
 
 impl TrainError {
@@ -88,7 +93,7 @@ impl TrainError {
             Self::Objective(e) => matches!(e, O::Invalid { .. } | O::UnknownAlgorithm { .. }),
             Self::Reward(e) => matches!(e, flowtune_rewards::RewardError::Config(_)),
             Self::Io { .. } | Self::Image { .. } | Self::Diverged(_) | Self::NoSamples(_) => false,
-            Self::Torch(_) => false,
+            Self::Torch(_) | Self::Distributed(_) => false,
             Self::Rollout(R::Torch(_)) => false,
         }
     }

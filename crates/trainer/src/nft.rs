@@ -68,13 +68,14 @@ pub(crate) fn nft_step(
     let chosen =
         trained_timesteps(c.rewards.len(), grid.len(), actor.timestep_fraction, recipe.seed, k);
     let slots = chosen[0].len();
-    let batching = Batching::groups(recipe, c.rewards.len());
+    let batching = Batching::groups(recipe, c.rewards.len(), c.owned.clone());
     let params =
         learner.optimizer.params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
     let mut old = learner.old.take().expect("diffusion_nft keeps an old policy");
-    let result = optimize(learner, recipe, batching, k, lr, |micro, scale| {
-        let idx = Tensor::from_slice(&micro.iter().map(|&i| i as i64).collect::<Vec<_>>())
-            .to_device(device);
+    let result = optimize(learner, run, batching, k, lr, |micro, scale| {
+        // `micro` holds step-wide positions; this rank's tensors start at `c.owned.start`.
+        let idx = micro.iter().map(|&i| (i - c.owned.start) as i64).collect::<Vec<_>>();
+        let idx = Tensor::from_slice(&idx).to_device(device);
         let (x0, text, prob) =
             (x0.index_select(0, &idx), text.rows(&idx), prob.index_select(0, &idx));
         let mut means = MetricMeans::default();

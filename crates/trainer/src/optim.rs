@@ -1,7 +1,8 @@
 //! AdamW over the trainable tensors with its state kept as named tensors (so checkpoints hold it
-//! exactly), gradient-norm clipping, and the LR schedules.
+//! exactly), optionally sharded over the ranks of a job (ZeRO-1), gradient-norm clipping, and the
+//! LR schedules.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use flowtune_config::LrSchedule;
 use tch::{Kind, Tensor};
@@ -15,6 +16,9 @@ pub struct AdamW {
     pub betas: [f64; 2],
     pub eps: f64,
     pub weight_decay: f64,
+    /// Under a sharded state, the rank that keeps each parameter's moments and updates it; this
+    /// rank's `exp_avg`/`exp_avg_sq` then hold only its own parameters.
+    pub owners: Option<BTreeMap<String, usize>>,
 }
 
 impl AdamW {
@@ -35,7 +39,26 @@ impl AdamW {
             betas,
             eps,
             weight_decay,
+            owners: None,
         }
+    }
+
+    /// Keeps only this rank's share of the state: parameters go, largest first, to the rank
+    /// holding the fewest elements so far, so every rank keeps about 1/`world` of the moments.
+    pub fn shard(&mut self, rank: usize, world: usize) {
+        let mut by_size: Vec<(&String, i64)> =
+            self.params.iter().map(|(n, p)| (n, p.numel() as i64)).collect();
+        by_size.sort_by_key(|&(n, size)| (std::cmp::Reverse(size), n.clone()));
+        let mut load = vec![0i64; world];
+        let mut owners = BTreeMap::new();
+        for (name, size) in by_size {
+            let r = (0..world).min_by_key(|&r| (load[r], r)).expect("a job has ranks");
+            load[r] += size;
+            owners.insert(name.clone(), r);
+        }
+        self.exp_avg.retain(|n, _| owners[n] == rank);
+        self.exp_avg_sq.retain(|n, _| owners[n] == rank);
+        self.owners = Some(owners);
     }
 
     /// L2 norm of all gradients (0 for parameters without one).
@@ -62,19 +85,22 @@ impl AdamW {
         norm
     }
 
-    /// One update at learning rate `lr`.
-    pub fn step(&mut self, lr: f64) {
+    /// One update at learning rate `lr` of the parameters whose state this rank keeps, less
+    /// `skip` (those no rank computed a gradient for).
+    pub fn step(&mut self, lr: f64, skip: &BTreeSet<String>) {
         self.steps += 1;
         let [b1, b2] = self.betas;
         let (c1, c2) = (1.0 - b1.powi(self.steps as i32), 1.0 - b2.powi(self.steps as i32));
         let _guard = tch::no_grad_guard();
         for (name, p) in &self.params {
             let g = p.grad();
-            if !g.defined() {
+            let (Some(m), Some(v)) = (self.exp_avg.get(name), self.exp_avg_sq.get(name)) else {
+                continue;
+            };
+            if !g.defined() || skip.contains(name) {
                 continue;
             }
             let g = g.to_kind(Kind::Float);
-            let (m, v) = (&self.exp_avg[name], &self.exp_avg_sq[name]);
             m.shallow_clone().copy_(&(m * b1 + &g * (1.0 - b1)));
             v.shallow_clone().copy_(&(v * b2 + g.square() * (1.0 - b2)));
             let update = (m / c1) / ((v / c2).sqrt() + self.eps);
@@ -125,7 +151,7 @@ mod tests {
             0.1,
         );
         (&p * &p / 2.0).sum(Kind::Float).backward();
-        opt.step(0.01);
+        opt.step(0.01, &Default::default());
         let want = 1.0 * (1.0 - 0.01 * 0.1) - 0.01 / (1.0 + 1e-8);
         assert!((p.double_value(&[0]) - want).abs() < 1e-7);
     }

@@ -64,7 +64,7 @@ pub(crate) fn policy_step(
     lr: f64,
     m: &mut Metrics,
 ) -> Result<(), TrainError> {
-    let (recipe, engine) = (run.recipe, &run.engine);
+    let (recipe, engine, comm) = (run.recipe, &run.engine, &run.comm);
     let model = engine.pipe.denoiser();
     let batch = &c.batch;
     let w = batch.windows[0].len() as i64;
@@ -75,7 +75,7 @@ pub(crate) fn policy_step(
     let old = match recipe.trainer.old_log_prob {
         OldLogProb::Recompute => {
             let old = replay_all(engine, model, batch, &c.kept, w, loss_kind.needs_means())?;
-            let drift = (&old.log_probs - &rollout_lp).abs();
+            let drift = comm.gather_rows(&(&old.log_probs - &rollout_lp).abs())?;
             m.insert(
                 "rollout_corr/logprob_abs_diff_mean".into(),
                 drift.mean(Kind::Float).double_value(&[]),
@@ -91,9 +91,17 @@ pub(crate) fn policy_step(
         },
     };
     let correction = if recipe.rollout_correction.enabled() {
-        let c = recipe.rollout_correction.compute(&old.log_probs, &rollout_lp)?;
-        m.extend(c.metrics.clone());
-        Some(c)
+        // Over the whole step's rows, then this rank's.
+        let (all_old, all_rollout) =
+            (comm.gather_rows(&old.log_probs)?, comm.gather_rows(&rollout_lp)?);
+        let all = recipe.rollout_correction.compute(&all_old, &all_rollout)?;
+        m.extend(all.metrics.clone());
+        let mine = |t: &Tensor| t.narrow(0, c.owned.start as i64, c.owned.len() as i64);
+        Some(Correction {
+            weights: mine(&all.weights),
+            keep: mine(&all.keep),
+            metrics: all.metrics,
+        })
     } else {
         None
     };
@@ -126,9 +134,10 @@ pub(crate) fn policy_step(
         advantages: &advantages,
         loss: loss_kind,
         window: w,
+        first: c.owned.start,
     };
-    let batching = Batching::groups(recipe, c.rewards.len());
-    m.extend(optimize(learner, recipe, batching, k, lr, |micro, scale| {
+    let batching = Batching::groups(recipe, c.rewards.len(), c.owned.clone());
+    m.extend(optimize(learner, run, batching, k, lr, |micro, scale| {
         inputs.micro_step(run, micro, scale / w as f64, k)
     })?);
     m.insert("timing_s/update_actor".into(), timer.elapsed().as_secs_f64());
@@ -148,10 +157,13 @@ struct Inputs<'a> {
     advantages: &'a Tensor,
     loss: PolicyLoss,
     window: i64,
+    /// The step-wide position of this rank's first kept row.
+    first: usize,
 }
 
 impl Inputs<'_> {
-    /// Forward and backward of one micro-batch (positions into the kept rows), step by step.
+    /// Forward and backward of one micro-batch (step-wide positions of this rank's kept rows),
+    /// step by step.
     fn micro_step(
         &self,
         run: &Run<'_>,
@@ -161,8 +173,8 @@ impl Inputs<'_> {
     ) -> Result<Metrics, TrainError> {
         let recipe = run.recipe;
         let device = self.rows.device();
-        let local = Tensor::from_slice(&micro.iter().map(|&i| i as i64).collect::<Vec<_>>())
-            .to_device(device);
+        let local = micro.iter().map(|&i| (i - self.first) as i64).collect::<Vec<_>>();
+        let local = Tensor::from_slice(&local).to_device(device);
         let rows = self.rows.index_select(0, &local);
         let at = |t: &Tensor, j: i64| t.index_select(0, &local).select(1, j);
         let mut means = MetricMeans::default();

@@ -40,7 +40,8 @@ pub(crate) fn best_worst(rewards: &[f32], uids: &[String]) -> Vec<(usize, usize)
     pairs
 }
 
-/// An online DPO step on a scored rollout.
+/// An online DPO step on a scored rollout: pairs over the whole step, each trained by the rank
+/// that sampled its group.
 pub(crate) fn online_step(
     run: &Run<'_>,
     learner: &mut Learner,
@@ -52,16 +53,24 @@ pub(crate) fn online_step(
     let pairs = best_worst(&c.rewards, &c.uids);
     m.insert("critic/dpo_pairs".into(), pairs.len() as f64);
     if pairs.is_empty() {
-        eprintln!("step {k}: no prompt group has two different rewards; no DPO update");
+        if run.comm.is_main() {
+            eprintln!("step {k}: no prompt group has two different rewards; no DPO update");
+        }
         return Ok(());
     }
-    // Batch rows of the kept positions, chosen then rejected.
+    let owned: Vec<bool> = pairs.iter().map(|(w, _)| c.owned.contains(w)).collect();
+    // This rank's batch rows of its pairs, chosen then rejected.
     let rows = Vec::<i64>::try_from(c.kept.to_device(Device::Cpu))?;
-    let order: Vec<i64> = pairs.iter().flat_map(|&(w, l)| [rows[w], rows[l]]).collect();
+    let row = |p: usize| rows[p - c.owned.start];
+    let order: Vec<i64> = pairs
+        .iter()
+        .filter(|(w, _)| c.owned.contains(w))
+        .flat_map(|&(w, l)| [row(w), row(l)])
+        .collect();
     let index = Tensor::from_slice(&order).to_device(c.kept.device());
     let x0 = c.batch.trajectory.final_latents.index_select(0, &index);
     let text = c.batch.text.rows(&index);
-    update(run, learner, &x0, &text, k, lr, m)
+    update(run, learner, &x0, &text, &owned, k, lr, m)
 }
 
 /// Offline pairs: the dataset, its seeded loader and the encoded images.
@@ -122,11 +131,14 @@ pub(crate) fn offline_step(
 ) -> Result<(), TrainError> {
     let timer = Instant::now();
     let rows = source.loader.next_step();
+    // This rank encodes and trains its share of the step's pairs.
+    let mine = run.comm.share(rows.len());
+    let owned: Vec<bool> = (0..rows.len()).map(|i| mine.contains(&i)).collect();
     let mut latents = vec![];
-    for row in &rows {
+    for row in &rows[mine.clone()] {
         latents.push(source.latents(run, row.prompt)?);
     }
-    let prompts: Vec<&str> = rows
+    let prompts: Vec<&str> = rows[mine]
         .iter()
         .flat_map(|row| {
             let prompt = source.pairs[row.prompt].prompt.as_str();
@@ -137,15 +149,18 @@ pub(crate) fn offline_step(
     let text = encode_rows(run.engine.pipe, &prompts, &[])?;
     m.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
     m.insert("critic/dpo_pairs".into(), rows.len() as f64);
-    update(run, learner, &x0, &text, k, lr, m)
+    update(run, learner, &x0, &text, &owned, k, lr, m)
 }
 
-/// The DPO update on pairs interleaved `[chosen₀, rejected₀, …]` (clean latents and text rows).
+/// The DPO update of the step's pairs, of which this rank holds those `owned` says: their clean
+/// latents and text rows interleaved `[chosen, rejected, …]`, in pair order.
+#[allow(clippy::too_many_arguments)]
 fn update(
     run: &Run<'_>,
     learner: &mut Learner,
     x0: &Tensor,
     text: &TextConditioning,
+    owned: &[bool],
     k: u64,
     lr: f64,
     m: &mut Metrics,
@@ -154,9 +169,17 @@ fn update(
     let recipe = run.recipe;
     let model = run.engine.pipe.denoiser();
     let reference = run.reference.as_ref().expect("dpo always has a reference");
-    let pairs = x0.size()[0] / 2;
+    let pairs = owned.len() as i64;
     let device = x0.device();
-    // One noise and one noise level per pair, from the run's seed and the step.
+    // This rank's position of each of its pairs, and their rows in the step-wide noise.
+    let mut local = vec![usize::MAX; owned.len()];
+    let mut rows = vec![];
+    for (p, _) in owned.iter().enumerate().filter(|(_, o)| **o) {
+        local[p] = rows.len() / 2;
+        rows.extend([2 * p as i64, 2 * p as i64 + 1]);
+    }
+    let rows = Tensor::from_slice(&rows).to_device(device);
+    // One noise and one noise level per pair of the step, from the run's seed and the step.
     let mut rng = SampleRng::new(row_seed(recipe.seed ^ DPO_SALT, k, 0));
     let u = Vec::<f32>::try_from(rng.normal(&[pairs], Device::Cpu).sigmoid())?;
     let sigma: Vec<f32> = u
@@ -166,20 +189,23 @@ fn update(
             [s, s]
         })
         .collect();
-    let sigma = Tensor::from_slice(&sigma).to_device(device);
+    let sigma = Tensor::from_slice(&sigma).to_device(device).index_select(0, &rows);
     let mut shape = x0.size();
     shape[0] = pairs;
     let noise = rng.normal(&shape, device).repeat_interleave_self_int(2, 0, None);
+    let noise = noise.index_select(0, &rows);
     let s = per_row(&sigma, x0);
     let xt: Tensor = &s * &noise + (1.0 - &s) * x0;
     let t = &recipe.trainer;
     let batching = Batching {
-        items: pairs as usize,
+        items: owned.len(),
+        owned: owned.to_vec(),
         mini: t.ppo_mini_batch_size,
         micro: (t.micro_batch_size / 2).max(1),
     };
-    m.extend(optimize(learner, recipe, batching, k, lr, |micro, scale| {
-        let rows: Vec<i64> = micro.iter().flat_map(|&p| [2 * p as i64, 2 * p as i64 + 1]).collect();
+    m.extend(optimize(learner, run, batching, k, lr, |micro, scale| {
+        let rows: Vec<i64> =
+            micro.iter().map(|&p| local[p] as i64).flat_map(|p| [2 * p, 2 * p + 1]).collect();
         let idx = Tensor::from_slice(&rows).to_device(device);
         let (x, sg, txt) = (xt.index_select(0, &idx), sigma.index_select(0, &idx), text.rows(&idx));
         let ref_pred =

@@ -128,7 +128,7 @@ pub fn pretrain(
             config.warmup_steps,
             config.steps,
         );
-        optimizer.step(lr);
+        optimizer.step(lr, &Default::default());
         optimizer.zero_grad();
         if let (Some(ema), Some(decay)) = (ema.as_mut(), config.ema_decay) {
             // Warm-up: early on the average follows the weights closely.

@@ -1,10 +1,11 @@
 //! What every step of a run reads: the recipe, the rollout engine (and through it the pipeline),
-//! the reference policy, the scorers, the progress bar.
+//! the reference policy, the scorers, the progress bar, and this process's place among the ranks.
 
 use flowtune_config::Recipe;
 use flowtune_rewards::Weighted;
 use flowtune_rollout::Engine;
 
+use crate::dist::Comm;
 use crate::reference::Reference;
 
 /// The read-only state of a run.
@@ -15,6 +16,7 @@ pub(crate) struct Run<'a> {
     pub reference: Option<Reference>,
     pub scorers: Vec<Weighted>,
     pub bar: indicatif::ProgressBar,
+    pub comm: Comm,
 }
 
 impl Run<'_> {

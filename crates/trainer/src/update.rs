@@ -1,16 +1,22 @@
 //! The optimisation pass every algorithm shares: epochs over shuffled mini-batches, each split into
-//! micro-batches whose losses are backpropagated as they come (`loss / #micro-batches`), then one
-//! clipped AdamW step per mini-batch — skipped, and counted, when the gradient norm is not finite.
+//! micro-batches whose losses are backpropagated as they come (each weighted by its share of the
+//! mini-batch), gradients summed over the ranks, then one clipped AdamW step per mini-batch —
+//! skipped, and counted, when the gradient norm is not finite. Under data parallelism every rank
+//! draws the same mini-batches of the whole step and trains the units it holds, so the update is
+//! the one a single process would make on the whole batch.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use flowtune_config::Recipe;
 use flowtune_objectives::Metrics;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
 
 use crate::optim::{AdamW, Ema};
+use crate::run::Run;
 use crate::TrainError;
 
 /// The trainable state: the optimizer (which holds the parameters), the evaluation EMA, and
@@ -21,27 +27,46 @@ pub(crate) struct Learner {
     pub old: Option<Ema>,
 }
 
-/// Averages metrics over the micro-batches that reported them.
-#[derive(Default)]
-pub(crate) struct MetricMeans(BTreeMap<String, (f64, usize)>);
+/// Weighted means of metrics over the passes (and ranks) that reported them.
+#[derive(Default, Serialize, Deserialize)]
+pub(crate) struct MetricMeans(BTreeMap<String, (f64, f64)>);
 
 impl MetricMeans {
     pub fn add(&mut self, metrics: &Metrics) {
+        self.add_weighted(metrics, 1.0);
+    }
+
+    /// Adds `metrics` as `weight` units' worth (a micro-batch's samples).
+    pub fn add_weighted(&mut self, metrics: &Metrics, weight: f64) {
         for (k, v) in metrics {
             let e = self.0.entry(k.clone()).or_default();
-            e.0 += v;
-            e.1 += 1;
+            e.0 += v * weight;
+            e.1 += weight;
         }
     }
 
+    /// Every rank's sums together.
+    pub fn merge(parts: Vec<MetricMeans>) -> Self {
+        let mut all = Self::default();
+        for (k, (s, w)) in parts.into_iter().flat_map(|p| p.0) {
+            let e = all.0.entry(k).or_default();
+            e.0 += s;
+            e.1 += w;
+        }
+        all
+    }
+
     pub fn means(self) -> Metrics {
-        self.0.into_iter().map(|(k, (s, c))| (k, s / c as f64)).collect()
+        self.0.into_iter().map(|(k, (s, w))| (k, s / w)).collect()
     }
 }
 
-/// How `items` training units (samples, pairs) are batched.
+/// How the step's training units (samples, pairs) are batched, and which this rank holds.
 pub(crate) struct Batching {
+    /// Units of the whole step, over all ranks.
     pub items: usize,
+    /// Which units this rank holds and trains (all of them in a world of one).
+    pub owned: Vec<bool>,
     /// Units per optimizer step.
     pub mini: usize,
     /// Units per forward/backward pass.
@@ -49,25 +74,32 @@ pub(crate) struct Batching {
 }
 
 impl Batching {
-    /// `items` samples of prompt groups: `trainer.ppo_mini_batch_size` groups of `rollout.n` per
-    /// optimizer step, `trainer.micro_batch_size` samples per pass.
-    pub fn groups(recipe: &Recipe, items: usize) -> Self {
+    /// The step's samples of prompt groups, this rank holding `owned`: `trainer.ppo_mini_batch_size`
+    /// groups of `rollout.n` per optimizer step, `trainer.micro_batch_size` samples per pass.
+    pub fn groups(recipe: &Recipe, items: usize, owned: Range<usize>) -> Self {
         let t = &recipe.trainer;
-        Self { items, mini: t.ppo_mini_batch_size * recipe.rollout.n, micro: t.micro_batch_size }
+        Self {
+            items,
+            owned: (0..items).map(|i| owned.contains(&i)).collect(),
+            mini: t.ppo_mini_batch_size * recipe.rollout.n,
+            micro: t.micro_batch_size,
+        }
     }
 }
 
 /// Runs `trainer.ppo_epochs` passes over `batching.items` units at training step `k`.
-/// `micro_step(units, scale)` computes its losses, backpropagates each times `scale`, and returns
-/// its metrics. Returns the means plus `actor/grad_norm` and `actor/skipped_steps`.
+/// `micro_step(units, scale)` computes the losses of some of this rank's units (indices into the
+/// whole step), backpropagates each times `scale`, and returns its metrics. Returns the means over
+/// all ranks plus `actor/grad_norm` and `actor/skipped_steps`.
 pub(crate) fn optimize(
     learner: &mut Learner,
-    recipe: &Recipe,
+    run: &Run<'_>,
     batching: Batching,
     k: u64,
     lr: f64,
     mut micro_step: impl FnMut(&[usize], f64) -> Result<Metrics, TrainError>,
 ) -> Result<Metrics, TrainError> {
+    let (recipe, comm) = (run.recipe, &run.comm);
     let t = &recipe.trainer;
     let mut means = MetricMeans::default();
     let (mut grad_norms, mut skipped) = (vec![], 0.0);
@@ -75,15 +107,19 @@ pub(crate) fn optimize(
         let mut order: Vec<usize> = (0..batching.items).collect();
         order.shuffle(&mut ChaCha8Rng::seed_from_u64(crate::seeds::shuffle(recipe.seed, k, epoch)));
         for mb in order.chunks(batching.mini.max(1)) {
-            let micros: Vec<&[usize]> = mb.chunks(batching.micro.max(1)).collect();
-            let scale = 1.0 / micros.len() as f64;
-            for micro in &micros {
-                means.add(&micro_step(micro, scale)?);
+            let mine: Vec<usize> = mb.iter().copied().filter(|&i| batching.owned[i]).collect();
+            for micro in mine.chunks(batching.micro.max(1)) {
+                let share = micro.len() as f64 / mb.len() as f64;
+                means.add_weighted(&micro_step(micro, share)?, micro.len() as f64);
             }
             let optimizer = &mut learner.optimizer;
+            let untouched = comm.sum_gradients(&optimizer.params)?;
             let norm = optimizer.clip_grad_norm(t.max_grad_norm);
             if norm.is_finite() {
-                optimizer.step(lr);
+                optimizer.step(lr, &untouched);
+                if let Some(owners) = &optimizer.owners {
+                    comm.broadcast_from_owners(&optimizer.params, owners)?;
+                }
                 if let Some(ema) = learner.ema.as_mut() {
                     ema.update(&optimizer.params);
                 }
@@ -94,7 +130,7 @@ pub(crate) fn optimize(
             optimizer.zero_grad();
         }
     }
-    let mut m = means.means();
+    let mut m = MetricMeans::merge(comm.gather(&means)?).means();
     let mean_norm = if grad_norms.is_empty() {
         f64::NAN
     } else {

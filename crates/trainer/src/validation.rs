@@ -1,5 +1,5 @@
 //! Validation: η = 0 rollouts of the validation prompts with fixed per-prompt seeds, scored and
-//! averaged per data source, with a captioned grid of the images.
+//! averaged per data source, with a captioned grid of the images. Ranks share the prompts.
 
 use std::collections::BTreeMap;
 
@@ -22,44 +22,54 @@ pub(crate) fn validate(
     records: &[PromptRecord],
     k: u64,
 ) -> Result<Metrics, TrainError> {
-    let recipe = run.recipe;
+    let (recipe, comm) = (run.recipe, &run.comm);
     let sampler = validation_sampler(recipe);
     let engine =
         Engine::new(run.engine.pipe, &sampler, run.engine.latent_shape.clone(), VALIDATION)?;
-    // Per data source: the total reward and each extra (e.g. a category's accuracy).
-    let mut per_source: BTreeMap<(String, String), (f64, usize)> = BTreeMap::new();
-    let (mut images, mut captions) = (vec![], vec![]);
+    // Each rank samples its share of the prompts; prompt i's noise comes from
+    // `row_seed(42, 0, i)`: fixed, different per prompt, whichever rank draws it.
+    let mine = comm.share(records.len());
+    let mut scored: Vec<(Option<f64>, BTreeMap<String, f64>)> = vec![];
+    let mut images = vec![];
     let size = recipe.trainer.micro_batch_size;
-    for (c, chunk) in records.chunks(size).enumerate() {
+    for (c, chunk) in records[mine.clone()].chunks(size).enumerate() {
         let chunk: Vec<&PromptRecord> = chunk.iter().collect();
-        // Prompt i's noise comes from `row_seed(42, 0, i)`: fixed, and different per prompt.
-        let first = (c * size) as u64;
+        let first = (mine.start + c * size) as u64;
         let seeds: Vec<u64> =
             (first..first + chunk.len() as u64).map(|i| row_seed(VALIDATION, 0, i)).collect();
         let Scored { batch, scores, .. } =
             rollout_and_score(&engine, &chunk, &seeds, 1, &run.scorers, recipe.reward.on_error)?;
-        for (i, r) in chunk.iter().enumerate() {
-            let total = scores.totals[i];
-            if let Some(v) = total {
-                let source = &r.data_source;
-                let extras = scores.details[i].extras.iter().map(|(k, v)| (k.as_str(), *v));
-                for (key, value) in std::iter::once(("reward/mean@1", v)).chain(extras) {
-                    let e = per_source.entry((source.clone(), key.to_string())).or_default();
-                    e.0 += value;
-                    e.1 += 1;
-                }
-            }
-            captions.push((r.prompt.clone(), total.unwrap_or(f64::NAN)));
+        for (total, details) in scores.totals.into_iter().zip(scores.details) {
+            scored.push((total, details.extras));
         }
         images.extend(batch.images);
     }
-    let shown = images.len().min(64);
-    crate::images::save_grid(
-        &recipe.trainer.output_dir.join("images"),
-        &format!("val_step_{k:06}"),
-        &images[..shown],
-        &captions[..shown],
-    )?;
+    let scored: Vec<Vec<(Option<f64>, BTreeMap<String, f64>)>> = comm.gather(&scored)?;
+    let shown = records.len().min(64);
+    let images =
+        crate::images::gather(comm, &images[..(mine.end.min(shown)).saturating_sub(mine.start)])?;
+    // Per data source: the total reward and each extra (e.g. a category's accuracy).
+    let mut per_source: BTreeMap<(String, String), (f64, usize)> = BTreeMap::new();
+    let mut captions = vec![];
+    for (r, (total, extras)) in records.iter().zip(scored.concat()) {
+        if let Some(v) = total {
+            let extras = extras.iter().map(|(k, v)| (k.as_str(), *v));
+            for (key, value) in std::iter::once(("reward/mean@1", v)).chain(extras) {
+                let e = per_source.entry((r.data_source.clone(), key.to_string())).or_default();
+                e.0 += value;
+                e.1 += 1;
+            }
+        }
+        captions.push((r.prompt.clone(), total.unwrap_or(f64::NAN)));
+    }
+    if comm.is_main() {
+        crate::images::save_grid(
+            &recipe.trainer.output_dir.join("images"),
+            &format!("val_step_{k:06}"),
+            &images,
+            &captions[..shown],
+        )?;
+    }
     Ok(per_source
         .into_iter()
         .map(|((source, key), (sum, n))| (format!("val-core/{source}/{key}"), sum / n as f64))

@@ -10,6 +10,7 @@ pub mod debug_rollout;
 pub mod demo;
 pub mod env;
 pub mod forward;
+pub mod launch;
 pub mod list;
 pub mod make_tiny;
 pub mod pretrain;

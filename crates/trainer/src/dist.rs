@@ -1,0 +1,214 @@
+//! Data parallelism: this process's place among the ranks of a launched job (torchrun, Slurm,
+//! `flowtune launch`), the share of a step it owns, and the few collectives the loop needs. A plain
+//! process is a world of one and runs no collective at all.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::time::Duration;
+
+use flowtune_dist::{Backend, DistEnv, ProcessGroup, ReduceOp};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tch::{Device, Kind, Tensor};
+
+use crate::TrainError;
+
+/// Gradients are summed in flat buffers of at most this many elements.
+const BUCKET_ELEMENTS: i64 = 1 << 24;
+
+/// This process among the ranks of a job.
+pub struct Comm {
+    group: Option<ProcessGroup>,
+    /// Where this rank computes, and so where its collectives' tensors live.
+    device: Device,
+}
+
+impl From<flowtune_dist::DistError> for TrainError {
+    fn from(e: flowtune_dist::DistError) -> Self {
+        TrainError::Distributed(e.to_string())
+    }
+}
+
+impl Comm {
+    /// A world of one on `device`.
+    pub fn single(device: Device) -> Self {
+        Self { group: None, device }
+    }
+
+    /// Joins the job the launcher's variables describe (NCCL for a CUDA `device`, where rank
+    /// computes on `cuda:LOCAL_RANK`; Gloo otherwise), or a world of one when there is none.
+    /// Collectives wait at most `timeout`.
+    pub fn from_env(device: Device, timeout: Duration) -> Result<Self, TrainError> {
+        let Some(env) = DistEnv::detect()? else { return Ok(Self::single(device)) };
+        let (backend, device) = match device {
+            Device::Cuda(_) => (Backend::Nccl, Device::Cuda(env.local_rank)),
+            _ => (Backend::Gloo, device),
+        };
+        let group = ProcessGroup::new(&env, backend, timeout).map_err(|e| {
+            TrainError::Distributed(format!(
+                "rank {} of {} could not join the job at {}:{}: {e}",
+                env.rank, env.world_size, env.master_addr, env.master_port
+            ))
+        })?;
+        Ok(Self { group: Some(group), device })
+    }
+
+    /// The device this rank computes on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn rank(&self) -> usize {
+        self.group.as_ref().map_or(0, ProcessGroup::rank)
+    }
+
+    pub fn size(&self) -> usize {
+        self.group.as_ref().map_or(1, ProcessGroup::size)
+    }
+
+    /// Rank 0, the one that writes files.
+    pub fn is_main(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// This rank's contiguous share `[r·n/W, (r+1)·n/W)` of `n` units.
+    pub fn share(&self, n: usize) -> Range<usize> {
+        let (r, w) = (self.rank(), self.size());
+        r * n / w..(r + 1) * n / w
+    }
+
+    /// Every rank's `value`, in rank order, read back as `T` (the owned form of the value's type).
+    pub fn gather<T: DeserializeOwned>(
+        &self,
+        value: &impl Serialize,
+    ) -> Result<Vec<T>, TrainError> {
+        let bytes = postcard::to_stdvec(value)
+            .map_err(|e| TrainError::Distributed(format!("encoding a gathered value: {e}")))?;
+        let Some(group) = &self.group else {
+            return decode(&bytes).map(|v| vec![v]);
+        };
+        group.all_gather_bytes(&bytes)?.iter().map(|b| decode(b)).collect()
+    }
+
+    /// The rows of `t` from every rank, concatenated in rank order (row counts may differ).
+    pub fn gather_rows(&self, t: &Tensor) -> Result<Tensor, TrainError> {
+        let Some(group) = &self.group else { return Ok(t.shallow_clone()) };
+        let rows: Vec<i64> = self.gather(&t.size()[0])?;
+        let most = *rows.iter().max().expect("a job has ranks");
+        let mut shape = t.size();
+        shape[0] = most;
+        let padded = Tensor::zeros(&shape, (t.kind(), t.device()));
+        padded.narrow(0, 0, t.size()[0]).copy_(t);
+        shape[0] = most * rows.len() as i64;
+        let mut all = Tensor::zeros(&shape, (t.kind(), t.device()));
+        group.all_gather_into(&mut all, &padded)?;
+        let parts: Vec<Tensor> =
+            rows.iter().enumerate().map(|(r, &n)| all.narrow(0, r as i64 * most, n)).collect();
+        Ok(Tensor::cat(&parts, 0))
+    }
+
+    /// Sums the gradients of `params` over the ranks, in flat buckets. A parameter without a
+    /// gradient here takes zeros; those without one on any rank are returned (they do not step).
+    pub fn sum_gradients(
+        &self,
+        params: &BTreeMap<String, Tensor>,
+    ) -> Result<BTreeSet<String>, TrainError> {
+        let Some(group) = &self.group else { return Ok(BTreeSet::new()) };
+        let defined: Vec<f32> = params.values().map(|p| p.grad().defined() as u8 as f32).collect();
+        let mut had = Tensor::from_slice(&defined).to_device(self.device);
+        group.all_reduce_(&mut had, ReduceOp::Sum)?;
+        let had = Vec::<f32>::try_from(had.to_device(Device::Cpu))?;
+        let missing: Vec<&Tensor> = params.values().filter(|p| !p.grad().defined()).collect();
+        if !missing.is_empty() {
+            // Accumulates zeros into each missing gradient, creating it.
+            let zero: Tensor = missing.iter().map(|p| p.sum(Kind::Float) * 0.0).sum();
+            zero.backward();
+        }
+        let grads: Vec<Tensor> = params.values().map(|p| p.grad()).collect();
+        in_buckets(&grads, |flat| group.all_reduce_(flat, ReduceOp::Sum))?;
+        Ok(params.keys().zip(had).filter(|(_, n)| *n == 0.0).map(|(k, _)| k.clone()).collect())
+    }
+
+    /// Sends each parameter from the rank that owns it (a sharded optimizer's update) to all.
+    pub fn broadcast_from_owners(
+        &self,
+        params: &BTreeMap<String, Tensor>,
+        owners: &BTreeMap<String, usize>,
+    ) -> Result<(), TrainError> {
+        let Some(group) = &self.group else { return Ok(()) };
+        let _guard = tch::no_grad_guard();
+        for root in 0..self.size() {
+            let mine: Vec<Tensor> = params
+                .iter()
+                .filter(|(n, _)| owners[*n] == root)
+                .map(|(_, p)| p.shallow_clone())
+                .collect();
+            in_buckets(&mine, |flat| group.broadcast_(flat, root))?;
+        }
+        Ok(())
+    }
+
+    /// Whether `flag` holds on any rank.
+    pub fn any(&self, flag: bool) -> Result<bool, TrainError> {
+        let Some(group) = &self.group else { return Ok(flag) };
+        let mut t = Tensor::from_slice(&[flag as u8 as f32]).to_device(self.device);
+        group.all_reduce_(&mut t, ReduceOp::Max)?;
+        Ok(t.double_value(&[0]) > 0.0)
+    }
+
+    /// `t` as rank `root` has it, on every rank.
+    pub fn broadcast_(&self, t: &mut Tensor, root: usize) -> Result<(), TrainError> {
+        match &self.group {
+            Some(group) => Ok(group.broadcast_(t, root)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until every rank is here.
+    pub fn barrier(&self) -> Result<(), TrainError> {
+        match &self.group {
+            Some(group) => Ok(group.barrier()?),
+            None => Ok(()),
+        }
+    }
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, TrainError> {
+    postcard::from_bytes(bytes)
+        .map_err(|e| TrainError::Distributed(format!("decoding a gathered value: {e}")))
+}
+
+/// Runs the in-place collective `op` on `tensors` through flat buffers of one kind and at most
+/// [`BUCKET_ELEMENTS`] elements each, and copies the results back.
+fn in_buckets(
+    tensors: &[Tensor],
+    mut op: impl FnMut(&mut Tensor) -> Result<(), flowtune_dist::DistError>,
+) -> Result<(), TrainError> {
+    let mut run = |bucket: &[&Tensor]| -> Result<(), TrainError> {
+        let mut flat = Tensor::cat(&bucket.iter().map(|t| t.reshape([-1])).collect::<Vec<_>>(), 0);
+        op(&mut flat)?;
+        let _guard = tch::no_grad_guard();
+        let mut offset = 0;
+        for t in bucket {
+            let n = t.numel() as i64;
+            t.shallow_clone().copy_(&flat.narrow(0, offset, n).view_as(t));
+            offset += n;
+        }
+        Ok(())
+    };
+    let mut bucket: Vec<&Tensor> = vec![];
+    let mut size = 0;
+    for t in tensors {
+        let same = bucket.first().is_none_or(|b| b.kind() == t.kind());
+        if !bucket.is_empty() && (!same || size + t.numel() as i64 > BUCKET_ELEMENTS) {
+            run(&bucket)?;
+            (bucket, size) = (vec![], 0);
+        }
+        size += t.numel() as i64;
+        bucket.push(t);
+    }
+    if !bucket.is_empty() {
+        run(&bucket)?;
+    }
+    Ok(())
+}
