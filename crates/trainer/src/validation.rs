@@ -14,6 +14,9 @@ use crate::scoring::{rollout_and_score, Scored};
 use crate::seeds::VALIDATION;
 use crate::TrainError;
 
+/// A validation sample's total reward (none when dropped) and its reward extras.
+type Verdict = (Option<f64>, BTreeMap<String, f64>);
+
 /// Validation rollouts: η = 0, `rollout.eval_steps`, fixed per-prompt seeds from 42; rewards
 /// averaged per data source as `val-core/<source>/reward/mean@1`, each reward extra as
 /// `val-core/<source>/<extra>` (e.g. `val-core/shapes/counting/acc`), and a grid of the images.
@@ -29,7 +32,7 @@ pub(crate) fn validate(
     // Each rank samples its share of the prompts; prompt i's noise comes from
     // `row_seed(42, 0, i)`: fixed, different per prompt, whichever rank draws it.
     let mine = comm.share(records.len());
-    let mut scored: Vec<(Option<f64>, BTreeMap<String, f64>)> = vec![];
+    let mut scored: Vec<Verdict> = vec![];
     let mut images = vec![];
     let size = recipe.trainer.micro_batch_size;
     for (c, chunk) in records[mine.clone()].chunks(size).enumerate() {
@@ -44,7 +47,7 @@ pub(crate) fn validate(
         }
         images.extend(batch.images);
     }
-    let scored: Vec<Vec<(Option<f64>, BTreeMap<String, f64>)>> = comm.gather(&scored)?;
+    let scored: Vec<Vec<Verdict>> = comm.gather(&scored)?;
     let shown = records.len().min(64);
     let images =
         crate::images::gather(comm, &images[..(mine.end.min(shown)).saturating_sub(mine.start)])?;
