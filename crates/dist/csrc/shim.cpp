@@ -121,8 +121,9 @@ char* ftd_group_new(const char* host, uint16_t port, bool serve_store, const cha
     c10d::TCPStoreOptions opts;
     opts.port = port;
     opts.isServer = serve_store;
-    if (serve_store) opts.numWorkers = size;
-    opts.waitWorkers = serve_store;
+    // Every rank announces itself (TCPStore skips that without numWorkers); the server waits for all.
+    opts.numWorkers = size;
+    opts.waitWorkers = true;
     opts.timeout = g->timeout;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
     g->store = c10::make_intrusive<c10d::PrefixStore>(std::string(prefix), tcp);
