@@ -1,4 +1,4 @@
-//! ProcessGroup over Gloo on loopback: 2 spawned ranks, a dead peer, torchrun, world size 1, and
+//! ProcessGroup over Gloo on loopback: 2 spawned ranks, a dead and a hung peer, torchrun, world size 1, and
 //! NCCL refused without a GPU.
 #[path = "collectives/launch.rs"]
 mod launch;
@@ -30,6 +30,13 @@ fn two_ranks_over_gloo() {
 fn a_dead_peer_fails_the_next_collective_within_the_timeout() {
     let port = free_port();
     let ranks = (0..2).map(|r| Proc::rank("dead_peer", r, 2, port)).collect();
+    expect_success(ranks, Duration::from_secs(60));
+}
+
+#[test]
+fn a_hung_peer_times_out_the_collective() {
+    let port = free_port();
+    let ranks = (0..2).map(|r| Proc::rank("hung_peer", r, 2, port)).collect();
     expect_success(ranks, Duration::from_secs(60));
 }
 

@@ -13,6 +13,7 @@ pub fn run(scenario: &str) {
             collectives(&env)
         }
         "dead_peer" => dead_peer(&env),
+        "hung_peer" => hung_peer(&env),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -89,5 +90,23 @@ fn dead_peer(env: &DistEnv) {
     let err = pg.all_reduce_(&mut t, ReduceOp::Sum).expect_err("all_reduce with a dead peer fails");
     let took = start.elapsed();
     println!("rank 0: all_reduce with a dead peer failed after {took:?}: {err}");
+    assert!(took < timeout + Duration::from_secs(3), "took {took:?}");
+}
+
+/// Rank 1 stays alive but never joins the collective; rank 0's all_reduce must time out.
+fn hung_peer(env: &DistEnv) {
+    let timeout = Duration::from_secs(3);
+    let pg = ProcessGroup::new(env, Backend::Gloo, timeout).unwrap();
+    if pg.rank() == 1 {
+        std::thread::sleep(timeout * 2);
+        std::process::exit(0);
+    }
+    let start = Instant::now();
+    let mut t = Tensor::ones([4], (Kind::Float, tch::Device::Cpu));
+    let err = pg.all_reduce_(&mut t, ReduceOp::Sum).expect_err("all_reduce with a hung peer fails");
+    let took = start.elapsed();
+    println!("rank 0: all_reduce with a hung peer failed after {took:?}: {err}");
+    assert!(matches!(err, DistError::Timeout { op: "all_reduce", .. }), "{err:?}");
+    assert!(err.to_string().starts_with("all_reduce timed out after 3s"), "{err}");
     assert!(took < timeout + Duration::from_secs(3), "took {took:?}");
 }
