@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
-    let lib = PathBuf::from(env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB"));
+    let lib = PathBuf::from(
+        env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB"),
+    );
     let torch = lib.parent().expect("libtorch lib dir has a parent").to_path_buf();
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     println!("cargo:rerun-if-changed=csrc");
@@ -48,7 +50,9 @@ fn cxx11_abi() -> String {
     let output = Command::new(python)
         .args(["-c", "import torch; print(torch._C._GLIBCXX_USE_CXX11_ABI)"])
         .output()
-        .unwrap_or_else(|e| panic!("flowtune-dist: cannot run {python} to read torch's C++ ABI: {e}"));
+        .unwrap_or_else(|e| {
+            panic!("flowtune-dist: cannot run {python} to read torch's C++ ABI: {e}")
+        });
     match String::from_utf8_lossy(&output.stdout).trim() {
         "True" => "1".to_owned(),
         "False" => "0".to_owned(),
@@ -63,12 +67,19 @@ fn nccl_includes(torch: &Path, lib: &Path) -> Result<Vec<PathBuf>, String> {
         return Err(format!("{} has no libtorch_cuda.so (a CPU-only torch)", lib.display()));
     }
     let nvidia = torch.parent().map(|site| site.join("nvidia")).unwrap_or_default();
-    let cuda = ["cu13", "cu12"].iter().map(|v| nvidia.join(v).join("include")).find(|d| d.join("cuda_runtime_api.h").exists());
+    let cuda = ["cu13", "cu12"]
+        .iter()
+        .map(|v| nvidia.join(v).join("include"))
+        .find(|d| d.join("cuda_runtime_api.h").exists());
     let Some(cuda) = cuda else {
         return Err(format!("no CUDA runtime headers under {}/cu13/include", nvidia.display()));
     };
     let mut dirs = vec![cuda.clone()];
-    let needed = [("nccl.h", vec![nvidia.join("nccl/include")]), ("crt/host_config.h", vec![cuda.clone()]), ("nv/target", vec![cuda.clone(), cuda.join("cccl")])];
+    let needed = [
+        ("nccl.h", vec![nvidia.join("nccl/include")]),
+        ("crt/host_config.h", vec![cuda.clone()]),
+        ("nv/target", vec![cuda.clone(), cuda.join("cccl")]),
+    ];
     for (header, candidates) in needed {
         match candidates.into_iter().find(|d| d.join(header).exists()) {
             Some(dir) => dirs.push(dir),

@@ -58,7 +58,10 @@ impl DistEnv {
             return bad("the world size is 0".into());
         }
         if self.rank >= self.world_size {
-            return bad(format!("rank {} is not below the world size {}", self.rank, self.world_size));
+            return bad(format!(
+                "rank {} is not below the world size {}",
+                self.rank, self.world_size
+            ));
         }
         if self.local_rank >= self.local_world_size {
             let (r, n) = (self.local_rank, self.local_world_size);
@@ -87,7 +90,11 @@ impl Vars<'_> {
     fn parse<T: FromStr>(&self, var: &str, expected: &'static str) -> Result<Option<T>, DistError> {
         self.get(var)
             .map(|value| {
-                value.trim().parse().map_err(|_| DistError::BadVar { var: var.to_owned(), value, expected })
+                value.trim().parse().map_err(|_| DistError::BadVar {
+                    var: var.to_owned(),
+                    value,
+                    expected,
+                })
             })
             .transpose()
     }
@@ -103,7 +110,8 @@ impl Vars<'_> {
 
 const TORCHRUN: &str = "RANK or WORLD_SIZE is set, so a torchrun / env:// launch is assumed";
 const SLURM: &str = "SLURM_PROCID is set, so a Slurm (srun) launch is assumed";
-const OMPI: &str = "OMPI_COMM_WORLD_RANK is set, so an mpirun launch is assumed; export MASTER_ADDR (mpirun -x)";
+const OMPI: &str =
+    "OMPI_COMM_WORLD_RANK is set, so an mpirun launch is assumed; export MASTER_ADDR (mpirun -x)";
 
 /// torchrun (or a hand-made env:// launch: LOCAL_* then default to a single node).
 fn torchrun(vars: &Vars) -> Result<DistEnv, DistError> {
@@ -114,9 +122,15 @@ fn torchrun(vars: &Vars) -> Result<DistEnv, DistError> {
         world_size,
         local_rank: vars.parse("LOCAL_RANK", "a number")?.unwrap_or(rank),
         local_world_size: vars.parse("LOCAL_WORLD_SIZE", "a number")?.unwrap_or(world_size),
-        master_addr: vars.get("MASTER_ADDR").ok_or(DistError::MissingVar { var: "MASTER_ADDR", why: TORCHRUN })?,
-        master_port: vars.port()?.ok_or(DistError::MissingVar { var: "MASTER_PORT", why: TORCHRUN })?,
-        agent_store: vars.get("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.eq_ignore_ascii_case("true")),
+        master_addr: vars
+            .get("MASTER_ADDR")
+            .ok_or(DistError::MissingVar { var: "MASTER_ADDR", why: TORCHRUN })?,
+        master_port: vars
+            .port()?
+            .ok_or(DistError::MissingVar { var: "MASTER_PORT", why: TORCHRUN })?,
+        agent_store: vars
+            .get("TORCHELASTIC_USE_AGENT_STORE")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         restart: vars.parse("TORCHELASTIC_RESTART_COUNT", "a number")?.unwrap_or(0),
     })
 }
@@ -131,7 +145,11 @@ fn slurm(vars: &Vars) -> Result<DistEnv, DistError> {
     let master_addr = match vars.get("MASTER_ADDR") {
         Some(addr) => addr,
         None => {
-            let var = if vars.has("SLURM_JOB_NODELIST") { "SLURM_JOB_NODELIST" } else { "SLURM_NODELIST" };
+            let var = if vars.has("SLURM_JOB_NODELIST") {
+                "SLURM_JOB_NODELIST"
+            } else {
+                "SLURM_NODELIST"
+            };
             let list = vars.get(var).ok_or(DistError::MissingVar {
                 var: "SLURM_JOB_NODELIST",
                 why: "neither MASTER_ADDR nor a Slurm node list names the rendezvous host",
@@ -169,7 +187,9 @@ fn slurm_tasks_on_node(vars: &Vars, world_size: usize) -> Result<usize, DistErro
     let mut seen = 0;
     for part in spec.split(',') {
         let (count, repeat) = match part.split_once("(x") {
-            Some((count, rest)) => (count, rest.strip_suffix(')').ok_or_else(bad)?.parse().map_err(|_| bad())?),
+            Some((count, rest)) => {
+                (count, rest.strip_suffix(')').ok_or_else(bad)?.parse().map_err(|_| bad())?)
+            }
             None => (part, 1usize),
         };
         seen += repeat;
@@ -210,8 +230,12 @@ fn openmpi(vars: &Vars) -> Result<DistEnv, DistError> {
         rank,
         world_size,
         local_rank: vars.parse("OMPI_COMM_WORLD_LOCAL_RANK", "a number")?.unwrap_or(rank),
-        local_world_size: vars.parse("OMPI_COMM_WORLD_LOCAL_SIZE", "a number")?.unwrap_or(world_size),
-        master_addr: vars.get("MASTER_ADDR").ok_or(DistError::MissingVar { var: "MASTER_ADDR", why: OMPI })?,
+        local_world_size: vars
+            .parse("OMPI_COMM_WORLD_LOCAL_SIZE", "a number")?
+            .unwrap_or(world_size),
+        master_addr: vars
+            .get("MASTER_ADDR")
+            .ok_or(DistError::MissingVar { var: "MASTER_ADDR", why: OMPI })?,
         master_port: vars.port()?.unwrap_or(DEFAULT_PORT),
         agent_store: false,
         restart: 0,

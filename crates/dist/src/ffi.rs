@@ -27,8 +27,17 @@ extern "C" {
     pub fn ftd_group_free(group: *mut Group);
     pub fn ftd_all_reduce(group: *mut Group, t: *mut C_tensor, op: i32) -> *mut c_char;
     pub fn ftd_broadcast(group: *mut Group, t: *mut C_tensor, root: i32) -> *mut c_char;
-    pub fn ftd_all_gather(group: *mut Group, out: *mut C_tensor, shard: *mut C_tensor) -> *mut c_char;
-    pub fn ftd_reduce_scatter(group: *mut Group, out: *mut C_tensor, full: *mut C_tensor, op: i32) -> *mut c_char;
+    pub fn ftd_all_gather(
+        group: *mut Group,
+        out: *mut C_tensor,
+        shard: *mut C_tensor,
+    ) -> *mut c_char;
+    pub fn ftd_reduce_scatter(
+        group: *mut Group,
+        out: *mut C_tensor,
+        full: *mut C_tensor,
+        op: i32,
+    ) -> *mut c_char;
     pub fn ftd_barrier(group: *mut Group) -> *mut c_char;
 }
 

@@ -40,8 +40,10 @@ impl ProcessGroup {
             addr: addr.clone(),
             message,
         };
-        let host = CString::new(env.master_addr.as_str()).map_err(|_| failed("MASTER_ADDR contains a NUL byte".into()))?;
-        let prefix = CString::new(format!("flowtune/{}", env.restart)).expect("no NUL in a formatted number");
+        let host = CString::new(env.master_addr.as_str())
+            .map_err(|_| failed("MASTER_ADDR contains a NUL byte".into()))?;
+        let prefix = CString::new(format!("flowtune/{}", env.restart))
+            .expect("no NUL in a formatted number");
         let (rank, size) = (to_i32(env.rank, &failed)?, to_i32(env.world_size, &failed)?);
         let device_index = match device {
             Device::Cuda(i) => i as i64,
@@ -108,16 +110,25 @@ impl ProcessGroup {
         self.check_pair(OP, ("out", out), ("shard", shard))?;
         let mut shard = shard.shallow_clone();
         // SAFETY: live tensors checked for layout, size, dtype and device.
-        self.outcome(OP, unsafe { ffi::ftd_all_gather(self.raw, out.as_mut_ptr(), shard.as_mut_ptr()) })
+        self.outcome(OP, unsafe {
+            ffi::ftd_all_gather(self.raw, out.as_mut_ptr(), shard.as_mut_ptr())
+        })
     }
 
     /// `out` = this rank's dim-0 block of `full`, reduced over all ranks.
-    pub fn reduce_scatter_into(&self, out: &mut Tensor, full: &Tensor, op: ReduceOp) -> Result<(), DistError> {
+    pub fn reduce_scatter_into(
+        &self,
+        out: &mut Tensor,
+        full: &Tensor,
+        op: ReduceOp,
+    ) -> Result<(), DistError> {
         const OP: &str = "reduce_scatter_into";
         self.check_pair(OP, ("full", full), ("out", out))?;
         let mut full = full.shallow_clone();
         // SAFETY: as in all_gather_into.
-        self.outcome(OP, unsafe { ffi::ftd_reduce_scatter(self.raw, out.as_mut_ptr(), full.as_mut_ptr(), op as i32) })
+        self.outcome(OP, unsafe {
+            ffi::ftd_reduce_scatter(self.raw, out.as_mut_ptr(), full.as_mut_ptr(), op as i32)
+        })
     }
 
     /// Returns once every rank has called it.
@@ -138,18 +149,29 @@ impl ProcessGroup {
         let mut all = Tensor::zeros([width * self.size as i64], (Kind::Uint8, self.device));
         self.all_gather_into(&mut all, &padded.to_device(self.device))?;
         let all = Vec::<u8>::try_from(&all.to_device(Device::Cpu)).expect("a uint8 vector");
-        Ok(lens.iter().zip(all.chunks(width as usize)).map(|(&n, row)| row[..n as usize].to_vec()).collect())
+        Ok(lens
+            .iter()
+            .zip(all.chunks(width as usize))
+            .map(|(&n, row)| row[..n as usize].to_vec())
+            .collect())
     }
 
     /// `big` must be `small` stacked `size` times along dim 0: same dtype and device, contiguous.
-    fn check_pair(&self, op: &'static str, big: (&str, &Tensor), small: (&str, &Tensor)) -> Result<(), DistError> {
+    fn check_pair(
+        &self,
+        op: &'static str,
+        big: (&str, &Tensor),
+        small: (&str, &Tensor),
+    ) -> Result<(), DistError> {
         let ((big_name, big), (small_name, small)) = (big, small);
         contiguous(op, big_name, big)?;
         contiguous(op, small_name, small)?;
         let bad = |message: String| Err(DistError::BadTensor { op, message });
         if big.kind() != small.kind() || big.device() != small.device() {
             let (bk, bd, sk, sd) = (big.kind(), big.device(), small.kind(), small.device());
-            return bad(format!("{big_name} is {bk:?} on {bd:?} but {small_name} is {sk:?} on {sd:?}"));
+            return bad(format!(
+                "{big_name} is {bk:?} on {bd:?} but {small_name} is {sk:?} on {sd:?}"
+            ));
         }
         let mut expected = small.size();
         if expected.is_empty() {
@@ -158,7 +180,10 @@ impl ProcessGroup {
         expected[0] *= self.size as i64;
         if big.size() != expected {
             let found = big.size();
-            return bad(format!("{big_name} has shape {found:?}, expected {expected:?} ({} × {small_name})", self.size));
+            return bad(format!(
+                "{big_name} has shape {found:?}, expected {expected:?} ({} × {small_name})",
+                self.size
+            ));
         }
         Ok(())
     }

@@ -51,7 +51,9 @@ fn two_ranks_under_torchrun() {
     let mut cmd = Command::new(torchrun);
     cmd.args(["--standalone", "--nproc-per-node", "2", "--no-python"]);
     cmd.arg(std::env::current_exe().unwrap()).args(worker_args());
-    for var in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"] {
+    for var in
+        ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+    {
         cmd.env_remove(var);
     }
     expect_success(vec![Proc::spawn("torchrun", cmd, "torchrun")], Duration::from_secs(180));
@@ -96,10 +98,17 @@ fn nccl_without_a_gpu_is_a_clear_error() {
         return;
     }
     let env = DistEnv::from_vars(|v| {
-        let vars = [("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1")];
+        let vars = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "1"),
+        ];
         vars.iter().find(|(k, _)| *k == v).map(|(_, value)| value.to_string())
     });
-    let err = ProcessGroup::new(&env.unwrap().unwrap(), Backend::Nccl, Duration::from_secs(5)).err().unwrap();
+    let err = ProcessGroup::new(&env.unwrap().unwrap(), Backend::Nccl, Duration::from_secs(5))
+        .err()
+        .unwrap();
     assert!(matches!(err, DistError::NoGpu), "{err}");
     assert!(err.to_string().contains("no GPU"), "{err}");
 }

@@ -27,7 +27,8 @@ pub struct Proc {
 impl Proc {
     /// Starts `cmd` (with `GLOO_SOCKET_IFNAME=lo` and the scenario) as `name`.
     pub fn spawn(name: &str, mut cmd: Command, scenario: &str) -> Proc {
-        let log = std::env::temp_dir().join(format!("flowtune-dist-{}-{name}.log", std::process::id()));
+        let log =
+            std::env::temp_dir().join(format!("flowtune-dist-{}-{name}.log", std::process::id()));
         let file = std::fs::File::create(&log).unwrap();
         cmd.env(SCENARIO, scenario).env("GLOO_SOCKET_IFNAME", "lo").stdin(Stdio::null());
         cmd.stdout(file.try_clone().unwrap()).stderr(file);
@@ -39,7 +40,12 @@ impl Proc {
     pub fn rank(scenario: &str, rank: usize, world: usize, port: u16) -> Proc {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args(worker_args());
-        for (var, value) in [("RANK", rank), ("WORLD_SIZE", world), ("LOCAL_RANK", rank), ("LOCAL_WORLD_SIZE", world)] {
+        for (var, value) in [
+            ("RANK", rank),
+            ("WORLD_SIZE", world),
+            ("LOCAL_RANK", rank),
+            ("LOCAL_WORLD_SIZE", world),
+        ] {
             cmd.env(var, value.to_string());
         }
         cmd.env("MASTER_ADDR", "127.0.0.1").env("MASTER_PORT", port.to_string());
@@ -69,7 +75,8 @@ pub fn expect_success(mut procs: Vec<Proc>, limit: Duration) {
         let output = std::fs::read_to_string(&p.log).unwrap_or_default();
         let _ = std::fs::remove_file(&p.log);
         if !code.is_some_and(|c| c.success()) {
-            let status = code.map_or(format!("still running after {limit:?}, killed"), |c| c.to_string());
+            let status =
+                code.map_or(format!("still running after {limit:?}, killed"), |c| c.to_string());
             report.push_str(&format!("--- {} ({status}):\n{output}\n", p.name));
         }
     }

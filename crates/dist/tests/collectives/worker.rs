@@ -35,7 +35,11 @@ fn collectives(env: &DistEnv) {
         ] {
             let mut t = Tensor::from_slice(&[r + 1.0, 2.0 * (r + 1.0)]).to_kind(kind);
             pg.all_reduce_(&mut t, op).unwrap();
-            assert_eq!((t.kind(), values(&t)), (kind, expected.to_vec()), "all_reduce {op:?} {kind:?}");
+            assert_eq!(
+                (t.kind(), values(&t)),
+                (kind, expected.to_vec()),
+                "all_reduce {op:?} {kind:?}"
+            );
         }
     }
 
@@ -49,7 +53,9 @@ fn collectives(env: &DistEnv) {
     assert_eq!(values(&out), [0.0, 1.0, 100.0, 101.0], "all_gather_into");
 
     let full = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]) * (r as f64 + 1.0);
-    for (op, expected) in [(ReduceOp::Sum, [[3.0, 6.0], [9.0, 12.0]]), (ReduceOp::Avg, [[1.5, 3.0], [4.5, 6.0]])] {
+    for (op, expected) in
+        [(ReduceOp::Sum, [[3.0, 6.0], [9.0, 12.0]]), (ReduceOp::Avg, [[1.5, 3.0], [4.5, 6.0]])]
+    {
         let mut out = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
         pg.reduce_scatter_into(&mut out, &full, op).unwrap();
         assert_eq!(values(&out), expected[pg.rank()], "reduce_scatter_into {op:?}");
@@ -70,9 +76,14 @@ fn collectives(env: &DistEnv) {
 fn bad_arguments(pg: &ProcessGroup) {
     let mut strided = Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu)).transpose(0, 1);
     let err = pg.all_reduce_(&mut strided, ReduceOp::Sum).unwrap_err();
-    assert!(matches!(err, DistError::BadTensor { .. }) && err.to_string().contains("not contiguous"), "{err}");
+    assert!(
+        matches!(err, DistError::BadTensor { .. }) && err.to_string().contains("not contiguous"),
+        "{err}"
+    );
     let mut out = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu));
-    let err = pg.all_gather_into(&mut out, &Tensor::zeros([2], (Kind::Float, tch::Device::Cpu))).unwrap_err();
+    let err = pg
+        .all_gather_into(&mut out, &Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)))
+        .unwrap_err();
     assert_eq!(err.to_string(), "all_gather_into: out has shape [3], expected [4] (2 × shard)");
     let err = pg.broadcast_(&mut out, 2).unwrap_err();
     assert_eq!(err.to_string(), "broadcast: root rank 2 is not below the group size 2");
