@@ -71,6 +71,10 @@ fn nccl_includes(torch: &Path, lib: &Path) -> Result<Vec<PathBuf>, String> {
         .iter()
         .map(|v| nvidia.join(v).join("include"))
         .find(|d| d.join("cuda_runtime_api.h").exists());
+    if let Some(dir) = &cuda {
+        // Headers installed later (make setup) must rebuild the shim with NCCL.
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
     let Some(cuda) = cuda else {
         return Err(format!("no CUDA runtime headers under {}/cu13/include", nvidia.display()));
     };
