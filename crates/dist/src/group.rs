@@ -27,6 +27,10 @@ impl ProcessGroup {
     /// Rendezvous over a TCPStore at master_addr:master_port (rank 0 serves it unless agent_store),
     /// keys prefixed "flowtune/<restart>", then the backend's process group. `timeout` bounds the
     /// rendezvous and every collective.
+    ///
+    /// With [`Backend::Nccl`] the current CUDA device becomes `env.local_rank`, and
+    /// `TORCH_NCCL_ASYNC_ERROR_HANDLING` is set to 2 (clean up only), so that a timeout surfaces as
+    /// an error from the collective instead of the watchdog killing the process.
     pub fn new(env: &DistEnv, backend: Backend, timeout: Duration) -> Result<Self, DistError> {
         let device = match backend {
             Backend::Gloo => Device::Cpu,

@@ -61,16 +61,7 @@ fn two_ranks_under_torchrun() {
 
 #[test]
 fn world_size_one_collectives_are_identities() {
-    let env = DistEnv {
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        local_world_size: 1,
-        master_addr: "127.0.0.1".into(),
-        master_port: free_port(),
-        agent_store: false,
-        restart: 0,
-    };
+    let env = DistEnv { master_port: free_port(), ..solo() };
     let pg = ProcessGroup::new(&env, Backend::Gloo, Duration::from_secs(30)).unwrap();
     let x = Tensor::from_slice(&[1.5f32, -2.0, 4.0]);
     for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
@@ -91,24 +82,35 @@ fn world_size_one_collectives_are_identities() {
     assert_eq!(pg.all_gather_bytes(b"solo").unwrap(), [b"solo".to_vec()]);
 }
 
+/// Without a GPU, NCCL is refused with a clear error; with one, a world of one runs on GPU 0.
 #[test]
-fn nccl_without_a_gpu_is_a_clear_error() {
-    if tch::Cuda::device_count() > 0 {
-        println!("skipped: a GPU is visible, so NCCL would not be refused");
+fn nccl_is_refused_without_a_gpu_and_runs_with_one() {
+    let env = DistEnv { master_port: free_port(), ..solo() };
+    let result = ProcessGroup::new(&env, Backend::Nccl, Duration::from_secs(30));
+    if tch::Cuda::device_count() == 0 {
+        let err = result.err().expect("NCCL is refused without a GPU");
+        assert!(matches!(err, DistError::NoGpu), "{err}");
+        assert!(err.to_string().contains("no GPU"), "{err}");
         return;
     }
-    let env = DistEnv::from_vars(|v| {
-        let vars = [
-            ("RANK", "0"),
-            ("WORLD_SIZE", "1"),
-            ("MASTER_ADDR", "127.0.0.1"),
-            ("MASTER_PORT", "1"),
-        ];
-        vars.iter().find(|(k, _)| *k == v).map(|(_, value)| value.to_string())
-    });
-    let err = ProcessGroup::new(&env.unwrap().unwrap(), Backend::Nccl, Duration::from_secs(5))
-        .err()
-        .unwrap();
-    assert!(matches!(err, DistError::NoGpu), "{err}");
-    assert!(err.to_string().contains("no GPU"), "{err}");
+    let pg = result.unwrap();
+    let x = Tensor::from_slice(&[1.5f32, -2.0]).to_device(tch::Device::Cuda(0));
+    let mut t = x.copy();
+    pg.all_reduce_(&mut t, ReduceOp::Avg).unwrap();
+    assert_eq!(t, x);
+    pg.barrier().unwrap();
+    assert_eq!(pg.all_gather_bytes(b"gpu").unwrap(), [b"gpu".to_vec()]);
+}
+
+fn solo() -> DistEnv {
+    DistEnv {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+        local_world_size: 1,
+        master_addr: "127.0.0.1".into(),
+        master_port: 0,
+        agent_store: false,
+        restart: 0,
+    }
 }
