@@ -18,9 +18,10 @@ test: setup
 	$(ENV) cargo clippy --release --workspace --all-targets -- -D warnings
 	$(ENV) cargo test --release --workspace -- --nocapture
 
-## setup: install torch==2.11.0 into $(FLOWTUNE_VENV) and the OCR models into $(FLOWTUNE_CACHE)/ocr (once)
+## setup: install torch==2.11.0 (+ the CUDA headers flowtune-dist's NCCL needs) into $(FLOWTUNE_VENV) and the OCR models into $(FLOWTUNE_CACHE)/ocr (once)
 setup:
 	scripts/setup.sh
+	scripts/setup-dist.sh
 	scripts/setup-rewards.sh
 
 ## build: the release binary target/release/flowtune

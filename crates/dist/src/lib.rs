@@ -1,68 +1,38 @@
-//! TEMPORARY single-process stand-in, replaced by the c10d crate being built on branch dist-crate.
-use std::time::Duration;
-use tch::Tensor;
+//! Distributed collectives for flowtune, through PyTorch's own c10d (the torch 2.11 wheel's
+//! libtorch): a TCPStore rendezvous, then a Gloo (CPU) or NCCL (GPU) process group, behind a small
+//! C++ shim (`csrc/shim.cpp`). [`DistEnv`] reads where this process sits from torchrun's, Slurm's or
+//! OpenMPI's variables; [`ProcessGroup`] runs blocking collectives on `tch::Tensor`s.
+//!
+//! Every collective waits for completion with the group's timeout; a dead or hung peer yields a
+//! [`DistError`], never a hang or an abort.
 
+mod env;
+mod error;
+mod ffi;
+mod group;
+
+pub use env::DistEnv;
+pub use error::DistError;
+pub use group::ProcessGroup;
+
+/// Which c10d process group carries the collectives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
+    /// Gloo over TCP: CPU tensors; what the tests and CPU runs use.
     Gloo,
+    /// NCCL: CUDA tensors, one GPU per process (the GPU is `local_rank`).
     Nccl,
 }
+
+/// How [`ProcessGroup::all_reduce_`] and [`ProcessGroup::reduce_scatter_into`] combine ranks' values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReduceOp {
+    /// Element-wise sum.
     Sum,
+    /// Element-wise mean over ranks (floating-point tensors; Gloo computes it as a sum, then divides).
     Avg,
+    /// Element-wise maximum.
     Max,
+    /// Element-wise minimum.
     Min,
-}
-#[derive(Debug, thiserror::Error)]
-pub enum DistError {
-    #[error("{0}")]
-    Other(String),
-}
-#[derive(Debug, Clone, PartialEq)]
-pub struct DistEnv {
-    pub rank: usize,
-    pub world_size: usize,
-    pub local_rank: usize,
-    pub local_world_size: usize,
-    pub master_addr: String,
-    pub master_port: u16,
-    pub agent_store: bool,
-    pub restart: u32,
-}
-impl DistEnv {
-    pub fn detect() -> Result<Option<DistEnv>, DistError> {
-        Ok(None)
-    }
-}
-pub struct ProcessGroup {
-    rank: usize,
-    size: usize,
-}
-impl ProcessGroup {
-    pub fn new(env: &DistEnv, _backend: Backend, _timeout: Duration) -> Result<Self, DistError> {
-        Ok(Self { rank: env.rank, size: env.world_size })
-    }
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-    pub fn size(&self) -> usize {
-        self.size
-    }
-    pub fn all_reduce_(&self, _t: &mut Tensor, _op: ReduceOp) -> Result<(), DistError> {
-        Ok(())
-    }
-    pub fn broadcast_(&self, _t: &mut Tensor, _root: usize) -> Result<(), DistError> {
-        Ok(())
-    }
-    pub fn all_gather_into(&self, out: &mut Tensor, shard: &Tensor) -> Result<(), DistError> {
-        out.copy_(shard);
-        Ok(())
-    }
-    pub fn barrier(&self) -> Result<(), DistError> {
-        Ok(())
-    }
-    pub fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
-        Ok(vec![bytes.to_vec()])
-    }
 }

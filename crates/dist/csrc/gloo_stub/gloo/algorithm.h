@@ -1,0 +1,2 @@
+// flowtune declaration stub: torch's ProcessGroupGloo.hpp includes this header but uses nothing from it.
+#pragma once
