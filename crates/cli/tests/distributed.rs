@@ -164,9 +164,14 @@ fn two_ranks_train_as_one_process_with_the_whole_batch() {
         [("flow_grpo_tiny.yaml", 2), ("dpo_tiny.yaml", 1), ("diffusion_nft_tiny.yaml", 2)]
     {
         let total = format!("trainer.total_steps={steps}");
+        // Validation (shared out between the ranks) after every step, on the 4 tiny prompts.
+        let val =
+            format!("data.val_files=[{}]", root().join("examples/prompts/tiny.txt").display());
+        let extra = [total.as_str(), "trainer.val_freq=1", &val];
         let (a, b) = (scratch(&format!("one-{recipe}")), scratch(&format!("two-{recipe}")));
-        single(recipe, &a, &[&total]);
-        two_ranks(recipe, &b, &[&total]);
+        single(recipe, &a, &extra);
+        two_ranks(recipe, &b, &extra);
+        assert!(metrics(&b).iter().all(|l| l.keys().any(|k| k.starts_with("val-core/"))));
         assert_same_run(&a, &b, 1..=steps);
         assert!(metrics(&b).iter().all(|l| l["dist/world_size"] == 2.0));
         eprintln!("{recipe}: 2 ranks × 1 prompt group = 1 process × 2 groups");

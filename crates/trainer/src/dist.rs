@@ -25,7 +25,9 @@ pub struct Comm {
 
 impl From<flowtune_dist::DistError> for TrainError {
     fn from(e: flowtune_dist::DistError) -> Self {
-        TrainError::Distributed(e.to_string())
+        TrainError::Distributed(format!(
+            "{e} (a rank of this job stopped, hung or cannot be reached; the newest complete checkpoint stays loadable: rerun with trainer.resume: auto)"
+        ))
     }
 }
 

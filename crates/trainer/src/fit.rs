@@ -17,7 +17,7 @@ use tch::Device;
 
 use crate::checkpoint::{self, LoopState};
 use crate::dist::Comm;
-use crate::logging::{progress_bar, say, step_line, summary_line, MetricLog};
+use crate::logging::{progress_bar, step_line, summary_line, MetricLog};
 use crate::optim::{learning_rate, AdamW, Ema};
 use crate::reference::Reference;
 use crate::run::Run;
@@ -35,6 +35,8 @@ pub struct TrainSummary {
     /// transformer's safetensors in a diffusers `transformer/` folder.
     pub export: PathBuf,
     pub steps_run: u64,
+    /// This process's rank in a launched job (0 alone).
+    pub rank: usize,
 }
 
 /// How `recipe` loads its pipeline on `device`.
@@ -178,7 +180,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         m.insert("timing_s/testing".into(), timer.elapsed().as_secs_f64());
         if let Some(log) = log.as_mut() {
             log.log(0, &m)?;
-            say(&run.bar, format!("validation before training: {}", summary_line(&m)));
+            run.say(format!("validation before training: {}", summary_line(&m)));
         }
     }
     let training = Instant::now();
@@ -231,18 +233,18 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
             log.log(k, &m)?;
         }
         run.bar.inc(1);
-        say(&run.bar, step_line(k, t.total_steps, &m, elapsed));
+        run.say(step_line(k, t.total_steps, &m, elapsed));
         if m.contains_key("timing_s/testing") {
-            say(&run.bar, format!("validation at step {k}: {}", summary_line(&m)));
+            run.say(format!("validation at step {k}: {}", summary_line(&m)));
         }
         all.push(m);
         last = k;
         if stop {
-            eprintln!("interrupted: saved a checkpoint at step {k}; rerun with trainer.resume: auto to continue");
+            run.say(format!("interrupted: saved a checkpoint at step {k}; rerun with trainer.resume: auto to continue"));
             break;
         }
         if out_of_time && k < t.total_steps {
-            say(&run.bar, format!("trainer.time_limit_s reached after step {k}; stopping"));
+            run.say(format!("trainer.time_limit_s reached after step {k}; stopping"));
             break;
         }
     }
@@ -256,7 +258,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     }
     // The other ranks return once the exported weights are on disk.
     comm.barrier()?;
-    Ok(TrainSummary { metrics: all, export, steps_run: last - start })
+    Ok(TrainSummary { metrics: all, export, steps_run: last - start, rank: comm.rank() })
 }
 
 /// Writes the trained weights for use outside flowtune: the LoRA in the diffusers/PEFT layout

@@ -24,4 +24,11 @@ impl Run<'_> {
     pub fn status(&self, what: &'static str) {
         self.bar.set_message(what);
     }
+
+    /// Tells people `line` (above the progress bar); in a job, rank 0 alone speaks.
+    pub fn say(&self, line: String) {
+        if self.comm.is_main() {
+            crate::logging::say(&self.bar, line);
+        }
+    }
 }

@@ -21,6 +21,9 @@ pub fn run(args: TrainArgs, device: &DeviceArg) -> Result<(), Failure> {
     let recipe = Recipe::load(&args.recipe, &args.overrides).map_err(Failure::input)?;
     let device = device.resolve()?;
     let summary = train(&recipe, device).map_err(Failure::training)?;
+    if summary.rank != 0 {
+        return Ok(());
+    }
     println!(
         "trained {} steps; weights written to {}",
         summary.steps_run,
