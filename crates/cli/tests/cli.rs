@@ -471,6 +471,7 @@ fn score_prints_one_line_per_image() {
         .zip(["a", "b", "c"])
         .map(|(image, prompt)| Sample {
             image,
+            frames: 1,
             prompt,
             ground_truth: None,
             data_source: "x",

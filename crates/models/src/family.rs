@@ -156,6 +156,16 @@ pub trait FlowPipeline {
         false
     }
 
+    /// How many frames [`Self::decode_rgb8`] lays side by side for latents of `latent_shape`: 1
+    /// for pictures; by default a video latent `[C, F, H, W]` decodes to its F frames (a video VAE
+    /// with temporal compression says its own count).
+    fn decoded_frames(&self, latent_shape: &[i64]) -> usize {
+        match latent_shape {
+            [_, frames, _, _] => *frames as usize,
+            _ => 1,
+        }
+    }
+
     /// The negative prompt of CFG when a prompt row names none (diffusers' pipeline default:
     /// empty for SD3, `" "` for Qwen-Image).
     fn default_negative_prompt(&self) -> &'static str {

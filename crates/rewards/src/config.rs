@@ -40,6 +40,17 @@ pub struct RewardFunction {
     /// `clip_score`, `pickscore`, `aesthetic`: the CLIP weights (and head) and their device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clip: Option<crate::ClipSettings>,
+    /// Video samples: score every this-many-th frame (0, k, 2k, …) and take the mean.
+    #[serde(default = "one_frame", skip_serializing_if = "is_one_frame")]
+    pub frame_interval: usize,
+}
+
+fn one_frame() -> usize {
+    1
+}
+
+fn is_one_frame(k: &usize) -> bool {
+    *k == 1
 }
 
 impl RewardFunction {
@@ -54,6 +65,7 @@ impl RewardFunction {
             vlm: None,
             ocr: None,
             clip: None,
+            frame_interval: 1,
         }
     }
 }

@@ -2,10 +2,11 @@
 //! registry builds scorers by name from the recipe's `reward` section; [`score_batch`] combines
 //! weighted scorers and applies the failure policy — a failed or NaN score stops the step with a
 //! clear message, or (with `on_error: skip_sample`) drops the sample and counts it, never a
-//! silent 0.
+//! silent 0. Video samples are scored frame by frame ([`PerFrame`]).
 
 mod clip;
 mod config;
+mod frames;
 mod http;
 mod jpeg;
 mod ocr;
@@ -20,6 +21,7 @@ pub use clip::{
     clip_score, cosine, pickscore, ClipKind, ClipReward, ClipSettings, PICKSCORE_DIVISOR,
 };
 pub use config::{HttpSettings, OnError, RewardConfig, RewardFunction};
+pub use frames::{frame, PerFrame};
 pub use http::HttpReward;
 pub use jpeg::JpegSize;
 pub use ocr::{Line, OcrReward, OcrSettings, Reader};
@@ -31,9 +33,12 @@ pub use vlm::{JudgeMode, VlmJudge, VlmSettings};
 /// An RGB image, row-major u8 (H × W × 3).
 pub type RgbImage = image::RgbImage;
 
-/// One sample to score.
+/// One sample to score: a picture, or a video clip as its frames side by side.
+#[derive(Clone, Copy)]
 pub struct Sample<'a> {
     pub image: &'a RgbImage,
+    /// How many frames lie side by side in `image` (1 for a picture).
+    pub frames: usize,
     pub prompt: &'a str,
     /// The target the prompt asks for (e.g. the quoted text of an OCR prompt).
     pub ground_truth: Option<&'a str>,
@@ -194,6 +199,7 @@ mod tests {
     fn sample(image: &RgbImage) -> Sample<'_> {
         Sample {
             image,
+            frames: 1,
             prompt: "a cat",
             ground_truth: None,
             data_source: "test",

@@ -1,8 +1,8 @@
 //! The reward registry: scorer names → constructors.
 
 use crate::{
-    ClipKind, ClipReward, HttpReward, JpegSize, OcrReward, Reward, RewardConfig, RewardError,
-    RewardFunction, ShapesGeneval, VlmJudge, Weighted,
+    ClipKind, ClipReward, HttpReward, JpegSize, OcrReward, PerFrame, Reward, RewardConfig,
+    RewardError, RewardFunction, ShapesGeneval, VlmJudge, Weighted,
 };
 
 /// Every registered reward name.
@@ -41,6 +41,12 @@ pub fn validate(config: &RewardConfig) -> Result<(), RewardError> {
         ));
     }
     for f in &config.functions {
+        if f.frame_interval == 0 {
+            return Err(RewardError::Config(format!(
+                "reward `{}`: frame_interval 0; use 1 to score every frame of a video, k for every k-th",
+                f.name
+            )));
+        }
         if !f.weight.is_finite() {
             return Err(RewardError::Config(format!(
                 "reward `{}`: weight {} is not finite",
@@ -111,6 +117,7 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
                 }
                 other => unreachable!("validate() lists every reward name, not `{other}`"),
             };
+            let scorer: Box<dyn Reward> = Box::new(PerFrame::new(scorer, f.frame_interval));
             Ok((scorer, f.weight))
         })
         .collect()

@@ -177,6 +177,7 @@ fn the_rewards_score_pictures_and_prompts_end_to_end() {
         .zip(prompts)
         .map(|(image, prompt)| Sample {
             image,
+            frames: 1,
             prompt,
             ground_truth: None,
             data_source: "t",

@@ -50,6 +50,7 @@ fn samples(images: &[RgbImage]) -> Vec<Sample<'_>> {
         .iter()
         .map(|image| Sample {
             image,
+            frames: 1,
             prompt: "p",
             ground_truth: Some("x"),
             data_source: "t",

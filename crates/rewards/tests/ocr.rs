@@ -54,6 +54,7 @@ fn the_ocr_reward_scores_text_against_the_ground_truth() {
     let extra = serde_json::Value::Null;
     let sample = |image, gt| Sample {
         image,
+        frames: 1,
         prompt: "a sign",
         ground_truth: gt,
         data_source: "ocr",

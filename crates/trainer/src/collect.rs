@@ -110,6 +110,7 @@ pub(crate) fn collect(
                 &format!("train_step_{k:06}"),
                 &images,
                 &captions,
+                engine.pipe.decoded_frames(&engine.latent_shape),
             )?;
         }
     }

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use flowtune_report::{captioned_grid, Caption};
-use flowtune_rewards::RgbImage;
+use flowtune_report::{captioned_grid, write_gif, Caption};
+use flowtune_rewards::{frame, RgbImage};
 
 use crate::dist::Comm;
 use crate::TrainError;
@@ -23,13 +23,19 @@ pub(crate) fn gather(comm: &Comm, images: &[RgbImage]) -> Result<Vec<RgbImage>, 
         .collect()
 }
 
+/// Frames per second of the animated grids of video samples.
+const FPS: u32 = 8;
+
 /// Writes `<stem>.png` (the grid, each tile captioned with its prompt and score; green/red when
-/// every score is 0 or 1) and `<stem>.jsonl` (one caption per tile: prompt and score).
+/// every score is 0 or 1) and `<stem>.jsonl` (one caption per tile: prompt and score). Video
+/// samples (`frames` side by side in each image) tile as strips in the PNG and also play in
+/// `<stem>.gif`, a grid per frame, and in `<stem>.mp4` where `ffmpeg` is installed.
 pub fn save_grid(
     dir: &Path,
     stem: &str,
     images: &[RgbImage],
     captions: &[(String, f64)],
+    frames: usize,
 ) -> Result<(), TrainError> {
     std::fs::create_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
     let png = dir.join(format!("{stem}.png"));
@@ -41,12 +47,21 @@ pub fn save_grid(
             verdict: binary.then_some(*score == 1.0),
         })
         .collect();
-    let side = images.first().map_or(1, |i| i.width());
-    let cell = side.clamp(128, 256);
-    let columns = (images.len() as f64).sqrt().ceil() as u32;
-    captioned_grid(images, &labels, cell, columns, 4)
-        .save(&png)
-        .map_err(|source| TrainError::Image { path: png.clone(), source })?;
+    let grid = |images: &[RgbImage]| {
+        let side = images.first().map_or(1, |i| i.width());
+        let columns = (images.len() as f64).sqrt().ceil() as u32;
+        captioned_grid(images, &labels, side.clamp(128, 256), columns, 4)
+    };
+    grid(images).save(&png).map_err(|source| TrainError::Image { path: png.clone(), source })?;
+    if frames > 1 {
+        let gif = dir.join(format!("{stem}.gif"));
+        let played: Vec<RgbImage> = (0..frames)
+            .map(|f| grid(&images.iter().map(|i| frame(i, frames, f)).collect::<Vec<_>>()))
+            .collect();
+        write_gif(&gif, &played, FPS)
+            .map_err(|source| TrainError::Image { path: gif.clone(), source })?;
+        to_mp4(&gif);
+    }
     let lines: Vec<String> = captions
         .iter()
         .enumerate()
@@ -56,4 +71,27 @@ pub fn save_grid(
         .collect();
     let jsonl = dir.join(format!("{stem}.jsonl"));
     std::fs::write(&jsonl, lines.join("\n") + "\n").map_err(|e| TrainError::io(&jsonl, e))
+}
+
+/// `<stem>.mp4` beside an animated grid, where `ffmpeg` is installed (H.264, even sides); a failed
+/// conversion is reported, an absent ffmpeg is not an error.
+fn to_mp4(gif: &Path) {
+    let mp4 = gif.with_extension("mp4");
+    let run = std::process::Command::new("ffmpeg")
+        .args(["-y", "-loglevel", "error", "-i"])
+        .arg(gif)
+        .args(["-movflags", "faststart", "-pix_fmt", "yuv420p"])
+        .args(["-vf", "scale=trunc(iw/2)*2:trunc(ih/2)*2"])
+        .arg(&mp4)
+        .output();
+    match run {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => eprintln!("{}: ffmpeg could not start: {e}", mp4.display()),
+        Ok(out) if !out.status.success() => eprintln!(
+            "{}: ffmpeg failed: {}",
+            mp4.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Ok(_) => {}
+    }
 }

@@ -39,7 +39,8 @@ pub fn rollout_and_score(
     let pictures = if pictures.iter().all(Vec::is_empty) { vec![] } else { pictures };
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<(usize, Vec<RgbImage>)>();
-        let worker = scope.spawn(move || score_chunks(rx, records, scorers, on_error));
+        let frames = engine.pipe.decoded_frames(&engine.latent_shape);
+        let worker = scope.spawn(move || score_chunks(rx, records, frames, scorers, on_error));
         let batch = engine.rollout_streaming(
             &prompts,
             &negatives,
@@ -59,10 +60,12 @@ pub fn rollout_and_score(
     })
 }
 
-/// Scores chunks `(first row, images)` in arrival order until the sender hangs up.
+/// Scores chunks `(first row, images)` in arrival order until the sender hangs up; each image
+/// holds `frames` frames side by side.
 fn score_chunks(
     chunks: mpsc::Receiver<(usize, Vec<RgbImage>)>,
     records: &[&PromptRecord],
+    frames: usize,
     scorers: &[Weighted],
     on_error: OnError,
 ) -> Result<(ScoredBatch, f64), RewardError> {
@@ -75,6 +78,7 @@ fn score_chunks(
             .zip(&images)
             .map(|(r, image)| Sample {
                 image,
+                frames,
                 prompt: &r.prompt,
                 ground_truth: r.ground_truth.as_deref(),
                 data_source: &r.data_source,

@@ -71,6 +71,7 @@ pub(crate) fn validate(
             &format!("val_step_{k:06}"),
             &images,
             &captions[..shown],
+            engine.pipe.decoded_frames(&engine.latent_shape),
         )?;
     }
     Ok(per_source

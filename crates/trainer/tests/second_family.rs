@@ -302,8 +302,12 @@ fn a_registered_video_family_trains_and_resumes_through_the_unchanged_trainer() 
     let lora = tensors(&summary.export);
     assert!(lora_moved(&lora), "the LoRA trained");
     assert!(lora.keys().all(|k| k.starts_with("transformer.net.")), "{:?}", lora.keys());
-    // The training grid shows the decoded clips (frames side by side).
+    // The training grid shows the decoded clips (frames side by side), and plays them.
     assert!(image::open(straight.join("images/train_step_000002.png")).is_ok());
+    let gif = std::fs::File::open(straight.join("images/train_step_000002.gif")).expect("a GIF");
+    let decoder = image::codecs::gif::GifDecoder::new(std::io::BufReader::new(gif)).unwrap();
+    let played = image::AnimationDecoder::into_frames(decoder).collect_frames().unwrap();
+    assert_eq!(played.len(), 2, "one grid per frame of the clips");
 
     // One step, then a resumed second step, gives the same adapters and step-2 metrics.
     let resumed = scratch("video-resumed");

@@ -51,6 +51,7 @@ pub fn run(a: RewardArgs) -> Result<(), Failure> {
     let samples: Vec<Sample<'_>> = (0..count)
         .map(|i| Sample {
             image: &images[i],
+            frames: 1,
             prompt: &prompts[i],
             ground_truth: Some(&texts[i]),
             data_source: "bench",

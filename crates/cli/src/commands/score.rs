@@ -97,6 +97,7 @@ pub fn run(a: ScoreArgs) -> Result<(), Failure> {
             .zip(records)
             .map(|(image, r)| Sample {
                 image,
+                frames: 1,
                 prompt: &r.prompt,
                 ground_truth: r.ground_truth.as_deref(),
                 data_source: &r.data_source,
