@@ -66,26 +66,25 @@ impl Reward for PerFrame {
                 message: format!("returned {} scores for {} frames", scores.len(), frames.len()),
             });
         }
-        // Per sample: the summed value and extras, and how many frames gave them.
-        let mut sums: Vec<(f64, BTreeMap<String, (f64, usize)>, usize)> =
-            vec![(0.0, BTreeMap::new(), 0); samples.len()];
+        let mut per_sample: Vec<Vec<Score>> = vec![vec![]; samples.len()];
         for (score, &i) in scores.into_iter().zip(&owner) {
-            let (value, extras, n) = &mut sums[i];
-            *value += score.value;
-            *n += 1;
-            for (k, v) in score.extras {
-                let e = extras.entry(k).or_default();
-                e.0 += v;
-                e.1 += 1;
-            }
+            per_sample[i].push(score);
         }
-        Ok(sums
-            .into_iter()
-            .map(|(value, extras, n)| Score {
-                value: value / n as f64,
-                extras: extras.into_iter().map(|(k, (s, c))| (k, s / c as f64)).collect(),
-            })
-            .collect())
+        Ok(per_sample.iter().map(|frames| mean(frames)).collect())
+    }
+}
+
+/// The mean of frames' scores: the value over all of them, each extra over those that have it.
+fn mean(frames: &[Score]) -> Score {
+    let mut extras: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
+    for (k, v) in frames.iter().flat_map(|s| &s.extras) {
+        let e = extras.entry(k).or_default();
+        e.0 += v;
+        e.1 += 1;
+    }
+    Score {
+        value: frames.iter().map(|s| s.value).sum::<f64>() / frames.len() as f64,
+        extras: extras.into_iter().map(|(k, (s, n))| (k.to_string(), s / n as f64)).collect(),
     }
 }
 
