@@ -19,6 +19,7 @@ pub mod sd3;
 pub mod text_encoders;
 pub mod tokenizer;
 pub mod vae;
+pub mod wan;
 pub mod weights;
 pub mod z_image;
 

@@ -1,0 +1,11 @@
+//! Wan (`WanPipeline`: Wan2.1 and Wan2.2 text-to-video and TI2V-5B) in the diffusers layout: the
+//! `WanTransformer3DModel` denoiser, the `AutoencoderKLWan` causal video VAE and the UMT5 text
+//! encoder.
+
+mod block;
+mod config;
+mod rope;
+mod transformer;
+
+pub use config::WanTransformerConfig;
+pub use transformer::{ConditionEmbedder, WanTransformer};

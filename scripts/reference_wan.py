@@ -1,0 +1,136 @@
+"""Reference fixtures for flowtune's Wan port (diffusers' WanTransformer3DModel, AutoencoderKLWan,
+transformers' UMT5EncoderModel).
+
+Usage (the project venv: torch 2.11, diffusers 0.42, transformers, peft):
+    python scripts/reference_wan.py fixtures [transformer|vae|umt5 ...]
+        writes the fixtures of the named parts (all by default) and their manifest entries.
+    python scripts/reference_wan.py --check-pipeline DIR
+        loads a tiny pipeline written by `flowtune make-tiny wan DIR` with WanPipeline.from_pretrained
+        and runs two denoising steps.
+
+Transformer (kind `wan_transformer`): for each tiny random config, `<name>/` (config.json + weights),
+`<name>_lora.safetensors` (a random PEFT LoRA in the diffusers layout) and `<name>_io.safetensors`:
+`input.hidden_states` (B, C, F, H, W), `input.timestep` (B,) or per token (B, S) as WanPipeline passes
+it with `expand_timesteps` (TI2V: 0 on the first latent frame's tokens), `input.encoder_hidden_states`
+(B, L, text_dim) (rows zero-padded beyond the prompt as the pipeline pads them); `output.sample`,
+`output.sample_with_lora`, `loss_weight`, `grad.transformer.*` of mean(sample_with_lora · loss_weight).
+
+VAE (kind `wan_vae`): `<name>/` and `<name>_io.safetensors` with, per case, `input.video` (B, 3, T, H, W)
+in [-1, 1], `output.mean` (the posterior mean, raw) and `output.logvar`, `input.latents` (normalised, as
+the denoiser sees them) and `output.video` = vae.decode(latents · std + mean) (pipeline_wan's
+denormalisation), for T = 1, 5 and 9 frames.
+
+UMT5 (kind `wan_umt5`): `<name>/` (config + weights) and `<name>_io.safetensors`: `input.input_ids`,
+`input.attention_mask` (B, L) padded to max_sequence_length, `output.last_hidden_state` (B, L, d) of the
+encoder with that mask, `output.prompt_embeds` (B, L, d): WanPipeline's prompt embeds (each row's first
+len tokens, zeros beyond).
+"""
+import math
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+from transformer_fixtures import lora_case, randomize_, update_manifest
+
+WAN_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k",
+               "attn2.to_v", "attn2.to_out.0", "ffn.net.0.proj", "ffn.net.2"]
+
+TRANSFORMERS = [
+    {
+        # Wan2.1/2.2 T2V layout: 9 frames → 3 latent frames of 6 × 10 cells, per-sample timesteps.
+        "name": "wan_t2v_tiny",
+        "config": dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
+                       out_channels=16, text_dim=24, freq_dim=32, ffn_dim=48, num_layers=2, cross_attn_norm=True,
+                       rope_max_seq_len=64),
+        "latent": (3, 6, 10),
+        "text_len": 9,
+        "valid": [4, 9],
+        "t": [999.0, 412.5],
+        "per_token": False,
+        "lora": {"r": 4, "alpha": 8, "targets": WAN_TARGETS},
+    },
+    {
+        # Wan2.2-TI2V layout (48 → tiny 12 channels): 5 frames → 2 latent frames, per-token timesteps with
+        # the first frame's tokens at 0 (the image-conditioned rows of expand_timesteps).
+        "name": "wan_ti2v_tiny",
+        "config": dict(patch_size=(1, 2, 2), num_attention_heads=3, attention_head_dim=16, in_channels=12,
+                       out_channels=12, text_dim=20, freq_dim=16, ffn_dim=40, num_layers=2, cross_attn_norm=False,
+                       rope_max_seq_len=32),
+        "latent": (2, 4, 6),
+        "text_len": 6,
+        "valid": [6, 2],
+        "t": [875.0, 250.0],
+        "per_token": True,
+        "lora": {"r": 3, "alpha": 6, "targets": "all-linear"},
+    },
+    {
+        # One frame (a picture), a temporal patch of 1, non-square 4 × 8 cells, one sample.
+        "name": "wan_image_tiny",
+        "config": dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=18, in_channels=4,
+                       out_channels=4, text_dim=16, freq_dim=24, ffn_dim=24, num_layers=1, cross_attn_norm=True,
+                       eps=1e-5, rope_max_seq_len=16),
+        "latent": (1, 4, 8),
+        "text_len": 5,
+        "valid": [3],
+        "t": [500.0],
+        "per_token": False,
+        "lora": {"r": 2, "alpha": 2, "targets": WAN_TARGETS},
+    },
+]
+
+
+def transformer_case(spec, out_dir, g):
+    from diffusers import WanTransformer3DModel
+
+    name = spec["name"]
+    model = WanTransformer3DModel(**spec["config"]).eval()
+    randomize_(model, g)
+    model.save_pretrained(os.path.join(out_dir, name), safe_serialization=True)
+    c = model.config
+    b = len(spec["t"])
+    f, h, w = spec["latent"]
+    x = torch.randn(b, c.in_channels, f, h, w, generator=g)
+    text = torch.randn(b, spec["text_len"], c.text_dim, generator=g)
+    for row, n in enumerate(spec["valid"]):
+        text[row, n:] = 0
+    t = torch.tensor(spec["t"], dtype=torch.float32)
+    if spec["per_token"]:
+        p_t, p_h, p_w = c.patch_size
+        mask = torch.ones(1, 1, f, h, w)
+        mask[:, :, 0] = 0
+        t = torch.stack([(mask[0][0][:, ::p_h, ::p_w] * ti).flatten() for ti in t])
+    inp = {"hidden_states": x, "timestep": t, "encoder_hidden_states": text}
+
+    def run():
+        return model(x, t, text, return_dict=False)[0]
+
+    with torch.no_grad():
+        out = run()
+    io = {f"input.{k}": v for k, v in inp.items()}
+    io["output.sample"] = out
+    return lora_case(model, run, name, "wan_transformer", spec["lora"], io, out_dir, g)
+
+
+def transformers_part(out_dir):
+    g = torch.Generator().manual_seed(20261124)
+    entries = [transformer_case(spec, out_dir, g) for spec in TRANSFORMERS]
+    update_manifest(out_dir, entries, "wan_transformer")
+    for e in entries:
+        print(e["name"], "lora params", e["lora_params"], "adapted", len(e["adapted_modules"]),
+              "output |mean|", e["output_abs_mean"])
+
+
+PARTS = {"transformer": transformers_part}
+
+
+def main(argv):
+    out_dir = argv[0] if argv else "fixtures"
+    torch.manual_seed(0)
+    for part in argv[1:] or list(PARTS):
+        PARTS[part](out_dir)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
