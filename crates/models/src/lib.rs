@@ -2,6 +2,7 @@
 //! (`transformer_blocks.3.attn.to_q`), configs mirror `config.json`, and LoRA adapters attach by
 //! the same dotted names users give PEFT.
 
+mod causal_vae;
 pub mod clip;
 mod conditioning;
 pub mod denoiser;
