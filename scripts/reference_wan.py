@@ -122,7 +122,81 @@ def transformers_part(out_dir):
               "output |mean|", e["output_abs_mean"])
 
 
-PARTS = {"transformer": transformers_part}
+VAES = {
+    # Wan2.1's layout (four levels, temporal downsampling in the last two) at width 4, z 4; 8× spatial.
+    "wan21_vae_tiny": {
+        "seed": 31, "batch": 2, "hw": (16, 24),
+        "config": dict(base_dim=4, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, attn_scales=[],
+                       temperal_downsample=[False, True, True], scale_factor_spatial=8, scale_factor_temporal=4),
+    },
+    # Wan2.2's layout: residual blocks, a wider decoder, 2×2 pixel patches (12 channels), z 8; 16× spatial.
+    "wan22_vae_tiny": {
+        "seed": 32, "batch": 1, "hw": (32, 48),
+        "config": dict(base_dim=4, decoder_base_dim=8, z_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                       attn_scales=[], temperal_downsample=[False, True, True], is_residual=True, in_channels=12,
+                       out_channels=12, patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4),
+    },
+}
+
+FRAMES = [1, 5, 9]
+
+
+def randomize_vae(model, seed):
+    """Weights N(0, 1/fan-in), biases N(0, 0.1²), RMS-norm scales 1 + N(0, 0.1²)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=g)
+            if name.endswith("gamma"):
+                p.copy_(1 + 0.1 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.1 * noise)
+            else:
+                p.copy_(noise / math.sqrt(p[0].numel()))
+
+
+def vae_case(name, spec, out_dir):
+    from diffusers import AutoencoderKLWan
+
+    g = torch.Generator().manual_seed(spec["seed"])
+    z = spec["config"]["z_dim"]
+    stats = dict(latents_mean=(torch.randn(z, generator=g) * 0.5).tolist(),
+                 latents_std=(torch.rand(z, generator=g) * 1.5 + 0.5).tolist())
+    vae = AutoencoderKLWan(**spec["config"], **stats).eval()
+    randomize_vae(vae, spec["seed"])
+    vae.save_pretrained(os.path.join(out_dir, name), safe_serialization=True)
+    mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1)
+    b, (h, w) = spec["batch"], spec["hw"]
+    f = vae.config.scale_factor_spatial
+    io = {}
+    with torch.no_grad():
+        for t in FRAMES:
+            video = torch.rand(b, 3, t, h, w, generator=g) * 2 - 1
+            dist = vae.encode(video).latent_dist
+            frames = (t - 1) // vae.config.scale_factor_temporal + 1
+            latents = torch.randn(b, z, frames, h // f, w // f, generator=g)
+            decoded = vae.decode(latents / inv_std + mean, return_dict=False)[0]
+            io.update({
+                f"t{t}.input.video": video,
+                f"t{t}.output.mean": dist.mean,
+                f"t{t}.output.logvar": dist.logvar,
+                f"t{t}.input.latents": latents,
+                f"t{t}.output.video": decoded,
+            })
+    save_file({k: v.contiguous() for k, v in io.items()}, os.path.join(out_dir, f"{name}_io.safetensors"))
+    return {"name": name, "kind": "wan_vae", "model": name, "class": "AutoencoderKLWan", "frames": FRAMES,
+            "output_abs_mean": io["t9.output.video"].abs().mean().item()}
+
+
+def vaes_part(out_dir):
+    entries = [vae_case(name, spec, out_dir) for name, spec in VAES.items()]
+    update_manifest(out_dir, entries, "wan_vae")
+    for e in entries:
+        print(e["name"], "decoded |mean|", e["output_abs_mean"])
+
+
+PARTS = {"transformer": transformers_part, "vae": vaes_part}
 
 
 def main(argv):

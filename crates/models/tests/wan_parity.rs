@@ -1,14 +1,14 @@
 //! Wan parity with diffusers and transformers over the `wan_*` fixtures of `manifest.json`
 //! (`scripts/reference_wan.py`): the transformer with and without LoRA and its LoRA gradients
-//! (per-sample and Wan2.2-TI2V per-token timesteps; 1, 2 and 3 latent frames), and refused
-//! configs.
+//! (per-sample and Wan2.2-TI2V per-token timesteps; 1, 2 and 3 latent frames), the Wan2.1 and
+//! Wan2.2 VAEs' encode and decode on 1, 5 and 9 frames, and refused configs.
 
 mod common;
 
 use std::collections::HashMap;
 
-use flowtune_fixtures::{dir, models_of_kind, tensors, MODEL_RTOL};
-use flowtune_models::wan::{WanTransformer, WanTransformerConfig};
+use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MATH_RTOL, MODEL_RTOL};
+use flowtune_models::wan::{AutoencoderKlWan, WanTransformer, WanTransformerConfig, WanVaeConfig};
 use flowtune_models::{Denoiser, TextConditioning, TrainableDenoiser};
 use tch::{Device, Kind, Tensor};
 
@@ -72,4 +72,58 @@ fn a_timestep_of_the_wrong_shape_is_refused() {
         .err()
         .expect("refused");
     assert!(err.to_string().contains("per token"), "{err}");
+}
+
+/// Each `wan_vae` fixture: per frame count T, the normalised posterior mean and the log-variance
+/// of `t{T}.input.video`, and the decoded `t{T}.input.latents`.
+#[test]
+fn wan_vaes_match_diffusers() {
+    let mut check = Checker::new("manifest.json wan_vae");
+    for entry in models_of_kind("wan_vae") {
+        check.case();
+        let name = entry["name"].as_str().expect("name");
+        let model_dir = dir().join(entry["model"].as_str().expect("model"));
+        let vae = AutoencoderKlWan::load(&model_dir, Device::Cpu, Kind::Float).expect("load");
+        let io = tensors(&format!("{name}_io.safetensors"));
+        let c = &vae.config;
+        let stat = |v: &[f64]| Tensor::from_slice(v).to_kind(Kind::Float).view([1, -1, 1, 1, 1]);
+        for t in entry["frames"].as_array().expect("frames") {
+            let key = |k: &str| format!("t{t}.{k}");
+            let (latents, logvar) =
+                tch::no_grad(|| vae.encode_video(&io[&key("input.video")])).expect("encode");
+            let want = (&io[&key("output.mean")] - stat(&c.latents_mean)) / stat(&c.latents_std);
+            check.close_within(
+                &format!("{name} {}", key("mean (normalised)")),
+                &latents,
+                &want,
+                MATH_RTOL,
+            );
+            let want = &io[&key("output.logvar")];
+            check.close_within(
+                &format!("{name} {}", key("output.logvar")),
+                &logvar,
+                want,
+                MATH_RTOL,
+            );
+            let video =
+                tch::no_grad(|| vae.decode_video(&io[&key("input.latents")])).expect("decode");
+            let want = &io[&key("output.video")];
+            check.close_within(&format!("{name} {}", key("output.video")), &video, want, MATH_RTOL);
+        }
+    }
+    check.finish();
+}
+
+#[test]
+fn inconsistent_vae_configs_are_explained() {
+    let wan22: WanVaeConfig = serde_json::from_str(
+        &std::fs::read_to_string(dir().join("wan22_vae_tiny/config.json")).unwrap(),
+    )
+    .unwrap();
+    let wrong_scale = WanVaeConfig { scale_factor_spatial: Some(8), ..wan22.clone() };
+    let err = AutoencoderKlWan::new(&wrong_scale, Device::Cpu).err().expect("refused");
+    assert!(err.to_string().contains("scale_factor_spatial"), "{err}");
+    let uneven = WanVaeConfig { base_dim: 3, dim_mult: vec![1, 3, 2, 2], ..wan22 };
+    let err = AutoencoderKlWan::new(&uneven, Device::Cpu).err().expect("refused");
+    assert!(err.to_string().contains("is_residual"), "{err}");
 }

@@ -192,3 +192,43 @@ pub(crate) fn channel_stats(values: &[f64], like: &Tensor) -> Tensor {
         1,
     ])
 }
+
+/// Fills `store` with random weights drawn from `seed` the same way on every machine (weights
+/// N(0, 1/fan-in), biases N(0, 0.1²), norm scales 1 + N(0, 0.1²)) and writes it with `config`
+/// (`_class_name` set to `class`) into `dir` (created if missing).
+pub(crate) fn write_random_vae(
+    dir: &std::path::Path,
+    store: &tch::nn::VarStore,
+    seed: u64,
+    config: &impl serde::Serialize,
+    class: &str,
+) -> Result<(), crate::ModelError> {
+    let mut rng = flowtune_sampling::SampleRng::new(seed);
+    let mut vars: Vec<(String, Tensor)> = store.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    tch::no_grad(|| -> Result<(), crate::ModelError> {
+        for (name, var) in &vars {
+            let size = var.size();
+            let noise = rng.normal(&size, tch::Device::Cpu);
+            let value = if name.ends_with(".gamma") {
+                noise * 0.1 + 1.0
+            } else if name.ends_with(".bias") {
+                noise * 0.1
+            } else {
+                let fan_in: i64 = size[1..].iter().product();
+                noise / (fan_in as f64).sqrt()
+            };
+            var.shallow_clone().f_copy_(&value)?;
+        }
+        Ok(())
+    })?;
+    std::fs::create_dir_all(dir).map_err(|e| crate::ModelError::Io {
+        path: dir.display().to_string(),
+        message: e.to_string(),
+    })?;
+    Tensor::write_safetensors(&vars, dir.join("diffusion_pytorch_model.safetensors"))?;
+    let mut cfg = serde_json::to_value(config).expect("serialisable config");
+    cfg["_class_name"] = serde_json::json!(class);
+    cfg["_diffusers_version"] = serde_json::json!(crate::sd3::tiny::DIFFUSERS_VERSION);
+    crate::write_json(&dir.join("config.json"), &cfg)
+}

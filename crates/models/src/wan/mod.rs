@@ -6,6 +6,10 @@ mod block;
 mod config;
 mod rope;
 mod transformer;
+mod vae;
+mod vae_config;
 
 pub use config::WanTransformerConfig;
 pub use transformer::{ConditionEmbedder, WanTransformer};
+pub use vae::AutoencoderKlWan;
+pub use vae_config::WanVaeConfig;
