@@ -196,7 +196,50 @@ def vaes_part(out_dir):
         print(e["name"], "decoded |mean|", e["output_abs_mean"])
 
 
-PARTS = {"transformer": transformers_part, "vae": vaes_part}
+UMT5 = {
+    "name": "wan_umt5_tiny",
+    "config": dict(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=3, num_heads=4,
+                   relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                   feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, pad_token_id=0, eos_token_id=1),
+    # Prompts of 5 and 12 tokens padded to 12 (the longest), prompt embeds padded to 16.
+    "lengths": [5, 12],
+    "max_sequence_length": 16,
+}
+
+
+def umt5_part(out_dir):
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    g = torch.Generator().manual_seed(41)
+    name = UMT5["name"]
+    model = UMT5EncoderModel(UMT5Config(**UMT5["config"])).eval()
+    with torch.no_grad():
+        for p_name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.1 * noise if "layer_norm" in p_name else 0.3 * noise)
+    model.save_pretrained(os.path.join(out_dir, name), safe_serialization=True)
+    lengths, length = UMT5["lengths"], UMT5["max_sequence_length"]
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.randint(2, UMT5["config"]["vocab_size"], (n,), generator=g)
+        ids[row, n - 1] = 1
+        mask[row, :n] = 1
+    with torch.no_grad():
+        hidden = model(ids, mask).last_hidden_state
+    # WanPipeline._get_t5_prompt_embeds: each row's first seq_len states, zeros up to max_sequence_length.
+    seq_lens = mask.gt(0).sum(dim=1).long()
+    rows = [u[:v] for u, v in zip(hidden, seq_lens)]
+    embeds = torch.stack([torch.cat([u, u.new_zeros(length - u.size(0), u.size(1))]) for u in rows], dim=0)
+    io = {"input.input_ids": ids, "input.attention_mask": mask, "output.last_hidden_state": hidden,
+          "output.prompt_embeds": embeds}
+    save_file({k: v.contiguous() for k, v in io.items()}, os.path.join(out_dir, f"{name}_io.safetensors"))
+    update_manifest(out_dir, [{"name": name, "kind": "wan_umt5", "model": name, "class": "UMT5EncoderModel",
+                               "max_sequence_length": length}], "wan_umt5")
+    print(name, "hidden |mean|", hidden.abs().mean().item())
+
+
+PARTS = {"transformer": transformers_part, "vae": vaes_part, "umt5": umt5_part}
 
 
 def main(argv):

@@ -1,14 +1,18 @@
 //! Wan parity with diffusers and transformers over the `wan_*` fixtures of `manifest.json`
 //! (`scripts/reference_wan.py`): the transformer with and without LoRA and its LoRA gradients
 //! (per-sample and Wan2.2-TI2V per-token timesteps; 1, 2 and 3 latent frames), the Wan2.1 and
-//! Wan2.2 VAEs' encode and decode on 1, 5 and 9 frames, and refused configs.
+//! Wan2.2 VAEs' encode and decode on 1, 5 and 9 frames, UMT5's hidden states under the prompt mask
+//! and WanPipeline's zero-padded prompt embeds, and refused configs.
 
 mod common;
 
 use std::collections::HashMap;
 
 use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MATH_RTOL, MODEL_RTOL};
-use flowtune_models::wan::{AutoencoderKlWan, WanTransformer, WanTransformerConfig, WanVaeConfig};
+use flowtune_models::text_encoders::t5::T5Encoder;
+use flowtune_models::wan::{
+    prompt_embeds, AutoencoderKlWan, WanTransformer, WanTransformerConfig, WanVaeConfig,
+};
 use flowtune_models::{Denoiser, TextConditioning, TrainableDenoiser};
 use tch::{Device, Kind, Tensor};
 
@@ -126,4 +130,29 @@ fn inconsistent_vae_configs_are_explained() {
     let uneven = WanVaeConfig { base_dim: 3, dim_mult: vec![1, 3, 2, 2], ..wan22 };
     let err = AutoencoderKlWan::new(&uneven, Device::Cpu).err().expect("refused");
     assert!(err.to_string().contains("is_residual"), "{err}");
+}
+
+/// UMT5 (a position bias in every block) under the attention mask, and the prompt embeds padded
+/// with zeros beyond each prompt up to max_sequence_length.
+#[test]
+fn umt5_matches_transformers() {
+    let mut check = Checker::new("manifest.json wan_umt5");
+    for entry in models_of_kind("wan_umt5") {
+        check.case();
+        let name = entry["name"].as_str().expect("name");
+        let model_dir = dir().join(entry["model"].as_str().expect("model"));
+        let encoder = T5Encoder::load(&model_dir, Device::Cpu, Kind::Float).expect("load");
+        assert!(encoder.config.bias_per_block(), "{name} is UMT5");
+        let io = tensors(&format!("{name}_io.safetensors"));
+        let (ids, mask) = (&io["input.input_ids"], &io["input.attention_mask"]);
+        let hidden = tch::no_grad(|| encoder.forward_masked(ids, Some(mask))).expect("forward");
+        let want = &io["output.last_hidden_state"];
+        check.close_within(&format!("{name} last_hidden_state"), &hidden, want, MATH_RTOL);
+        let length = entry["max_sequence_length"].as_i64().expect("max_sequence_length");
+        let embeds =
+            tch::no_grad(|| prompt_embeds(&encoder, ids, mask, length)).expect("prompt embeds");
+        let want = &io["output.prompt_embeds"];
+        check.close_within(&format!("{name} prompt_embeds"), &embeds, want, MATH_RTOL);
+    }
+    check.finish();
 }
