@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MATH_RTOL, MODEL_RTOL};
 use flowtune_models::text_encoders::t5::T5Encoder;
 use flowtune_models::wan::{
-    prompt_embeds, AutoencoderKlWan, WanTransformer, WanTransformerConfig, WanVaeConfig,
+    prompt_embeds, write_tiny_wan, AutoencoderKlWan, TinyWanSpec, WanTextEncoder, WanTransformer,
+    WanTransformerConfig, WanVaeConfig, MAX_SEQUENCE_LENGTH,
 };
 use flowtune_models::{Denoiser, TextConditioning, TrainableDenoiser};
 use tch::{Device, Kind, Tensor};
@@ -155,4 +156,37 @@ fn umt5_matches_transformers() {
         check.close_within(&format!("{name} prompt_embeds"), &embeds, want, MATH_RTOL);
     }
     check.finish();
+}
+
+/// `make-tiny wan` (both VAE styles): every component loads here and one denoising pass runs
+/// from prompt to decoded video; diffusers loading and running it is
+/// `scripts/reference_wan.py --check-pipeline`.
+#[test]
+fn tiny_pipelines_load_and_run() {
+    for wan21 in [false, true] {
+        let d =
+            std::env::temp_dir().join(format!("flowtune-wan-tiny-{}-{wan21}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        write_tiny_wan(&d, &TinyWanSpec { wan21, ..Default::default() }).expect("write");
+        let (cpu, f32) = (Device::Cpu, Kind::Float);
+        let text = WanTextEncoder::load(&d.join("tokenizer"), &d.join("text_encoder"), cpu, f32)
+            .expect("text encoder");
+        let (embeds, mask) = tch::no_grad(|| text.encode(&["a red  ball", ""])).expect("encode");
+        assert_eq!(embeds.size()[1], MAX_SEQUENCE_LENGTH as i64);
+        let valid = mask.sum_dim_intlist(1, false, Kind::Int64);
+        let beyond = embeds.get(0).narrow(0, valid.int64_value(&[0]), 4).abs().max();
+        assert_eq!(beyond.double_value(&[]), 0.0, "positions beyond the prompt are zero");
+        let transformer =
+            WanTransformer::load(&d.join("transformer"), cpu, f32, None).expect("transformer");
+        let vae = AutoencoderKlWan::load(&d.join("vae"), cpu, f32).expect("vae");
+        let z = vae.config.z_dim;
+        let latents = Tensor::randn([2, z, 2, 2, 4], (f32, cpu));
+        let t = Tensor::from_slice(&[900.0f32, 900.0]);
+        let v = tch::no_grad(|| transformer.forward(&latents, &t, &embeds)).expect("forward");
+        assert_eq!(v.size(), latents.size());
+        let video = tch::no_grad(|| vae.decode_video(&(latents - v * 0.9))).expect("decode");
+        let s = vae.config.spatial_factor();
+        assert_eq!(video.size(), [2, 3, 5, 2 * s, 4 * s]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }

@@ -6,12 +6,14 @@ mod block;
 mod config;
 mod rope;
 mod text;
+mod tiny;
 mod transformer;
 mod vae;
 mod vae_config;
 
 pub use config::WanTransformerConfig;
 pub use text::{prompt_embeds, WanTextEncoder, MAX_SEQUENCE_LENGTH};
+pub use tiny::{write_tiny_wan, TinyWanSpec};
 pub use transformer::{ConditionEmbedder, WanTransformer};
 pub use vae::AutoencoderKlWan;
 pub use vae_config::WanVaeConfig;
