@@ -74,8 +74,7 @@ fn a_timestep_of_the_wrong_shape_is_refused() {
     let t = Tensor::zeros([2, 7], (Kind::Float, Device::Cpu));
     let err = model
         .forward(&io["input.hidden_states"], &t, &io["input.encoder_hidden_states"])
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(err.to_string().contains("per token"), "{err}");
 }
 
