@@ -49,6 +49,19 @@ fn input<'a>(
         .ok_or_else(|| Failure::input(anyhow!("{}: no tensor `{name}`", file.display())))
 }
 
+/// The denoiser in `component` (f32), of a registered family or Wan's.
+fn load_denoiser(
+    component: &Path,
+    device: Device,
+    lora: Option<&LoraConfig>,
+) -> Result<Box<dyn TrainableDenoiser>, Failure> {
+    if class_of(component)? == WAN_TRANSFORMER {
+        let model = WanTransformer::load(component, device, Kind::Float, lora);
+        return Ok(Box::new(model.map_err(Failure::input)?));
+    }
+    flowtune_models::load_denoiser(component, device, Kind::Float, lora).map_err(Failure::input)
+}
+
 /// Runs `component` on `inputs_file` and writes `out`.
 pub fn forward(
     component: &Path,
@@ -78,11 +91,7 @@ pub fn forward(
                 }
                 None => None,
             };
-            let mut model: Box<dyn TrainableDenoiser> = if denoiser == WAN_TRANSFORMER {
-                Box::new(WanTransformer::load(component, device, Kind::Float, lora.as_ref()).map_err(Failure::input)?)
-            } else {
-                flowtune_models::load_denoiser(component, device, Kind::Float, lora.as_ref()).map_err(Failure::input)?
-            };
+            let mut model = load_denoiser(component, device, lora.as_ref())?;
             if let Some((f, _)) = lora_file {
                 model.load_lora(f).map_err(Failure::input)?;
             }
@@ -185,8 +194,7 @@ pub fn make_lora(
     config: &LoraConfig,
     seed: u64,
 ) -> Result<(), Failure> {
-    let model = flowtune_models::load_denoiser(component, Device::Cpu, Kind::Float, Some(config))
-        .map_err(Failure::input)?;
+    let model = load_denoiser(component, Device::Cpu, Some(config))?;
     let store = &model.adapters().expect("built with LoRA").store;
     let mut rng = SampleRng::new(seed);
     let mut vars: Vec<(String, Tensor)> = store.variables().into_iter().collect();
