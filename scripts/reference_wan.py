@@ -20,6 +20,9 @@ in [-1, 1], `output.mean` (the posterior mean, raw) and `output.logvar`, `input.
 the denoiser sees them) and `output.video` = vae.decode(latents · std + mean) (pipeline_wan's
 denormalisation), for T = 1, 5 and 9 frames.
 
+Shapes (`wan_real_shapes.json`): the parameter names and shapes of Wan2.1's and Wan2.2's VAEs and of
+Wan2.2-TI2V-5B's transformer (one block), from the meta device.
+
 UMT5 (kind `wan_umt5`): `<name>/` (config + weights) and `<name>_io.safetensors`: `input.input_ids`,
 `input.attention_mask` (B, L) padded to max_sequence_length, `output.last_hidden_state` (B, L, d) of the
 encoder with that mask, `output.prompt_embeds` (B, L, d): WanPipeline's prompt embeds (each row's first
@@ -239,7 +242,39 @@ def umt5_part(out_dir):
     print(name, "hidden |mean|", hidden.abs().mean().item())
 
 
-PARTS = {"transformer": transformers_part, "vae": vaes_part, "umt5": umt5_part}
+# The released layouts (statistics are placeholders: only names and shapes are compared).
+REAL_LAYOUTS = {
+    "wan21_vae": ("AutoencoderKLWan", {}),
+    "wan22_vae": ("AutoencoderKLWan", dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True,
+                                           in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16,
+                                           latents_mean=[0.0] * 48, latents_std=[1.0] * 48)),
+    # Wan2.2-TI2V-5B with one of its 30 blocks.
+    "wan22_ti2v_transformer_1_block": ("WanTransformer3DModel", dict(
+        num_attention_heads=24, attention_head_dim=128, in_channels=48, out_channels=48, text_dim=4096,
+        freq_dim=256, ffn_dim=14336, num_layers=1, cross_attn_norm=True, eps=1e-6, rope_max_seq_len=1024)),
+}
+
+
+def shapes_part(out_dir):
+    """`wan_real_shapes.json`: every parameter name and shape of the released layouts, built on the meta
+    device (no weights)."""
+    import json
+
+    import diffusers
+
+    out = {}
+    for name, (cls, config) in REAL_LAYOUTS.items():
+        with torch.device("meta"):
+            model = getattr(diffusers, cls)(**config)
+        out[name] = {"class": cls, "config": {k: v for k, v in model.config.items() if not k.startswith("_")},
+                     "shapes": {k: list(p.shape) for k, p in model.state_dict().items()}}
+    with open(os.path.join(out_dir, "wan_real_shapes.json"), "w") as f:
+        json.dump(out, f, indent=0)
+        f.write("\n")
+    print("wan_real_shapes.json:", {k: len(v["shapes"]) for k, v in out.items()})
+
+
+PARTS = {"transformer": transformers_part, "vae": vaes_part, "umt5": umt5_part, "shapes": shapes_part}
 
 
 def check_pipeline(path):

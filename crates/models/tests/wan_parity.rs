@@ -6,9 +6,9 @@
 
 mod common;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MATH_RTOL, MODEL_RTOL};
+use flowtune_fixtures::{dir, json, models_of_kind, tensors, Checker, MATH_RTOL, MODEL_RTOL};
 use flowtune_models::text_encoders::t5::T5Encoder;
 use flowtune_models::wan::{
     prompt_embeds, write_tiny_wan, AutoencoderKlWan, TinyWanSpec, WanTextEncoder, WanTransformer,
@@ -187,5 +187,31 @@ fn tiny_pipelines_load_and_run() {
         let s = vae.config.spatial_factor();
         assert_eq!(video.size(), [2, 3, 5, 2 * s, 4 * s]);
         let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
+/// The released layouts (Wan2.1's and Wan2.2's VAEs, Wan2.2-TI2V-5B's transformer with one
+/// block) have diffusers' parameter names and shapes (`wan_real_shapes.json`).
+#[test]
+fn released_layouts_match_diffusers_names_and_shapes() {
+    let real = json("wan_real_shapes.json");
+    for (name, entry) in real.as_object().expect("an object of layouts") {
+        let want: BTreeMap<String, Vec<i64>> =
+            serde_json::from_value(entry["shapes"].clone()).expect("shapes");
+        let config = entry["config"].clone();
+        let vars = match entry["class"].as_str().expect("class") {
+            "AutoencoderKLWan" => {
+                let config: WanVaeConfig = serde_json::from_value(config).expect("config");
+                AutoencoderKlWan::new(&config, Device::Cpu).expect("build").store.variables()
+            }
+            _ => {
+                let config: WanTransformerConfig = serde_json::from_value(config).expect("config");
+                let model = WanTransformer::new(&config, Device::Cpu, None).expect("build");
+                model.weights.base.variables()
+            }
+        };
+        let ours: BTreeMap<String, Vec<i64>> =
+            vars.into_iter().map(|(n, t)| (n, t.size())).collect();
+        assert_eq!(ours, want, "{name}");
     }
 }
