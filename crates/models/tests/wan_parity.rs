@@ -215,3 +215,30 @@ fn released_layouts_match_diffusers_names_and_shapes() {
         assert_eq!(ours, want, "{name}");
     }
 }
+
+/// bf16 weights run (per-sample and per-token timesteps, the Wan2.2 VAE) and stay near the f32
+/// reference.
+#[test]
+fn bf16_stays_close() {
+    let rel = |a: &Tensor, b: &Tensor| {
+        let a = a.to_kind(Kind::Float);
+        (&a - b).norm().double_value(&[]) / b.norm().double_value(&[])
+    };
+    for name in ["wan_t2v_tiny", "wan_ti2v_tiny"] {
+        let io = tensors(&format!("{name}_io.safetensors"));
+        let model = WanTransformer::load(&dir().join(name), Device::Cpu, Kind::BFloat16, None)
+            .expect("load");
+        let out = tch::no_grad(|| forward(&model, &io));
+        assert_eq!(out.kind(), Kind::BFloat16);
+        let err = rel(&out, &io["output.sample"]);
+        eprintln!("{name} bf16: relative error {err:.2e}");
+        assert!(err < 3e-2, "{name} bf16 vs f32 reference: {err}");
+    }
+    let name = "wan22_vae_tiny";
+    let io = tensors(&format!("{name}_io.safetensors"));
+    let vae = AutoencoderKlWan::load(&dir().join(name), Device::Cpu, Kind::BFloat16).expect("load");
+    let video = tch::no_grad(|| vae.decode_video(&io["t5.input.latents"])).expect("decode");
+    let err = rel(&video, &io["t5.output.video"]);
+    eprintln!("{name} bf16 decode: relative error {err:.2e}");
+    assert!(err < 3e-2, "{name} bf16 decode vs f32 reference: {err}");
+}
