@@ -31,6 +31,7 @@ pub(super) struct ResidualBlock {
 }
 
 impl ResidualBlock {
+    /// The block below `s` from `input` to `output` channels.
     pub fn new(s: &Scope<'_>, input: i64, output: i64) -> Self {
         Self {
             norm1: RmsNorm::new(&(s / "norm1"), input, false),
@@ -42,6 +43,7 @@ impl ResidualBlock {
         }
     }
 
+    /// One chunk of frames, each convolution continuing from its cached history.
     pub fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
         let h = cache.conv(&self.conv1, &self.norm1.forward(x).silu());
         let h = cache.conv(&self.conv2, &self.norm2.forward(&h).silu());
@@ -122,6 +124,7 @@ impl Resample {
         }
     }
 
+    /// One chunk of frames (the temporal step passes the first chunk through).
     pub fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
         let (b, c, t, h, w) = x.size5().expect("5-d activations");
         let mut x = x.shallow_clone();
@@ -189,6 +192,7 @@ enum DownLayer {
     ResidualDown(ResidualDownBlock),
 }
 
+/// `encoder`: `conv_in`, the down blocks, the mid block, `norm_out` and `conv_out`.
 pub(super) struct Encoder {
     conv_in: CausalConv3d,
     down_blocks: Vec<DownLayer>,
@@ -291,6 +295,7 @@ enum UpLayer {
     Residual(ResidualUpBlock),
 }
 
+/// `decoder`: `conv_in`, the mid block, the up blocks, `norm_out` and `conv_out`.
 pub(super) struct Decoder {
     conv_in: CausalConv3d,
     mid_block: MidBlock,

@@ -91,6 +91,7 @@ impl ResidualDownBlock {
         }
     }
 
+    /// One chunk of frames.
     pub fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
         let mut h = x.shallow_clone();
         for r in &self.resnets {
@@ -137,6 +138,7 @@ impl ResidualUpBlock {
         }
     }
 
+    /// One chunk of latent frames.
     pub fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
         let first_chunk = cache.first_chunk();
         let mut h = x.shallow_clone();
