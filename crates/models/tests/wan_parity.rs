@@ -242,3 +242,26 @@ fn bf16_stays_close() {
     eprintln!("{name} bf16 decode: relative error {err:.2e}");
     assert!(err < 3e-2, "{name} bf16 decode vs f32 reference: {err}");
 }
+
+/// A per-token timestep equal on every token (WanPipeline with `expand_timesteps` and no
+/// condition frame) gives the per-sample forward: text-to-video needs no per-token path.
+#[test]
+fn a_constant_per_token_timestep_is_the_per_sample_one() {
+    let name = "wan_ti2v_tiny";
+    let io = tensors(&format!("{name}_io.safetensors"));
+    let model =
+        WanTransformer::load(&dir().join(name), Device::Cpu, Kind::Float, None).expect("load");
+    let x = &io["input.hidden_states"];
+    let text = &io["input.encoder_hidden_states"];
+    let tokens = io["input.timestep"].size()[1];
+    let t = Tensor::from_slice(&[700.0f32, 125.0]);
+    let per_token = t.unsqueeze(1).expand([2, tokens], false).contiguous();
+    let (a, b) = tch::no_grad(|| {
+        (
+            model.forward(x, &t, text).expect("per sample"),
+            model.forward(x, &per_token, text).expect("per token"),
+        )
+    });
+    let rel = (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[]);
+    assert!(rel < 1e-6, "per-sample vs constant per-token: {rel}");
+}
