@@ -1,11 +1,13 @@
 """Check that a LoRA written by flowtune gives the same transformer output in diffusers.
 
-Usage (needs `pip install torch diffusers transformers peft`), for SD3, Qwen-Image, Z-Image or FLUX.1:
-    flowtune make-tiny sd3 /tmp/tiny            # or: make-tiny qwen-image | z-image | flux [--schnell]
+Usage (needs `pip install torch diffusers transformers peft`), for SD3, Qwen-Image, Z-Image, FLUX.1 or Wan:
+    flowtune make-tiny sd3 /tmp/tiny            # or: make-tiny qwen-image | z-image | flux [--schnell] | wan [--wan21]
     flowtune debug make-lora --component /tmp/tiny/transformer --out /tmp/lora.safetensors
     # Z-Image's layers: --target-modules to_q,to_k,to_v,to_out.0,feed_forward.w1,feed_forward.w2,feed_forward.w3
     # FLUX.1's targets: --target-modules attn.to_q,attn.to_k,attn.to_v,attn.to_out.0,attn.add_q_proj,\
     #   attn.add_k_proj,attn.add_v_proj,attn.to_add_out,proj_mlp,proj_out
+    # Wan's targets: --target-modules attn1.to_q,attn1.to_k,attn1.to_v,attn1.to_out.0,attn2.to_q,attn2.to_k,\
+    #   attn2.to_v,attn2.to_out.0,ffn.net.0.proj,ffn.net.2
     python scripts/check_lora_in_diffusers.py /tmp/tiny /tmp/lora.safetensors target/release/flowtune
 
 Loads the pipeline in diffusers, applies the LoRA with `pipe.load_lora_weights`, runs the
@@ -60,6 +62,15 @@ def example_inputs(cls, c, g):
         if c.guidance_embeds:
             inputs["input.guidance"] = torch.tensor([3.5, 2.0])
         return inputs
+    if cls == "WanTransformer3DModel":
+        # 2 latent frames of 4 × 6 cells; the second prompt zero-padded after 5 of its 9 tokens.
+        text = torch.randn(2, 9, c.text_dim, generator=g)
+        text[1, 5:] = 0
+        return {
+            "input.hidden_states": torch.randn(2, c.in_channels, 2, 4, 6, generator=g),
+            "input.timestep": torch.tensor([999.0, 312.5]),
+            "input.encoder_hidden_states": text,
+        }
     return {
         "input.hidden_states": torch.randn(2, c.in_channels, 16, 12, generator=g),
         "input.encoder_hidden_states": torch.randn(2, 9, c.joint_attention_dim, generator=g),

@@ -131,6 +131,40 @@ fn bad_input_gives_one_clear_line_and_exit_2() {
     assert_bad_input(&flowtune(&["--device", "cuda:7", "env"]), &["--device cuda:7"]);
 }
 
+/// Wan's transformer (not a registered family yet) runs with its LoRA on a per-token-timestep
+/// fixture.
+#[test]
+fn debug_forward_runs_wan() {
+    let out = std::env::temp_dir()
+        .join(format!("flowtune-forward-wan-{}.safetensors", std::process::id()));
+    let run = flowtune(&[
+        "debug",
+        "forward",
+        "--component",
+        &repo("fixtures/wan_ti2v_tiny"),
+        "--inputs",
+        &repo("fixtures/wan_ti2v_tiny_io.safetensors"),
+        "--out",
+        &out.display().to_string(),
+        "--lora",
+        &repo("fixtures/wan_ti2v_tiny_lora.safetensors"),
+        "--lora-alpha",
+        "6",
+    ]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let got: std::collections::HashMap<String, tch::Tensor> =
+        tch::Tensor::read_safetensors(&out).unwrap().into_iter().collect();
+    let want: std::collections::HashMap<String, tch::Tensor> =
+        tch::Tensor::read_safetensors(repo("fixtures/wan_ti2v_tiny_io.safetensors"))
+            .unwrap()
+            .into_iter()
+            .collect();
+    let (g, w) = (&got["output.sample_with_lora"], &want["output.sample_with_lora"]);
+    let rel = (g - w).norm().double_value(&[]) / w.norm().double_value(&[]);
+    assert!(rel < 1e-3, "relative error {rel}");
+    let _ = std::fs::remove_file(&out);
+}
+
 #[test]
 fn debug_forward_reproduces_the_fixture_outputs() {
     let out =

@@ -2,6 +2,7 @@
 //! (`transformer_blocks.3.attn.to_q`), configs mirror `config.json`, and LoRA adapters attach by
 //! the same dotted names users give PEFT.
 
+mod causal_vae;
 pub mod clip;
 mod conditioning;
 pub mod denoiser;
@@ -19,6 +20,7 @@ pub mod sd3;
 pub mod text_encoders;
 pub mod tokenizer;
 pub mod vae;
+pub mod wan;
 pub mod weights;
 pub mod z_image;
 

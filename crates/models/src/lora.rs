@@ -85,6 +85,21 @@ pub const QWEN_IMAGE_TARGETS: [&str; 12] = [
     "txt_mlp.net.2",
 ];
 
+/// Wan's LoRA targets as PEFT users name them (DiffSynth / diffusers Wan LoRA recipes): both
+/// attentions' projections and the feed-forward of every block.
+pub const WAN_TARGETS: [&str; 10] = [
+    "attn1.to_q",
+    "attn1.to_k",
+    "attn1.to_v",
+    "attn1.to_out.0",
+    "attn2.to_q",
+    "attn2.to_k",
+    "attn2.to_v",
+    "attn2.to_out.0",
+    "ffn.net.0.proj",
+    "ffn.net.2",
+];
+
 impl Default for LoraConfig {
     fn default() -> Self {
         Self {

@@ -238,10 +238,15 @@ pub struct FeedForward {
 
 impl FeedForward {
     pub fn new(scope: &Scope<'_>, dim: i64) -> Self {
+        Self::with_hidden(scope, dim, 4 * dim)
+    }
+
+    /// `FeedForward(dim, inner_dim=hidden, "gelu-approximate")`.
+    pub fn with_hidden(scope: &Scope<'_>, dim: i64, hidden: i64) -> Self {
         let net = scope / "net";
         Self {
-            proj_in: (&(&net / 0) / "proj").linear(dim, 4 * dim, true),
-            proj_out: (&net / 2).linear(4 * dim, dim, true),
+            proj_in: (&(&net / 0) / "proj").linear(dim, hidden, true),
+            proj_out: (&net / 2).linear(hidden, dim, true),
         }
     }
 

@@ -11,10 +11,15 @@ use flowtune_models::text_encoders::qwen2_5_vl::Qwen25VlTextEncoder;
 use flowtune_models::text_encoders::qwen3::Qwen3TextEncoder;
 use flowtune_models::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
 use flowtune_models::vae::AutoencoderKl;
+use flowtune_models::wan::{AutoencoderKlWan, WanTransformer};
+use flowtune_models::TrainableDenoiser;
 use flowtune_sampling::SampleRng;
 use tch::{Device, Kind, Tensor};
 
 use crate::Failure;
+
+/// Wan's denoiser, run here until the Wan family is registered.
+const WAN_TRANSFORMER: &str = "WanTransformer3DModel";
 
 /// The class a component directory holds: diffusers' `_class_name` or transformers' `architectures[0]`.
 fn class_of(dir: &Path) -> Result<String, Failure> {
@@ -44,6 +49,19 @@ fn input<'a>(
         .ok_or_else(|| Failure::input(anyhow!("{}: no tensor `{name}`", file.display())))
 }
 
+/// The denoiser in `component` (f32), of a registered family or Wan's.
+fn load_denoiser(
+    component: &Path,
+    device: Device,
+    lora: Option<&LoraConfig>,
+) -> Result<Box<dyn TrainableDenoiser>, Failure> {
+    if class_of(component)? == WAN_TRANSFORMER {
+        let model = WanTransformer::load(component, device, Kind::Float, lora);
+        return Ok(Box::new(model.map_err(Failure::input)?));
+    }
+    flowtune_models::load_denoiser(component, device, Kind::Float, lora).map_err(Failure::input)
+}
+
 /// Runs `component` on `inputs_file` and writes `out`.
 pub fn forward(
     component: &Path,
@@ -61,7 +79,10 @@ pub fn forward(
     let get = |name: &str| input(&inputs, name, inputs_file);
     let class = class_of(component)?;
     let outputs: Vec<(String, Tensor)> = match class.as_str() {
-        denoiser if flowtune_models::families().iter().any(|f| f.denoiser_class == denoiser) => {
+        denoiser
+            if denoiser == WAN_TRANSFORMER
+                || flowtune_models::families().iter().any(|f| f.denoiser_class == denoiser) =>
+        {
             let lora = match lora_file {
                 Some((f, alpha)) => {
                     let mut config = lora::read_config(f, "transformer").map_err(Failure::input)?;
@@ -70,7 +91,7 @@ pub fn forward(
                 }
                 None => None,
             };
-            let mut model = flowtune_models::load_denoiser(component, device, Kind::Float, lora.as_ref()).map_err(Failure::input)?;
+            let mut model = load_denoiser(component, device, lora.as_ref())?;
             if let Some((f, _)) = lora_file {
                 model.load_lora(f).map_err(Failure::input)?;
             }
@@ -92,6 +113,27 @@ pub fn forward(
             let vae = AutoencoderKlQwenImage::load(component, device, Kind::Float).map_err(Failure::input)?;
             let latents = get("input.latents")?;
             vec![("output.image".into(), tch::no_grad(|| vae.decode(latents)))]
+        }
+        "AutoencoderKLWan" => {
+            let vae = AutoencoderKlWan::load(component, device, Kind::Float).map_err(Failure::input)?;
+            let mut outputs = vec![];
+            if let Some(latents) = inputs.get("input.latents") {
+                outputs.push(("output.video".into(), tch::no_grad(|| vae.decode_video(latents)).map_err(Failure::input)?));
+            }
+            if let Some(video) = inputs.get("input.video") {
+                let (mean, logvar) = tch::no_grad(|| vae.encode_video(video)).map_err(Failure::input)?;
+                outputs.extend([("output.latents".into(), mean), ("output.logvar".into(), logvar)]);
+            }
+            if outputs.is_empty() {
+                return Err(Failure::input(anyhow!("{}: neither `input.latents` nor `input.video`", inputs_file.display())));
+            }
+            outputs
+        }
+        "UMT5EncoderModel" => {
+            let t5 = T5Encoder::load(component, device, Kind::Float).map_err(Failure::input)?;
+            let ids = get("input.input_ids")?;
+            let mask = inputs.get("input.attention_mask");
+            vec![("output.last_hidden_state".into(), tch::no_grad(|| t5.forward_masked(ids, mask).map_err(Failure::input))?)]
         }
         "CLIPTextModel" | "CLIPTextModelWithProjection" => {
             let clip = ClipTextModel::load(component, device, Kind::Float).map_err(Failure::input)?;
@@ -128,7 +170,7 @@ pub fn forward(
         }
         other => {
             return Err(Failure::input(anyhow!(
-                "{}: class `{other}` is not supported; expected a registered denoiser ({}), AutoencoderKL, AutoencoderKLQwenImage, CLIPTextModel, CLIPTextModelWithProjection, T5EncoderModel, Qwen2_5_VLForConditionalGeneration or Qwen3Model",
+                "{}: class `{other}` is not supported; expected a registered denoiser ({}), {WAN_TRANSFORMER}, AutoencoderKL, AutoencoderKLQwenImage, AutoencoderKLWan, CLIPTextModel, CLIPTextModelWithProjection, T5EncoderModel, UMT5EncoderModel, Qwen2_5_VLForConditionalGeneration or Qwen3Model",
                 component.display(),
                 flowtune_models::families().iter().map(|f| f.denoiser_class).collect::<Vec<_>>().join(", ")
             )))
@@ -152,8 +194,7 @@ pub fn make_lora(
     config: &LoraConfig,
     seed: u64,
 ) -> Result<(), Failure> {
-    let model = flowtune_models::load_denoiser(component, Device::Cpu, Kind::Float, Some(config))
-        .map_err(Failure::input)?;
+    let model = load_denoiser(component, Device::Cpu, Some(config))?;
     let store = &model.adapters().expect("built with LoRA").store;
     let mut rng = SampleRng::new(seed);
     let mut vars: Vec<(String, Tensor)> = store.variables().into_iter().collect();

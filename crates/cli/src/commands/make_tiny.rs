@@ -1,4 +1,4 @@
-//! `flowtune make-tiny sd3|shapes|qwen-image|z-image|flux DIR`: a random-initialised pipeline in the diffusers layout.
+//! `flowtune make-tiny sd3|shapes|qwen-image|z-image|flux|wan DIR`: a random-initialised pipeline in the diffusers layout.
 
 use std::path::{Path, PathBuf};
 
@@ -7,6 +7,7 @@ use flowtune_models::flux::{write_tiny_flux, TinyFluxSpec};
 use flowtune_models::qwen_image::{write_tiny_qwen_image, TinyQwenImageSpec};
 use flowtune_models::sd3::{write_tiny_sd3, TinySd3Spec, WeightInit};
 use flowtune_models::text_encoders::qwen_tiny::TinyQwenTextSpec;
+use flowtune_models::wan::{write_tiny_wan, TinyWanSpec};
 use flowtune_models::z_image::{write_tiny_z_image, TinyZImageSpec};
 use flowtune_models::ModelError;
 
@@ -29,6 +30,10 @@ pub enum MakeTiny {
     /// A FluxPipeline (FLUX.1 [dev], or [schnell]): transformer, VAE, CLIPTextModel, T5,
     /// tokenizers, scheduler; diffusers loads and runs it.
     Flux(FluxArgs),
+    /// A WanPipeline (Wan2.2-TI2V-style: residual VAE with 2×2 pixel patches, per-token
+    /// timesteps; or Wan2.1-style): transformer, AutoencoderKLWan, UMT5 text encoder, T5
+    /// tokenizer, UniPC scheduler; diffusers loads and runs it.
+    Wan(WanArgs),
 }
 
 /// Where every pipeline goes, and its seed.
@@ -63,6 +68,23 @@ pub struct ZImageArgs {
     /// Attention heads (the rotary axes split the head width 1:1.5:1.5).
     #[arg(long, default_value_t = 2)]
     heads: i64,
+}
+
+#[derive(Args)]
+pub struct WanArgs {
+    #[command(flatten)]
+    out: Out,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    #[arg(long, default_value_t = 2)]
+    heads: i64,
+    /// Width of one head.
+    #[arg(long, default_value_t = 16)]
+    head_dim: i64,
+    /// Wan2.1's VAE (z 16, 8× spatial) and per-sample timesteps.
+    #[arg(long)]
+    wan21: bool,
 }
 
 #[derive(Args)]
@@ -189,6 +211,17 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_qwen_image(dir, &spec))
+        }
+        MakeTiny::Wan(a) => {
+            let spec = TinyWanSpec {
+                seed: a.out.seed,
+                layers: a.layers,
+                heads: a.heads,
+                head_dim: a.head_dim,
+                wan21: a.wan21,
+                ..Default::default()
+            };
+            a.out.write(|dir| write_tiny_wan(dir, &spec))
         }
         MakeTiny::Flux(a) => {
             let spec = TinyFluxSpec {

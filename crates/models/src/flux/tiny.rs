@@ -76,6 +76,7 @@ pub fn write_tiny_flux(dir: &Path, spec: &TinyFluxSpec) -> Result<(), ModelError
     write_tiny_t5(
         &dir.join("text_encoder_2"),
         &dir.join("tokenizer_2"),
+        "t5",
         spec.t5_width,
         2,
         init,

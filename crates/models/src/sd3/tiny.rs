@@ -336,6 +336,7 @@ fn write_t5(dir: &Path, spec: &TinySd3Spec, rng: &mut SampleRng) -> Result<(), M
     write_tiny_t5(
         &dir.join("text_encoder_3"),
         &dir.join("tokenizer_3"),
+        "t5",
         spec.t5_width,
         spec.text_layers,
         spec.init,
@@ -343,11 +344,12 @@ fn write_t5(dir: &Path, spec: &TinySd3Spec, rng: &mut SampleRng) -> Result<(), M
     )
 }
 
-/// A tiny `T5EncoderModel` of width `width` in `encoder_dir` and the tiny T5 tokenizer in
-/// `tokenizer_dir`.
+/// A tiny `T5EncoderModel` (`model_type` `t5`) or `UMT5EncoderModel` (`umt5`) of width `width`
+/// in `encoder_dir` and the tiny T5 tokenizer in `tokenizer_dir`.
 pub(crate) fn write_tiny_t5(
     encoder_dir: &Path,
     tokenizer_dir: &Path,
+    model_type: &str,
     width: i64,
     layers: usize,
     init: WeightInit,
@@ -365,13 +367,14 @@ pub(crate) fn write_tiny_t5(
         relative_attention_max_distance: 16,
         layer_norm_epsilon: 1e-6,
         feed_forward_proj: "gated-gelu".into(),
+        model_type: Some(model_type.into()),
     };
     let t5 = T5Encoder::new(&t5_config, Device::Cpu)?;
+    let class = if t5_config.bias_per_block() { "UMT5EncoderModel" } else { "T5EncoderModel" };
     randomize(&t5.store, rng, init)?;
     let mut cfg = serde_json::to_value(&t5_config).expect("config");
     for (k, v) in [
-        ("architectures", json!(["T5EncoderModel"])),
-        ("model_type", json!("t5")),
+        ("architectures", json!([class])),
         ("dense_act_fn", json!("gelu_new")),
         ("is_gated_act", json!(true)),
         ("pad_token_id", json!(0)),

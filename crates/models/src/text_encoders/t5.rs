@@ -1,5 +1,6 @@
 //! `T5EncoderModel`: RMS-normed pre-LN encoder with bucketed relative position biases (computed
-//! by the first block, shared by all) and a gated-GELU feed-forward.
+//! by the first block, shared by all) and a gated-GELU feed-forward; and `UMT5EncoderModel`
+//! (`model_type: umt5`, Wan's text encoder), the same with a position bias table in every block.
 
 use std::path::Path;
 
@@ -24,6 +25,9 @@ pub struct T5Config {
     pub relative_attention_max_distance: i64,
     pub layer_norm_epsilon: f64,
     pub feed_forward_proj: String,
+    /// `t5` or `umt5` (every block has its own `relative_attention_bias`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_type: Option<String>,
 }
 
 impl Default for T5Config {
@@ -39,7 +43,16 @@ impl Default for T5Config {
             relative_attention_max_distance: 128,
             layer_norm_epsilon: 1e-6,
             feed_forward_proj: "relu".into(),
+            model_type: None,
         }
+    }
+}
+
+impl T5Config {
+    /// Whether every block computes its own position bias (UMT5) rather than the first block's
+    /// being shared (T5).
+    pub fn bias_per_block(&self) -> bool {
+        self.model_type.as_deref() == Some("umt5")
     }
 }
 
@@ -53,12 +66,14 @@ struct Block {
     wi_0: Linear,
     wi_1: Option<Linear>,
     wo: Linear,
+    /// `relative_attention_bias` of this block (the first block's, or every block's in UMT5).
+    relative_attention_bias: Option<Embedding>,
 }
 
+/// The T5 or UMT5 encoder stack below `shared` and `encoder`.
 pub struct T5Encoder {
     pub config: T5Config,
     shared: Embedding,
-    relative_attention_bias: Embedding,
     blocks: Vec<Block>,
     final_layer_norm: RmsNorm,
     gated: bool,
@@ -66,6 +81,7 @@ pub struct T5Encoder {
 }
 
 impl T5Encoder {
+    /// The module tree of `config` with zero weights.
     pub fn new(config: &T5Config, device: Device) -> Result<Self, ModelError> {
         let gated = match config.feed_forward_proj.as_str() {
             "gated-gelu" => true,
@@ -88,6 +104,7 @@ impl T5Encoder {
                 let attn = &sa / "SelfAttention";
                 let dense = &ff / "DenseReluDense";
                 let wi = |name: &str| (&dense / name).linear(d, config.d_ff, false);
+                let with_bias = i == 0 || config.bias_per_block();
                 Block {
                     attn_norm: RmsNorm::new(&(&sa / "layer_norm"), d, eps),
                     q: (&attn / "q").linear(d, inner, false),
@@ -98,17 +115,18 @@ impl T5Encoder {
                     wi_0: if gated { wi("wi_0") } else { wi("wi") },
                     wi_1: gated.then(|| wi("wi_1")),
                     wo: (&dense / "wo").linear(config.d_ff, d, false),
+                    relative_attention_bias: with_bias.then(|| {
+                        Embedding::new(
+                            &(&attn / "relative_attention_bias"),
+                            config.relative_attention_num_buckets,
+                            config.num_heads,
+                        )
+                    }),
                 }
             })
             .collect();
-        let bias_scope = &(&(&(&(&encoder / "block") / 0) / "layer") / 0) / "SelfAttention";
         Ok(Self {
             shared: Embedding::new(&(&root / "shared"), config.vocab_size, d),
-            relative_attention_bias: Embedding::new(
-                &(&bias_scope / "relative_attention_bias"),
-                config.relative_attention_num_buckets,
-                config.num_heads,
-            ),
             blocks,
             final_layer_norm: RmsNorm::new(&(&encoder / "final_layer_norm"), d, eps),
             gated,
@@ -117,16 +135,17 @@ impl T5Encoder {
         })
     }
 
-    /// Loads a transformers directory (`config.json` + safetensors).
+    /// Loads a transformers directory (`config.json` + safetensors); UMT5's copy of the
+    /// embedding under `encoder.embed_tokens` (tied to `shared`) is skipped.
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let config: T5Config = read_config(&dir.join("config.json"))?;
         let mut model = Self::new(&config, device)?;
-        super::load_frozen(&mut model.store, dir, kind, &[], &[])?;
+        super::load_frozen(&mut model.store, dir, kind, &["encoder.embed_tokens."], &[])?;
         Ok(model)
     }
 
-    /// Position bias (1, heads, L, L) from bidirectional relative-position buckets.
-    fn position_bias(&self, len: i64, device: Device) -> Tensor {
+    /// Position bias (1, heads, L, L) of `table` from bidirectional relative-position buckets.
+    fn position_bias(&self, table: &Embedding, len: i64, device: Device) -> Tensor {
         let pos = Tensor::arange(len, (Kind::Int64, device));
         let relative = pos.unsqueeze(0) - pos.unsqueeze(1);
         let buckets = relative_position_bucket(
@@ -134,18 +153,48 @@ impl T5Encoder {
             self.config.relative_attention_num_buckets,
             self.config.relative_attention_max_distance,
         );
-        self.relative_attention_bias.forward(&buckets).permute([2, 0, 1]).unsqueeze(0)
+        table.forward(&buckets).permute([2, 0, 1]).unsqueeze(0)
     }
 
     /// `last_hidden_state` (B, L, d_model) for token ids (B, L); no attention mask, as SD3 encodes.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor, ModelError> {
+        self.forward_masked(ids, None)
+    }
+
+    /// As [`Self::forward`] with an attention mask (B, L) (nonzero: a real token): padded
+    /// positions are not attended to (their own states are still computed), as transformers
+    /// does with `attention_mask`.
+    pub fn forward_masked(
+        &self,
+        ids: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor, ModelError> {
         let (b, l) = ids.size2().map_err(|_| {
             ModelError::Input(format!("T5 input_ids must be (B, L), got {:?}", ids.size()))
         })?;
+        if let Some(m) = mask.filter(|m| m.size() != [b, l]) {
+            return Err(ModelError::Input(format!(
+                "T5 attention_mask has shape {:?}, expected [{b}, {l}]",
+                m.size()
+            )));
+        }
         let mut x = self.shared.forward(ids);
-        let bias = self.position_bias(l, ids.device()).to_kind(x.kind());
+        let padding = mask.map(|m| {
+            let hidden = m.eq(0).view([b, 1, 1, l]);
+            Tensor::zeros([b, 1, 1, l], (x.kind(), x.device()))
+                .masked_fill(&hidden, f64::NEG_INFINITY)
+        });
         let heads = self.config.num_heads;
+        let mut bias: Option<Tensor> = None;
         for block in &self.blocks {
+            if let Some(table) = &block.relative_attention_bias {
+                let position = self.position_bias(table, l, ids.device()).to_kind(x.kind());
+                bias = Some(match &padding {
+                    Some(p) => position + p,
+                    None => position,
+                });
+            }
+            let bias = bias.as_ref().expect("the first block has a position bias table");
             let h = block.attn_norm.forward(&x).to_kind(x.kind());
             let split = |t: Tensor| t.view([b, l, heads, -1]).transpose(1, 2);
             let (q, k, v) = (
@@ -154,7 +203,7 @@ impl T5Encoder {
                 split(block.v.forward(&h)),
             );
             // T5 does not scale scores by 1/√d: scale 1 with the bias as an additive mask.
-            let attn = attention(&q, &k, &v, Some(&bias), false, Some(1.0));
+            let attn = attention(&q, &k, &v, Some(bias), false, Some(1.0));
             x = &x + block.o.forward(&attn.transpose(1, 2).reshape([b, l, -1]));
             let h = block.ff_norm.forward(&x).to_kind(x.kind());
             let hidden = match &block.wi_1 {

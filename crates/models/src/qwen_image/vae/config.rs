@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::causal_vae::VaeLayout;
+
 /// `AutoencoderKLQwenImage` config, with diffusers' field names and defaults (the Qwen-Image VAE).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -56,37 +58,25 @@ impl QwenVaeConfig {
         1 << (self.dim_mult.len().max(1) - 1)
     }
 
+    /// The architecture (Wan2.1's layout, `input_channels` in and out).
+    pub(crate) fn layout(&self) -> VaeLayout {
+        VaeLayout {
+            base_dim: self.base_dim,
+            decoder_base_dim: self.base_dim,
+            z_dim: self.z_dim,
+            dim_mult: self.dim_mult.clone(),
+            num_res_blocks: self.num_res_blocks,
+            attn_scales: self.attn_scales.clone(),
+            temperal_downsample: self.temperal_downsample.clone(),
+            in_channels: self.input_channels,
+            out_channels: self.input_channels,
+            is_residual: false,
+        }
+    }
+
     /// Checks the combinations diffusers would reject or silently misbuild.
     pub fn validate(&self) -> Result<(), String> {
-        let levels = self.dim_mult.len();
-        if levels == 0 || self.dim_mult.iter().any(|&m| m <= 0) || self.base_dim <= 0 {
-            return Err(format!(
-                "dim_mult {:?} and base_dim {} must be positive (at least one level)",
-                self.dim_mult, self.base_dim
-            ));
-        }
-        if self.temperal_downsample.len() != levels - 1 {
-            return Err(format!(
-                "temperal_downsample has {} entries; dim_mult {:?} has {} downsampling levels",
-                self.temperal_downsample.len(),
-                self.dim_mult,
-                levels - 1
-            ));
-        }
-        for (name, stats) in
-            [("latents_mean", &self.latents_mean), ("latents_std", &self.latents_std)]
-        {
-            if stats.len() as i64 != self.z_dim {
-                return Err(format!(
-                    "{name} has {} entries; expected z_dim = {}",
-                    stats.len(),
-                    self.z_dim
-                ));
-            }
-        }
-        if self.latents_std.iter().any(|&s| s <= 0.0) {
-            return Err("latents_std must be positive".into());
-        }
-        Ok(())
+        self.layout().validate()?;
+        crate::causal_vae::check_stats(self.z_dim, &self.latents_mean, &self.latents_std)
     }
 }

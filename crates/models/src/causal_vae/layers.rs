@@ -1,4 +1,4 @@
-//! The causal 3-D convolution, the RMS norm and the frame cache of the Wan-style VAE.
+//! The causal 3-D convolution, the RMS norm and the frame cache of the Wan-style VAEs.
 
 use tch::{Kind, Tensor};
 
@@ -9,7 +9,7 @@ const HISTORY: i64 = 2;
 
 /// A 3-D convolution that is causal in time: the `2·padding_t` frames before the input are the
 /// history passed in (the end of the previous chunk), zeros where there is none.
-pub(super) struct CausalConv3d {
+pub(crate) struct CausalConv3d {
     weight: Tensor,
     bias: Tensor,
     stride: [i64; 3],
@@ -77,9 +77,9 @@ impl CausalConv3d {
     }
 }
 
-/// `QwenImageRMS_norm`: x / ‖x‖₂ over channels (dim 1) · √C · `gamma`, statistics in f32 for half
+/// `WanRMS_norm` / `QwenImageRMS_norm`: x / ‖x‖₂ over channels (dim 1) · √C · `gamma`, statistics in f32 for half
 /// precision inputs.
-pub(super) struct RmsNorm {
+pub(crate) struct RmsNorm {
     gamma: Tensor,
     scale: f64,
 }
@@ -101,7 +101,7 @@ impl RmsNorm {
 
 /// What each causal convolution saw of the previous chunks, slot by slot in call order (the
 /// encoder and decoder visit their convolutions in the same order for every chunk).
-pub(super) struct FrameCache {
+pub(crate) struct FrameCache {
     slots: Vec<Option<Tensor>>,
     next: usize,
     chunk: usize,

@@ -1,26 +1,28 @@
-//! Residual, attention and resampling blocks, and the encoder and decoder built from them.
+//! Residual, attention and resampling blocks, and the encoder and decoder built from them (the
+//! Wan2.1 / Qwen-Image layout, and with `is_residual` Wan2.2's residual down and up blocks).
 
 use tch::Tensor;
 
 use super::layers::{CausalConv3d, FrameCache, RmsNorm};
-use super::QwenVaeConfig;
+use super::residual::{ResidualDownBlock, ResidualUpBlock};
+use super::VaeLayout;
 use crate::nn::{attention, Conv2d, Scope};
 
 /// (B, C, T, H, W) → (B·T, C, H, W).
-fn frames_to_batch(x: &Tensor) -> Tensor {
+pub(super) fn frames_to_batch(x: &Tensor) -> Tensor {
     let (b, c, t, h, w) = x.size5().expect("5-d (B, C, T, H, W) activations");
     x.permute([0, 2, 1, 3, 4]).reshape([b * t, c, h, w])
 }
 
 /// (B·T, C, H, W) → (B, C, T, H, W).
-fn batch_to_frames(x: &Tensor, b: i64) -> Tensor {
+pub(super) fn batch_to_frames(x: &Tensor, b: i64) -> Tensor {
     let (bt, c, h, w) = x.size4().expect("4-d activations");
     x.reshape([b, bt / b, c, h, w]).permute([0, 2, 1, 3, 4])
 }
 
 /// Two causal 3×3×3 convolutions after RMS norm and SiLU, plus the (1×1×1 where the width
 /// changes) shortcut.
-struct ResidualBlock {
+pub(super) struct ResidualBlock {
     norm1: RmsNorm,
     conv1: CausalConv3d,
     norm2: RmsNorm,
@@ -29,7 +31,8 @@ struct ResidualBlock {
 }
 
 impl ResidualBlock {
-    fn new(s: &Scope<'_>, input: i64, output: i64) -> Self {
+    /// The block below `s` from `input` to `output` channels.
+    pub fn new(s: &Scope<'_>, input: i64, output: i64) -> Self {
         Self {
             norm1: RmsNorm::new(&(s / "norm1"), input, false),
             conv1: CausalConv3d::new(&(s / "conv1"), input, output, [3; 3], [1; 3]),
@@ -40,7 +43,8 @@ impl ResidualBlock {
         }
     }
 
-    fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
+    /// One chunk of frames, each convolution continuing from its cached history.
+    pub fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
         let h = cache.conv(&self.conv1, &self.norm1.forward(x).silu());
         let h = cache.conv(&self.conv2, &self.norm2.forward(&h).silu());
         match &self.conv_shortcut {
@@ -82,19 +86,29 @@ impl AttentionBlock {
 /// Spatial ×2 resampling of each frame (`resample.1`), and with `time_conv` also in time: the
 /// decoder doubles every frame after the first chunk's, the encoder halves the frames after it
 /// (stride 2 over the previous chunk's last frame and this chunk's).
-struct Resample {
+pub(super) struct Resample {
     conv: Conv2d,
     time_conv: Option<CausalConv3d>,
     up: bool,
 }
 
 impl Resample {
-    fn new(s: &Scope<'_>, dim: i64, up: bool, temporal: bool) -> Self {
+    /// A downsampler of `dim` channels.
+    pub fn down(s: &Scope<'_>, dim: i64, temporal: bool) -> Self {
+        Self::new(s, dim, dim, false, temporal)
+    }
+
+    /// An upsampler from `dim` to `output` channels (`dim / 2` in Wan2.1's decoder).
+    pub fn up(s: &Scope<'_>, dim: i64, output: i64, temporal: bool) -> Self {
+        Self::new(s, dim, output, true, temporal)
+    }
+
+    fn new(s: &Scope<'_>, dim: i64, output: i64, up: bool, temporal: bool) -> Self {
         let conv = &(s / "resample") / 1;
         let time = s / "time_conv";
         if up {
             Self {
-                conv: conv.conv2d(dim, dim / 2, 3, 1, 1),
+                conv: conv.conv2d(dim, output, 3, 1, 1),
                 time_conv: temporal
                     .then(|| CausalConv3d::new(&time, dim, 2 * dim, [3, 1, 1], [1; 3])),
                 up,
@@ -110,7 +124,8 @@ impl Resample {
         }
     }
 
-    fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
+    /// One chunk of frames (the temporal step passes the first chunk through).
+    pub fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
         let (b, c, t, h, w) = x.size5().expect("5-d activations");
         let mut x = x.shallow_clone();
         if let (true, Some(time_conv)) = (self.up, &self.time_conv) {
@@ -165,15 +180,19 @@ impl MidBlock {
     }
 }
 
-/// One entry of the encoder's flat `down_blocks` list. Attention (only with `attn_scales`, which
-/// no released checkpoint sets) runs per frame without cache; diffusers 0.42 fails on it (it passes
-/// the cache to a block that takes none), so the reference script patches that call.
+/// One entry of the encoder's `down_blocks` list: Wan2.1's flat list of residual blocks,
+/// attention and resamplers, or Wan2.2's residual down blocks. Attention (only with
+/// `attn_scales`, which no released checkpoint sets) runs per frame without cache; diffusers 0.42
+/// fails on it (it passes the cache to a block that takes none), so the reference scripts patch
+/// that call.
 enum DownLayer {
     Residual(ResidualBlock),
     Attention(AttentionBlock),
     Resample(Resample),
+    ResidualDown(ResidualDownBlock),
 }
 
+/// `encoder`: `conv_in`, the down blocks, the mid block, `norm_out` and `conv_out`.
 pub(super) struct Encoder {
     conv_in: CausalConv3d,
     down_blocks: Vec<DownLayer>,
@@ -184,28 +203,37 @@ pub(super) struct Encoder {
 
 impl Encoder {
     /// Images or video to `2·z_dim` moments (before `quant_conv`).
-    pub fn new(s: &Scope<'_>, config: &QwenVaeConfig) -> Self {
+    pub fn new(s: &Scope<'_>, layout: &VaeLayout) -> Self {
         let dims: Vec<i64> = std::iter::once(1)
-            .chain(config.dim_mult.iter().copied())
-            .map(|m| m * config.base_dim)
+            .chain(layout.dim_mult.iter().copied())
+            .map(|m| m * layout.base_dim)
             .collect();
+        let levels = layout.dim_mult.len();
         let list = s / "down_blocks";
         let mut down_blocks = vec![];
         let mut scale = 1.0;
         for (i, pair) in dims.windows(2).enumerate() {
             let (mut input, output) = (pair[0], pair[1]);
-            for _ in 0..config.num_res_blocks {
-                let at = &list / down_blocks.len();
-                down_blocks.push(DownLayer::Residual(ResidualBlock::new(&at, input, output)));
-                if config.attn_scales.contains(&scale) {
-                    let at = &list / down_blocks.len();
-                    down_blocks.push(DownLayer::Attention(AttentionBlock::new(&at, output)));
+            let at = |n: usize| &list / n;
+            let down = (i + 1 < levels).then(|| layout.temperal_downsample[i]);
+            if layout.is_residual {
+                let block =
+                    ResidualDownBlock::new(&at(i), input, output, layout.num_res_blocks, down);
+                down_blocks.push(DownLayer::ResidualDown(block));
+                continue;
+            }
+            for _ in 0..layout.num_res_blocks {
+                let block = ResidualBlock::new(&at(down_blocks.len()), input, output);
+                down_blocks.push(DownLayer::Residual(block));
+                if layout.attn_scales.contains(&scale) {
+                    let block = AttentionBlock::new(&at(down_blocks.len()), output);
+                    down_blocks.push(DownLayer::Attention(block));
                 }
                 input = output;
             }
-            if let Some(&temporal) = config.temperal_downsample.get(i) {
-                let at = &list / down_blocks.len();
-                down_blocks.push(DownLayer::Resample(Resample::new(&at, output, false, temporal)));
+            if let Some(temporal) = down {
+                let block = Resample::down(&at(down_blocks.len()), output, temporal);
+                down_blocks.push(DownLayer::Resample(block));
                 scale /= 2.0;
             }
         }
@@ -213,7 +241,7 @@ impl Encoder {
         Self {
             conv_in: CausalConv3d::new(
                 &(s / "conv_in"),
-                config.input_channels,
+                layout.in_channels,
                 dims[0],
                 [3; 3],
                 [1; 3],
@@ -221,7 +249,7 @@ impl Encoder {
             down_blocks,
             mid_block: MidBlock::new(&(s / "mid_block"), top),
             norm_out: RmsNorm::new(&(s / "norm_out"), top, false),
-            conv_out: CausalConv3d::new(&(s / "conv_out"), top, 2 * config.z_dim, [3; 3], [1; 3]),
+            conv_out: CausalConv3d::new(&(s / "conv_out"), top, 2 * layout.z_dim, [3; 3], [1; 3]),
         }
     }
 
@@ -233,6 +261,7 @@ impl Encoder {
                 DownLayer::Residual(r) => r.forward(&x, cache),
                 DownLayer::Attention(a) => a.forward(&x),
                 DownLayer::Resample(r) => r.forward(&x, cache),
+                DownLayer::ResidualDown(r) => r.forward(&x, cache),
             };
         }
         let x = self.mid_block.forward(&x, cache);
@@ -240,16 +269,37 @@ impl Encoder {
     }
 }
 
-/// `num_res_blocks + 1` residual blocks, then the optional upsampler (`upsamplers.0`).
+/// Wan2.1's up block: `num_res_blocks + 1` residual blocks, then the optional upsampler
+/// (`upsamplers.0`).
 struct UpBlock {
     resnets: Vec<ResidualBlock>,
     upsampler: Option<Resample>,
 }
 
+impl UpBlock {
+    fn forward(&self, x: &Tensor, cache: &mut FrameCache) -> Tensor {
+        let mut x = x.shallow_clone();
+        for r in &self.resnets {
+            x = r.forward(&x, cache);
+        }
+        match &self.upsampler {
+            Some(up) => up.forward(&x, cache),
+            None => x,
+        }
+    }
+}
+
+/// One entry of the decoder's `up_blocks`.
+enum UpLayer {
+    Plain(UpBlock),
+    Residual(ResidualUpBlock),
+}
+
+/// `decoder`: `conv_in`, the mid block, the up blocks, `norm_out` and `conv_out`.
 pub(super) struct Decoder {
     conv_in: CausalConv3d,
     mid_block: MidBlock,
-    up_blocks: Vec<UpBlock>,
+    up_blocks: Vec<UpLayer>,
     norm_out: RmsNorm,
     conv_out: CausalConv3d,
 }
@@ -257,46 +307,52 @@ pub(super) struct Decoder {
 impl Decoder {
     /// `z_dim` latents (after `post_quant_conv`) to pixels. `attn_scales` adds nothing here, as
     /// in diffusers.
-    pub fn new(s: &Scope<'_>, config: &QwenVaeConfig) -> Self {
-        let top = *config.dim_mult.last().expect("validated non-empty");
+    pub fn new(s: &Scope<'_>, layout: &VaeLayout) -> Self {
+        let top = *layout.dim_mult.last().expect("validated non-empty");
         let dims: Vec<i64> = std::iter::once(top)
-            .chain(config.dim_mult.iter().rev().copied())
-            .map(|m| m * config.base_dim)
+            .chain(layout.dim_mult.iter().rev().copied())
+            .map(|m| m * layout.decoder_base_dim)
             .collect();
-        let levels = config.dim_mult.len();
+        let levels = layout.dim_mult.len();
         let list = s / "up_blocks";
         let up_blocks = dims
             .windows(2)
             .enumerate()
             .map(|(i, pair)| {
                 let at = &list / i;
-                // Every upsampler halves the width it outputs.
-                let input = if i > 0 { pair[0] / 2 } else { pair[0] };
                 let output = pair[1];
-                UpBlock {
-                    resnets: (0..=config.num_res_blocks)
+                // The mirror of the encoder's temporal downsampling, when this level upsamples.
+                let up = (i + 1 < levels).then(|| layout.temperal_downsample[levels - 2 - i]);
+                if layout.is_residual {
+                    let block =
+                        ResidualUpBlock::new(&at, pair[0], output, layout.num_res_blocks, up);
+                    return UpLayer::Residual(block);
+                }
+                // Every Wan2.1 upsampler halves the width it outputs.
+                let input = if i > 0 { pair[0] / 2 } else { pair[0] };
+                UpLayer::Plain(UpBlock {
+                    resnets: (0..=layout.num_res_blocks)
                         .map(|j| {
                             let from = if j == 0 { input } else { output };
                             ResidualBlock::new(&(&(&at / "resnets") / j), from, output)
                         })
                         .collect(),
-                    upsampler: (i + 1 < levels).then(|| {
-                        let temporal = config.temperal_downsample[levels - 2 - i];
-                        Resample::new(&(&(&at / "upsamplers") / 0), output, true, temporal)
+                    upsampler: up.map(|temporal| {
+                        Resample::up(&(&(&at / "upsamplers") / 0), output, output / 2, temporal)
                     }),
-                }
+                })
             })
             .collect();
-        let bottom = config.base_dim * config.dim_mult[0];
+        let bottom = *dims.last().expect("validated non-empty");
         Self {
-            conv_in: CausalConv3d::new(&(s / "conv_in"), config.z_dim, dims[0], [3; 3], [1; 3]),
+            conv_in: CausalConv3d::new(&(s / "conv_in"), layout.z_dim, dims[0], [3; 3], [1; 3]),
             mid_block: MidBlock::new(&(s / "mid_block"), dims[0]),
             up_blocks,
             norm_out: RmsNorm::new(&(s / "norm_out"), bottom, false),
             conv_out: CausalConv3d::new(
                 &(s / "conv_out"),
                 bottom,
-                config.input_channels,
+                layout.out_channels,
                 [3; 3],
                 [1; 3],
             ),
@@ -308,12 +364,10 @@ impl Decoder {
         let x = cache.conv(&self.conv_in, x);
         let mut x = self.mid_block.forward(&x, cache);
         for block in &self.up_blocks {
-            for r in &block.resnets {
-                x = r.forward(&x, cache);
-            }
-            if let Some(up) = &block.upsampler {
-                x = up.forward(&x, cache);
-            }
+            x = match block {
+                UpLayer::Plain(b) => b.forward(&x, cache),
+                UpLayer::Residual(b) => b.forward(&x, cache),
+            };
         }
         cache.conv(&self.conv_out, &self.norm_out.forward(&x).silu())
     }

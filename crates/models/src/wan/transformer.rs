@@ -1,0 +1,253 @@
+//! `WanTransformer3DModel` for text-to-video (Wan2.1 T2V, Wan2.2 T2V and TI2V): 3-D patch tokens,
+//! a timestep and text embedder, the blocks, an adaLN output norm and the projection back to
+//! patches. The timestep is per sample (B,) or, as Wan2.2-TI2V's pipeline passes it with
+//! `expand_timesteps`, per token (B, S).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+
+use super::block::WanBlock;
+use super::config::WanTransformerConfig;
+use super::rope::rotations;
+use crate::denoiser::{weights_and_frozen_copy, Denoiser, ExampleInputs, TrainableDenoiser};
+use crate::lora::LoraConfig;
+use crate::model_weights::{ModelWeights, WeightsBuilder};
+use crate::nn::{gelu_tanh, layer_norm, timestep_features, Linear, Mlp, Scope};
+use crate::{ModelError, TextConditioning};
+
+/// `condition_embedder`: sinusoidal timestep features → `time_embedder` (SiLU MLP) →
+/// `time_proj` (six modulations per block); `text_embedder` (GELU-tanh MLP) on the text states.
+pub struct ConditionEmbedder {
+    pub time_embedder: Mlp,
+    pub time_proj: Linear,
+    /// `text_embedder.linear_1` and `.linear_2`.
+    pub text_embedder: (Linear, Linear),
+}
+
+impl ConditionEmbedder {
+    fn new(s: &Scope<'_>, c: &WanTransformerConfig) -> Self {
+        let dim = c.inner_dim();
+        let text = s / "text_embedder";
+        Self {
+            time_embedder: Mlp::new(&(s / "time_embedder"), c.freq_dim, dim),
+            time_proj: (s / "time_proj").linear(dim, 6 * dim, true),
+            text_embedder: (
+                (&text / "linear_1").linear(c.text_dim, dim, true),
+                (&text / "linear_2").linear(dim, dim, true),
+            ),
+        }
+    }
+}
+
+/// The Wan denoiser: predicts the flow-matching velocity (noise − data) at the pipeline's
+/// timestep `1000·σ`, as flowtune's [`Denoiser`] does.
+pub struct WanTransformer {
+    pub config: WanTransformerConfig,
+    /// `patch_embedding`: Conv3d weight (D, C, pt, ph, pw) and bias.
+    pub patch_embedding: (Tensor, Tensor),
+    pub condition_embedder: ConditionEmbedder,
+    pub blocks: Vec<WanBlock>,
+    pub proj_out: Linear,
+    /// (1, 2, D): shift and scale of the output norm, added to the timestep embedding.
+    pub scale_shift_table: Tensor,
+    pub weights: ModelWeights,
+}
+
+impl WanTransformer {
+    /// Builds the module tree for `config` on `device`, with adapters when `lora` is given.
+    pub fn new(
+        config: &WanTransformerConfig,
+        device: Device,
+        lora: Option<&LoraConfig>,
+    ) -> Result<Self, ModelError> {
+        config.validate().map_err(ModelError::Input)?;
+        let weights = WeightsBuilder::new(device, lora);
+        let root = weights.root();
+        let c = config;
+        let dim = c.inner_dim();
+        let [pt, ph, pw] = c.patch();
+        let patch = &root / "patch_embedding";
+        let list = &root / "blocks";
+        Ok(Self {
+            patch_embedding: (
+                patch.var("weight", &[dim, c.in_channels, pt, ph, pw]),
+                patch.var("bias", &[dim]),
+            ),
+            condition_embedder: ConditionEmbedder::new(&(&root / "condition_embedder"), c),
+            blocks: (0..c.num_layers)
+                .map(|i| {
+                    WanBlock::new(
+                        &(&list / i),
+                        dim,
+                        c.ffn_dim,
+                        c.num_attention_heads,
+                        c.cross_attn_norm,
+                        c.eps,
+                    )
+                })
+                .collect(),
+            proj_out: (&root / "proj_out").linear(dim, c.out_dim() * pt * ph * pw, true),
+            scale_shift_table: root.var("scale_shift_table", &[1, 2, dim]),
+            config: config.clone(),
+            weights: weights.finish()?,
+        })
+    }
+
+    /// Loads a diffusers `transformer/` directory (config.json + safetensors, sharded or not).
+    pub fn load(
+        dir: &Path,
+        device: Device,
+        kind: Kind,
+        lora: Option<&LoraConfig>,
+    ) -> Result<Self, ModelError> {
+        crate::denoiser::load_component(
+            dir,
+            kind,
+            |c: &WanTransformerConfig| Self::new(c, device, lora),
+            |m| &mut m.weights,
+        )
+    }
+
+    /// diffusers' forward: latents (B, C, F, H, W), `timestep` (B,) or per token (B, S) with
+    /// S = (F/pt)·(H/ph)·(W/pw), text states (B, L, text_dim). Returns (B, C_out, F, H, W).
+    pub fn forward(
+        &self,
+        latents: &Tensor,
+        timestep: &Tensor,
+        text: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        let grid = self.check_inputs(latents, timestep, text)?;
+        let c = &self.config;
+        let (weight, bias) = &self.patch_embedding;
+        let kind = weight.kind();
+        let b = latents.size()[0];
+        let [pt, ph, pw] = c.patch();
+        let [f, h, w] = grid;
+        let (cos, sin) = rotations(c.rope_dims(), grid, latents.device());
+        let x = latents.to_kind(kind).conv3d(weight, Some(bias), [pt, ph, pw], [0; 3], [1; 3], 1);
+        let mut x = x.flatten(2, -1).transpose(1, 2).contiguous();
+
+        // Per-sample timesteps become one row of modulations shared by every token.
+        let per_token = timestep.dim() == 2;
+        let t = if per_token { timestep.shallow_clone() } else { timestep.unsqueeze(1) };
+        let rows = t.size()[1];
+        let e = &self.condition_embedder;
+        let features = timestep_features(&t.reshape([-1]), c.freq_dim, 1.0).to_kind(kind);
+        let temb = e.time_embedder.forward(&features).view([b, rows, -1]);
+        let modulation =
+            e.time_proj.forward(&temb.silu()).view([b, rows, 6, -1]).to_kind(Kind::Float);
+        let (l1, l2) = &e.text_embedder;
+        let text = l2.forward(&gelu_tanh(&l1.forward(&text.to_kind(kind))));
+
+        for block in &self.blocks {
+            x = block.forward(&x, &modulation, &text, (&cos, &sin));
+        }
+        let table = self.scale_shift_table.to_kind(Kind::Float).unsqueeze(0);
+        let out = (table + temb.to_kind(Kind::Float).unsqueeze(2)).chunk(2, 2);
+        let (shift, scale) = (out[0].squeeze_dim(2), out[1].squeeze_dim(2));
+        let normed =
+            (layer_norm(&x.to_kind(Kind::Float), c.eps) * (scale + 1.0) + shift).to_kind(kind);
+        let patches = self.proj_out.forward(&normed);
+        Ok(patches
+            .reshape([b, f, h, w, pt, ph, pw, -1])
+            .permute([0, 7, 1, 4, 2, 5, 3, 6])
+            .reshape([b, -1, f * pt, h * ph, w * pw]))
+    }
+
+    /// The token grid (frames, rows, columns) of valid inputs.
+    fn check_inputs(
+        &self,
+        latents: &Tensor,
+        timestep: &Tensor,
+        text: &Tensor,
+    ) -> Result<[i64; 3], ModelError> {
+        let c = &self.config;
+        let size = latents.size();
+        let [pt, ph, pw] = c.patch();
+        if size.len() != 5
+            || size[1] != c.in_channels
+            || size[2] % pt != 0
+            || size[3] % ph != 0
+            || size[4] % pw != 0
+        {
+            return Err(ModelError::Input(format!(
+                "Wan latents have shape {size:?}, expected [B, {}, F, H, W] with F, H, W \
+                 multiples of the patch size {:?}",
+                c.in_channels, c.patch_size
+            )));
+        }
+        let b = size[0];
+        let grid = [size[2] / pt, size[3] / ph, size[4] / pw];
+        if let Some(&big) = grid.iter().find(|&&n| n > c.rope_max_seq_len) {
+            return Err(ModelError::Input(format!(
+                "a token grid of {grid:?} needs rope_max_seq_len ≥ {big}, the config has {}",
+                c.rope_max_seq_len
+            )));
+        }
+        let tokens = grid.iter().product::<i64>();
+        let ts = timestep.size();
+        if ts != [b] && ts != [b, tokens] {
+            return Err(ModelError::Input(format!(
+                "timestep has shape {ts:?}, expected [{b}] or per token [{b}, {tokens}]"
+            )));
+        }
+        let ts = text.size();
+        if ts.len() != 3 || ts[0] != b || ts[2] != c.text_dim {
+            return Err(ModelError::Input(format!(
+                "text states have shape {ts:?}, expected [{b}, L, {}]",
+                c.text_dim
+            )));
+        }
+        Ok(grid)
+    }
+}
+
+impl Denoiser for WanTransformer {
+    /// The Wan pipelines pass the scheduler's timestep (`1000·σ`) and read a velocity: the
+    /// forward itself. The text embeds are the pipeline's zero-padded prompt states (no mask).
+    fn velocity(
+        &self,
+        latents: &Tensor,
+        timestep: &Tensor,
+        text: &TextConditioning,
+    ) -> Result<Tensor, ModelError> {
+        Ok(self.forward(latents, timestep, &text.embeds)?.to_kind(latents.kind()))
+    }
+}
+
+impl TrainableDenoiser for WanTransformer {
+    weights_and_frozen_copy!();
+
+    /// One-frame latents of `height × width` cells.
+    fn example_inputs(&self, batch: i64, height: i64, width: i64, text_len: i64) -> ExampleInputs {
+        let c = &self.config;
+        let device = self.weights.base.device();
+        let opts = (self.patch_embedding.0.kind(), device);
+        let [pt, ph, pw] = c.patch();
+        ExampleInputs {
+            latents: Tensor::randn([batch, c.in_channels, pt, height, width], opts),
+            timestep: Tensor::full([batch], 500.0, (Kind::Float, device)),
+            text: TextConditioning::new(Tensor::randn([batch, text_len, c.text_dim], opts), None),
+            tokens: batch * (height / ph) * (width / pw),
+        }
+    }
+
+    /// diffusers' forward on its argument names: `hidden_states` (B, C, F, H, W), `timestep`
+    /// (B,) or (B, S), `encoder_hidden_states` (B, L, text_dim).
+    fn forward_named(&self, inputs: &HashMap<String, Tensor>) -> Result<Tensor, ModelError> {
+        let get = |name: &str| {
+            inputs.get(name).ok_or_else(|| ModelError::Input(format!("no input `{name}`")))
+        };
+        self.forward(get("hidden_states")?, get("timestep")?, get("encoder_hidden_states")?)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "Wan transformer {} layers × {} dim",
+            self.config.num_layers,
+            self.config.inner_dim()
+        )
+    }
+}
