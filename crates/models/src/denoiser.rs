@@ -147,6 +147,12 @@ pub trait TrainableDenoiser: Denoiser {
         self.adapters().ok_or_else(no_adapters)?.merge_into(self.store())
     }
 
+    /// Recompute each transformer block's activations in backward instead of keeping them
+    /// (`trainer.gradient_checkpointing`): less memory, one more block forward per backward.
+    fn set_gradient_checkpointing(&self, on: bool) {
+        self.weights().checkpointing.set(on);
+    }
+
     /// Turns the adapters on or off (off: the base model, the KL reference).
     fn set_adapters_enabled(&self, on: bool) {
         if let Some(adapters) = self.adapters() {

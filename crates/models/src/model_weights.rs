@@ -19,6 +19,26 @@ pub struct ModelWeights {
     pub base: VarStore,
     /// Adapter weights and their switch, when built with LoRA.
     pub adapters: Option<Adapters>,
+    /// Whether the transformer blocks recompute their activations in backward
+    /// ([`crate::denoiser::TrainableDenoiser::set_gradient_checkpointing`]).
+    pub checkpointing: std::cell::Cell<bool>,
+}
+
+impl ModelWeights {
+    /// Runs a transformer block (`block`, borrowing this model's modules) on `inputs`, through
+    /// activation checkpointing when it is switched on and grad is enabled.
+    pub fn run_block(
+        &self,
+        inputs: &[tch::Tensor],
+        block: impl Fn(&[tch::Tensor]) -> Vec<tch::Tensor>,
+    ) -> Result<Vec<tch::Tensor>, crate::ModelError> {
+        if !self.checkpointing.get() {
+            return Ok(block(inputs));
+        }
+        // SAFETY: the block borrows the model, which outlives the graphs built from its outputs:
+        // a training step backpropagates or drops them while the pipeline is loaded.
+        Ok(unsafe { flowtune_recompute::checkpointed(inputs, block) }?)
+    }
 }
 
 /// The stores of a model under construction.
@@ -56,7 +76,7 @@ impl WeightsBuilder {
             base.freeze();
             adapters.initialize(0)?;
         }
-        Ok(ModelWeights { base, adapters })
+        Ok(ModelWeights { base, adapters, checkpointing: Default::default() })
     }
 }
 

@@ -1,10 +1,12 @@
-// Reentrant activation checkpointing as an autograd function: forward runs the block without
+// Reentrant activation checkpointing as an autograd function: forward runs a block without
 // recording a graph and keeps only its inputs; backward runs the block again with grad enabled and
 // backpropagates through that fresh graph, which also accumulates the block's weight gradients.
-// The block itself is a Rust callback; every C++ exception is turned into an error string.
+// The block is a Rust closure, owned by the graph node (dropped with it); every C++ exception is
+// turned into an error string.
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cstring>
 #include <string>
@@ -14,47 +16,55 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 extern "C" {
-// Runs the block on `n` inputs (owned copies handed to Rust) and pushes its outputs into `sink`
+// Runs the closure on `n` inputs (owned copies handed to Rust) and pushes its outputs into `sink`
 // with ftr_sink_push; returns a malloc'd error message or null.
-typedef char* (*ftr_block_fn)(int64_t data, int64_t vtable, at::Tensor** inputs, int64_t n,
-                               void* sink);
+typedef char* (*ftr_call_fn)(int64_t closure, at::Tensor** inputs, int64_t n, void* sink);
+typedef void (*ftr_drop_fn)(int64_t closure);
 }
 
 namespace {
 
-variable_list run_block(int64_t callback, int64_t data, int64_t vtable,
-                        const variable_list& inputs) {
-  std::vector<at::Tensor*> owned;
-  owned.reserve(inputs.size());
-  for (const auto& t : inputs) owned.push_back(new at::Tensor(t));
-  variable_list outputs;
-  auto fn = reinterpret_cast<ftr_block_fn>(callback);
-  char* error = fn(data, vtable, owned.data(), static_cast<int64_t>(owned.size()), &outputs);
-  if (error != nullptr) {
-    std::string message(error);
-    free(error);
-    throw std::runtime_error(message);
+// A Rust closure and how to call and drop it.
+struct Closure : torch::CustomClassHolder {
+  int64_t data;
+  ftr_call_fn call;
+  ftr_drop_fn drop;
+  Closure(int64_t data, ftr_call_fn call, ftr_drop_fn drop) : data(data), call(call), drop(drop) {}
+  ~Closure() override { drop(data); }
+
+  variable_list run(const variable_list& inputs) const {
+    std::vector<at::Tensor*> owned;
+    owned.reserve(inputs.size());
+    for (const auto& t : inputs) owned.push_back(new at::Tensor(t));
+    variable_list outputs;
+    char* error = call(data, owned.data(), static_cast<int64_t>(owned.size()), &outputs);
+    if (error != nullptr) {
+      std::string message(error);
+      free(error);
+      throw std::runtime_error(message);
+    }
+    return outputs;
   }
-  return outputs;
-}
+};
 
 struct Recompute : public torch::autograd::Function<Recompute> {
-  // `inputs` as a TensorList, which autograd counts as one input per tensor.
-  static variable_list forward(AutogradContext* ctx, at::TensorList list, int64_t callback,
-                               int64_t data, int64_t vtable) {
+  // `list` as a TensorList, which autograd counts as one input per tensor.
+  static variable_list forward(AutogradContext* ctx, at::TensorList list,
+                               c10::intrusive_ptr<Closure> closure) {
     variable_list inputs = list.vec();
-    ctx->saved_data["callback"] = callback;
-    ctx->saved_data["data"] = data;
-    ctx->saved_data["vtable"] = vtable;
+    // An output nothing used gets no gradient (not zeros), so its weights get none either.
+    ctx->set_materialize_grads(false);
+    ctx->saved_data["closure"] = c10::IValue::make_capsule(closure);
     ctx->save_for_backward(inputs);
     at::NoGradGuard no_grad;
-    return run_block(callback, data, vtable, inputs);
+    return closure->run(inputs);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto saved = ctx->get_saved_variables();
+    auto closure = c10::static_intrusive_pointer_cast<Closure>(
+        ctx->saved_data["closure"].toCapsule());
     variable_list inputs;
-    for (const auto& t : saved) {
+    for (const auto& t : ctx->get_saved_variables()) {
       auto d = t.detach();
       d.requires_grad_(t.requires_grad());
       inputs.push_back(d);
@@ -62,8 +72,7 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     variable_list outputs;
     {
       at::AutoGradMode grad(true);
-      outputs = run_block(ctx->saved_data["callback"].toInt(), ctx->saved_data["data"].toInt(),
-                          ctx->saved_data["vtable"].toInt(), inputs);
+      outputs = closure->run(inputs);
     }
     variable_list through, seeds;
     for (size_t i = 0; i < outputs.size() && i < grads.size(); ++i) {
@@ -75,9 +84,7 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     if (!through.empty()) torch::autograd::backward(through, seeds);
     variable_list result;
     for (const auto& d : inputs) result.push_back(d.requires_grad() ? d.grad() : at::Tensor());
-    result.emplace_back();  // callback
-    result.emplace_back();  // data
-    result.emplace_back();  // vtable
+    result.emplace_back();  // the closure
     return result;
   }
 };
@@ -98,14 +105,16 @@ void ftr_sink_push(void* sink, at::Tensor* t) {
   static_cast<variable_list*>(sink)->push_back(*t);
 }
 
-// Applies the checkpointed block to `n` inputs; its outputs are written to `out` (room for
-// `capacity`, count in `*n_out`) as new tensors the caller owns. Returns a malloc'd error or null.
-char* ftr_recompute(int64_t callback, int64_t data, int64_t vtable, at::Tensor** inputs, int64_t n,
-                    at::Tensor** out, int64_t capacity, int64_t* n_out) {
+// Applies the checkpointed closure to `n` inputs, taking ownership of the closure (dropped with
+// the graph node, or here on failure). Its outputs are written to `out` (room for `capacity`,
+// count in `*n_out`) as new tensors the caller owns. Returns a malloc'd error or null.
+char* ftr_recompute(int64_t closure, ftr_call_fn call, ftr_drop_fn drop, at::Tensor** inputs,
+                    int64_t n, at::Tensor** out, int64_t capacity, int64_t* n_out) {
   try {
+    auto holder = c10::make_intrusive<Closure>(closure, call, drop);
     variable_list in;
     for (int64_t i = 0; i < n; ++i) in.push_back(*inputs[i]);
-    auto outputs = Recompute::apply(at::TensorList(in), callback, data, vtable);
+    auto outputs = Recompute::apply(at::TensorList(in), holder);
     if (static_cast<int64_t>(outputs.size()) > capacity) {
       return copy_message("the checkpointed block returned more outputs than expected");
     }

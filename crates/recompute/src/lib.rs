@@ -1,31 +1,38 @@
 //! Activation (gradient) checkpointing, as `torch.utils.checkpoint` does it (the reentrant form):
-//! a [`Block`] run through [`checkpointed`] keeps only its inputs; backward runs it again with
-//! grad enabled and backpropagates through that fresh graph, which also accumulates its weights'
+//! a block run through [`checkpointed`] keeps only its inputs; backward runs it again with grad
+//! enabled and backpropagates through that fresh graph, which also accumulates its weights'
 //! gradients. Memory for activations falls from every block's to one block's at a time, for one
 //! more forward per block. Blocks must be deterministic (no dropout), as they are here.
 
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tch::{Kind, TchError, Tensor};
 use torch_sys::C_tensor;
 
-/// A transformer block seen as a function of tensors.
-pub trait Block {
-    /// The block on `inputs` (in the order its caller passes them), returning its outputs.
-    fn forward_tensors(&self, inputs: &[Tensor]) -> Vec<Tensor>;
-}
-
 /// Most outputs a checkpointed block may return.
 const MAX_OUTPUTS: usize = 8;
 
-type BlockFn = extern "C" fn(i64, i64, *mut *mut C_tensor, i64, *mut c_void) -> *mut c_char;
+/// Blocks run again in backward so far, in this process.
+static RECOMPUTED: AtomicU64 = AtomicU64::new(0);
+
+/// How many blocks backward passes have recomputed in this process.
+pub fn recomputed_blocks() -> u64 {
+    RECOMPUTED.load(Ordering::Relaxed)
+}
+
+/// A block as the graph node owns it.
+type BlockFn<'a> = Box<dyn Fn(&[Tensor]) -> Vec<Tensor> + 'a>;
+
+type CallFn = extern "C" fn(i64, *mut *mut C_tensor, i64, *mut c_void) -> *mut c_char;
+type DropFn = extern "C" fn(i64);
 
 extern "C" {
     fn ftr_recompute(
-        callback: i64,
-        data: i64,
-        vtable: i64,
+        closure: i64,
+        call: CallFn,
+        drop: DropFn,
         inputs: *mut *mut C_tensor,
         n: i64,
         out: *mut *mut C_tensor,
@@ -38,28 +45,37 @@ extern "C" {
     fn free(p: *mut c_void);
 }
 
-/// `block(inputs)` with its activations recomputed in backward. Under no-grad it is a plain call.
-/// The block must outlive the backward pass of the graph built here (it lives in the model).
-pub fn checkpointed(block: &dyn Block, inputs: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
+/// `block(inputs)` with its activations recomputed in backward; under no-grad a plain call. The
+/// graph node owns `block` and drops it with the graph.
+///
+/// # Safety
+/// Whatever `block` borrows (a model's weights) must outlive the backward pass of the graph
+/// built from the outputs, or the graph itself.
+pub unsafe fn checkpointed<'a>(
+    inputs: &[Tensor],
+    block: impl Fn(&[Tensor]) -> Vec<Tensor> + 'a,
+) -> Result<Vec<Tensor>, TchError> {
     // SAFETY: reads libtorch's thread-local grad mode.
     if unsafe { ftr_grad_enabled() } == 0 {
-        return Ok(block.forward_tensors(inputs));
+        return Ok(block(inputs));
     }
     // An input that needs grad, so backward always reaches the block's weights (the reentrant
     // form's known gap when no activation needs grad).
     let anchor = Tensor::zeros([1], (Kind::Float, inputs[0].device())).set_requires_grad(true);
     let mut all: Vec<*mut C_tensor> = inputs.iter().map(|t| t.as_ptr() as *mut C_tensor).collect();
     all.push(anchor.as_ptr() as *mut C_tensor);
-    // SAFETY: a `&dyn Block` is two words; the C++ side hands them back unchanged to `call`.
-    let [data, vtable]: [i64; 2] = unsafe { std::mem::transmute(block) };
+    let boxed: Box<BlockFn<'a>> = Box::new(Box::new(block));
+    // The caller vouches for the borrows' lifetime; the node frees the box through `drop_block`.
+    let closure = Box::into_raw(boxed) as i64;
     let mut out = [std::ptr::null_mut(); MAX_OUTPUTS];
     let mut n_out = 0i64;
-    // SAFETY: valid tensor pointers for the call's duration; the shim catches C++ exceptions.
+    // SAFETY: valid tensor pointers for the call's duration; the shim owns the closure from here
+    // and catches every C++ exception.
     let error = unsafe {
         ftr_recompute(
-            call as BlockFn as i64,
-            data,
-            vtable,
+            closure,
+            call_block,
+            drop_block,
             all.as_mut_ptr(),
             all.len() as i64,
             out.as_mut_ptr(),
@@ -74,22 +90,24 @@ pub fn checkpointed(block: &dyn Block, inputs: &[Tensor]) -> Result<Vec<Tensor>,
     Ok(out[..n_out as usize].iter().map(|&p| unsafe { Tensor::from_ptr(p) }).collect())
 }
 
-/// The C++ side's call into a block: owned input copies in, outputs pushed to `sink`.
-extern "C" fn call(
-    data: i64,
-    vtable: i64,
+/// The shim's call into a block: owned input copies in (the anchor last), outputs into `sink`.
+extern "C" fn call_block(
+    closure: i64,
     inputs: *mut *mut C_tensor,
     n: i64,
     sink: *mut c_void,
 ) -> *mut c_char {
     let run = || {
-        // SAFETY: the two words of the `&dyn Block` given to `checkpointed`, whose block lives on.
-        let block: &dyn Block = unsafe { std::mem::transmute([data, vtable]) };
-        // SAFETY: `n` owned tensors from the shim; the last is the anchor, not the block's.
+        // SAFETY: the box made by `checkpointed`, alive until `drop_block`.
+        let block = unsafe { &*(closure as *const BlockFn<'static>) };
+        // SAFETY: reads libtorch's grad mode: on only for backward's rerun.
+        if unsafe { ftr_grad_enabled() } != 0 {
+            RECOMPUTED.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: `n` owned tensors from the shim.
         let tensors: Vec<Tensor> =
             (0..n as usize).map(|i| unsafe { Tensor::from_ptr(*inputs.add(i)) }).collect();
-        let outputs = block.forward_tensors(&tensors[..tensors.len() - 1]);
-        for mut t in outputs {
+        for mut t in block(&tensors[..tensors.len() - 1]) {
             // SAFETY: the shim copies the tensor into its list.
             unsafe { ftr_sink_push(sink, t.as_mut_ptr()) };
         }
@@ -105,6 +123,12 @@ extern "C" fn call(
             message(&what)
         }
     }
+}
+
+/// The graph node is gone: frees the block.
+extern "C" fn drop_block(closure: i64) {
+    // SAFETY: the box made by `checkpointed`, dropped once by the node that owns it.
+    drop(unsafe { Box::from_raw(closure as *mut BlockFn<'static>) });
 }
 
 /// A malloc'd C string the shim frees.
@@ -143,8 +167,8 @@ mod tests {
         b: nn::Linear,
     }
 
-    impl Block for Mlp {
-        fn forward_tensors(&self, inputs: &[Tensor]) -> Vec<Tensor> {
+    impl Mlp {
+        fn forward(&self, inputs: &[Tensor]) -> Vec<Tensor> {
             let h = self.a.forward(&inputs[0]).gelu("none") * &inputs[1];
             vec![self.b.forward(&h), h.sum(Kind::Float)]
         }
@@ -164,10 +188,12 @@ mod tests {
         let scale = Tensor::randn([4, 6], (Kind::Float, tch::Device::Cpu));
         let mut extra = Tensor::zeros([], (Kind::Float, tch::Device::Cpu));
         for block in &blocks {
+            let inputs = [x.shallow_clone(), scale.shallow_clone()];
             let out = if checkpointing {
-                checkpointed(block, &[x.shallow_clone(), scale.shallow_clone()]).unwrap()
+                // SAFETY: the blocks outlive the backward below.
+                unsafe { checkpointed(&inputs, |xs| block.forward(xs)) }.unwrap()
             } else {
-                block.forward_tensors(&[x.shallow_clone(), scale.shallow_clone()])
+                block.forward(&inputs)
             };
             x = out[0].shallow_clone();
             extra = extra + &out[1];
@@ -197,15 +223,27 @@ mod tests {
     }
 
     #[test]
-    fn a_panicking_block_is_an_error_not_an_abort() {
-        struct Broken;
-        impl Block for Broken {
-            fn forward_tensors(&self, _: &[Tensor]) -> Vec<Tensor> {
-                panic!("shape mismatch in block 3")
-            }
-        }
+    fn the_graph_owns_the_block_and_drops_it_with_itself() {
+        let alive = std::sync::Arc::new(());
+        let held = alive.clone();
         let x = Tensor::ones([2], (Kind::Float, tch::Device::Cpu));
-        let err = checkpointed(&Broken, &[x]).unwrap_err().to_string();
+        let block = move |xs: &[Tensor]| {
+            let _ = &held;
+            vec![&xs[0] * 2.0]
+        };
+        // SAFETY: the block owns what it uses.
+        let out = unsafe { checkpointed(&[x], block) }.unwrap();
+        assert_eq!(std::sync::Arc::strong_count(&alive), 2, "the node holds the block");
+        drop(out);
+        assert_eq!(std::sync::Arc::strong_count(&alive), 1, "freed with the graph");
+    }
+
+    #[test]
+    fn a_panicking_block_is_an_error_not_an_abort() {
+        let x = Tensor::ones([2], (Kind::Float, tch::Device::Cpu));
+        // SAFETY: borrows nothing.
+        let broken = unsafe { checkpointed(&[x], |_| panic!("shape mismatch in block 3")) };
+        let err = broken.unwrap_err().to_string();
         assert!(err.contains("shape mismatch in block 3"), "{err}");
     }
 }

@@ -13,6 +13,13 @@ pub struct RotaryTables {
     pub sin: Tensor,
 }
 
+impl RotaryTables {
+    /// The same tables, sharing storage.
+    pub fn shallow_clone(&self) -> Self {
+        Self { cos: self.cos.shallow_clone(), sin: self.sin.shallow_clone() }
+    }
+}
+
 /// Position ids (L + rows·cols, 3) of `text_len` text tokens and a `rows × cols` token grid.
 pub fn position_ids(text_len: i64, rows: i64, cols: i64, device: Device) -> Tensor {
     let opts = (Kind::Float, device);

@@ -139,12 +139,21 @@ impl FluxTransformer {
         let rope = rotary_tables(&self.config.axes_dims_rope, &Tensor::cat(&[txt_ids, img_ids], 0));
         let (mut image, mut text) = (image, text);
         for block in &self.transformer_blocks {
-            (image, text) = block.forward(&image, &text, &temb, &rope);
+            let rope = rope.shallow_clone();
+            let out = self.weights.run_block(&[image, text, temb.shallow_clone()], move |t| {
+                let (image, text) = block.forward(&t[0], &t[1], &t[2], &rope);
+                vec![image, text]
+            })?;
+            [image, text] = <[Tensor; 2]>::try_from(out).expect("a double block returns 2 streams");
         }
         let l = text.size()[1];
         let mut joint = Tensor::cat(&[text, image], 1);
         for block in &self.single_transformer_blocks {
-            joint = block.forward(&joint, &temb, &rope);
+            let rope = rope.shallow_clone();
+            let out = self.weights.run_block(&[joint, temb.shallow_clone()], move |t| {
+                vec![block.forward(&t[0], &t[1], &rope)]
+            })?;
+            [joint] = <[Tensor; 1]>::try_from(out).expect("a single block returns 1 stream");
         }
         let s = joint.size()[1] - l;
         let image = joint.narrow(1, l, s);

@@ -10,6 +10,13 @@ pub struct RotaryAngles {
     pub text: Tensor,
 }
 
+impl RotaryAngles {
+    /// The same angles, sharing storage.
+    pub fn shallow_clone(&self) -> Self {
+        Self { image: self.image.shallow_clone(), text: self.text.shallow_clone() }
+    }
+}
+
 /// One image on the image stream: frames × rows × columns of tokens (diffusers' `img_shapes`
 /// entry).
 pub type ImageShape = (i64, i64, i64);

@@ -121,9 +121,16 @@ impl Sd3Transformer {
         let mut context = Some(self.context_embedder.forward(encoder_hidden_states));
         for block in &self.transformer_blocks {
             let ctx = context.expect("only the last block ends the context stream");
-            let (nx, nc) = block.forward(&x, &ctx, &temb);
-            x = nx;
-            context = nc;
+            let inputs = [x, ctx, temb.shallow_clone()];
+            let mut out = self
+                .weights
+                .run_block(&inputs, |t| {
+                    let (x, c) = block.forward(&t[0], &t[1], &t[2]);
+                    std::iter::once(x).chain(c).collect()
+                })?
+                .into_iter();
+            x = out.next().expect("a block returns its latent stream");
+            context = out.next();
         }
         // AdaLayerNormContinuous: (scale, shift).
         let mods = self.norm_out.forward(&temb.silu()).chunk(2, 1);

@@ -178,7 +178,11 @@ impl ZImageTransformer {
 
         let (image_rot, text_rot) = self.positions(&caption_lens, longest, rows, cols, device);
         for block in &self.noise_refiner {
-            image = block.forward(&image, None, &image_rot, Some(&adaln));
+            let rot = image_rot.shallow_clone();
+            let out = self.weights.run_block(&[image, adaln.shallow_clone()], move |t| {
+                vec![block.forward(&t[0], None, &rot, Some(&t[1]))]
+            })?;
+            [image] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
         let text_keys = (caption_lens.iter().any(|&l| l != longest)).then(|| {
             let lens = Tensor::from_slice(&caption_lens).to_device(device).view([b, 1]);
@@ -186,7 +190,12 @@ impl ZImageTransformer {
         });
         let text_mask = text_keys.as_ref().map(|k| k.view([b, 1, 1, longest]));
         for block in &self.context_refiner {
-            text = block.forward(&text, text_mask.as_ref(), &text_rot, None);
+            let (mask, rot) =
+                (text_mask.as_ref().map(Tensor::shallow_clone), text_rot.shallow_clone());
+            let out = self.weights.run_block(&[text], move |t| {
+                vec![block.forward(&t[0], mask.as_ref(), &rot, None)]
+            })?;
+            [text] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
 
         let mut unified = Tensor::cat(&[image, text], 1);
@@ -196,7 +205,11 @@ impl ZImageTransformer {
             Tensor::cat(&[image_keys, k], 1).view([b, 1, 1, image_len + longest])
         });
         for block in &self.layers {
-            unified = block.forward(&unified, mask.as_ref(), &rot, Some(&adaln));
+            let (mask, rot) = (mask.as_ref().map(Tensor::shallow_clone), rot.shallow_clone());
+            let out = self.weights.run_block(&[unified, adaln.shallow_clone()], move |t| {
+                vec![block.forward(&t[0], mask.as_ref(), &rot, Some(&t[1]))]
+            })?;
+            [unified] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
         let out = self.final_layer.forward(&unified.narrow(1, 0, n), &adaln);
         Ok(out.view([b, rows, cols, p, p, c.in_channels]).permute([0, 5, 1, 3, 2, 4]).reshape([
