@@ -186,6 +186,9 @@ pub struct TrainerSection {
     /// Under several ranks, how long a collective waits for the others before the run stops
     /// with an error (a rank that died or hangs).
     pub dist_timeout_s: f64,
+    /// Recompute each transformer block's activations in backward instead of keeping them: less
+    /// memory for one more block forward per backward; the same gradients.
+    pub gradient_checkpointing: bool,
 }
 
 impl Default for TrainerSection {
@@ -213,6 +216,7 @@ impl Default for TrainerSection {
             ema_decay: None,
             time_limit_s: None,
             dist_timeout_s: 1800.0,
+            gradient_checkpointing: false,
         }
     }
 }

@@ -196,7 +196,7 @@ mod tests {
                 block.forward(&inputs)
             };
             x = out[0].shallow_clone();
-            extra = extra + &out[1];
+            extra += &out[1];
         }
         let loss = x.square().mean(Kind::Float) + extra * 1e-3;
         loss.backward();

@@ -129,6 +129,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         ));
     }
 
+    pipe.denoiser().set_gradient_checkpointing(t.gradient_checkpointing);
     let params = pipe.denoiser().trainable_parameters();
     let reference =
         Reference::for_recipe(recipe, pipe.as_ref(), algorithm.needs_reference(recipe))?;
@@ -227,6 +228,9 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         m.insert("timing_s/step".into(), elapsed);
         // Images per second per rank (per GPU).
         m.insert("perf/throughput".into(), samples as f64 / elapsed);
+        if let Some(gb) = crate::memory::peak_rss_gb() {
+            m.insert("perf/max_memory_rss_gb".into(), gb);
+        }
         m.insert("dist/world_size".into(), world as f64);
 
         if let Some(log) = log.as_mut() {

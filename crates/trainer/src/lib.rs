@@ -11,6 +11,7 @@ pub mod dist;
 mod fit;
 pub mod images;
 mod logging;
+mod memory;
 mod nft;
 pub mod optim;
 mod policy;

@@ -132,3 +132,31 @@ fn a_time_limit_stops_after_the_step_that_crosses_it_and_saves() {
     assert_eq!(summary.steps_run, 1);
     assert!(out.join("checkpoints/step_000001/state.json").exists());
 }
+
+#[test]
+fn gradient_checkpointing_trains_as_without_it() {
+    let run = |name: &str, on: bool| {
+        let out = scratch(name);
+        let overrides = [
+            "trainer.total_steps=2".into(),
+            "actor.use_kl_loss=true".into(),
+            format!("trainer.gradient_checkpointing={on}"),
+        ];
+        let summary = train(&recipe(&out, &overrides), Device::Cpu).expect("train");
+        (summary.metrics, tensors(&summary.export))
+    };
+    let before = flowtune_recompute::recomputed_blocks();
+    let ((plain, lora), (checkpointed, again)) = (run("gc-off", false), run("gc-on", true));
+    assert!(flowtune_recompute::recomputed_blocks() > before, "the blocks were recomputed");
+    assert!(plain.iter().all(|m| m["perf/max_memory_rss_gb"] > 0.0), "peak memory is logged");
+    for (a, b) in plain.iter().zip(&checkpointed) {
+        for key in ["critic/rewards/mean", "actor/loss", "actor/kl_loss", "actor/grad_norm"] {
+            let (x, y) = (a[key], b[key]);
+            assert!((x - y).abs() <= 1e-5 * x.abs().max(y.abs()) + 1e-9, "{key}: {x} vs {y}");
+        }
+    }
+    for (name, t) in &lora {
+        let diff = (t - &again[name]).norm().double_value(&[]);
+        assert!(diff <= 1e-5 * t.norm().double_value(&[]) + 1e-9, "{name}: {diff:e}");
+    }
+}
