@@ -205,7 +205,11 @@ impl Denoiser for Sd3Transformer {
             .pooled
             .as_ref()
             .ok_or_else(|| ModelError::Input("SD3 needs pooled text embeddings".into()))?;
-        self.forward(latents, &text.embeds, pooled, timestep)
+        // The model's dtype inside (bf16 weights take bf16 activations), the caller's outside.
+        let kind = self.context_embedder.weight.kind();
+        let (x, embeds, pooled) =
+            (latents.to_kind(kind), text.embeds.to_kind(kind), pooled.to_kind(kind));
+        Ok(self.forward(&x, &embeds, &pooled, timestep)?.to_kind(latents.kind()))
     }
 }
 
