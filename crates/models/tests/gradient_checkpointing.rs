@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use flowtune_models::wan::{write_tiny_wan, TinyWanSpec, WanTransformer};
 use flowtune_models::{
     family_named, load_pipeline, LoraConfig, PipelineOptions, TrainableDenoiser,
 };
@@ -42,13 +43,17 @@ fn relative(a: &Tensor, b: &Tensor) -> f64 {
     (a - b).norm().double_value(&[]) / scale
 }
 
+/// The tiny pipeline of a registered `family`, with `lora`.
 fn check(family: &str, lora: Option<LoraConfig>) {
     let dir = scratch(family);
     (family_named(family).unwrap().write_tiny)(&dir, 5).unwrap();
     let options = PipelineOptions { lora: lora.clone(), ..PipelineOptions::new(Device::Cpu) };
     let pipe = load_pipeline(&dir, &options).unwrap();
-    let model = pipe.denoiser();
-    if lora.is_some() {
+    check_model(family, pipe.denoiser(), lora.is_some());
+}
+
+fn check_model(family: &str, model: &dyn TrainableDenoiser, lora: bool) {
+    if lora {
         // B starts at zero, which would leave A without a gradient.
         tch::no_grad(|| {
             for p in model.trainable_parameters().values() {
@@ -85,7 +90,7 @@ fn check(family: &str, lora: Option<LoraConfig>) {
     );
     eprintln!(
         "{family} ({}): {} weights, worst gradient difference {worst:.1e}",
-        if lora.is_some() { "LoRA" } else { "full" },
+        if lora { "LoRA" } else { "full" },
         plain.len()
     );
 }
@@ -100,4 +105,11 @@ fn checkpointed_blocks_give_the_same_gradients_in_every_family() {
         check(family, all_linear());
     }
     check("sd3", None);
+    // Wan2.2's transformer (per-token timesteps), from its tiny pipeline.
+    let dir = scratch("wan");
+    write_tiny_wan(&dir, &TinyWanSpec::default()).unwrap();
+    let lora = all_linear();
+    let wan =
+        WanTransformer::load(&dir.join("transformer"), Device::Cpu, Kind::Float, lora.as_ref());
+    check_model("wan", &wan.unwrap(), true);
 }

@@ -142,7 +142,12 @@ impl WanTransformer {
         let text = l2.forward(&gelu_tanh(&l1.forward(&text.to_kind(kind))));
 
         for block in &self.blocks {
-            x = block.forward(&x, &modulation, &text, (&cos, &sin));
+            let (cos, sin) = (cos.shallow_clone(), sin.shallow_clone());
+            let inputs = [x, modulation.shallow_clone(), text.shallow_clone()];
+            let out = self.weights.run_block(&inputs, move |t| {
+                vec![block.forward(&t[0], &t[1], &t[2], (&cos, &sin))]
+            })?;
+            [x] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
         let table = self.scale_shift_table.to_kind(Kind::Float).unsqueeze(0);
         let out = (table + temb.to_kind(Kind::Float).unsqueeze(2)).chunk(2, 2);
