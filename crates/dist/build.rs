@@ -28,21 +28,8 @@ fn main() {
 /// Include directories for ProcessGroupNCCL.hpp (the NCCL, CUDA runtime, crt and cccl headers of the
 /// nvidia wheels beside torch), or what is missing. A torch without libtorch_cuda gets Gloo only.
 fn nccl_includes(torch: &Path, lib: &Path) -> Result<Vec<PathBuf>, String> {
-    if !lib.join("libtorch_cuda.so").exists() {
-        return Err(format!("{} has no libtorch_cuda.so (a CPU-only torch)", lib.display()));
-    }
-    let nvidia = torch.parent().map(|site| site.join("nvidia")).unwrap_or_default();
-    let cuda = ["cu13", "cu12"]
-        .iter()
-        .map(|v| nvidia.join(v).join("include"))
-        .find(|d| d.join("cuda_runtime_api.h").exists());
-    if let Some(dir) = &cuda {
-        // Headers installed later (make setup) must rebuild the shim with NCCL.
-        println!("cargo:rerun-if-changed={}", dir.display());
-    }
-    let Some(cuda) = cuda else {
-        return Err(format!("no CUDA runtime headers under {}/cu13/include", nvidia.display()));
-    };
+    let cuda = flowtune_torch_build::cuda_includes(torch, lib)?;
+    let nvidia = flowtune_torch_build::nvidia_dir(torch);
     let mut dirs = vec![cuda.clone()];
     let needed = [
         ("nccl.h", vec![nvidia.join("nccl/include")]),

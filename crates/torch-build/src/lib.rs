@@ -4,7 +4,7 @@
 //! `DEP_TCH_LIBTORCH_LIB`.
 
 use std::env;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The torch directory (with `include/` and `lib/`) and its `lib/`.
@@ -17,7 +17,7 @@ pub fn torch_dirs() -> (PathBuf, PathBuf) {
 }
 
 /// A C++ build against `torch`'s headers with torch-sys's flags.
-pub fn cxx_build(torch: &std::path::Path) -> cc::Build {
+pub fn cxx_build(torch: &Path) -> cc::Build {
     let mut build = cc::Build::new();
     build
         .cpp(true)
@@ -29,6 +29,30 @@ pub fn cxx_build(torch: &std::path::Path) -> cc::Build {
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={}", cxx11_abi()))
         .flag("-DGLOG_USE_GLOG_EXPORT");
     build
+}
+
+/// The CUDA runtime headers beside a CUDA torch wheel (`nvidia/cu13/include` or `cu12`), or why
+/// there are none (a CPU-only torch, or the header wheels not installed).
+pub fn cuda_includes(torch: &Path, lib: &Path) -> Result<PathBuf, String> {
+    if !lib.join("libtorch_cuda.so").exists() {
+        return Err(format!("{} has no libtorch_cuda.so (a CPU-only torch)", lib.display()));
+    }
+    let nvidia = nvidia_dir(torch);
+    let cuda = ["cu13", "cu12"]
+        .iter()
+        .map(|v| nvidia.join(v).join("include"))
+        .find(|d| d.join("cuda_runtime_api.h").exists());
+    let Some(cuda) = cuda else {
+        return Err(format!("no CUDA runtime headers under {}/cu13/include", nvidia.display()));
+    };
+    // Headers installed later (make setup) must rebuild the shim with CUDA.
+    println!("cargo:rerun-if-changed={}", cuda.display());
+    Ok(cuda)
+}
+
+/// The `nvidia/` folder of the wheels installed beside torch.
+pub fn nvidia_dir(torch: &Path) -> PathBuf {
+    torch.parent().map(|site| site.join("nvidia")).unwrap_or_default()
 }
 
 /// The `_GLIBCXX_USE_CXX11_ABI` value, read the way torch-sys reads it: from the Python torch when

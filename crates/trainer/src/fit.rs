@@ -187,6 +187,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     let training = Instant::now();
     for k in start + 1..=t.total_steps {
         let step_start = Instant::now();
+        crate::memory::start_step(device);
         let mut m = Metrics::new();
         let lr = learning_rate(t.lr_schedule, t.lr, k - 1, t.warmup_steps, t.total_steps);
         run.status("rollout + reward");
@@ -228,9 +229,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         m.insert("timing_s/step".into(), elapsed);
         // Images per second per rank (per GPU).
         m.insert("perf/throughput".into(), samples as f64 / elapsed);
-        if let Some(gb) = crate::memory::peak_rss_gb() {
-            m.insert("perf/max_memory_rss_gb".into(), gb);
-        }
+        crate::memory::step_metrics(device, &mut m);
         m.insert("dist/world_size".into(), world as f64);
 
         if let Some(log) = log.as_mut() {

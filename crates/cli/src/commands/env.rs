@@ -6,7 +6,8 @@ use tch::{Kind, Tensor};
 use crate::device::{self, DeviceArg};
 use crate::Failure;
 
-/// Prints the torch version, CUDA availability, device count and threads, then runs a small
+/// Prints the torch version, CUDA availability, each GPU (name, memory, compute capability, bf16
+/// support) and threads, then runs a small
 /// matmul on the selected device to prove it works.
 pub fn run(arg: &DeviceArg) -> Result<(), Failure> {
     println!("flowtune {}", env!("CARGO_PKG_VERSION"));
@@ -17,6 +18,17 @@ pub fn run(arg: &DeviceArg) -> Result<(), Failure> {
     );
     println!("cuda available: {}", tch::Cuda::is_available());
     println!("cuda devices: {}", tch::Cuda::device_count());
+    for i in 0..tch::Cuda::device_count().max(0) as usize {
+        if let Some(d) = flowtune_cuda::device_info(i) {
+            let (major, minor) = d.capability;
+            println!(
+                "  cuda:{i}: {}, {:.1} GiB, compute capability {major}.{minor}, bf16 {}",
+                d.name,
+                d.total_memory_bytes as f64 / (1u64 << 30) as f64,
+                if d.supports_bf16() { "yes" } else { "no" }
+            );
+        }
+    }
     println!("cudnn available: {}", tch::Cuda::cudnn_is_available());
     println!("threads: {}", tch::get_num_threads());
     let device = arg.resolve()?;
