@@ -128,6 +128,9 @@ impl Recipe {
         flowtune_rewards::validate(&self.reward)
             .map_err(|e| ("reward".to_string(), e.to_string()))?;
         self.trainer.validate()?;
+        if self.model.num_frames == Some(0) {
+            return Err(("model.num_frames".into(), "0 is not allowed; expected ≥ 1 frame".into()));
+        }
         self.check_algorithm(algorithm)
     }
 

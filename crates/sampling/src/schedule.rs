@@ -145,10 +145,12 @@ impl SchedulerConfig {
         match self.class_name.as_deref() {
             None | Some("FlowMatchEulerDiscreteScheduler") => {}
             Some("UniPCMultistepScheduler") => self.check_unipc()?,
-            Some(name) => return Err(format!(
+            Some(name) => {
+                return Err(format!(
                 "_class_name `{name}` is not supported; expected FlowMatchEulerDiscreteScheduler \
                      or UniPCMultistepScheduler with use_flow_sigmas"
-            )),
+            ))
+            }
         }
         let unsupported = [
             ("use_karras_sigmas", self.use_karras_sigmas),
