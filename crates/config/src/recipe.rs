@@ -306,6 +306,14 @@ mod tests {
     }
 
     #[test]
+    fn num_frames_is_optional_and_positive() {
+        assert_eq!(load("", &[]).unwrap().model.num_frames, None);
+        assert_eq!(load("model:\n  num_frames: 49\n", &[]).unwrap().model.num_frames, Some(49));
+        let err = load("", &["model.num_frames=0"]).unwrap_err();
+        assert!(err.contains("model.num_frames: 0 is not allowed; expected ≥ 1 frame"), "{err}");
+    }
+
+    #[test]
     fn algorithm_settings_fail_at_config_time_naming_the_setting() {
         let err =
             load("algorithm: grpo_guard\ntrainer:\n  old_log_prob: bypass\n", &[]).unwrap_err();
