@@ -91,7 +91,7 @@ impl WanPipeline {
 /// model.num_frames / --num-frames and the allowed counts.
 fn latent_frames(frames: usize, factor: i64) -> Result<i64, ModelError> {
     let factor = factor as usize;
-    if frames == 0 || (frames - 1) % factor != 0 {
+    if frames == 0 || !(frames - 1).is_multiple_of(factor) {
         return Err(ModelError::Input(format!(
             "num_frames {frames} (model.num_frames / --num-frames): Wan's VAE takes {factor}k + 1 \
              frames (1, {}, {}, …, {DEFAULT_NUM_FRAMES})",
