@@ -423,14 +423,21 @@ fn families_are_listed_and_failures_split_into_bad_input_and_runtime() {
     let out = flowtune(&["list"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    for needle in ["sd3", "StableDiffusion3Pipeline", "SD3Transformer2DModel", "text_encoder_3"] {
+    for needle in [
+        "sd3",
+        "StableDiffusion3Pipeline",
+        "SD3Transformer2DModel",
+        "text_encoder_3",
+        "WanPipeline",
+    ] {
         assert!(stdout.contains(needle), "`{needle}` missing from: {stdout}");
     }
     let root = std::env::temp_dir().join(format!("flowtune-cli-families-{}", std::process::id()));
     let (model, wan) = (root.join("tiny"), root.join("wan"));
     assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
     std::fs::create_dir_all(&wan).unwrap();
-    std::fs::write(wan.join("model_index.json"), r#"{"_class_name": "WanPipeline"}"#).unwrap();
+    std::fs::write(wan.join("model_index.json"), r#"{"_class_name": "WanImageToVideoPipeline"}"#)
+        .unwrap();
     let train = |model: &std::path::Path, extra: &[&str]| {
         let mut args = vec![
             "train".to_string(),
@@ -447,7 +454,7 @@ fn families_are_listed_and_failures_split_into_bad_input_and_runtime() {
         &train(&wan, &[]),
         &[
             "model_index.json",
-            "`WanPipeline` is not supported; supported: StableDiffusion3Pipeline",
+            "`WanImageToVideoPipeline` is not supported; supported: StableDiffusion3Pipeline",
         ],
     );
     let down = train(

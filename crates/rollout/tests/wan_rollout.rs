@@ -90,6 +90,14 @@ fn frame_counts_and_sides_are_checked_by_key() {
     assert!(err.contains("48 pixels (model.resolution / --resolution)"), "{err}");
     assert!(err.contains("multiples of 32 (VAE factor 16 × patch size)"), "{err}");
     let options = PipelineOptions { num_frames: Some(5), ..PipelineOptions::new(Device::Cpu) };
+    let pipe = flowtune_models::load_pipeline(&path, &options).expect("5 frames");
+    let latents = tch::Tensor::randn([1, 16, 2, 2, 2], (Kind::Float, Device::Cpu));
+    let strip = tch::no_grad(|| pipe.decode_rgb8(&latents)).expect("decode");
+    assert_eq!(strip.size(), [1, 32, 5 * 32, 3], "5 frames side by side");
+    let encoded = tch::no_grad(|| pipe.encode_rgb8(&strip)).expect("encode the strip as a clip");
+    assert_eq!(encoded.size(), [1, 16, 2, 2, 2]);
+    let err = pipe.encode_rgb8(&strip.narrow(2, 0, 96)).unwrap_err().to_string();
+    assert!(err.contains("96 pixels wide do not hold 5 frames side by side"), "{err}");
     let err = flowtune_models::load_pipeline(&dir().join("z_image_pipeline"), &options)
         .err()
         .expect("a picture family")
