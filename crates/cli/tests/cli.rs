@@ -423,14 +423,21 @@ fn families_are_listed_and_failures_split_into_bad_input_and_runtime() {
     let out = flowtune(&["list"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    for needle in ["sd3", "StableDiffusion3Pipeline", "SD3Transformer2DModel", "text_encoder_3"] {
+    for needle in [
+        "sd3",
+        "StableDiffusion3Pipeline",
+        "SD3Transformer2DModel",
+        "text_encoder_3",
+        "WanPipeline",
+    ] {
         assert!(stdout.contains(needle), "`{needle}` missing from: {stdout}");
     }
     let root = std::env::temp_dir().join(format!("flowtune-cli-families-{}", std::process::id()));
     let (model, wan) = (root.join("tiny"), root.join("wan"));
     assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
     std::fs::create_dir_all(&wan).unwrap();
-    std::fs::write(wan.join("model_index.json"), r#"{"_class_name": "WanPipeline"}"#).unwrap();
+    std::fs::write(wan.join("model_index.json"), r#"{"_class_name": "WanImageToVideoPipeline"}"#)
+        .unwrap();
     let train = |model: &std::path::Path, extra: &[&str]| {
         let mut args = vec![
             "train".to_string(),
@@ -447,7 +454,7 @@ fn families_are_listed_and_failures_split_into_bad_input_and_runtime() {
         &train(&wan, &[]),
         &[
             "model_index.json",
-            "`WanPipeline` is not supported; supported: StableDiffusion3Pipeline",
+            "`WanImageToVideoPipeline` is not supported; supported: StableDiffusion3Pipeline",
         ],
     );
     let down = train(
@@ -637,5 +644,73 @@ fn debug_rollout_reproduces_the_qwen_image_reference_loop() {
     assert_eq!(image_size(&dir.join("trajectory_1.png")), (80, 48));
     // Noise for another step count is named, not silently cut.
     assert_bad_input(&run("5"), &["noise.safetensors", "step_noise", "--steps 5"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `flowtune debug rollout` on the tiny Wan pipeline equals `scripts/reference_wan_rollout.py`'s
+/// 5-frame 32×64 case: trajectory, log-probs, integer timesteps, and the 5 decoded frames side by
+/// side.
+#[test]
+fn debug_rollout_reproduces_the_wan_reference_loop() {
+    let io: std::collections::HashMap<String, tch::Tensor> =
+        tch::Tensor::read_safetensors(repo("fixtures/wan_rollout_f5_io.safetensors"))
+            .unwrap()
+            .into_iter()
+            .collect();
+    let dir = std::env::temp_dir().join(format!("flowtune-debug-wan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prompts = dir.join("prompts.txt");
+    std::fs::write(
+        &prompts,
+        "a red fox runs  through fresh snow\na time-lapse of clouds over a mountain lake at dawn, \
+         with birds crossing the frame from left to right\n",
+    )
+    .unwrap();
+    let noise = dir.join("noise.safetensors");
+    let pairs = [
+        ("initial_latents", &io["input.initial_latents"]),
+        ("step_noise", &io["input.step_noise"]),
+    ];
+    tch::Tensor::write_safetensors(&pairs, &noise).unwrap();
+    let out = dir.join("trajectory.safetensors");
+    let done = flowtune(&[
+        "debug",
+        "rollout",
+        "--model",
+        &repo("fixtures/wan_pipeline"),
+        "--prompts",
+        &prompts.display().to_string(),
+        "--noise",
+        &noise.display().to_string(),
+        "--out",
+        &out.display().to_string(),
+        "--steps",
+        "6",
+        "--guidance",
+        "4",
+        "--window-start",
+        "1",
+        "--window-size",
+        "3",
+        "--num-frames",
+        "5",
+        "--max-sequence-length",
+        "512",
+    ]);
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let got: std::collections::HashMap<String, tch::Tensor> =
+        tch::Tensor::read_safetensors(&out).unwrap().into_iter().collect();
+    for key in ["all_latents", "all_log_probs", "all_timesteps", "final_latents"] {
+        let (g, w) = (&got[key], &io[&format!("output.{key}")]);
+        let rel = (g - w).norm().double_value(&[]) / w.norm().double_value(&[]);
+        assert!(rel < 1e-3, "{key}: relative error {rel}");
+    }
+    let video = &io["output.video"];
+    let (b, c, t, h, w) = video.size5().unwrap();
+    let want = ((video.clamp(-1.0, 1.0) + 1.0) * 127.5).round().permute([0, 3, 2, 4, 1]);
+    let want = want.reshape([b, h, t * w, c]).to_kind(tch::Kind::Int);
+    let off = (got["images"].to_kind(tch::Kind::Int) - want).abs().max().int64_value(&[]);
+    assert!(off <= 1, "frames differ by {off} levels");
+    assert_eq!(image_size(&dir.join("trajectory_1.png")), (5 * 64, 32));
     let _ = std::fs::remove_dir_all(&dir);
 }

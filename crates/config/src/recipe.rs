@@ -128,6 +128,9 @@ impl Recipe {
         flowtune_rewards::validate(&self.reward)
             .map_err(|e| ("reward".to_string(), e.to_string()))?;
         self.trainer.validate()?;
+        if self.model.num_frames == Some(0) {
+            return Err(("model.num_frames".into(), "0 is not allowed; expected ≥ 1 frame".into()));
+        }
         self.check_algorithm(algorithm)
     }
 
@@ -300,6 +303,14 @@ mod tests {
         );
         let err = load("trainer:\n  resume: ''\n", &[]).unwrap_err();
         assert!(err.contains("trainer.resume") && err.contains("expected auto, none"), "{err}");
+    }
+
+    #[test]
+    fn num_frames_is_optional_and_positive() {
+        assert_eq!(load("", &[]).unwrap().model.num_frames, None);
+        assert_eq!(load("model:\n  num_frames: 49\n", &[]).unwrap().model.num_frames, Some(49));
+        let err = load("", &["model.num_frames=0"]).unwrap_err();
+        assert!(err.contains("model.num_frames: 0 is not allowed; expected ≥ 1 frame"), "{err}");
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub struct ModelSection {
     pub guidance: Option<f64>,
     /// Image height and width in pixels.
     pub resolution: i64,
+    /// Pixel frames of a video family's samples (Wan: 4k+1); unset: the family's default (81 for
+    /// Wan, as diffusers' WanPipeline). Image families refuse it.
+    pub num_frames: Option<usize>,
 }
 
 impl Default for ModelSection {
@@ -39,6 +42,7 @@ impl Default for ModelSection {
             max_sequence_length: 256,
             guidance: None,
             resolution: 512,
+            num_frames: None,
         }
     }
 }

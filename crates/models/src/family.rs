@@ -63,6 +63,9 @@ pub struct PipelineOptions {
     /// The distilled guidance value of a guidance-embedding model (FLUX.1 [dev]); `None` is the
     /// family's default.
     pub embedded_guidance: Option<f64>,
+    /// Pixel frames of a video family's samples; `None` is the family's default. Image families
+    /// refuse it.
+    pub num_frames: Option<usize>,
 }
 
 impl PipelineOptions {
@@ -74,6 +77,7 @@ impl PipelineOptions {
             lora: None,
             max_sequence_length: None,
             embedded_guidance: None,
+            num_frames: None,
         }
     }
 }
@@ -153,6 +157,12 @@ pub trait FlowPipeline {
     /// Whether the denoiser takes a distilled guidance value through an embedding (FLUX.1 [dev]);
     /// [`PipelineOptions::embedded_guidance`] is refused where it does not.
     fn embeds_guidance(&self) -> bool {
+        false
+    }
+
+    /// Whether the family samples video and reads [`PipelineOptions::num_frames`]; it is refused
+    /// where it does not.
+    fn takes_num_frames(&self) -> bool {
         false
     }
 

@@ -44,6 +44,7 @@ const BUILT_IN: &[&Family] = &[
     &crate::qwen_image::FAMILY,
     &crate::z_image::FAMILY,
     &crate::flux::FAMILY,
+    &crate::wan::FAMILY,
 ];
 
 /// Families registered at run time (plug-ins, tests).
@@ -99,7 +100,15 @@ pub fn load_pipeline(
             dir.root.display(),
             dir.index.class_name
         ))),
-        _ => Ok(pipe),
+        _ => match options.num_frames {
+            Some(n) if !pipe.takes_num_frames() => Err(ModelError::Input(format!(
+                "{}: num_frames {n} (model.num_frames / --num-frames) is for video families such \
+                 as Wan; this {} samples pictures",
+                dir.root.display(),
+                dir.index.class_name
+            ))),
+            _ => Ok(pipe),
+        },
     }
 }
 
@@ -138,12 +147,15 @@ mod tests {
         assert_eq!(family_of("StableDiffusion3Pipeline").unwrap().name, "sd3");
         assert_eq!(family_named("sd3").unwrap().denoiser_class, "SD3Transformer2DModel");
         assert_eq!(family_of("FluxPipeline").unwrap().name, "flux");
-        let err = family_of("WanPipeline").unwrap_err().to_string();
+        assert_eq!(family_of("WanPipeline").unwrap().name, "wan");
+        let err = family_of("WanImageToVideoPipeline").unwrap_err().to_string();
         assert!(
-            err.contains("`WanPipeline` is not supported; supported: StableDiffusion3Pipeline"),
+            err.contains(
+                "`WanImageToVideoPipeline` is not supported; supported: StableDiffusion3Pipeline"
+            ),
             "{err}"
         );
-        let err = family_named("wan").unwrap_err().to_string();
-        assert!(err.contains("no model family `wan`; known: sd3"), "{err}");
+        let err = family_named("hunyuan").unwrap_err().to_string();
+        assert!(err.contains("no model family `hunyuan`; known: sd3"), "{err}");
     }
 }

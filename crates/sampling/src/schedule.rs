@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::SamplingError;
 
-/// Mirror of a diffusers `scheduler/scheduler_config.json` for `FlowMatchEulerDiscreteScheduler`.
-/// Fields diffusers adds that do not change the grid are accepted and ignored.
+/// Mirror of a diffusers `scheduler/scheduler_config.json` for `FlowMatchEulerDiscreteScheduler`,
+/// or for `UniPCMultistepScheduler` with flow sigmas (Wan), whose grid flowtune samples with its
+/// own SDE / ODE steps. Fields diffusers adds that do not change the grid are accepted and ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SchedulerConfig {
@@ -32,6 +33,14 @@ pub struct SchedulerConfig {
     pub use_beta_sigmas: bool,
     pub time_shift_type: TimeShiftType,
     pub stochastic_sampling: bool,
+    /// UniPC: whether the grid is the flow-matching one (required; Wan's configs set it).
+    pub use_flow_sigmas: bool,
+    /// UniPC: the static shift of the flow sigmas (FlowMatchEuler's `shift`).
+    pub flow_shift: Option<f64>,
+    /// UniPC: what the model predicts (`flow_prediction` required).
+    pub prediction_type: Option<String>,
+    /// UniPC: the sigma appended after the last step (`zero` required).
+    pub final_sigmas_type: Option<String>,
 }
 
 impl Default for SchedulerConfig {
@@ -52,6 +61,10 @@ impl Default for SchedulerConfig {
             use_beta_sigmas: false,
             time_shift_type: TimeShiftType::Exponential,
             stochastic_sampling: false,
+            use_flow_sigmas: false,
+            flow_shift: None,
+            prediction_type: None,
+            final_sigmas_type: None,
         }
     }
 }
@@ -79,11 +92,15 @@ pub enum Pipeline {
     QwenImage,
     /// Z-Image: explicit sigmas from `torch.linspace(1, 1/N, N)` (f32), then the config's shift.
     ZImage,
+    /// Wan: UniPC's flow sigmas, `linspace(1, 1/T, N+1)[:-1]` shifted by `flow_shift` in f64,
+    /// σ₀ lowered by 1e-6 when it is 1; timesteps are `σ·T` truncated to integers, as WanPipeline
+    /// feeds its transformer.
+    Wan,
 }
 
 impl Pipeline {
     /// Every pipeline name, for error messages and `--help`.
-    pub const NAMES: [&'static str; 4] = ["sd3", "flux", "qwen_image", "z_image"];
+    pub const NAMES: [&'static str; 5] = ["sd3", "flux", "qwen_image", "z_image", "wan"];
 
     /// Parses a pipeline name as written in recipes and on the command line.
     pub fn parse(name: &str) -> Result<Self, SamplingError> {
@@ -92,6 +109,7 @@ impl Pipeline {
             "flux" => Ok(Self::Flux),
             "qwen_image" => Ok(Self::QwenImage),
             "z_image" => Ok(Self::ZImage),
+            "wan" => Ok(Self::Wan),
             _ => Err(SamplingError::UnknownChoice {
                 what: "pipeline",
                 value: name.to_string(),
@@ -124,11 +142,14 @@ impl SchedulerConfig {
     }
 
     fn check(&self) -> Result<(), String> {
-        if let Some(name) = &self.class_name {
-            if name != "FlowMatchEulerDiscreteScheduler" {
+        match self.class_name.as_deref() {
+            None | Some("FlowMatchEulerDiscreteScheduler") => {}
+            Some("UniPCMultistepScheduler") => self.check_unipc()?,
+            Some(name) => {
                 return Err(format!(
-                    "_class_name `{name}` is not supported; expected FlowMatchEulerDiscreteScheduler"
-                ));
+                "_class_name `{name}` is not supported; expected FlowMatchEulerDiscreteScheduler \
+                     or UniPCMultistepScheduler with use_flow_sigmas"
+            ))
             }
         }
         let unsupported = [
@@ -149,8 +170,10 @@ impl SchedulerConfig {
                 self.num_train_timesteps
             ));
         }
-        if !(self.shift.is_finite() && self.shift > 0.0) {
-            return Err(format!("shift must be > 0, got {}", self.shift));
+        let shift_key = if self.flow_shift.is_some() { "flow_shift" } else { "shift" };
+        let shift = self.static_shift();
+        if !(shift.is_finite() && shift > 0.0) {
+            return Err(format!("{shift_key} must be > 0, got {shift}"));
         }
         if self.use_dynamic_shifting && self.max_image_seq_len == self.base_image_seq_len {
             return Err(format!(
@@ -164,6 +187,39 @@ impl SchedulerConfig {
             }
         }
         Ok(())
+    }
+
+    /// The settings of a UniPC config that keep its grid the flow-matching one flowtune steps on.
+    fn check_unipc(&self) -> Result<(), String> {
+        const WHY: &str = "UniPCMultistepScheduler is read for its flow-matching grid only";
+        if !self.use_flow_sigmas {
+            return Err(format!("`use_flow_sigmas` must be true ({WHY})"));
+        }
+        if self.flow_shift.is_none() {
+            return Err(format!("`flow_shift` is required ({WHY})"));
+        }
+        let strings = [
+            ("prediction_type", &self.prediction_type, "flow_prediction"),
+            ("final_sigmas_type", &self.final_sigmas_type, "zero"),
+        ];
+        for (key, value, want) in strings {
+            if let Some(v) = value.as_deref().filter(|v| *v != want) {
+                return Err(format!("`{key}: {v}` is not supported; expected `{want}` ({WHY})"));
+            }
+        }
+        let off = [
+            ("use_dynamic_shifting", self.use_dynamic_shifting),
+            ("shift_terminal", self.shift_terminal.is_some_and(|t| t > 0.0)),
+        ];
+        if let Some((key, _)) = off.iter().find(|(_, on)| *on) {
+            return Err(format!("`{key}` is not supported ({WHY}, with a static flow_shift)"));
+        }
+        Ok(())
+    }
+
+    /// The static shift of the grid: UniPC's `flow_shift`, else FlowMatchEuler's `shift`.
+    pub fn static_shift(&self) -> f64 {
+        self.flow_shift.unwrap_or(self.shift)
     }
 
     /// `μ = m·seq_len + b` of diffusers' `calculate_shift`, from this config's shift bounds.
@@ -255,6 +311,9 @@ impl SigmaGrid {
             path: "scheduler config".into(),
             message,
         })?;
+        if request.pipeline == Pipeline::Wan {
+            return Self::flow_sigmas(config, request);
+        }
         let explicit = match &request.sigmas {
             Some(s) => Some(s.clone()),
             None if request.pipeline == Pipeline::ZImage => Some(torch_linspace(request.steps)?),
@@ -300,7 +359,7 @@ impl SigmaGrid {
             Some(mu) => {
                 sigmas.iter().map(|&s| time_shift(arith, config.time_shift_type, mu, s)).collect()
             }
-            None => sigmas.iter().map(|&s| arith.static_shift(config.shift, s)).collect(),
+            None => sigmas.iter().map(|&s| arith.static_shift(config.static_shift(), s)).collect(),
         };
         let stretched = match config.shift_terminal {
             Some(terminal) if terminal > 0.0 => stretch_to_terminal(arith, &shifted, terminal),
@@ -316,6 +375,40 @@ impl SigmaGrid {
         let timesteps = sigmas.iter().map(|&s| s * scale).collect();
         sigmas.push(0.0);
         Ok(Self { sigmas, timesteps, mu })
+    }
+
+    /// UniPC's `set_timesteps` with `use_flow_sigmas` and a static `flow_shift`, in f64 as numpy
+    /// computes it; the timesteps are truncated to integers as WanPipeline passes them on.
+    fn flow_sigmas(config: &SchedulerConfig, request: &GridRequest) -> Result<Self, SamplingError> {
+        let n = config.num_train_timesteps as f64;
+        let base = match &request.sigmas {
+            Some(s) => s.clone(),
+            None => {
+                let mut s = linspace(1.0, 1.0 / n, request.steps + 1);
+                s.pop();
+                s
+            }
+        };
+        if base.is_empty() {
+            return Err(SamplingError::Invalid("the number of sampling steps must be ≥ 1".into()));
+        }
+        let mut sigmas: Vec<f64> =
+            base.iter().map(|&s| Arith::F64.static_shift(config.static_shift(), s)).collect();
+        if (sigmas[0] - 1.0).abs() < 1e-6 {
+            sigmas[0] -= 1e-6;
+        }
+        let timesteps: Vec<f32> = sigmas.iter().map(|&s| (s * n).trunc() as f32).collect();
+        if let Some(w) = timesteps.windows(2).find(|w| w[1] >= w[0]) {
+            return Err(SamplingError::Invalid(format!(
+                "{} steps give the integer timestep {} twice (or out of order) on this flow_shift \
+                 grid; use fewer steps",
+                sigmas.len(),
+                w[1]
+            )));
+        }
+        let mut sigmas: Vec<f32> = sigmas.into_iter().map(|s| s as f32).collect();
+        sigmas.push(0.0);
+        Ok(Self { sigmas, timesteps, mu: None })
     }
 
     /// Number of denoising steps N.
@@ -356,7 +449,7 @@ impl SchedulerConfig {
         if self.use_dynamic_shifting {
             s
         } else {
-            Arith::F32.static_shift(self.shift, s)
+            Arith::F32.static_shift(self.static_shift(), s)
         }
     }
 
@@ -453,5 +546,51 @@ mod tests {
             assert!((*got as f64 - want).abs() < 1e-6, "{:?}", g.sigmas);
         }
         assert_eq!(g.steps(), 3);
+    }
+
+    fn unipc(extra: serde_json::Value) -> Result<SchedulerConfig, String> {
+        let mut v = serde_json::json!({
+            "_class_name": "UniPCMultistepScheduler", "use_flow_sigmas": true, "flow_shift": 5.0,
+            "prediction_type": "flow_prediction", "final_sigmas_type": "zero", "solver_order": 2
+        });
+        v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let config: SchedulerConfig = serde_json::from_value(v).unwrap();
+        config.check().map(|_| config)
+    }
+
+    #[test]
+    fn unipc_configs_are_read_for_their_flow_grid_only() {
+        let config = unipc(serde_json::json!({})).unwrap();
+        assert_eq!(config.static_shift(), 5.0);
+        let refused = [
+            (serde_json::json!({"use_flow_sigmas": false}), "`use_flow_sigmas` must be true"),
+            (serde_json::json!({"prediction_type": "epsilon"}), "`prediction_type: epsilon`"),
+            (
+                serde_json::json!({"final_sigmas_type": "sigma_min"}),
+                "`final_sigmas_type: sigma_min`",
+            ),
+            (serde_json::json!({"use_dynamic_shifting": true}), "`use_dynamic_shifting`"),
+            (serde_json::json!({"use_karras_sigmas": true}), "`use_karras_sigmas: true`"),
+            (serde_json::json!({"flow_shift": 0.0}), "flow_shift must be > 0"),
+        ];
+        for (extra, want) in refused {
+            let err = unipc(extra).unwrap_err();
+            assert!(err.contains(want), "{err}");
+        }
+        let mut no_shift = unipc(serde_json::json!({})).unwrap();
+        no_shift.flow_shift = None;
+        assert!(no_shift.check().unwrap_err().contains("`flow_shift` is required"));
+    }
+
+    #[test]
+    fn wan_grid_refuses_repeated_integer_timesteps() {
+        let config = unipc(serde_json::json!({})).unwrap();
+        let req = GridRequest { steps: 400, pipeline: Pipeline::Wan, ..Default::default() };
+        let err = SigmaGrid::new(&config, &req).unwrap_err().to_string();
+        assert!(err.contains("400 steps give the integer timestep"), "{err}");
+        let req = GridRequest { steps: 4, pipeline: Pipeline::Wan, ..Default::default() };
+        let g = SigmaGrid::new(&config, &req).unwrap();
+        assert_eq!(g.timesteps, [999.0, 937.0, 833.0, 625.0]);
+        assert_eq!(g.sigmas[0], (1.0f64 - 1e-6) as f32);
     }
 }

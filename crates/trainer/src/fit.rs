@@ -52,6 +52,7 @@ fn pipeline_options(recipe: &Recipe, device: Device) -> PipelineOptions {
         lora: (m.finetune == Finetune::Lora).then(|| m.lora.clone()),
         max_sequence_length: Some(m.max_sequence_length),
         embedded_guidance: m.guidance,
+        num_frames: m.num_frames,
     }
 }
 

@@ -73,7 +73,7 @@ pub fn pretrain(
     let mut optimizer = AdamW::new(params, [0.9, 0.999], 1e-8, config.weight_decay);
     let mut ema = config.ema_decay.map(|d| Ema::new(d, &optimizer.params));
     let mut rng = SampleRng::new(config.seed);
-    let shift = pipe.scheduler().shift;
+    let shift = pipe.scheduler().static_shift();
     let bar = indicatif::ProgressBar::new(config.steps);
     bar.set_style(
         indicatif::ProgressStyle::with_template(

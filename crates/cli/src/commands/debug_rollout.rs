@@ -54,6 +54,9 @@ pub struct RolloutArgs {
     /// The distilled guidance of a guidance-embedding model (FLUX.1 [dev]; its default 3.5).
     #[arg(long)]
     embedded_guidance: Option<f64>,
+    /// Pixel frames of a video family's samples (Wan: 4k+1; its default 81).
+    #[arg(long)]
+    num_frames: Option<usize>,
     /// Condition pictures every prompt shares (image editing, e.g. Qwen-Image-Edit-Plus),
     /// comma-separated; the negative prompt gets them too, as in diffusers.
     #[arg(long, value_delimiter = ',')]
@@ -65,6 +68,7 @@ pub fn rollout(a: RolloutArgs, device: &DeviceArg) -> Result<(), Failure> {
     let options = PipelineOptions {
         max_sequence_length: a.max_sequence_length,
         embedded_guidance: a.embedded_guidance,
+        num_frames: a.num_frames,
         ..PipelineOptions::new(device)
     };
     let pipe = flowtune_models::load_pipeline(&a.model, &options).map_err(Failure::input)?;

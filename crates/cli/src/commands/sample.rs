@@ -31,6 +31,9 @@ pub struct SampleArgs {
     /// The distilled guidance of a guidance-embedding model (FLUX.1 [dev]; its default 3.5).
     #[arg(long)]
     embedded_guidance: Option<f64>,
+    /// Pixel frames of a video family's samples (Wan: 4k+1; its default 81).
+    #[arg(long)]
+    num_frames: Option<usize>,
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Image height and width in pixels.
@@ -55,6 +58,7 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
     let options = PipelineOptions {
         lora: lora_config,
         embedded_guidance: a.embedded_guidance,
+        num_frames: a.num_frames,
         ..PipelineOptions::new(device)
     };
     let mut pipe = flowtune_models::load_pipeline(&a.model, &options).map_err(Failure::input)?;

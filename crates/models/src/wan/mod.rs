@@ -4,6 +4,8 @@
 
 mod block;
 mod config;
+mod family;
+mod pipeline;
 mod rope;
 mod text;
 mod tiny;
@@ -12,6 +14,8 @@ mod vae;
 mod vae_config;
 
 pub use config::WanTransformerConfig;
+pub use family::FAMILY;
+pub use pipeline::{WanPipeline, DEFAULT_NUM_FRAMES};
 pub use text::{prompt_embeds, WanTextEncoder, MAX_SEQUENCE_LENGTH};
 pub use tiny::{write_tiny_wan, TinyWanSpec};
 pub use transformer::{ConditionEmbedder, WanTransformer};

@@ -92,6 +92,11 @@ impl AutoencoderKlWan {
         Ok(((mean - lm) / ls, logvar))
     }
 
+    /// The dtype of the encoder weights (video is cast to it).
+    pub fn encoder_kind(&self) -> Kind {
+        self.vae.encoder_kind()
+    }
+
     /// Pictures (B, 3, H, W) from one-frame latents (B, z, h, w).
     pub fn decode(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
         Ok(self.decode_video(&latents.unsqueeze(2))?.squeeze_dim(2))

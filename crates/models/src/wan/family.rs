@@ -1,0 +1,23 @@
+//! Wan's registry entry.
+
+use super::{write_tiny_wan, TinyWanSpec, WanPipeline, WanTransformer};
+use crate::registry::Family;
+
+/// Wan2.1 and Wan2.2-TI2V-5B text-to-video (`WanPipeline` with one transformer).
+pub const FAMILY: Family = Family {
+    name: "wan",
+    pipeline_classes: &["WanPipeline"],
+    denoiser_class: "WanTransformer3DModel",
+    components: &[
+        ("transformer", "WanTransformer3DModel (3-D patches, per-sample or per-token timesteps)"),
+        ("vae", "AutoencoderKLWan (causal video VAE: 4× frames, 8× or 16× sides)"),
+        ("text_encoder", "UMT5EncoderModel (states zeroed past the prompt up to 512 tokens)"),
+        ("tokenizer", "UMT5 unigram (tokenizer.json)"),
+        ("scheduler", "UniPCMultistepScheduler read for its flow sigmas (flow_shift)"),
+    ],
+    load: |dir, options| Ok(Box::new(WanPipeline::open(dir.clone(), options)?)),
+    load_denoiser: |dir, device, kind, lora| {
+        Ok(Box::new(WanTransformer::load(dir, device, kind, lora)?))
+    },
+    write_tiny: |dir, seed| write_tiny_wan(dir, &TinyWanSpec { seed, ..Default::default() }),
+};

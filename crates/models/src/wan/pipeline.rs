@@ -1,0 +1,184 @@
+//! The Wan text-to-video pipeline: a diffusers `WanPipeline` directory (Wan2.1 T2V, Wan2.2-TI2V-5B
+//! sampled from text) loaded as components, with its prompt encoding, 5-D latent layout, frame
+//! count and schedule.
+
+use std::path::Path;
+
+use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use super::{AutoencoderKlWan, WanTextEncoder, WanTransformer};
+use crate::family::{pipeline_parts, FlowPipeline, PipelineOptions};
+use crate::pipeline::PipelineDir;
+use crate::vae::AutoencoderKl;
+use crate::{ModelError, TextConditioning};
+
+/// Pixel frames of a sample when the options name none: WanPipeline's default `num_frames`.
+pub const DEFAULT_NUM_FRAMES: usize = 81;
+
+/// Every component of a Wan text-to-video pipeline.
+pub struct WanPipeline {
+    pub dir: PipelineDir,
+    pub transformer: WanTransformer,
+    pub vae: AutoencoderKlWan,
+    pub text: WanTextEncoder,
+    pub scheduler: SchedulerConfig,
+    /// Pixel frames of every sample (4k + 1 for the released VAEs).
+    pub num_frames: usize,
+}
+
+impl WanPipeline {
+    /// Loads the `WanPipeline` directory at `path`.
+    pub fn load(path: &Path, options: &PipelineOptions) -> Result<Self, ModelError> {
+        Self::open(PipelineDir::open(path)?, options)
+    }
+
+    /// Loads the components of an opened pipeline directory. A second expert (`transformer_2`,
+    /// Wan2.2-A14B) is refused: only single-transformer pipelines are supported.
+    pub fn open(dir: PipelineDir, options: &PipelineOptions) -> Result<Self, ModelError> {
+        if let Some((_, class)) = dir.index.components.get("transformer_2") {
+            return Err(ModelError::Format {
+                path: dir.root.join("model_index.json").display().to_string(),
+                message: format!(
+                    "transformer_2 ({class}) is a second expert (Wan2.2-A14B); only \
+                     single-transformer Wan pipelines (Wan2.1, Wan2.2-TI2V-5B) are supported"
+                ),
+            });
+        }
+        let (device, dtypes) = (options.device, options.dtypes);
+        let scheduler_dir = dir.component("scheduler", &["UniPCMultistepScheduler"])?;
+        let mut text = WanTextEncoder::load(
+            &dir.tokenizer("tokenizer")?,
+            &dir.component("text_encoder", &["UMT5EncoderModel"])?,
+            device,
+            dtypes.text_encoders,
+        )?;
+        if let Some(n) = options.max_sequence_length {
+            text.max_sequence_length = n;
+        }
+        let vae = AutoencoderKlWan::load(
+            &dir.component("vae", &["AutoencoderKLWan"])?,
+            device,
+            dtypes.vae,
+        )?;
+        let num_frames = options.num_frames.unwrap_or(DEFAULT_NUM_FRAMES);
+        latent_frames(num_frames, vae.config.temporal_factor())?;
+        Ok(Self {
+            transformer: WanTransformer::load(
+                &dir.component("transformer", &["WanTransformer3DModel"])?,
+                device,
+                dtypes.transformer,
+                options.lora.as_ref(),
+            )?,
+            vae,
+            text,
+            scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
+            num_frames,
+            dir,
+        })
+    }
+
+    /// Pixels per latent cell on a side times the transformer's spatial patch: the multiple the
+    /// sides must be.
+    pub fn side_multiple(&self) -> i64 {
+        let [_, ph, pw] = self.transformer.config.patch();
+        self.vae.config.spatial_factor() * ph.max(pw)
+    }
+}
+
+/// Latent frames of `frames` pixel frames: `(frames − 1)/factor + 1`; the error names
+/// model.num_frames / --num-frames and the allowed counts.
+fn latent_frames(frames: usize, factor: i64) -> Result<i64, ModelError> {
+    let factor = factor as usize;
+    if frames == 0 || !(frames - 1).is_multiple_of(factor) {
+        return Err(ModelError::Input(format!(
+            "num_frames {frames} (model.num_frames / --num-frames): Wan's VAE takes {factor}k + 1 \
+             frames (1, {}, {}, …, {DEFAULT_NUM_FRAMES})",
+            factor + 1,
+            2 * factor + 1
+        )));
+    }
+    Ok(((frames - 1) / factor + 1) as i64)
+}
+
+impl FlowPipeline for WanPipeline {
+    pipeline_parts!();
+
+    fn device(&self) -> Device {
+        self.transformer.patch_embedding.0.device()
+    }
+
+    /// UMT5's last hidden state of each cleaned prompt, zero past its tokens up to
+    /// `max_sequence_length` (WanPipeline's `prompt_embeds`, read without a mask).
+    fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
+        let (embeds, _) = self.text.encode(prompts)?;
+        let kind = self.transformer.patch_embedding.0.kind();
+        Ok(TextConditioning::new(embeds.to_kind(kind), None))
+    }
+
+    /// `[z, (F − 1)/4 + 1, H/s, W/s]` for `num_frames` F; sides must be multiples of s × the
+    /// transformer's patch (32 for Wan2.2's 16× VAE, 16 for Wan2.1's 8×).
+    fn latent_shape(&self, height: i64, width: i64) -> Result<Vec<i64>, ModelError> {
+        let multiple = self.side_multiple();
+        for side in [height, width] {
+            if side <= 0 || side % multiple != 0 {
+                return Err(ModelError::Input(format!(
+                    "{side} pixels (model.resolution / --resolution): Wan needs sides that are \
+                     positive multiples of {multiple} (VAE factor {} × patch size)",
+                    self.vae.config.spatial_factor()
+                )));
+            }
+        }
+        let s = self.vae.config.spatial_factor();
+        let frames = latent_frames(self.num_frames, self.vae.config.temporal_factor())?;
+        Ok(vec![self.vae.config.z_dim, frames, height / s, width / s])
+    }
+
+    /// UniPC's flow sigmas with `flow_shift`; the shift is static.
+    fn grid_request(&self, steps: usize, _latent_shape: &[i64]) -> GridRequest {
+        GridRequest { steps, pipeline: Pipeline::Wan, ..Default::default() }
+    }
+
+    /// The clip's frames side by side: (B, H, T·W, 3).
+    fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
+        let video = self.vae.decode_video(latents)?;
+        let (b, c, t, h, w) = video.size5()?;
+        let frames =
+            AutoencoderKl::to_rgb8(&video.permute([0, 2, 1, 3, 4]).reshape([b * t, c, h, w]));
+        Ok(frames.reshape([b, t, h, w, 3]).permute([0, 2, 1, 3, 4]).reshape([b, h, t * w, 3]))
+    }
+
+    /// The inverse of [`Self::decode_rgb8`] at the pipeline's `num_frames`: each row is cut into
+    /// that many frames side by side (one frame: a picture) and encoded as a clip.
+    fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError> {
+        let (b, h, tw, _) = images.size4()?;
+        let t = self.num_frames as i64;
+        if tw % t != 0 {
+            return Err(ModelError::Input(format!(
+                "pictures {tw} pixels wide do not hold {t} frames side by side (num_frames)"
+            )));
+        }
+        let frames = images.reshape([b, h, t, tw / t, 3]).permute([0, 2, 1, 3, 4]);
+        let pixels = AutoencoderKl::from_rgb8(&frames.reshape([b * t, h, tw / t, 3]));
+        let video = pixels.reshape([b, t, 3, h, tw / t]).permute([0, 2, 1, 3, 4]);
+        let (mean, _) = self.vae.encode_video(&video.to_kind(self.vae.encoder_kind()))?;
+        Ok(mean.to_kind(Kind::Float))
+    }
+
+    fn takes_num_frames(&self) -> bool {
+        true
+    }
+
+    /// `factor·(F − 1) + 1` pixel frames of F latent frames.
+    fn decoded_frames(&self, latent_shape: &[i64]) -> usize {
+        match latent_shape {
+            [_, f, _, _] => (self.vae.config.temporal_factor() * (f - 1) + 1) as usize,
+            _ => 1,
+        }
+    }
+
+    fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {
+        vec![("transformer", "diffusion_pytorch_model.safetensors", &self.transformer.weights.base)]
+    }
+}

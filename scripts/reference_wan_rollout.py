@@ -1,0 +1,138 @@
+"""Reference trajectories for Wan text-to-video: diffusers' WanPipeline components in a loop written here (UMT5
+prompt embeds zeroed past each prompt up to 512 tokens, the UniPC flow-sigma grid and its integer timesteps, per-token
+timesteps where the pipeline has `expand_timesteps`, CFG as two forwards `u + g (c - u)`, the flow-GRPO SDE step inside
+a window and Euler outside, with given noise), then the VAE decode of the final latents.
+
+Usage (the project's reference venv):
+    flowtune make-tiny wan fixtures/wan_pipeline
+    python scripts/reference_wan_rollout.py fixtures/wan_pipeline fixtures [flowtune]
+
+Writes `wan_rollout_f{frames}_io.safetensors` for each case of CASES (pixel frames, height, width). The window starts
+at step 1: the grid's first sigma is 1 - 1e-6, where the flow-GRPO SDE's std sqrt(sigma / (1 - sigma)) is ~1000 eta.
+With a flowtune binary, it also runs `flowtune debug rollout` on the same prompts and noise for every case and
+prints the largest relative difference.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+from diffusers import WanPipeline
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_qwen_rollout import sde_step  # noqa: E402
+
+PROMPTS = ["a red fox runs  through fresh snow", "a time-lapse of clouds over a mountain lake at dawn, with "
+           "birds crossing the frame from left to right"]
+SPEC = dict(steps=6, guidance_scale=4.0, noise_level=0.7, window_start=1, window_size=3)
+# (pixel frames, height, width): one frame, and two clips of non-square sizes.
+CASES = [(1, 32, 32), (5, 32, 64), (9, 64, 32)]
+
+
+def timesteps_for(pipe, t, lat):
+    """The transformer's timestep input: (B,) or, with `expand_timesteps`, one per token of a ones mask."""
+    b, _, f, h, w = lat.shape
+    if pipe.config.expand_timesteps:
+        p = pipe.transformer.config.patch_size
+        mask = torch.ones(1, 1, f, h, w)
+        return (mask[0][0][:, :: p[1], :: p[2]] * t).flatten().unsqueeze(0).expand(b, -1)
+    return t.expand(b)
+
+
+def denoise(pipe, s, x, step_noise, positive, negative):
+    """Returns the final latents, `output.*` records and the sigmas."""
+    b = x.shape[0]
+    n = s["steps"]
+    pipe.scheduler.set_timesteps(n)
+    sigmas, timesteps = pipe.scheduler.sigmas, pipe.scheduler.timesteps
+    ws, wn = s["window_start"], s["window_size"]
+    lat = x
+    lats, lps, ts = [], [], []
+    for i in range(n):
+        t = timesteps_for(pipe, timesteps[i], lat)
+        cond = pipe.transformer(hidden_states=lat, timestep=t, encoder_hidden_states=positive, return_dict=False)[0]
+        uncond = pipe.transformer(hidden_states=lat, timestep=t, encoder_hidden_states=negative, return_dict=False)[0]
+        v = uncond + s["guidance_scale"] * (cond - uncond)
+        if i == ws:
+            lats.append(lat)
+        if ws <= i < ws + wn:
+            lat, lp = sde_step(sigmas, i, lat, v, s["noise_level"], step_noise[i])
+            lats.append(lat)
+            lps.append(lp)
+            ts.append(timesteps[i].float().expand(b))
+        else:
+            lat = lat + v * (sigmas[i + 1] - sigmas[i])
+    recorded = {
+        "output.final_latents": lat,
+        "output.all_latents": torch.stack(lats, dim=1),
+        "output.all_log_probs": torch.stack(lps, dim=1),
+        "output.all_timesteps": torch.stack(ts, dim=1),
+    }
+    return lat, recorded, sigmas
+
+
+def decode(pipe, latents):
+    """WanPipeline's decode: `latents / (1 / std) + mean`, then the VAE; (B, 3, T, H, W) in [-1, 1]."""
+    c = pipe.vae.config
+    mean = torch.tensor(c.latents_mean).view(1, c.z_dim, 1, 1, 1)
+    inv_std = 1.0 / torch.tensor(c.latents_std).view(1, c.z_dim, 1, 1, 1)
+    return pipe.vae.decode(latents / inv_std + mean, return_dict=False)[0]
+
+
+def run_case(pipe, pipeline_dir, frames, height, width, out_dir, flowtune):
+    s = SPEC
+    b = len(PROMPTS)
+    sf, tf = pipe.vae_scale_factor_spatial, pipe.vae_scale_factor_temporal
+    shape = (b, pipe.transformer.config.in_channels, (frames - 1) // tf + 1, height // sf, width // sf)
+    g = torch.Generator().manual_seed(7 + frames)
+    x = torch.randn(*shape, generator=g)
+    step_noise = torch.randn(s["steps"], *shape, generator=g)
+    io = {"input.initial_latents": x.clone(), "input.step_noise": step_noise}
+    with torch.no_grad():
+        pe, ne = pipe.encode_prompt(list(PROMPTS), negative_prompt=[""] * b, do_classifier_free_guidance=True,
+                                    max_sequence_length=512, device="cpu")
+        io["output.prompt_embeds"], io["output.negative_prompt_embeds"] = pe, ne
+        final, recorded, sigmas = denoise(pipe, s, x, step_noise, pe, ne)
+        video = decode(pipe, final)
+    io.update(recorded)
+    io["output.video"] = video
+    out = os.path.join(out_dir, f"wan_rollout_f{frames}_io.safetensors")
+    save_file({k: v.contiguous() for k, v in io.items()}, out)
+    print(f"wrote {out}: {frames} frames {height}x{width}, latents {list(shape)}, video {list(video.shape)}, "
+          f"sigmas {[round(float(v), 6) for v in sigmas]}")
+    if not flowtune:
+        return True
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/prompts.txt", "w") as fh:
+            fh.write("\n".join(PROMPTS) + "\n")
+        save_file({"initial_latents": x, "step_noise": step_noise}, f"{tmp}/noise.safetensors")
+        subprocess.run([flowtune, "debug", "rollout", "--model", pipeline_dir, "--prompts",
+                        f"{tmp}/prompts.txt", "--noise", f"{tmp}/noise.safetensors", "--out", f"{tmp}/out.safetensors",
+                        "--steps", str(s["steps"]), "--guidance", str(s["guidance_scale"]),
+                        "--noise-level", str(s["noise_level"]), "--num-frames", str(frames),
+                        "--window-start", str(s["window_start"]), "--window-size", str(s["window_size"]),
+                        "--max-sequence-length", "512"], check=True)
+        ours = load_file(f"{tmp}/out.safetensors")
+    worst = 0.0
+    for k in ["all_latents", "all_log_probs", "all_timesteps", "final_latents"]:
+        ref = io[f"output.{k}"]
+        rel = ((ours[k] - ref).norm() / ref.norm()).item()
+        worst = max(worst, rel)
+        print(f"  debug rollout {k}: relative difference {rel:.2e}")
+    bb, c, t, h, w = video.shape
+    pixels = ((video.clamp(-1, 1) + 1) * 127.5).round().permute(0, 3, 2, 4, 1).reshape(bb, h, t * w, c).to(torch.uint8)
+    off = (ours["images"].int() - pixels.int()).abs().max().item()
+    print(f"  debug rollout images {list(ours['images'].shape)}: largest pixel difference {off}")
+    return worst < 1e-3 and off <= 1
+
+
+def main(pipeline_dir, out_dir, flowtune=None):
+    pipe = WanPipeline.from_pretrained(pipeline_dir)
+    ok = all([run_case(pipe, pipeline_dir, *case, out_dir, flowtune) for case in CASES])
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
