@@ -9,9 +9,14 @@ mod blocks;
 mod layers;
 mod residual;
 
-use tch::{Kind, Tensor};
+use std::path::Path;
+
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
 
 use crate::nn::Scope;
+use crate::weights::{checkpoint_files, load_weights, LoadOptions};
+use crate::{read_config, ModelError};
 use blocks::{Decoder, Encoder};
 use layers::{CausalConv3d, FrameCache};
 
@@ -110,7 +115,45 @@ pub(crate) struct CausalVae {
     decoder: Decoder,
 }
 
+/// A VAE `config.json` that lays out a causal VAE (Qwen-Image's, Wan's).
+pub(crate) trait CausalVaeConfig: serde::de::DeserializeOwned {
+    /// Whether the settings can be built; the message names the key.
+    fn check(&self) -> Result<(), String>;
+    /// The module layout of these settings.
+    fn vae_layout(&self) -> VaeLayout;
+}
+
 impl CausalVae {
+    /// The module tree of `config` at the root of a fresh store on `device`, zero weights.
+    pub fn build<C: CausalVaeConfig>(
+        config: &C,
+        device: Device,
+    ) -> Result<(Self, VarStore), ModelError> {
+        config.check().map_err(ModelError::Input)?;
+        let store = VarStore::new(device);
+        let vae = Self::new(&Scope::root(store.root(), None), &config.vae_layout());
+        Ok((vae, store))
+    }
+
+    /// A diffusers `vae/` directory: its config, the module tree and the weights (as `kind`,
+    /// frozen).
+    pub fn load<C: CausalVaeConfig>(
+        dir: &Path,
+        device: Device,
+        kind: Kind,
+    ) -> Result<(C, Self, VarStore), ModelError> {
+        let path = dir.join("config.json");
+        let config: C = read_config(&path)?;
+        config
+            .check()
+            .map_err(|message| ModelError::Format { path: path.display().to_string(), message })?;
+        let (vae, mut store) = Self::build(&config, device)?;
+        let options = LoadOptions { kind: Some(kind), ..Default::default() };
+        load_weights(&mut store, &checkpoint_files(dir)?, options)?;
+        store.freeze();
+        Ok((config, vae, store))
+    }
+
     /// The module tree of a validated `layout` below `root`.
     pub fn new(root: &Scope<'_>, layout: &VaeLayout) -> Self {
         let z = layout.z_dim;

@@ -11,10 +11,8 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use crate::causal_vae::{channel_stats, CausalVae};
-use crate::nn::Scope;
 use crate::vae::AutoencoderKl;
-use crate::weights::{checkpoint_files, load_weights, LoadOptions};
-use crate::{read_config, ModelError};
+use crate::ModelError;
 pub use config::QwenVaeConfig;
 pub use tiny::write_tiny_qwen_vae;
 
@@ -29,27 +27,14 @@ pub struct AutoencoderKlQwenImage {
 impl AutoencoderKlQwenImage {
     /// The module tree of `config` with zero weights.
     pub fn new(config: &QwenVaeConfig, device: Device) -> Result<Self, ModelError> {
-        config.validate().map_err(ModelError::Input)?;
-        let store = VarStore::new(device);
-        let root = Scope::root(store.root(), None);
-        Ok(Self { config: config.clone(), vae: CausalVae::new(&root, &config.layout()), store })
+        let (vae, store) = CausalVae::build(config, device)?;
+        Ok(Self { config: config.clone(), vae, store })
     }
 
     /// Loads a diffusers `vae/` directory, frozen.
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
-        let path = dir.join("config.json");
-        let config: QwenVaeConfig = read_config(&path)?;
-        config
-            .validate()
-            .map_err(|message| ModelError::Format { path: path.display().to_string(), message })?;
-        let mut model = Self::new(&config, device)?;
-        load_weights(
-            &mut model.store,
-            &checkpoint_files(dir)?,
-            LoadOptions { kind: Some(kind), ..Default::default() },
-        )?;
-        model.store.freeze();
-        Ok(model)
+        let (config, vae, store) = CausalVae::load(dir, device, kind)?;
+        Ok(Self { config, vae, store })
     }
 
     /// `latents_mean` and `latents_std` as (1, z, 1, 1, 1) tensors like `like`.

@@ -10,9 +10,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::vae_config::WanVaeConfig;
 use crate::causal_vae::{channel_stats, write_random_vae, CausalVae};
-use crate::nn::Scope;
-use crate::weights::{checkpoint_files, load_weights, LoadOptions};
-use crate::{read_config, ModelError};
+use crate::ModelError;
 
 /// The VAE: `encoder`, `quant_conv`, `post_quant_conv` and `decoder` below the store's root.
 pub struct AutoencoderKlWan {
@@ -24,27 +22,14 @@ pub struct AutoencoderKlWan {
 impl AutoencoderKlWan {
     /// The module tree of `config` with zero weights.
     pub fn new(config: &WanVaeConfig, device: Device) -> Result<Self, ModelError> {
-        config.validate().map_err(ModelError::Input)?;
-        let store = VarStore::new(device);
-        let root = Scope::root(store.root(), None);
-        Ok(Self { config: config.clone(), vae: CausalVae::new(&root, &config.layout()), store })
+        let (vae, store) = CausalVae::build(config, device)?;
+        Ok(Self { config: config.clone(), vae, store })
     }
 
     /// Loads a diffusers `vae/` directory, frozen.
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
-        let path = dir.join("config.json");
-        let config: WanVaeConfig = read_config(&path)?;
-        config
-            .validate()
-            .map_err(|message| ModelError::Format { path: path.display().to_string(), message })?;
-        let mut model = Self::new(&config, device)?;
-        load_weights(
-            &mut model.store,
-            &checkpoint_files(dir)?,
-            LoadOptions { kind: Some(kind), ..Default::default() },
-        )?;
-        model.store.freeze();
-        Ok(model)
+        let (config, vae, store) = CausalVae::load(dir, device, kind)?;
+        Ok(Self { config, vae, store })
     }
 
     /// Writes a random VAE of `config` (weights drawn from `seed`) into `dir`, for tests.

@@ -145,3 +145,13 @@ impl WanVaeConfig {
         Ok(())
     }
 }
+
+impl crate::causal_vae::CausalVaeConfig for WanVaeConfig {
+    fn check(&self) -> Result<(), String> {
+        self.validate()
+    }
+
+    fn vae_layout(&self) -> VaeLayout {
+        self.layout()
+    }
+}

@@ -80,3 +80,13 @@ impl QwenVaeConfig {
         crate::causal_vae::check_stats(self.z_dim, &self.latents_mean, &self.latents_std)
     }
 }
+
+impl crate::causal_vae::CausalVaeConfig for QwenVaeConfig {
+    fn check(&self) -> Result<(), String> {
+        self.validate()
+    }
+
+    fn vae_layout(&self) -> VaeLayout {
+        self.layout()
+    }
+}
