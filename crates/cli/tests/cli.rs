@@ -131,70 +131,46 @@ fn bad_input_gives_one_clear_line_and_exit_2() {
     assert_bad_input(&flowtune(&["--device", "cuda:7", "env"]), &["--device cuda:7"]);
 }
 
-/// Wan's transformer (not a registered family yet) runs with its LoRA on a per-token-timestep
-/// fixture.
-#[test]
-fn debug_forward_runs_wan() {
+/// `debug forward` on fixture `name` with its LoRA (scaled by `alpha`) reproduces the fixture's
+/// `output.sample_with_lora` (1e-3 relative).
+fn check_forward_with_lora(name: &str, alpha: &str) {
     let out = std::env::temp_dir()
-        .join(format!("flowtune-forward-wan-{}.safetensors", std::process::id()));
+        .join(format!("flowtune-forward-{name}-{}.safetensors", std::process::id()));
+    let io = repo(&format!("fixtures/{name}_io.safetensors"));
     let run = flowtune(&[
         "debug",
         "forward",
         "--component",
-        &repo("fixtures/wan_ti2v_tiny"),
+        &repo(&format!("fixtures/{name}")),
         "--inputs",
-        &repo("fixtures/wan_ti2v_tiny_io.safetensors"),
+        &io,
         "--out",
         &out.display().to_string(),
         "--lora",
-        &repo("fixtures/wan_ti2v_tiny_lora.safetensors"),
+        &repo(&format!("fixtures/{name}_lora.safetensors")),
         "--lora-alpha",
-        "6",
+        alpha,
     ]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let got: std::collections::HashMap<String, tch::Tensor> =
-        tch::Tensor::read_safetensors(&out).unwrap().into_iter().collect();
-    let want: std::collections::HashMap<String, tch::Tensor> =
-        tch::Tensor::read_safetensors(repo("fixtures/wan_ti2v_tiny_io.safetensors"))
-            .unwrap()
-            .into_iter()
-            .collect();
+    let read = |path: &str| -> std::collections::HashMap<String, tch::Tensor> {
+        tch::Tensor::read_safetensors(path).unwrap().into_iter().collect()
+    };
+    let (got, want) = (read(&out.display().to_string()), read(&io));
     let (g, w) = (&got["output.sample_with_lora"], &want["output.sample_with_lora"]);
     let rel = (g - w).norm().double_value(&[]) / w.norm().double_value(&[]);
-    assert!(rel < 1e-3, "relative error {rel}");
+    assert!(rel < 1e-3, "{name}: relative error {rel}");
     let _ = std::fs::remove_file(&out);
+}
+
+/// Wan's transformer runs with its LoRA on a per-token-timestep fixture.
+#[test]
+fn debug_forward_runs_wan() {
+    check_forward_with_lora("wan_ti2v_tiny", "6");
 }
 
 #[test]
 fn debug_forward_reproduces_the_fixture_outputs() {
-    let out =
-        std::env::temp_dir().join(format!("flowtune-forward-{}.safetensors", std::process::id()));
-    let run = flowtune(&[
-        "debug",
-        "forward",
-        "--component",
-        &repo("fixtures/sd3_tiny"),
-        "--inputs",
-        &repo("fixtures/sd3_tiny_io.safetensors"),
-        "--out",
-        &out.display().to_string(),
-        "--lora",
-        &repo("fixtures/sd3_tiny_lora.safetensors"),
-        "--lora-alpha",
-        "8",
-    ]);
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let got: std::collections::HashMap<String, tch::Tensor> =
-        tch::Tensor::read_safetensors(&out).unwrap().into_iter().collect();
-    let want: std::collections::HashMap<String, tch::Tensor> =
-        tch::Tensor::read_safetensors(repo("fixtures/sd3_tiny_io.safetensors"))
-            .unwrap()
-            .into_iter()
-            .collect();
-    let (g, w) = (&got["output.sample_with_lora"], &want["output.sample_with_lora"]);
-    let rel = (g - w).norm().double_value(&[]) / w.norm().double_value(&[]);
-    assert!(rel < 1e-3, "relative error {rel}");
-    let _ = std::fs::remove_file(&out);
+    check_forward_with_lora("sd3_tiny", "8");
     assert_bad_input(
         &flowtune(&[
             "debug",
