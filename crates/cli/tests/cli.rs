@@ -20,6 +20,11 @@ fn scratch(name: &str, text: &str) -> String {
     path.display().to_string()
 }
 
+/// A safetensors file's tensors by name.
+fn tensors(path: impl AsRef<std::path::Path>) -> std::collections::HashMap<String, tch::Tensor> {
+    tch::Tensor::read_safetensors(path).unwrap().into_iter().collect()
+}
+
 /// Asserts exit code 2 and a single `error:` line on stderr containing every needle.
 fn assert_bad_input(out: &Output, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -152,10 +157,7 @@ fn check_forward_with_lora(name: &str, alpha: &str) {
         alpha,
     ]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let read = |path: &str| -> std::collections::HashMap<String, tch::Tensor> {
-        tch::Tensor::read_safetensors(path).unwrap().into_iter().collect()
-    };
-    let (got, want) = (read(&out.display().to_string()), read(&io));
+    let (got, want) = (tensors(&out), tensors(&io));
     let (g, w) = (&got["output.sample_with_lora"], &want["output.sample_with_lora"]);
     let rel = (g - w).norm().double_value(&[]) / w.norm().double_value(&[]);
     assert!(rel < 1e-3, "{name}: relative error {rel}");
@@ -549,11 +551,7 @@ fn score_prints_one_line_per_image() {
 #[test]
 fn debug_rollout_reproduces_the_qwen_image_reference_loop() {
     // The fixture of scripts/reference_qwen_rollout.py: its prompts, noise and settings.
-    let io: std::collections::HashMap<String, tch::Tensor> =
-        tch::Tensor::read_safetensors(repo("fixtures/qwen_image_rollout_io.safetensors"))
-            .unwrap()
-            .into_iter()
-            .collect();
+    let io = tensors(repo("fixtures/qwen_image_rollout_io.safetensors"));
     let dir = std::env::temp_dir().join(format!("flowtune-debug-rollout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let prompts = dir.join("prompts.txt");
@@ -604,8 +602,7 @@ fn debug_rollout_reproduces_the_qwen_image_reference_loop() {
     };
     let done = run("6");
     assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
-    let got: std::collections::HashMap<String, tch::Tensor> =
-        tch::Tensor::read_safetensors(&out).unwrap().into_iter().collect();
+    let got = tensors(&out);
     for key in ["all_latents", "all_log_probs", "all_timesteps", "final_latents"] {
         let (g, w) = (&got[key], &io[&format!("output.{key}")]);
         let rel = (g - w).norm().double_value(&[]) / w.norm().double_value(&[]);
@@ -628,11 +625,7 @@ fn debug_rollout_reproduces_the_qwen_image_reference_loop() {
 /// side.
 #[test]
 fn debug_rollout_reproduces_the_wan_reference_loop() {
-    let io: std::collections::HashMap<String, tch::Tensor> =
-        tch::Tensor::read_safetensors(repo("fixtures/wan_rollout_f5_io.safetensors"))
-            .unwrap()
-            .into_iter()
-            .collect();
+    let io = tensors(repo("fixtures/wan_rollout_f5_io.safetensors"));
     let dir = std::env::temp_dir().join(format!("flowtune-debug-wan-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let prompts = dir.join("prompts.txt");
@@ -674,8 +667,7 @@ fn debug_rollout_reproduces_the_wan_reference_loop() {
         "512",
     ]);
     assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
-    let got: std::collections::HashMap<String, tch::Tensor> =
-        tch::Tensor::read_safetensors(&out).unwrap().into_iter().collect();
+    let got = tensors(&out);
     for key in ["all_latents", "all_log_probs", "all_timesteps", "final_latents"] {
         let (g, w) = (&got[key], &io[&format!("output.{key}")]);
         let rel = (g - w).norm().double_value(&[]) / w.norm().double_value(&[]);
