@@ -1,10 +1,10 @@
 """The PyTorch-eager anchor for `flowtune bench transformer`: the same shapes and weights in diffusers
-(SD3Transformer2DModel, QwenImageTransformer2DModel, ZImageTransformer2DModel or FluxTransformer2DModel; --latent is
-the unpacked latent side). For Z-Image, give flowtune the same adapters: `flowtune bench transformer ... --lora-targets
+(SD3Transformer2DModel, QwenImageTransformer2DModel, ZImageTransformer2DModel, FluxTransformer2DModel or
+WanTransformer3DModel; --latent is the unpacked latent side, --frames the latent frames of a video transformer). For Z-Image, give flowtune the same adapters: `flowtune bench transformer ... --lora-targets
 to_q,to_k,to_v,to_out.0,feed_forward.w1,feed_forward.w2,feed_forward.w3`.
 
 Usage (needs `pip install torch diffusers peft`):
-    python scripts/bench_transformer_diffusers.py DIR [--batch 2 --latent 64 --text-len 77 --iters 5 --lora-rank 32]
+    python scripts/bench_transformer_diffusers.py DIR [--batch 2 --latent 64 --frames 1 --text-len 77 --iters 5 --lora-rank 32]
 """
 import argparse
 import time
@@ -17,11 +17,13 @@ from diffusers import (
     FluxTransformer2DModel,
     QwenImageTransformer2DModel,
     SD3Transformer2DModel,
+    WanTransformer3DModel,
     ZImageTransformer2DModel,
 )
 from peft import LoraConfig
 
 TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
+WAN_TARGETS = [f"attn{i}.{p}" for i in (1, 2) for p in ("to_q", "to_k", "to_v", "to_out.0")] + ["ffn.net.0.proj", "ffn.net.2"]
 Z_IMAGE_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"]
 
 
@@ -38,6 +40,7 @@ def main():
     ap.add_argument("dir")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--latent", type=int, default=64)
+    ap.add_argument("--frames", type=int, default=1)
     ap.add_argument("--text-len", type=int, default=77)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--lora-rank", type=int, default=32)
@@ -54,6 +57,15 @@ def main():
             encoder_hidden_states_mask=torch.ones(a.batch, a.text_len, dtype=torch.int64),
             timestep=torch.full((a.batch,), 0.5),
             img_shapes=[[(1, side, side)]] * a.batch,
+            return_dict=False,
+        )
+    elif cls == "WanTransformer3DModel":
+        model = WanTransformer3DModel.from_pretrained(a.dir).eval()
+        c = model.config
+        args = dict(
+            hidden_states=torch.randn(a.batch, c.in_channels, a.frames, a.latent, a.latent),
+            timestep=torch.full((a.batch,), 500.0),
+            encoder_hidden_states=torch.randn(a.batch, a.text_len, c.text_dim),
             return_dict=False,
         )
     elif cls == "ZImageTransformer2DModel":
@@ -92,7 +104,7 @@ def main():
         )
     with torch.no_grad():
         fwd = timed(a.iters, lambda: model(**args))
-    targets = Z_IMAGE_TARGETS if cls == "ZImageTransformer2DModel" else TARGETS
+    targets = {"ZImageTransformer2DModel": Z_IMAGE_TARGETS, "WanTransformer3DModel": WAN_TARGETS}.get(cls, TARGETS)
     model.add_adapter(LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, target_modules=targets, init_lora_weights="gaussian"))
     for n, p in model.named_parameters():
         p.requires_grad_("lora_" in n)
@@ -102,8 +114,12 @@ def main():
         (torch.stack(out) if isinstance(out, list) else out).square().mean().backward()
 
     bwd = timed(a.iters, step)
-    patch = 2 if cls == "FluxTransformer2DModel" else getattr(c, "patch_size", 2)
-    tokens = a.batch * (a.latent // patch) ** 2
+    if cls == "WanTransformer3DModel":
+        pt, ph, pw = c.patch_size
+        tokens = a.batch * (a.frames // pt) * (a.latent // ph) * (a.latent // pw)
+    else:
+        patch = 2 if cls == "FluxTransformer2DModel" else getattr(c, "patch_size", 2)
+        tokens = a.batch * (a.latent // patch) ** 2
     print(f"diffusers threads {torch.get_num_threads()}")
     print(f"forward:               {fwd * 1e3:8.1f} ms  {tokens / fwd:10.0f} image tokens/s")
     print(f"forward+backward LoRA: {bwd * 1e3:8.1f} ms  {tokens / bwd:10.0f} image tokens/s")

@@ -170,6 +170,33 @@ fn debug_forward_runs_wan() {
     check_forward_with_lora("wan_ti2v_tiny", "6");
 }
 
+/// `bench transformer` and `bench rollout` time video clips (the report names the latent and
+/// pixel frames); a picture transformer refuses `--frames`.
+#[test]
+fn bench_times_wan_clips_and_refuses_frames_for_pictures() {
+    let wan = repo("fixtures/wan_pipeline");
+    let component = format!("{wan}/transformer");
+    let small = ["--batch", "1", "--iters", "1"];
+    let transformer = flowtune(
+        &[
+            &["bench", "transformer", "--component", &component, "--latent", "4", "--frames", "3"],
+            &small[..],
+            &["--text-len", "5", "--lora-rank", "2"],
+        ]
+        .concat(),
+    );
+    let stdout = stdout_of(&transformer);
+    assert!(stdout.contains("batch 1 × 3 frames × 4² latents"), "{stdout}");
+    assert_eq!(stdout.matches("image tokens/s").count(), 2, "{stdout}");
+    let args = ["bench", "rollout", "--model", &wan, "--steps", "2", "--resolution", "32"];
+    let rollout = flowtune(&[&args[..], &small[..], &["--num-frames", "5"]].concat());
+    let stdout = stdout_of(&rollout);
+    assert!(stdout.contains("at 32px, 5 frames") && stdout.contains("samples/s"), "{stdout}");
+    let sd3 = repo("fixtures/sd3_tiny");
+    let refused = ["bench", "transformer", "--component", &sd3, "--latent", "8", "--frames", "2"];
+    assert_bad_input(&flowtune(&[&refused[..], &small[..]].concat()), &["--frames 2", "pictures"]);
+}
+
 #[test]
 fn debug_forward_reproduces_the_fixture_outputs() {
     check_forward_with_lora("sd3_tiny", "8");

@@ -104,8 +104,16 @@ pub trait TrainableDenoiser: Denoiser {
     fn weights_mut(&mut self) -> &mut ModelWeights;
     /// A copy of the base weights without adapters, frozen: the reference of full fine-tuning.
     fn frozen_copy(&self) -> Result<Box<dyn TrainableDenoiser>, ModelError>;
-    /// Random inputs for `batch` samples of `height × width` latent cells and `text_len` tokens.
-    fn example_inputs(&self, batch: i64, height: i64, width: i64, text_len: i64) -> ExampleInputs;
+    /// Random inputs for `batch` samples of `frames` × `height` × `width` latent cells and
+    /// `text_len` tokens; picture denoisers take one frame and ignore `frames`.
+    fn example_inputs(
+        &self,
+        batch: i64,
+        frames: i64,
+        height: i64,
+        width: i64,
+        text_len: i64,
+    ) -> ExampleInputs;
     /// One line for benchmark output (layers, width).
     fn describe(&self) -> String;
 

@@ -32,7 +32,9 @@ pub use denoiser::{
 pub use family::{Dtype, Dtypes, FlowPipeline, PipelineOptions};
 pub use lora::{AdapterSwitch, LoraConfig};
 pub use model_weights::{ModelWeights, WeightsBuilder};
-pub use registry::{families, family_named, family_of, load_denoiser, load_pipeline, Family};
+pub use registry::{
+    denoiser_family, families, family_named, family_of, load_denoiser, load_pipeline, Family,
+};
 pub use weights::{load_weights, LoadOptions};
 
 /// Errors of model loading and running: they name the file, the tensor and what was expected.

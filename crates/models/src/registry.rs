@@ -31,6 +31,9 @@ pub struct Family {
     pub pipeline_classes: &'static [&'static str],
     /// The denoiser component's `_class_name` (in its `config.json`).
     pub denoiser_class: &'static str,
+    /// The layers a LoRA adapts when nothing names them (`flowtune bench transformer`); recipes
+    /// name theirs in `model.lora.target_modules`.
+    pub lora_targets: &'static [&'static str],
     /// Its components as (folder, what it holds), for `flowtune list`.
     pub components: &'static [(&'static str, &'static str)],
     pub load: LoadPipeline,
@@ -120,6 +123,11 @@ pub fn load_denoiser(
     kind: Kind,
     lora: Option<&LoraConfig>,
 ) -> Result<Box<dyn TrainableDenoiser>, ModelError> {
+    (denoiser_family(dir)?.load_denoiser)(dir, device, kind, lora)
+}
+
+/// The family whose `denoiser_class` the component directory's `config.json` names.
+pub fn denoiser_family(dir: &Path) -> Result<&'static Family, ModelError> {
     #[derive(serde::Deserialize)]
     struct Class {
         #[serde(rename = "_class_name")]
@@ -127,15 +135,13 @@ pub fn load_denoiser(
     }
     let path = dir.join("config.json");
     let Class { class_name } = crate::read_config(&path)?;
-    let family =
-        families().into_iter().rev().find(|f| f.denoiser_class == class_name).ok_or_else(|| {
-            ModelError::Input(format!(
-                "{}: denoiser class `{class_name}` is not supported; supported: {}",
-                path.display(),
-                known(|f| vec![f.denoiser_class])
-            ))
-        })?;
-    (family.load_denoiser)(dir, device, kind, lora)
+    families().into_iter().rev().find(|f| f.denoiser_class == class_name).ok_or_else(|| {
+        ModelError::Input(format!(
+            "{}: denoiser class `{class_name}` is not supported; supported: {}",
+            path.display(),
+            known(|f| vec![f.denoiser_class])
+        ))
+    })
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ fn scratch(name: &str) -> PathBuf {
 /// (Weights no loss reaches, such as the last block's unused text-stream output, have none.)
 fn velocity_and_grads(model: &dyn TrainableDenoiser) -> (Tensor, BTreeMap<String, Option<Tensor>>) {
     tch::manual_seed(3);
-    let inputs = model.example_inputs(2, 4, 4, 5);
+    let inputs = model.example_inputs(2, 1, 4, 4, 5);
     let params = model.trainable_parameters();
     for p in params.values() {
         let mut g = p.grad();

@@ -111,7 +111,7 @@ impl TrainableDenoiser for MlpDenoiser {
         copy_frozen(&self.weights.base, &mut copy.weights.base)?;
         Ok(Box::new(copy))
     }
-    fn example_inputs(&self, batch: i64, height: i64, width: i64, _: i64) -> ExampleInputs {
+    fn example_inputs(&self, batch: i64, _: i64, height: i64, width: i64, _: i64) -> ExampleInputs {
         let c = &self.config;
         ExampleInputs {
             latents: Tensor::randn(
@@ -237,6 +237,7 @@ static FAMILY: Family = Family {
     name: "tiny_video",
     pipeline_classes: &["TinyVideoPipeline"],
     denoiser_class: "TinyMlpDenoiser",
+    lora_targets: &["net.0", "net.2"],
     components: &[("transformer", "TinyMlpDenoiser")],
     load,
     load_denoiser,

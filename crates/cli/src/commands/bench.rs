@@ -43,11 +43,14 @@ pub struct RolloutArgs {
     /// Timed rollouts (after one warm-up).
     #[arg(long, default_value_t = 3)]
     iters: usize,
+    /// Pixel frames of a video pipeline's samples (Wan: 4k + 1; its default 81 when absent).
+    #[arg(long)]
+    num_frames: Option<usize>,
 }
 
 fn bench_rollout(a: RolloutArgs, device: Device) -> Result<(), Failure> {
-    let pipe = flowtune_models::load_pipeline(&a.model, &PipelineOptions::new(device))
-        .map_err(Failure::input)?;
+    let options = PipelineOptions { num_frames: a.num_frames, ..PipelineOptions::new(device) };
+    let pipe = flowtune_models::load_pipeline(&a.model, &options).map_err(Failure::input)?;
     let sampler = flowtune_sampling::SamplerConfig {
         n: 1,
         steps: a.steps,
@@ -59,6 +62,10 @@ fn bench_rollout(a: RolloutArgs, device: Device) -> Result<(), Failure> {
     let latent_shape = pipe
         .latent_shape(a.resolution, a.resolution)
         .map_err(|e| Failure::input(anyhow::anyhow!("--resolution {e}")))?;
+    let frames = match latent_shape.as_slice() {
+        [_, _, _, _] => format!(", {} frames", pipe.decoded_frames(&latent_shape)),
+        _ => String::new(),
+    };
     let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).map_err(Failure::input)?;
     let prompts = vec!["a photo of a red circle next to a blue square"; a.batch];
     let negatives = vec![pipe.default_negative_prompt(); a.batch];
@@ -71,7 +78,8 @@ fn bench_rollout(a: RolloutArgs, device: Device) -> Result<(), Failure> {
             .map_err(|e| Failure::Runtime(e.into()))
     })?;
     println!(
-        "rollout: batch {} × {} steps at {}px, CFG {}, on {:?}: {:.1} ms per batch, {:.2} images/s",
+        "rollout: batch {} × {} steps at {}px{frames}, CFG {}, on {:?}: {:.1} ms per batch, \
+         {:.2} samples/s",
         a.batch,
         a.steps,
         a.resolution,
@@ -93,6 +101,9 @@ pub struct TransformerArgs {
     /// Latent height and width.
     #[arg(long, default_value_t = 64)]
     latent: i64,
+    /// Latent frames (video transformers such as Wan's; pictures have one).
+    #[arg(long, default_value_t = 1)]
+    frames: i64,
     /// Text tokens.
     #[arg(long, default_value_t = 77)]
     text_len: i64,
@@ -102,7 +113,7 @@ pub struct TransformerArgs {
     /// LoRA rank for the backward timing.
     #[arg(long, default_value_t = 32)]
     lora_rank: i64,
-    /// Adapted layers, comma-separated (SD3's attention projections when absent; Z-Image:
+    /// Adapted layers, comma-separated (the family's own list when absent, e.g. Z-Image's
     /// to_q,to_k,to_v,to_out.0,feed_forward.w1,feed_forward.w2,feed_forward.w3).
     #[arg(long, value_delimiter = ',')]
     lora_targets: Vec<String>,
@@ -146,15 +157,29 @@ pub fn run(command: BenchCommand, device: &DeviceArg) -> Result<(), Failure> {
         BenchCommand::Reward(a) => return super::bench_reward::run(a),
     };
     let kind = a.dtype.kind();
-    let mut lora =
-        LoraConfig { rank: a.lora_rank, alpha: 2.0 * a.lora_rank as f64, ..Default::default() };
-    if !a.lora_targets.is_empty() {
-        lora.target_modules = a.lora_targets;
-    }
-    let model = flowtune_models::load_denoiser(&a.component, device, kind, Some(&lora))
-        .map_err(Failure::input)?;
+    let family = flowtune_models::denoiser_family(&a.component).map_err(Failure::input)?;
+    let target_modules = if a.lora_targets.is_empty() {
+        family.lora_targets.iter().map(|t| t.to_string()).collect()
+    } else {
+        a.lora_targets
+    };
+    let lora = LoraConfig {
+        rank: a.lora_rank,
+        alpha: 2.0 * a.lora_rank as f64,
+        target_modules,
+        ..Default::default()
+    };
+    let model =
+        (family.load_denoiser)(&a.component, device, kind, Some(&lora)).map_err(Failure::input)?;
     tch::manual_seed(0);
-    let inputs = model.example_inputs(a.batch, a.latent, a.latent, a.text_len);
+    let inputs = model.example_inputs(a.batch, a.frames, a.latent, a.latent, a.text_len);
+    if a.frames > 1 && inputs.latents.dim() < 5 {
+        return Err(Failure::input(anyhow::anyhow!(
+            "--frames {}: {} samples pictures (one frame); --frames is for video transformers",
+            a.frames,
+            model.describe()
+        )));
+    }
     let run =
         || model.velocity(&inputs.latents, &inputs.timestep, &inputs.text).map_err(Failure::input);
     model.set_adapters_enabled(false);
@@ -165,8 +190,12 @@ pub fn run(command: BenchCommand, device: &DeviceArg) -> Result<(), Failure> {
         Ok(())
     })?;
     let tokens = inputs.tokens as f64;
+    let frames = match inputs.latents.size().as_slice() {
+        [_, _, f, _, _] => format!("{f} frames × "),
+        _ => String::new(),
+    };
     println!(
-        "{}, batch {} × {}² latents, {} text tokens, {:?} on {:?}",
+        "{}, batch {} × {frames}{}² latents, {} text tokens, {:?} on {:?}",
         model.describe(),
         a.batch,
         a.latent,

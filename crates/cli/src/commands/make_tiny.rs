@@ -82,6 +82,12 @@ pub struct WanArgs {
     /// Width of one head.
     #[arg(long, default_value_t = 16)]
     head_dim: i64,
+    /// Width of the feed-forward layers.
+    #[arg(long, default_value_t = 64)]
+    ffn_dim: i64,
+    /// Width of the UMT5 text encoder (the transformer's `text_dim`).
+    #[arg(long, default_value_t = 32)]
+    text_width: i64,
     /// Wan2.1's VAE (z 16, 8× spatial) and per-sample timesteps.
     #[arg(long)]
     wan21: bool,
@@ -218,6 +224,8 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 layers: a.layers,
                 heads: a.heads,
                 head_dim: a.head_dim,
+                ffn_dim: a.ffn_dim,
+                text_width: a.text_width,
                 wan21: a.wan21,
                 ..Default::default()
             };

@@ -8,6 +8,7 @@ pub const FAMILY: Family = Family {
     name: "flux",
     pipeline_classes: &["FluxPipeline"],
     denoiser_class: "FluxTransformer2DModel",
+    lora_targets: &crate::lora::FLUX_TARGETS,
     components: &[
         (
             "transformer",

@@ -10,6 +10,7 @@ pub const FAMILY: Family = Family {
     name: "qwen_image",
     pipeline_classes: &["QwenImagePipeline", EDIT_PLUS],
     denoiser_class: "QwenImageTransformer2DModel",
+    lora_targets: &crate::lora::QWEN_IMAGE_TARGETS,
     components: &[
         ("transformer", "QwenImageTransformer2DModel (dual-stream MMDiT, 2×2 packed latents)"),
         ("vae", "AutoencoderKLQwenImage (causal 3-D, one frame per image)"),

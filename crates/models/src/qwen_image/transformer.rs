@@ -274,7 +274,14 @@ impl Denoiser for QwenImageTransformer {
 impl TrainableDenoiser for QwenImageTransformer {
     weights_and_frozen_copy!();
 
-    fn example_inputs(&self, batch: i64, height: i64, width: i64, text_len: i64) -> ExampleInputs {
+    fn example_inputs(
+        &self,
+        batch: i64,
+        _frames: i64,
+        height: i64,
+        width: i64,
+        text_len: i64,
+    ) -> ExampleInputs {
         let c = &self.config;
         let device = self.weights.base.device();
         let opts = (self.img_in.weight.kind(), device);

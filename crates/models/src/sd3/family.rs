@@ -8,6 +8,7 @@ pub const FAMILY: Family = Family {
     name: "sd3",
     pipeline_classes: &["StableDiffusion3Pipeline"],
     denoiser_class: "SD3Transformer2DModel",
+    lora_targets: &crate::lora::SD3_ATTENTION_TARGETS,
     components: &[
         ("transformer", "SD3Transformer2DModel (MMDiT)"),
         ("vae", "AutoencoderKL, or none for a pixel-space pipeline"),

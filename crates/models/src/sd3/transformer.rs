@@ -220,7 +220,14 @@ impl TrainableDenoiser for Sd3Transformer {
         &[POSITION_TABLE]
     }
 
-    fn example_inputs(&self, batch: i64, height: i64, width: i64, text_len: i64) -> ExampleInputs {
+    fn example_inputs(
+        &self,
+        batch: i64,
+        _frames: i64,
+        height: i64,
+        width: i64,
+        text_len: i64,
+    ) -> ExampleInputs {
         let c = &self.config;
         let kind = self.context_embedder.weight.kind();
         let opts = (kind, self.weights.base.device());

@@ -8,6 +8,7 @@ pub const FAMILY: Family = Family {
     name: "wan",
     pipeline_classes: &["WanPipeline"],
     denoiser_class: "WanTransformer3DModel",
+    lora_targets: &crate::lora::WAN_TARGETS,
     components: &[
         ("transformer", "WanTransformer3DModel (3-D patches, per-sample or per-token timesteps)"),
         ("vae", "AutoencoderKLWan (causal video VAE: 4× frames, 8× or 16× sides)"),

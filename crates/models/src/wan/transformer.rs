@@ -225,17 +225,25 @@ impl Denoiser for WanTransformer {
 impl TrainableDenoiser for WanTransformer {
     weights_and_frozen_copy!();
 
-    /// One-frame latents of `height × width` cells.
-    fn example_inputs(&self, batch: i64, height: i64, width: i64, text_len: i64) -> ExampleInputs {
+    /// Latents of `frames` (at least the temporal patch) × `height` × `width` cells.
+    fn example_inputs(
+        &self,
+        batch: i64,
+        frames: i64,
+        height: i64,
+        width: i64,
+        text_len: i64,
+    ) -> ExampleInputs {
         let c = &self.config;
         let device = self.weights.base.device();
         let opts = (self.patch_embedding.0.kind(), device);
         let [pt, ph, pw] = c.patch();
+        let frames = frames.max(pt);
         ExampleInputs {
-            latents: Tensor::randn([batch, c.in_channels, pt, height, width], opts),
+            latents: Tensor::randn([batch, c.in_channels, frames, height, width], opts),
             timestep: Tensor::full([batch], 500.0, (Kind::Float, device)),
             text: TextConditioning::new(Tensor::randn([batch, text_len, c.text_dim], opts), None),
-            tokens: batch * (height / ph) * (width / pw),
+            tokens: batch * (frames / pt) * (height / ph) * (width / pw),
         }
     }
 

@@ -8,6 +8,7 @@ pub const FAMILY: Family = Family {
     name: "z_image",
     pipeline_classes: &["ZImagePipeline"],
     denoiser_class: "ZImageTransformer2DModel",
+    lora_targets: &super::Z_IMAGE_TARGETS,
     components: &[
         ("transformer", "ZImageTransformer2DModel (single-stream DiT, 2×2 patches)"),
         ("vae", "AutoencoderKL (16 channels, scaling and shift factors)"),
