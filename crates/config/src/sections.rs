@@ -193,6 +193,9 @@ pub struct TrainerSection {
     /// Recompute each transformer block's activations in backward instead of keeping them: less
     /// memory for one more block forward per backward; the same gradients.
     pub gradient_checkpointing: bool,
+    /// The device's peak matmul throughput in TFLOP/s for `perf/mfu`; when absent, the known
+    /// peak of the GPU for the model's dtype (none on a CPU or an unknown GPU: no `perf/mfu`).
+    pub peak_tflops: Option<f64>,
 }
 
 impl Default for TrainerSection {
@@ -221,6 +224,7 @@ impl Default for TrainerSection {
             time_limit_s: None,
             dist_timeout_s: 1800.0,
             gradient_checkpointing: false,
+            peak_tflops: None,
         }
     }
 }
@@ -264,6 +268,11 @@ impl TrainerSection {
         if let Some(limit) = self.time_limit_s {
             if !(limit > 0.0 && limit.is_finite()) {
                 return bad("time_limit_s", limit.to_string(), "a finite number of seconds > 0");
+            }
+        }
+        if let Some(peak) = self.peak_tflops {
+            if !(peak > 0.0 && peak.is_finite()) {
+                return bad("peak_tflops", peak.to_string(), "a finite number of TFLOP/s > 0");
             }
         }
         if !(self.dist_timeout_s > 0.0 && self.dist_timeout_s.is_finite()) {

@@ -7,6 +7,7 @@ pub mod clip;
 mod conditioning;
 pub mod denoiser;
 pub mod family;
+pub mod flops;
 pub mod flux;
 pub mod lora;
 pub mod model_weights;

@@ -6,6 +6,7 @@ use std::ops::Div;
 use tch::nn::{Init, Path};
 use tch::{Kind, Tensor};
 
+use crate::flops;
 use crate::lora::{AdapterSwitch, LoraConfig, LoraPair};
 
 /// Where adapters are created while a model is built.
@@ -95,8 +96,11 @@ pub struct Linear {
 impl Linear {
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let y = x.linear(&self.weight, self.bias.as_ref());
-        match &self.lora {
+        let (out, width) = (self.weight.size()[0], self.weight.size()[1]);
+        let mut work = 2.0 * (width * out) as f64;
+        let y = match &self.lora {
             Some((pair, switch)) if switch.enabled() => {
+                work += 2.0 * (pair.a.size()[0] * (width + out)) as f64;
                 let delta = x
                     .to_kind(pair.a.kind())
                     .linear::<Tensor>(&pair.a, None)
@@ -105,7 +109,9 @@ impl Linear {
                 y + delta.to_kind(x.kind())
             }
             _ => y,
-        }
+        };
+        flops::add(work * flops::rows(x, width), &y);
+        y
     }
 }
 
@@ -227,7 +233,11 @@ pub fn attention(
     causal: bool,
     scale: Option<f64>,
 ) -> Tensor {
-    Tensor::scaled_dot_product_attention(q, k, v, bias, 0.0, causal, scale, false)
+    let out = Tensor::scaled_dot_product_attention(q, k, v, bias, 0.0, causal, scale, false);
+    // (…, Sq, d) against (…, Sk, d): Sq·Sk·d multiply-adds for the scores and as many for values.
+    let sk = k.size()[k.dim() - 2];
+    flops::add(4.0 * q.numel() as f64 * sk as f64, &out);
+    out
 }
 
 /// `FeedForward(dim, mult=4, "gelu-approximate")`: `net.0.proj` → GELU(tanh) → `net.2`.

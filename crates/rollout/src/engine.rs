@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use flowtune_models::{guided_velocity, Denoiser, FlowPipeline, ModelError, TextConditioning};
 use flowtune_sampling::{
-    reverse_step, row_seed, Draw, SampleNoise, SamplerConfig, SigmaGrid, StepOutput,
+    reverse_step, row_seed, DeviceGrid, Draw, SampleNoise, SamplerConfig, SigmaGrid, StepOutput,
 };
 use image::RgbImage;
 use tch::{Device, Tensor};
@@ -28,6 +28,8 @@ pub struct Engine<'a> {
     pub pipe: &'a dyn FlowPipeline,
     pub sampler: &'a SamplerConfig,
     pub grid: SigmaGrid,
+    /// The grid on the pipeline's device, for replays.
+    device_grid: DeviceGrid,
     /// One sample's latent shape (no batch dimension), from [`FlowPipeline::latent_shape`].
     pub latent_shape: Vec<i64>,
     pub seed: u64,
@@ -92,7 +94,8 @@ impl<'a> Engine<'a> {
     ) -> Result<Self, RolloutError> {
         let grid =
             SigmaGrid::new(pipe.scheduler(), &pipe.grid_request(sampler.steps, &latent_shape))?;
-        Ok(Self { pipe, sampler, grid, latent_shape, seed })
+        let device_grid = DeviceGrid::new(&grid, pipe.device());
+        Ok(Self { pipe, sampler, grid, device_grid, latent_shape, seed })
     }
 
     /// The training seeds of `rows` rows at step `step` (1-based): `row_seed(seed, step, r)`.
@@ -225,16 +228,8 @@ impl<'a> Engine<'a> {
         let t = &batch.trajectory;
         let x = t.all_latents.index_select(0, rows).select(1, j);
         let next = t.all_latents.index_select(0, rows).select(1, j + 1);
-        let timesteps = Vec::<f32>::try_from(
-            t.all_timesteps.index_select(0, rows).select(1, j).to_device(Device::Cpu),
-        )?;
-        let (mut sigma, mut sigma_next) = (vec![], vec![]);
-        for ts in &timesteps {
-            let (s, sn) = self.grid.step_sigmas(*ts)?;
-            sigma.push(s);
-            sigma_next.push(sn);
-        }
-        let tt = Tensor::from_slice(&timesteps).to_device(x.device());
+        let tt = t.all_timesteps.index_select(0, rows).select(1, j);
+        let (sigma, sigma_next) = self.device_grid.step_sigmas(&tt);
         let negative = batch.negative.as_ref().map(|n| n.rows(rows));
         let v = guided_velocity(
             model,
@@ -245,13 +240,6 @@ impl<'a> Engine<'a> {
             self.sampler.guidance_scale,
         )?;
         let params = self.sampler.step_params(self.grid.sigmas[1] as f64);
-        Ok(reverse_step(
-            &params,
-            &v,
-            &x,
-            &Tensor::from_slice(&sigma),
-            &Tensor::from_slice(&sigma_next),
-            Draw::Given(&next),
-        )?)
+        Ok(reverse_step(&params, &v, &x, &sigma, &sigma_next, Draw::Given(&next))?)
     }
 }

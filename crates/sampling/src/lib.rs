@@ -11,7 +11,7 @@ pub mod window;
 
 pub use config::SamplerConfig;
 pub use noise::{row_seed, SampleNoise, SampleRng};
-pub use schedule::{GridRequest, Pipeline, SchedulerConfig, SigmaGrid, TimeShiftType};
+pub use schedule::{DeviceGrid, GridRequest, Pipeline, SchedulerConfig, SigmaGrid, TimeShiftType};
 pub use step::{euler_step, per_row, reverse_step, Draw, SdeType, StepOutput, StepParams};
 pub use window::WindowStrategy;
 

@@ -9,7 +9,7 @@ use std::ops::Range;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use crate::{SamplerConfig, SamplingError};
 
@@ -25,6 +25,19 @@ pub fn row_seed(seed: u64, step: u64, row: u64) -> u64 {
     ((base * ROW_STRIDE + row as u128) % SEED_MODULUS) as u64
 }
 
+/// Host values onto `device`. A GPU gets them from pinned memory without blocking, so drawing the
+/// next step's noise does not wait for the GPU to finish the current step (a copy from pageable
+/// memory would synchronise the stream); where pinning fails, the plain copy.
+fn upload(host: Tensor, device: Device) -> Tensor {
+    if !device.is_cuda() {
+        return host;
+    }
+    match host.f_pin_memory(device) {
+        Ok(pinned) => pinned.to_device_(device, pinned.kind(), true, false),
+        Err(_) => host.to_device(device),
+    }
+}
+
 /// The reproducible random stream of one sample.
 pub struct SampleRng(ChaCha8Rng);
 
@@ -38,14 +51,14 @@ impl SampleRng {
     pub fn normal(&mut self, shape: &[i64], device: Device) -> Tensor {
         let n: i64 = shape.iter().product();
         let values: Vec<f32> = (0..n).map(|_| self.0.sample(StandardNormal)).collect();
-        Tensor::from_slice(&values).reshape(shape).to_kind(Kind::Float).to_device(device)
+        upload(Tensor::from_slice(&values).reshape(shape), device)
     }
 
     /// A tensor of uniform f32 values in [0, 1) of `shape`, placed on `device`.
     pub fn uniform(&mut self, shape: &[i64], device: Device) -> Tensor {
         let n: i64 = shape.iter().product();
         let values: Vec<f32> = (0..n).map(|_| self.0.random::<f32>()).collect();
-        Tensor::from_slice(&values).reshape(shape).to_device(device)
+        upload(Tensor::from_slice(&values).reshape(shape), device)
     }
 
     /// A uniform integer in `lo..=hi`.

@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
 
 use crate::SamplingError;
 
@@ -440,6 +441,31 @@ impl SigmaGrid {
     }
 }
 
+/// A grid's timesteps and sigmas as tensors on the device, to look up the steps of recorded
+/// timesteps there without reading them back to the host (no synchronisation in replays).
+#[derive(Debug)]
+pub struct DeviceGrid {
+    timesteps: Tensor,
+    sigmas: Tensor,
+}
+
+impl DeviceGrid {
+    pub fn new(grid: &SigmaGrid, device: Device) -> Self {
+        Self {
+            timesteps: Tensor::from_slice(&grid.timesteps).to_device(device),
+            sigmas: Tensor::from_slice(&grid.sigmas).to_device(device),
+        }
+    }
+
+    /// `(σ_i, σ_{i+1})` per row (f32, on the device) of `timesteps` (B,): timesteps recorded from
+    /// this grid, each matched to the grid entry it equals (the nearest one).
+    pub fn step_sigmas(&self, timesteps: &Tensor) -> (Tensor, Tensor) {
+        let t = timesteps.to_kind(Kind::Float).reshape([-1, 1]);
+        let index = (t - self.timesteps.unsqueeze(0)).abs().argmin(1, false);
+        (self.sigmas.index_select(0, &index), self.sigmas.index_select(0, &(index + 1)))
+    }
+}
+
 impl SchedulerConfig {
     /// σ at `index` of the 1000-step training grid (index 0 is the noisiest), as diffusers'
     /// training scripts pick `sigmas[indices]`; carries the static shift unless dynamic shifting is on.
@@ -513,6 +539,19 @@ mod tests {
         let off = f32::from_bits(t.to_bits() + 1);
         let err = g.index_of(off).unwrap_err().to_string();
         assert!(err.contains("not on the sampling grid"), "{err}");
+    }
+
+    #[test]
+    fn device_lookup_matches_the_exact_one_on_every_step() {
+        let g = sd35_grid(10);
+        let order = [7usize, 0, 9, 4, 4];
+        let t: Vec<f32> = order.iter().map(|&i| g.timesteps[i]).collect();
+        let (sigma, next) = DeviceGrid::new(&g, Device::Cpu).step_sigmas(&Tensor::from_slice(&t));
+        let (sigma, next) =
+            (Vec::<f32>::try_from(sigma).unwrap(), Vec::<f32>::try_from(next).unwrap());
+        for (k, &ts) in t.iter().enumerate() {
+            assert_eq!((sigma[k], next[k]), g.step_sigmas(ts).unwrap(), "row {k}");
+        }
     }
 
     #[test]

@@ -188,7 +188,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     let training = Instant::now();
     for k in start + 1..=t.total_steps {
         let step_start = Instant::now();
-        crate::memory::start_step(device);
+        let perf = crate::perf::start_step(device);
         let mut m = Metrics::new();
         let lr = learning_rate(t.lr_schedule, t.lr, k - 1, t.warmup_steps, t.total_steps);
         run.status("rollout + reward");
@@ -230,7 +230,8 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         m.insert("timing_s/step".into(), elapsed);
         // Images per second per rank (per GPU).
         m.insert("perf/throughput".into(), samples as f64 / elapsed);
-        crate::memory::step_metrics(device, &mut m);
+        let kind = recipe.model.dtype.kind();
+        crate::perf::step_metrics(&perf, elapsed, t.peak_tflops, kind, &mut m);
         m.insert("dist/world_size".into(), world as f64);
 
         if let Some(log) = log.as_mut() {

@@ -61,7 +61,7 @@ pub(crate) fn nft_step(
     let prob = reward_probability(&a, actor.reward_mode, actor.adv_clip_max).to_device(device);
     m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
 
-    let timer = Instant::now();
+    let update = crate::perf::ActorUpdate::start();
     let x0 = c.batch.trajectory.final_latents.index_select(0, &c.kept);
     let text = c.batch.text.rows(&c.kept);
     let grid = &engine.grid.timesteps;
@@ -131,6 +131,6 @@ pub(crate) fn nft_step(
     }
     learner.old = Some(old);
     m.extend(result?);
-    m.insert("timing_s/update_actor".into(), timer.elapsed().as_secs_f64());
+    update.finish(m);
     Ok(())
 }

@@ -123,7 +123,7 @@ pub(crate) fn policy_step(
     m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
 
     // update
-    let timer = Instant::now();
+    let update = crate::perf::ActorUpdate::start();
     let inputs = Inputs {
         engine,
         batch,
@@ -140,7 +140,7 @@ pub(crate) fn policy_step(
     m.extend(optimize(learner, run, batching, k, lr, |micro, scale| {
         inputs.micro_step(run, micro, scale / w as f64, k)
     })?);
-    m.insert("timing_s/update_actor".into(), timer.elapsed().as_secs_f64());
+    update.finish(m);
     Ok(())
 }
 

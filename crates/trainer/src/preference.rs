@@ -165,7 +165,7 @@ fn update(
     lr: f64,
     m: &mut Metrics,
 ) -> Result<(), TrainError> {
-    let timer = Instant::now();
+    let update = crate::perf::ActorUpdate::start();
     let recipe = run.recipe;
     let model = run.engine.pipe.denoiser();
     let reference = run.reference.as_ref().expect("dpo always has a reference");
@@ -226,7 +226,7 @@ fn update(
         metrics.insert("actor/loss".into(), total);
         Ok(metrics)
     })?);
-    m.insert("timing_s/update_actor".into(), timer.elapsed().as_secs_f64());
+    update.finish(m);
     Ok(())
 }
 

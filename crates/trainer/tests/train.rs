@@ -140,6 +140,7 @@ fn gradient_checkpointing_trains_as_without_it() {
         let overrides = [
             "trainer.total_steps=2".into(),
             "actor.use_kl_loss=true".into(),
+            "trainer.peak_tflops=0.5".into(),
             format!("trainer.gradient_checkpointing={on}"),
         ];
         let summary = train(&recipe(&out, &overrides), Device::Cpu).expect("train");
@@ -149,6 +150,17 @@ fn gradient_checkpointing_trains_as_without_it() {
     let ((plain, lora), (checkpointed, again)) = (run("gc-off", false), run("gc-on", true));
     assert!(flowtune_recompute::recomputed_blocks() > before, "the blocks were recomputed");
     assert!(plain.iter().all(|m| m["perf/max_memory_rss_gb"] > 0.0), "peak memory is logged");
+    // The counted model work (TFLOP/s × seconds) grows by the recomputed block forwards.
+    let work = |m: &flowtune_objectives::Metrics| m["perf/tflops"] * m["timing_s/step"] * 1e12;
+    for (a, b) in plain.iter().zip(&checkpointed) {
+        assert!(work(a) > 0.0 && work(b) > 1.05 * work(a), "{} then {}", work(a), work(b));
+    }
+    for m in &plain {
+        assert_eq!(m["perf/mfu"], m["perf/tflops"] / 0.5);
+        assert_eq!(m["perf/mfu/actor"], m["perf/tflops/actor"] / 0.5);
+        let actor = m["perf/tflops/actor"] * m["timing_s/update_actor"];
+        assert!(actor > 0.0 && actor < m["perf/tflops"] * m["timing_s/step"], "a part of the step");
+    }
     for (a, b) in plain.iter().zip(&checkpointed) {
         for key in ["critic/rewards/mean", "actor/loss", "actor/kl_loss", "actor/grad_norm"] {
             let (x, y) = (a[key], b[key]);
