@@ -14,6 +14,7 @@ pub mod model_weights;
 pub mod nn;
 pub mod packing;
 pub mod pipeline;
+pub mod prompt_clean;
 pub mod qwen_image;
 pub mod registry;
 pub mod resize;

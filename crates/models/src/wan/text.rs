@@ -6,6 +6,7 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
+use crate::prompt_clean::clean_prompt;
 use crate::text_encoders::t5::T5Encoder;
 use crate::tokenizer::TextTokenizer;
 use crate::ModelError;
@@ -68,12 +69,10 @@ impl WanTextEncoder {
     }
 
     /// Prompt embeds (B, max_sequence_length, d) and the prompt mask (B, max_sequence_length)
-    /// of `prompts`, truncated to `max_sequence_length` tokens. WanPipeline first cleans each
-    /// prompt (ftfy, HTML unescaping, runs of whitespace to one space); only the whitespace step
-    /// is done here.
+    /// of `prompts`, truncated to `max_sequence_length` tokens, each cleaned first as WanPipeline
+    /// does ([`crate::prompt_clean::clean_prompt`]: ftfy's fixes, HTML entities, whitespace).
     pub fn encode(&self, prompts: &[&str]) -> Result<(Tensor, Tensor), ModelError> {
-        let cleaned: Vec<String> =
-            prompts.iter().map(|p| p.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+        let cleaned: Vec<String> = prompts.iter().map(|p| clean_prompt(p)).collect();
         let refs: Vec<&str> = cleaned.iter().map(String::as_str).collect();
         let (ids, mask) = self.tokenizer.encode_longest(&refs, self.max_sequence_length)?;
         let device = self.encoder.store.device();
