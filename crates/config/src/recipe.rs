@@ -11,7 +11,11 @@ use flowtune_sampling::{SamplerConfig, SamplingError, SdeType};
 use serde::{Deserialize, Serialize};
 use serde_yaml::Value;
 
-use crate::{ConfigError, DataSection, ModelSection, OldLogProb, Override, TrainerSection};
+use flowtune_models::Dtype;
+
+use crate::{
+    ConfigError, DataSection, Finetune, ModelSection, OldLogProb, Override, TrainerSection,
+};
 
 /// A resolved training recipe.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -128,6 +132,16 @@ impl Recipe {
         flowtune_rewards::validate(&self.reward)
             .map_err(|e| ("reward".to_string(), e.to_string()))?;
         self.trainer.validate()?;
+        if self.trainer.f32_master_weights
+            && (self.model.finetune != Finetune::Full || self.model.dtype == Dtype::F32)
+        {
+            return Err((
+                "trainer.f32_master_weights".into(),
+                "keeps f32 copies of weights trained in bf16 or f16; it needs model.finetune: \
+                 full and model.dtype bf16 or f16 (LoRA adapters are f32 already)"
+                    .into(),
+            ));
+        }
         if self.model.num_frames == Some(0) {
             return Err(("model.num_frames".into(), "0 is not allowed; expected ≥ 1 frame".into()));
         }

@@ -196,6 +196,10 @@ pub struct TrainerSection {
     /// The device's peak matmul throughput in TFLOP/s for `perf/mfu`; when absent, the known
     /// peak of the GPU for the model's dtype (none on a CPU or an unknown GPU: no `perf/mfu`).
     pub peak_tflops: Option<f64>,
+    /// Under full fine-tuning in bf16 or f16, keep an f32 copy of every trained weight: AdamW
+    /// updates the copy and the model gets it rounded, so steps smaller than the model dtype's
+    /// resolution add up instead of rounding away. Checkpointed beside the Adam moments.
+    pub f32_master_weights: bool,
 }
 
 impl Default for TrainerSection {
@@ -225,6 +229,7 @@ impl Default for TrainerSection {
             dist_timeout_s: 1800.0,
             gradient_checkpointing: false,
             peak_tflops: None,
+            f32_master_weights: false,
         }
     }
 }

@@ -61,6 +61,9 @@ pub(crate) fn save(
             named.push((format!("exp_avg.{name}"), t.shallow_clone()));
             named.push((format!("exp_avg_sq.{name}"), optimizer.exp_avg_sq[name].shallow_clone()));
         }
+        for (name, t) in &optimizer.master {
+            named.push((format!("master.{name}"), t.shallow_clone()));
+        }
     };
     if !comm.is_main() {
         if optimizer.owners.is_some() {
@@ -180,6 +183,11 @@ pub(crate) fn load(
         };
         m.shallow_clone().copy_(sm);
         optimizer.exp_avg_sq[name].shallow_clone().copy_(sv);
+    }
+    for (name, master) in &optimizer.master {
+        // A checkpoint written without master copies starts them at the loaded weights.
+        let value = saved.get(&format!("master.{name}")).unwrap_or(&optimizer.params[name]);
+        master.shallow_clone().copy_(value);
     }
     optimizer.steps = state.optimizer_steps;
     for (prefix, shadow) in shadows(learner) {

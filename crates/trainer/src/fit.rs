@@ -142,6 +142,9 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         // Full fine-tuning keeps each rank's share of the Adam moments only (ZeRO-1).
         optimizer.shard(comm.rank(), comm.size());
     }
+    if t.f32_master_weights {
+        optimizer.keep_f32_masters();
+    }
     let mut learner = Learner { ema, old, optimizer };
     let mut start = 0;
     if let Some(dir) = resume_from(&t.resume, &ckpt_root)? {

@@ -172,3 +172,42 @@ fn gradient_checkpointing_trains_as_without_it() {
         assert!(diff <= 1e-5 * t.norm().double_value(&[]) + 1e-9, "{name}: {diff:e}");
     }
 }
+
+/// Full fine-tuning in bf16 with f32 master weights: resuming from a checkpoint gives the weights
+/// of the straight run bit for bit (the masters are checkpointed), and the masters change the
+/// result (small steps are kept, not rounded away); under LoRA the key is refused by name.
+#[test]
+fn f32_master_weights_resume_bit_for_bit_and_keep_small_steps() {
+    let run = |out: &std::path::Path, steps: u64, masters: bool| {
+        let overrides = [
+            "model.finetune=full".into(),
+            "model.dtype=bf16".into(),
+            "trainer.lr=1e-5".into(),
+            "trainer.save_freq=1".into(),
+            format!("trainer.total_steps={steps}"),
+            format!("trainer.f32_master_weights={masters}"),
+        ];
+        tensors(&train(&recipe(out, &overrides), Device::Cpu).expect("train").export)
+    };
+    let straight = run(&scratch("master-straight"), 2, true);
+    let resumed_dir = scratch("master-resumed");
+    run(&resumed_dir, 1, true);
+    let resumed = run(&resumed_dir, 2, true);
+    for (name, t) in &straight {
+        assert!(t.equal(&resumed[name]), "{name} differs after resuming");
+    }
+    let plain = run(&scratch("master-none"), 2, false);
+    let differ = straight.iter().filter(|(n, t)| !t.equal(&plain[*n])).count();
+    assert!(differ > 0, "f32 masters change what 1e-5 steps leave in bf16 weights");
+    let lora = ["trainer.f32_master_weights=true".into()];
+    let err = flowtune_config::Recipe::load(
+        &root().join("examples/flow_grpo_tiny.yaml"),
+        &[&lora[..], &[format!("model.path={}", pipeline().display())]].concat(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("trainer.f32_master_weights") && err.contains("model.finetune: full"),
+        "{err}"
+    );
+}
