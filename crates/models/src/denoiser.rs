@@ -88,6 +88,17 @@ pub fn velocity_at_sigma<D: Denoiser + ?Sized>(
     Ok(model.velocity(latents, &(sigma * 1000.0), text)?.to_kind(Kind::Float))
 }
 
+/// The size of made-up inputs: `batch` samples of `frames` × `height` × `width` latent cells and
+/// `text_len` text tokens (picture denoisers take one frame and ignore `frames`).
+#[derive(Debug, Clone, Copy)]
+pub struct ExampleShape {
+    pub batch: i64,
+    pub frames: i64,
+    pub height: i64,
+    pub width: i64,
+    pub text_len: i64,
+}
+
 /// Made-up inputs of the right shapes for a denoiser (benchmarks, smoke tests).
 pub struct ExampleInputs {
     pub latents: Tensor,
@@ -104,16 +115,8 @@ pub trait TrainableDenoiser: Denoiser {
     fn weights_mut(&mut self) -> &mut ModelWeights;
     /// A copy of the base weights without adapters, frozen: the reference of full fine-tuning.
     fn frozen_copy(&self) -> Result<Box<dyn TrainableDenoiser>, ModelError>;
-    /// Random inputs for `batch` samples of `frames` × `height` × `width` latent cells and
-    /// `text_len` tokens; picture denoisers take one frame and ignore `frames`.
-    fn example_inputs(
-        &self,
-        batch: i64,
-        frames: i64,
-        height: i64,
-        width: i64,
-        text_len: i64,
-    ) -> ExampleInputs;
+    /// Random inputs of `shape`.
+    fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs;
     /// One line for benchmark output (layers, width).
     fn describe(&self) -> String;
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use flowtune_models::wan::{write_tiny_wan, TinyWanSpec, WanTransformer};
 use flowtune_models::{
-    family_named, load_pipeline, LoraConfig, PipelineOptions, TrainableDenoiser,
+    family_named, load_pipeline, ExampleShape, LoraConfig, PipelineOptions, TrainableDenoiser,
 };
 use tch::{Device, Kind, Tensor};
 
@@ -21,7 +21,13 @@ fn scratch(name: &str) -> PathBuf {
 /// (Weights no loss reaches, such as the last block's unused text-stream output, have none.)
 fn velocity_and_grads(model: &dyn TrainableDenoiser) -> (Tensor, BTreeMap<String, Option<Tensor>>) {
     tch::manual_seed(3);
-    let inputs = model.example_inputs(2, 1, 4, 4, 5);
+    let inputs = model.example_inputs(ExampleShape {
+        batch: 2,
+        frames: 1,
+        height: 4,
+        width: 4,
+        text_len: 5,
+    });
     let params = model.trainable_parameters();
     for p in params.values() {
         let mut g = p.grad();

@@ -16,8 +16,8 @@ use flowtune_models::lora::LoraConfig;
 use flowtune_models::nn::Linear;
 use flowtune_models::pipeline::PipelineDir;
 use flowtune_models::{
-    rescaled_guidance, Denoiser, ExampleInputs, Family, FlowPipeline, ModelError, ModelWeights,
-    PipelineOptions, TextConditioning, TrainableDenoiser, WeightsBuilder,
+    rescaled_guidance, Denoiser, ExampleInputs, ExampleShape, Family, FlowPipeline, ModelError,
+    ModelWeights, PipelineOptions, TextConditioning, TrainableDenoiser, WeightsBuilder,
 };
 use flowtune_rollout::Engine;
 use flowtune_sampling::{GridRequest, Pipeline, SampleRng, SchedulerConfig, SigmaGrid};
@@ -111,7 +111,8 @@ impl TrainableDenoiser for MlpDenoiser {
         copy_frozen(&self.weights.base, &mut copy.weights.base)?;
         Ok(Box::new(copy))
     }
-    fn example_inputs(&self, batch: i64, _: i64, height: i64, width: i64, _: i64) -> ExampleInputs {
+    fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {
+        let ExampleShape { batch, height, width, .. } = shape;
         let c = &self.config;
         ExampleInputs {
             latents: Tensor::randn(

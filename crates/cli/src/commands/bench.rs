@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use flowtune_models::lora::LoraConfig;
-use flowtune_models::{Dtype, PipelineOptions};
+use flowtune_models::{Dtype, ExampleShape, PipelineOptions};
 use flowtune_rollout::Engine;
 use tch::Device;
 
@@ -172,7 +172,14 @@ pub fn run(command: BenchCommand, device: &DeviceArg) -> Result<(), Failure> {
     let model =
         (family.load_denoiser)(&a.component, device, kind, Some(&lora)).map_err(Failure::input)?;
     tch::manual_seed(0);
-    let inputs = model.example_inputs(a.batch, a.frames, a.latent, a.latent, a.text_len);
+    let shape = ExampleShape {
+        batch: a.batch,
+        frames: a.frames,
+        height: a.latent,
+        width: a.latent,
+        text_len: a.text_len,
+    };
+    let inputs = model.example_inputs(shape);
     if a.frames > 1 && inputs.latents.dim() < 5 {
         return Err(Failure::input(anyhow::anyhow!(
             "--frames {}: {} samples pictures (one frame); --frames is for video transformers",

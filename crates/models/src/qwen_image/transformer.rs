@@ -9,7 +9,9 @@ use tch::{Device, Kind, Tensor};
 use super::block::QwenImageTransformerBlock;
 use super::config::QwenImageTransformerConfig;
 use super::rope::{rotary_angles, ImageShape};
-use crate::denoiser::{weights_and_frozen_copy, Denoiser, ExampleInputs, TrainableDenoiser};
+use crate::denoiser::{
+    weights_and_frozen_copy, Denoiser, ExampleInputs, ExampleShape, TrainableDenoiser,
+};
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, Mlp, RmsNorm, TIMESTEP_CHANNELS};
@@ -274,14 +276,8 @@ impl Denoiser for QwenImageTransformer {
 impl TrainableDenoiser for QwenImageTransformer {
     weights_and_frozen_copy!();
 
-    fn example_inputs(
-        &self,
-        batch: i64,
-        _frames: i64,
-        height: i64,
-        width: i64,
-        text_len: i64,
-    ) -> ExampleInputs {
+    fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {
+        let ExampleShape { batch, height, width, text_len, .. } = shape;
         let c = &self.config;
         let device = self.weights.base.device();
         let opts = (self.img_in.weight.kind(), device);

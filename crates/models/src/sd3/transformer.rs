@@ -7,7 +7,9 @@ use tch::{Device, Kind, Tensor};
 use super::block::JointTransformerBlock;
 use super::config::Sd3TransformerConfig;
 use super::embeddings::{PatchEmbed, TimeTextEmbed};
-use crate::denoiser::{weights_and_frozen_copy, Denoiser, ExampleInputs, TrainableDenoiser};
+use crate::denoiser::{
+    weights_and_frozen_copy, Denoiser, ExampleInputs, ExampleShape, TrainableDenoiser,
+};
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, Linear};
@@ -220,14 +222,8 @@ impl TrainableDenoiser for Sd3Transformer {
         &[POSITION_TABLE]
     }
 
-    fn example_inputs(
-        &self,
-        batch: i64,
-        _frames: i64,
-        height: i64,
-        width: i64,
-        text_len: i64,
-    ) -> ExampleInputs {
+    fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {
+        let ExampleShape { batch, height, width, text_len, .. } = shape;
         let c = &self.config;
         let kind = self.context_embedder.weight.kind();
         let opts = (kind, self.weights.base.device());

@@ -11,7 +11,9 @@ use tch::{Device, Kind, Tensor};
 use super::block::WanBlock;
 use super::config::WanTransformerConfig;
 use super::rope::rotations;
-use crate::denoiser::{weights_and_frozen_copy, Denoiser, ExampleInputs, TrainableDenoiser};
+use crate::denoiser::{
+    weights_and_frozen_copy, Denoiser, ExampleInputs, ExampleShape, TrainableDenoiser,
+};
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{gelu_tanh, layer_norm, timestep_features, Linear, Mlp, Scope};
@@ -226,14 +228,8 @@ impl TrainableDenoiser for WanTransformer {
     weights_and_frozen_copy!();
 
     /// Latents of `frames` (at least the temporal patch) × `height` × `width` cells.
-    fn example_inputs(
-        &self,
-        batch: i64,
-        frames: i64,
-        height: i64,
-        width: i64,
-        text_len: i64,
-    ) -> ExampleInputs {
+    fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {
+        let ExampleShape { batch, frames, height, width, text_len } = shape;
         let c = &self.config;
         let device = self.weights.base.device();
         let opts = (self.patch_embedding.0.kind(), device);

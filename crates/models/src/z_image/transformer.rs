@@ -11,7 +11,9 @@ use tch::{Device, Kind, Tensor};
 use super::block::{BlockDims, ZImageBlock};
 use super::config::{ZImageTransformerConfig, PIPELINE_PATCH};
 use super::rope::rotations;
-use crate::denoiser::{weights_and_frozen_copy, Denoiser, ExampleInputs, TrainableDenoiser};
+use crate::denoiser::{
+    weights_and_frozen_copy, Denoiser, ExampleInputs, ExampleShape, TrainableDenoiser,
+};
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, RmsNorm, Scope, TIMESTEP_CHANNELS};
@@ -371,14 +373,8 @@ impl Denoiser for ZImageTransformer {
 impl TrainableDenoiser for ZImageTransformer {
     weights_and_frozen_copy!();
 
-    fn example_inputs(
-        &self,
-        batch: i64,
-        _frames: i64,
-        height: i64,
-        width: i64,
-        text_len: i64,
-    ) -> ExampleInputs {
+    fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {
+        let ExampleShape { batch, height, width, text_len, .. } = shape;
         let c = &self.config;
         let device = self.weights.base.device();
         let opts = (self.x_embedder.weight.kind(), device);
