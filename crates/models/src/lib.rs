@@ -26,7 +26,7 @@ pub mod z_image;
 
 pub use conditioning::TextConditioning;
 pub use denoiser::{
-    guided_velocity, rescaled_guidance, velocity_at_sigma, Denoiser, ExampleInputs,
+    guided_velocity, rescaled_guidance, velocity_at_sigma, CfgScale, Denoiser, ExampleInputs,
     TrainableDenoiser,
 };
 pub use family::{Dtype, Dtypes, FlowPipeline, PipelineOptions};

@@ -58,7 +58,7 @@ fn wan_rollouts_match_diffusers_loop() {
             let want = &io[&format!("output.{key}_embeds")];
             check.close_within(&format!("{key}_embeds"), &cond.embeds, want, MODEL_RTOL);
         }
-        let guidance = Guidance { scale: GUIDANCE, negative: Some(&negative) };
+        let guidance = Guidance { scale: GUIDANCE, scale_2: None, negative: Some(&negative) };
         let windows = vec![WINDOW; 2];
         let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &windows);
         let pixels = tch::no_grad(|| pipe.decode_rgb8(&out.final_latents)).expect("decode");
