@@ -19,7 +19,7 @@ pub use experts::{second_expert_file, WanExperts, SECOND_EXPERT};
 pub use family::FAMILY;
 pub use pipeline::{WanDenoiser, WanPipeline, DEFAULT_NUM_FRAMES};
 pub use text::{prompt_embeds, WanTextEncoder, MAX_SEQUENCE_LENGTH};
-pub use tiny::{write_tiny_wan, TinyWanSpec};
+pub use tiny::{write_tiny_wan, TinyWanSpec, A14B_BOUNDARY_RATIO};
 pub use transformer::{ConditionEmbedder, WanTransformer};
 pub use vae::AutoencoderKlWan;
 pub use vae_config::WanVaeConfig;
