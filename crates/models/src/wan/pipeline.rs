@@ -21,8 +21,8 @@ pub const DEFAULT_NUM_FRAMES: usize = 81;
 
 /// The denoiser of a Wan pipeline: one transformer, or Wan2.2-A14B's two experts.
 pub enum WanDenoiser {
-    One(WanTransformer),
-    Two(WanExperts),
+    One(Box<WanTransformer>),
+    Two(Box<WanExperts>),
 }
 
 impl WanDenoiser {
@@ -75,7 +75,7 @@ impl WanPipeline {
             )
         };
         let transformer = match (dir.has(SECOND_EXPERT), extras.boundary_ratio) {
-            (false, None) => WanDenoiser::One(load_transformer("transformer")?),
+            (false, None) => WanDenoiser::One(Box::new(load_transformer("transformer")?)),
             (true, Some(ratio)) if ratio > 0.0 && ratio < 1.0 => {
                 let scheduler: serde_json::Value =
                     crate::read_config(&dir.root.join("scheduler/scheduler_config.json"))?;
@@ -85,7 +85,7 @@ impl WanPipeline {
                 let configs =
                     ["transformer", SECOND_EXPERT].map(|c| dir.root.join(c).join("config.json"));
                 check_same_layout(&high, &low, [&configs[0], &configs[1]])?;
-                WanDenoiser::Two(WanExperts { high, low, boundary: ratio * train_steps })
+                WanDenoiser::Two(Box::new(WanExperts { high, low, boundary: ratio * train_steps }))
             }
             (two, ratio) => {
                 return Err(ModelError::Format {
@@ -166,15 +166,15 @@ impl FlowPipeline for WanPipeline {
 
     fn denoiser(&self) -> &dyn TrainableDenoiser {
         match &self.transformer {
-            WanDenoiser::One(t) => t,
-            WanDenoiser::Two(e) => e,
+            WanDenoiser::One(t) => t.as_ref(),
+            WanDenoiser::Two(e) => e.as_ref(),
         }
     }
 
     fn denoiser_mut(&mut self) -> &mut dyn TrainableDenoiser {
         match &mut self.transformer {
-            WanDenoiser::One(t) => t,
-            WanDenoiser::Two(e) => e,
+            WanDenoiser::One(t) => t.as_mut(),
+            WanDenoiser::Two(e) => e.as_mut(),
         }
     }
 
