@@ -66,6 +66,8 @@ impl WanPipeline {
         let (device, dtypes) = (options.device, options.dtypes);
         let index = dir.root.join("model_index.json");
         let extras: IndexExtras = crate::read_config(&index)?;
+        let scheduler_dir = dir.component("scheduler", &["UniPCMultistepScheduler"])?;
+        let scheduler = SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?;
         let load_transformer = |name: &str| {
             WanTransformer::load(
                 &dir.component(name, &["WanTransformer3DModel"])?,
@@ -77,9 +79,7 @@ impl WanPipeline {
         let transformer = match (dir.has(SECOND_EXPERT), extras.boundary_ratio) {
             (false, None) => WanDenoiser::One(Box::new(load_transformer("transformer")?)),
             (true, Some(ratio)) if ratio > 0.0 && ratio < 1.0 => {
-                let scheduler: serde_json::Value =
-                    crate::read_config(&dir.root.join("scheduler/scheduler_config.json"))?;
-                let train_steps = scheduler["num_train_timesteps"].as_f64().unwrap_or(1000.0);
+                let train_steps = f64::from(scheduler.num_train_timesteps);
                 let (high, low) =
                     (load_transformer("transformer")?, load_transformer(SECOND_EXPERT)?);
                 let configs =
@@ -105,7 +105,6 @@ impl WanPipeline {
                 })
             }
         };
-        let scheduler_dir = dir.component("scheduler", &["UniPCMultistepScheduler"])?;
         let mut text = WanTextEncoder::load(
             &dir.tokenizer("tokenizer")?,
             &dir.component("text_encoder", &["UMT5EncoderModel"])?,
@@ -122,14 +121,7 @@ impl WanPipeline {
         )?;
         let num_frames = options.num_frames.unwrap_or(DEFAULT_NUM_FRAMES);
         latent_frames(num_frames, vae.config.temporal_factor())?;
-        Ok(Self {
-            transformer,
-            vae,
-            text,
-            scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
-            num_frames,
-            dir,
-        })
+        Ok(Self { transformer, vae, text, scheduler, num_frames, dir })
     }
 
     /// Pixels per latent cell on a side times the transformer's spatial patch: the multiple the
