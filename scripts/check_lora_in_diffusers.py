@@ -13,7 +13,13 @@ Usage (needs `pip install torch diffusers transformers peft`), for SD3, Qwen-Ima
 Loads the pipeline in diffusers, applies the LoRA with `pipe.load_lora_weights`, runs the
 transformer on random inputs, runs `flowtune debug forward --lora` on the same inputs, and prints
 the relative difference (and the LoRA's effect, to show it was applied). Exit code 1 above 1e-3.
+
+A two-expert Wan pipeline (`make-tiny wan --a14b`, Wan2.2-T2V-A14B) with a LoRA trained by flowtune: the low-noise
+expert's file beside it (`<stem>_transformer_2.safetensors`) is loaded too, with `weight_name=...` and
+`load_into_transformer_2=True`, and `transformer_2` checked the same way:
+    python scripts/check_lora_in_diffusers.py /tmp/tiny runs/x/lora/pytorch_lora_weights.safetensors target/release/flowtune
 """
+import os
 import subprocess
 import sys
 import tempfile
@@ -87,29 +93,42 @@ def run(t, args):
     return torch.stack(t(list(args["x"].unbind(0)), args["t"], caps, return_dict=False)[0])
 
 
-def main(pipeline_dir, lora_file, flowtune):
-    pipe = DiffusionPipeline.from_pretrained(pipeline_dir)
-    t = pipe.transformer.eval()
+def check(pipe, component, load, pipeline_dir, lora_file, flowtune):
+    """Whether `component` with the LoRA applied by `load()` matches `flowtune debug forward --lora lora_file`."""
+    t = getattr(pipe, component).eval()
     inputs = example_inputs(type(t).__name__, t.config, torch.Generator().manual_seed(0))
     args = {k.removeprefix("input."): v for k, v in inputs.items()}
     if "img_shapes" in args:
         args["img_shapes"] = [[tuple(s) for s in args["img_shapes"].tolist()]] * args["hidden_states"].shape[0]
     with torch.no_grad():
         base = run(t, args)
-        pipe.load_lora_weights(lora_file)
+        load()
         ours_ref = run(t, args)
     with tempfile.TemporaryDirectory() as tmp:
         save_file(inputs, f"{tmp}/in.safetensors")
         subprocess.run(
-            [flowtune, "debug", "forward", "--component", f"{pipeline_dir}/transformer", "--inputs", f"{tmp}/in.safetensors",
+            [flowtune, "debug", "forward", "--component", f"{pipeline_dir}/{component}", "--inputs", f"{tmp}/in.safetensors",
              "--out", f"{tmp}/out.safetensors", "--lora", lora_file],
             check=True,
         )
         flowtune_out = load_file(f"{tmp}/out.safetensors")["output.sample_with_lora"]
     diff = ((flowtune_out - ours_ref).norm() / ours_ref.norm()).item()
     effect = ((ours_ref - base).norm() / base.norm()).item()
-    print(f"relative difference flowtune vs diffusers with LoRA: {diff:.2e} (LoRA changes the output by {effect:.2e})")
-    sys.exit(0 if diff < 1e-3 and effect > 1e-3 else 1)
+    print(f"{component}: relative difference flowtune vs diffusers with LoRA: {diff:.2e} "
+          f"(LoRA changes the output by {effect:.2e})")
+    return diff < 1e-3 and effect > 1e-3
+
+
+def main(pipeline_dir, lora_file, flowtune):
+    pipe = DiffusionPipeline.from_pretrained(pipeline_dir)
+    ok = check(pipe, "transformer", lambda: pipe.load_lora_weights(lora_file), pipeline_dir, lora_file, flowtune)
+    if getattr(pipe, "transformer_2", None) is not None:
+        stem, ext = os.path.splitext(lora_file)
+        second = f"{stem}_transformer_2{ext}"
+        load = lambda: pipe.load_lora_weights(  # noqa: E731
+            os.path.dirname(second), weight_name=os.path.basename(second), load_into_transformer_2=True)
+        ok = check(pipe, "transformer_2", load, pipeline_dir, second, flowtune) and ok
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

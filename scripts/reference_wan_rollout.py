@@ -7,7 +7,10 @@ Usage (the project's reference venv):
     flowtune make-tiny wan fixtures/wan_pipeline
     python scripts/reference_wan_rollout.py fixtures/wan_pipeline fixtures [flowtune]
 
-Writes `wan_rollout_f{frames}_io.safetensors` for each case of CASES (pixel frames, height, width). The window starts
+Writes `wan_rollout_f{frames}_io.safetensors` for each case of CASES (pixel frames, height, width). For a two-expert
+pipeline (`flowtune make-tiny wan --a14b`: `transformer_2` and `boundary_ratio`, Wan2.2-T2V-A14B), each step runs the
+expert WanPipeline picks for its timestep with that stage's CFG scale (SPEC_A14B's `guidance_scale_2` below the
+boundary), for A14B_CASES into `wan_a14b_rollout_f{frames}_io.safetensors`. The window starts
 at step 1: the grid's first sigma is 1 - 1e-6, where the flow-GRPO SDE's std sqrt(sigma / (1 - sigma)) is ~1000 eta.
 With a flowtune binary, it also runs `flowtune debug rollout` on the same prompts and noise for every case and
 prints the largest relative difference.
@@ -29,6 +32,19 @@ PROMPTS = ["a red fox runs  through fresh snow", "a time-lapse of clouds over a 
 SPEC = dict(steps=6, guidance_scale=4.0, noise_level=0.7, window_start=1, window_size=3)
 # (pixel frames, height, width): one frame, and two clips of non-square sizes.
 CASES = [(1, 32, 32), (5, 32, 64), (9, 64, 32)]
+# Two experts: timesteps 999, 961, 909 (high noise) and 833, 714, 501 (low noise) with flow_shift 5; the window's
+# steps 1-3 lie on both sides of the boundary 875.
+SPEC_A14B = dict(SPEC, guidance_scale_2=3.0)
+A14B_CASES = [(5, 32, 64)]
+
+
+def expert(pipe, s, t):
+    """WanPipeline's stage of timestep `t`: `transformer` and `guidance_scale` at t >= boundary_ratio *
+    num_train_timesteps (or without a boundary), else `transformer_2` and `guidance_scale_2`."""
+    ratio = pipe.config.boundary_ratio
+    if ratio is None or t >= ratio * pipe.scheduler.config.num_train_timesteps:
+        return pipe.transformer, s["guidance_scale"]
+    return pipe.transformer_2, s["guidance_scale_2"]
 
 
 def timesteps_for(pipe, t, lat):
@@ -52,9 +68,10 @@ def denoise(pipe, s, x, step_noise, positive, negative):
     lats, lps, ts = [], [], []
     for i in range(n):
         t = timesteps_for(pipe, timesteps[i], lat)
-        cond = pipe.transformer(hidden_states=lat, timestep=t, encoder_hidden_states=positive, return_dict=False)[0]
-        uncond = pipe.transformer(hidden_states=lat, timestep=t, encoder_hidden_states=negative, return_dict=False)[0]
-        v = uncond + s["guidance_scale"] * (cond - uncond)
+        model, scale = expert(pipe, s, timesteps[i])
+        cond = model(hidden_states=lat, timestep=t, encoder_hidden_states=positive, return_dict=False)[0]
+        uncond = model(hidden_states=lat, timestep=t, encoder_hidden_states=negative, return_dict=False)[0]
+        v = uncond + scale * (cond - uncond)
         if i == ws:
             lats.append(lat)
         if ws <= i < ws + wn:
@@ -82,7 +99,8 @@ def decode(pipe, latents):
 
 
 def run_case(pipe, pipeline_dir, frames, height, width, out_dir, flowtune):
-    s = SPEC
+    two = pipe.transformer_2 is not None
+    s = SPEC_A14B if two else SPEC
     b = len(PROMPTS)
     sf, tf = pipe.vae_scale_factor_spatial, pipe.vae_scale_factor_temporal
     shape = (b, pipe.transformer.config.in_channels, (frames - 1) // tf + 1, height // sf, width // sf)
@@ -98,7 +116,7 @@ def run_case(pipe, pipeline_dir, frames, height, width, out_dir, flowtune):
         video = decode(pipe, final)
     io.update(recorded)
     io["output.video"] = video
-    out = os.path.join(out_dir, f"wan_rollout_f{frames}_io.safetensors")
+    out = os.path.join(out_dir, f"wan_{'a14b_' if two else ''}rollout_f{frames}_io.safetensors")
     save_file({k: v.contiguous() for k, v in io.items()}, out)
     print(f"wrote {out}: {frames} frames {height}x{width}, latents {list(shape)}, video {list(video.shape)}, "
           f"sigmas {[round(float(v), 6) for v in sigmas]}")
@@ -113,7 +131,8 @@ def run_case(pipe, pipeline_dir, frames, height, width, out_dir, flowtune):
                         "--steps", str(s["steps"]), "--guidance", str(s["guidance_scale"]),
                         "--noise-level", str(s["noise_level"]), "--num-frames", str(frames),
                         "--window-start", str(s["window_start"]), "--window-size", str(s["window_size"]),
-                        "--max-sequence-length", "512"], check=True)
+                        "--max-sequence-length", "512"]
+                       + (["--guidance-2", str(s["guidance_scale_2"])] if two else []), check=True)
         ours = load_file(f"{tmp}/out.safetensors")
     worst = 0.0
     for k in ["all_latents", "all_log_probs", "all_timesteps", "final_latents"]:
@@ -130,7 +149,8 @@ def run_case(pipe, pipeline_dir, frames, height, width, out_dir, flowtune):
 
 def main(pipeline_dir, out_dir, flowtune=None):
     pipe = WanPipeline.from_pretrained(pipeline_dir)
-    ok = all([run_case(pipe, pipeline_dir, *case, out_dir, flowtune) for case in CASES])
+    cases = A14B_CASES if pipe.transformer_2 is not None else CASES
+    ok = all([run_case(pipe, pipeline_dir, *case, out_dir, flowtune) for case in cases])
     sys.exit(0 if ok else 1)
 
 

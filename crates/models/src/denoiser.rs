@@ -35,18 +35,51 @@ pub trait Denoiser {
     fn combine_guidance(&self, cond: &Tensor, uncond: &Tensor, scale: f64) -> Tensor {
         uncond + (cond - uncond) * scale
     }
+
+    /// The timestep where a two-expert denoiser (Wan2.2-A14B) hands over: its high-noise expert
+    /// runs at `t ≥ boundary`, its low-noise expert (CFG scale [`CfgScale::scale_2`]) below.
+    /// `None` for a single network.
+    fn expert_boundary(&self) -> Option<f64> {
+        None
+    }
+}
+
+/// Classifier-free guidance scales: `scale`, except at the low-noise expert's timesteps of a
+/// two-expert denoiser, which take `scale_2` when given (diffusers' `guidance_scale_2`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CfgScale {
+    pub scale: f64,
+    pub scale_2: Option<f64>,
+}
+
+impl From<f64> for CfgScale {
+    fn from(scale: f64) -> Self {
+        Self { scale, scale_2: None }
+    }
 }
 
 /// The velocity in f32, with classifier-free guidance when `negative` is given: the one place CFG
-/// is computed, for rollouts and replays alike.
+/// is computed, for rollouts and replays alike. Each row takes the scale of its timestep's expert
+/// ([`CfgScale`]).
 pub fn guided_velocity<D: Denoiser + ?Sized>(
     model: &D,
     latents: &Tensor,
     timestep: &Tensor,
     text: &TextConditioning,
     negative: Option<&TextConditioning>,
-    scale: f64,
+    scale: impl Into<CfgScale>,
 ) -> Result<Tensor, ModelError> {
+    let scale = scale.into();
+    let combine = |cond: &Tensor, uncond: &Tensor| match (scale.scale_2, model.expert_boundary()) {
+        (Some(scale_2), Some(boundary)) if scale_2 != scale.scale => {
+            let mut shape = vec![1i64; cond.dim()];
+            shape[0] = -1;
+            let low = timestep.lt(boundary).view(shape.as_slice());
+            let high = model.combine_guidance(cond, uncond, scale.scale);
+            model.combine_guidance(cond, uncond, scale_2).where_self(&low, &high)
+        }
+        _ => model.combine_guidance(cond, uncond, scale.scale),
+    };
     let Some(negative) = negative else {
         return Ok(model.velocity(latents, timestep, text)?.to_kind(Kind::Float));
     };
@@ -59,11 +92,11 @@ pub fn guided_velocity<D: Denoiser + ?Sized>(
             )?
             .to_kind(Kind::Float);
         let parts = out.chunk(2, 0);
-        Ok(model.combine_guidance(&parts[1], &parts[0], scale))
+        Ok(combine(&parts[1], &parts[0]))
     } else {
         let uncond = model.velocity(latents, timestep, negative)?.to_kind(Kind::Float);
         let cond = model.velocity(latents, timestep, text)?.to_kind(Kind::Float);
-        Ok(model.combine_guidance(&cond, &uncond, scale))
+        Ok(combine(&cond, &uncond))
     }
 }
 

@@ -28,8 +28,8 @@ pub mod z_image;
 
 pub use conditioning::TextConditioning;
 pub use denoiser::{
-    guided_velocity, rescaled_guidance, velocity_at_sigma, Denoiser, ExampleInputs, ExampleShape,
-    TrainableDenoiser,
+    guided_velocity, rescaled_guidance, velocity_at_sigma, CfgScale, Denoiser, ExampleInputs,
+    ExampleShape, TrainableDenoiser,
 };
 pub use family::{Dtype, Dtypes, FlowPipeline, PipelineOptions};
 pub use lora::{AdapterSwitch, LoraConfig};

@@ -5,7 +5,9 @@
 
 use std::ops::Range;
 
-use flowtune_models::{guided_velocity, Denoiser, FlowPipeline, ModelError, TextConditioning};
+use flowtune_models::{
+    guided_velocity, CfgScale, Denoiser, FlowPipeline, ModelError, TextConditioning,
+};
 use flowtune_sampling::{
     reverse_step, row_seed, DeviceGrid, Draw, SampleNoise, SamplerConfig, SigmaGrid, StepOutput,
 };
@@ -85,17 +87,31 @@ pub fn encode_rows(
 
 impl<'a> Engine<'a> {
     /// An engine sampling latents of `latent_shape` (see [`FlowPipeline::latent_shape`]) on the
-    /// grid the pipeline asks for.
+    /// grid the pipeline asks for. `guidance_scale_2` is refused for a single denoiser.
     pub fn new(
         pipe: &'a dyn FlowPipeline,
         sampler: &'a SamplerConfig,
         latent_shape: Vec<i64>,
         seed: u64,
     ) -> Result<Self, RolloutError> {
+        if let (Some(g), None) = (sampler.guidance_scale_2, pipe.denoiser().expert_boundary()) {
+            return Err(RolloutError::Input(format!(
+                "guidance_scale_2 {g} (rollout.guidance_scale_2 / --guidance-2) is the low-noise \
+                 expert's CFG scale of a two-expert pipeline (Wan2.2-A14B); {} ({}) has one \
+                 denoiser",
+                pipe.dir().root.display(),
+                pipe.dir().index.class_name
+            )));
+        }
         let grid =
             SigmaGrid::new(pipe.scheduler(), &pipe.grid_request(sampler.steps, &latent_shape))?;
         let device_grid = DeviceGrid::new(&grid, pipe.device());
         Ok(Self { pipe, sampler, grid, device_grid, latent_shape, seed })
+    }
+
+    /// The sampler's CFG scales.
+    pub fn cfg_scale(&self) -> CfgScale {
+        CfgScale { scale: self.sampler.guidance_scale, scale_2: self.sampler.guidance_scale_2 }
     }
 
     /// The training seeds of `rows` rows at step `step` (1-based): `row_seed(seed, step, r)`.
@@ -165,6 +181,7 @@ impl<'a> Engine<'a> {
                 text: &text,
                 guidance: Guidance {
                     scale: self.sampler.guidance_scale,
+                    scale_2: self.sampler.guidance_scale_2,
                     negative: negative.as_ref(),
                 },
                 step: self.sampler.step_params(self.grid.sigmas[1] as f64),
@@ -237,7 +254,7 @@ impl<'a> Engine<'a> {
             &tt,
             &batch.text.rows(rows),
             negative.as_ref(),
-            self.sampler.guidance_scale,
+            self.cfg_scale(),
         )?;
         let params = self.sampler.step_params(self.grid.sigmas[1] as f64);
         Ok(reverse_step(&params, &v, &x, &sigma, &sigma_next, Draw::Given(&next))?)

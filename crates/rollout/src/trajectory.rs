@@ -3,16 +3,17 @@
 
 use std::ops::Range;
 
-use flowtune_models::{guided_velocity, Denoiser, TextConditioning};
+use flowtune_models::{guided_velocity, CfgScale, Denoiser, TextConditioning};
 use flowtune_sampling::{euler_step, per_row, reverse_step, Draw, SigmaGrid, StepParams};
 use tch::{Kind, Tensor};
 
 use crate::RolloutError;
 
 /// Classifier-free guidance when `scale > 1`, combined as the denoiser's family does
-/// ([`flowtune_models::guided_velocity`]).
+/// ([`flowtune_models::guided_velocity`]); `scale_2` at a two-expert denoiser's low-noise steps.
 pub struct Guidance<'a> {
     pub scale: f64,
+    pub scale_2: Option<f64>,
     pub negative: Option<&'a TextConditioning>,
 }
 
@@ -78,7 +79,8 @@ pub fn sample_trajectory<D: Denoiser + ?Sized>(
     let mut timesteps: Vec<Vec<f32>> = vec![vec![]; b as usize];
     for i in 0..grid.steps() {
         let t = Tensor::full([b], grid.timesteps[i] as f64, (Kind::Float, device));
-        let v = guided_velocity(model, &x, &t, request.text, negative, request.guidance.scale)?;
+        let scale = CfgScale { scale: request.guidance.scale, scale_2: request.guidance.scale_2 };
+        let v = guided_velocity(model, &x, &t, request.text, negative, scale)?;
         let z = step_noise(i);
         let sigma = Tensor::full([b], grid.sigmas[i] as f64, (Kind::Float, device));
         let sigma_next = Tensor::full([b], grid.sigmas[i + 1] as f64, (Kind::Float, device));

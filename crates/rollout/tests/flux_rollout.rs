@@ -54,7 +54,7 @@ fn flux_rollout_matches_diffusers_loop() {
     );
     let guidance = Vec::<f64>::try_from(&text.extras[GUIDANCE]).unwrap();
     assert_eq!(guidance, [EMBEDDED_GUIDANCE; 2], "the guidance extra rides with every row");
-    let guidance = Guidance { scale: 1.0, negative: None };
+    let guidance = Guidance { scale: 1.0, scale_2: None, negative: None };
     let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &vec![WINDOW; 2]);
     common::check_decoded(&mut check, &io, pipe.as_ref(), &out.final_latents);
     let encoded = tch::no_grad(|| pipe.encode_rgb8(&io["input.pixels"])).expect("encode");

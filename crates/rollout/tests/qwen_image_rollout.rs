@@ -49,7 +49,7 @@ fn qwen_image_rollout_matches_diffusers_loop() {
         &io["output.negative_prompt_embeds"],
         MODEL_RTOL,
     );
-    let guidance = Guidance { scale: GUIDANCE, negative: Some(&negative) };
+    let guidance = Guidance { scale: GUIDANCE, scale_2: None, negative: Some(&negative) };
     let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &vec![WINDOW; 2]);
     common::check_decoded(&mut check, &io, pipe.as_ref(), &out.final_latents);
     check.finish();
@@ -135,7 +135,7 @@ fn qwen_image_edit_plus_rollout_matches_diffusers_loop() {
         &io["output.condition_latents"],
         MODEL_RTOL,
     );
-    let guidance = Guidance { scale: GUIDANCE, negative: Some(&negative) };
+    let guidance = Guidance { scale: GUIDANCE, scale_2: None, negative: Some(&negative) };
     common::check_trajectory(&mut check, &io, &engine, &text, guidance, &vec![1..3; 1]);
     check.finish();
 }

@@ -44,6 +44,7 @@ fn sd3_rollouts_match_reference() {
             text: &text,
             guidance: Guidance {
                 scale: spec["guidance_scale"].as_f64().unwrap(),
+                scale_2: None,
                 negative: Some(&negative),
             },
             step: StepParams {

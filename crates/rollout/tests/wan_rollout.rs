@@ -2,17 +2,18 @@
 //! pipeline of `flowtune make-tiny wan` (Wan2.2-TI2V layout: 16× VAE with 2×2 pixel patches,
 //! per-token timesteps) loaded through the registry, UMT5 prompt embeds padded to 512 tokens, CFG
 //! against `""`, the UniPC flow-sigma grid with integer timesteps, an SDE window, given noise, and
-//! the decoded frames side by side — for 1, 5 and 9 pixel frames at square and non-square sizes.
+//! the decoded frames side by side — for 1, 5 and 9 pixel frames at square and non-square sizes;
+//! and the two-expert layout of `make-tiny wan --a14b` (Wan2.2-T2V-A14B) with `guidance_scale_2`.
 
 // The picture check `check_decoded` is not used: Wan decodes clips, compared frame by frame here.
 #[allow(dead_code)]
 mod common;
 
 use flowtune_fixtures::{dir, tensors, Checker, MODEL_RTOL};
-use flowtune_models::PipelineOptions;
+use flowtune_models::{guided_velocity, PipelineOptions};
 use flowtune_rollout::{encode_rows, Engine, Guidance};
 use flowtune_sampling::SamplerConfig;
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
 /// The script's `PROMPTS` and `SPEC`.
 const PROMPTS: [&str; 2] = [
@@ -58,7 +59,7 @@ fn wan_rollouts_match_diffusers_loop() {
             let want = &io[&format!("output.{key}_embeds")];
             check.close_within(&format!("{key}_embeds"), &cond.embeds, want, MODEL_RTOL);
         }
-        let guidance = Guidance { scale: GUIDANCE, negative: Some(&negative) };
+        let guidance = Guidance { scale: GUIDANCE, scale_2: None, negative: Some(&negative) };
         let windows = vec![WINDOW; 2];
         let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &windows);
         let pixels = tch::no_grad(|| pipe.decode_rgb8(&out.final_latents)).expect("decode");
@@ -103,4 +104,171 @@ fn frame_counts_and_sides_are_checked_by_key() {
         .expect("a picture family")
         .to_string();
     assert!(err.contains("num_frames 5 (model.num_frames / --num-frames) is for video"), "{err}");
+}
+
+/// `SPEC_A14B` of the script: `SPEC` with the low-noise stage's CFG scale.
+const GUIDANCE_2: f64 = 3.0;
+
+/// The two-expert pipeline of `make-tiny wan --a14b` (5 frames), optionally with LoRA.
+fn a14b(lora: Option<flowtune_models::LoraConfig>) -> Box<dyn flowtune_models::FlowPipeline> {
+    let options =
+        PipelineOptions { num_frames: Some(5), lora, ..PipelineOptions::new(Device::Cpu) };
+    flowtune_models::load_pipeline(&dir().join("wan_a14b_pipeline"), &options)
+        .expect("load the two-expert pipeline")
+}
+
+#[test]
+fn wan_a14b_rollout_matches_diffusers_two_stages() {
+    let name = "wan_a14b_rollout_f5_io.safetensors";
+    let io = tensors(name);
+    let pipe = a14b(None);
+    assert_eq!(pipe.denoiser().expert_boundary(), Some(875.0));
+    let sampler = SamplerConfig {
+        n: 1,
+        steps: STEPS,
+        guidance_scale: GUIDANCE,
+        guidance_scale_2: Some(GUIDANCE_2),
+        noise_level: 0.7,
+        sde_window_size: WINDOW.len(),
+        ..Default::default()
+    };
+    let latent_shape = pipe.latent_shape(32, 64).expect("latent shape");
+    assert_eq!(latent_shape, [16, 2, 4, 8], "Wan2.1's 8× VAE");
+    let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).expect("engine");
+    // Timesteps 999, 961, 909 run `transformer`, 833, 714, 501 `transformer_2`.
+    assert_eq!(engine.grid.timesteps, [999.0, 961.0, 909.0, 833.0, 714.0, 501.0]);
+    let mut check = Checker::new(name);
+    check.case();
+    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[]).expect("prompts");
+    let negative = encode_rows(pipe.as_ref(), &["", ""], &[]).expect("negative");
+    let guidance =
+        Guidance { scale: GUIDANCE, scale_2: Some(GUIDANCE_2), negative: Some(&negative) };
+    let windows = vec![WINDOW; 2];
+    let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &windows);
+
+    // One scale for both stages is another trajectory.
+    let request = flowtune_rollout::TrajectoryRequest {
+        grid: &engine.grid,
+        text: &text,
+        guidance: Guidance { scale: GUIDANCE, scale_2: None, negative: Some(&negative) },
+        step: sampler.step_params(engine.grid.sigmas[1] as f64),
+        windows: &windows,
+        initial: &io["input.initial_latents"],
+    };
+    let noise = &io["input.step_noise"];
+    let single = tch::no_grad(|| {
+        flowtune_rollout::sample_trajectory(pipe.denoiser(), &request, |i| noise.get(i as i64))
+    })
+    .expect("rollout");
+    let want = &io["output.final_latents"];
+    let off = f64::try_from((single.final_latents - want).norm() / want.norm()).unwrap();
+    assert!(off > 1e-3, "guidance_scale_2 changes the samples ({off:.1e})");
+
+    // Replayed rows on both sides of the boundary (window steps 1 and 2: t = 909 and 833) in one
+    // batch: each row as its own expert and scale give it.
+    let x = Tensor::stack(&[out.all_latents.get(0).get(1), out.all_latents.get(1).get(2)], 0);
+    let t = Tensor::from_slice(&[909.0f32, 833.0]);
+    let scale = flowtune_models::CfgScale { scale: GUIDANCE, scale_2: Some(GUIDANCE_2) };
+    let model = pipe.denoiser();
+    let velocity = |x: &Tensor, t: &Tensor, rows: &[i64]| {
+        let index = Tensor::from_slice(rows);
+        let negative = negative.rows(&index);
+        tch::no_grad(|| guided_velocity(model, x, t, &text.rows(&index), Some(&negative), scale))
+            .expect("velocity")
+    };
+    let mixed = velocity(&x, &t, &[0, 1]);
+    for row in 0..2 {
+        let alone = velocity(&x.narrow(0, row, 1), &t.narrow(0, row, 1), &[row]);
+        check.close_within(
+            &format!("straddling batch row {row}"),
+            &mixed.narrow(0, row, 1),
+            &alone,
+            1e-5,
+        );
+    }
+    check.finish();
+}
+
+#[test]
+fn wan_a14b_trains_only_the_expert_of_each_row() {
+    let lora = flowtune_models::LoraConfig {
+        rank: 2,
+        alpha: 4.0,
+        target_modules: vec!["attn1.to_q".into(), "ffn.net.2".into()],
+        ..Default::default()
+    };
+    let pipe = a14b(Some(lora));
+    let model = pipe.denoiser();
+    let params = model.trainable_parameters();
+    let count = |prefix: &str| params.keys().filter(|k| k.starts_with(prefix)).count();
+    assert_eq!(count("transformer."), count("transformer_2."), "{:?}", params.keys());
+    assert_eq!(count("transformer.") + count("transformer_2."), params.len());
+    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[]).expect("prompts");
+    let x = Tensor::randn([2, 16, 2, 4, 8], (Kind::Float, Device::Cpu));
+    let grads = |t: &[f32]| {
+        for p in params.values() {
+            let mut p = p.shallow_clone();
+            p.zero_grad();
+        }
+        let v = model.velocity(&x, &Tensor::from_slice(t), &text).expect("velocity");
+        v.square().sum(Kind::Float).backward();
+        let defined = |prefix: &str| {
+            params.iter().filter(|(k, _)| k.starts_with(prefix)).any(|(_, p)| p.grad().defined())
+        };
+        (defined("transformer."), defined("transformer_2."))
+    };
+    assert_eq!(grads(&[999.0, 909.0]), (true, false), "high-noise rows: transformer only");
+    assert_eq!(grads(&[961.0, 833.0]), (true, true), "straddling rows: both experts");
+}
+
+#[test]
+fn two_expert_settings_are_checked_by_key() {
+    let single = flowtune_models::load_pipeline(
+        &dir().join("wan_pipeline"),
+        &PipelineOptions::new(Device::Cpu),
+    )
+    .expect("one transformer");
+    let sampler = SamplerConfig { guidance_scale_2: Some(3.0), ..Default::default() };
+    let err = Engine::new(single.as_ref(), &sampler, vec![16, 1, 2, 2], 0).err().expect("refused");
+    let err = err.to_string();
+    assert!(err.contains("guidance_scale_2 3 (rollout.guidance_scale_2 / --guidance-2)"), "{err}");
+    assert!(err.contains("has one denoiser"), "{err}");
+
+    // An index with one of `transformer_2` and `boundary_ratio` but not the other.
+    let source = dir().join("wan_a14b_pipeline");
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("model_index.json")).unwrap())
+            .unwrap();
+    for (key, value, want) in [
+        (
+            "boundary_ratio",
+            serde_json::Value::Null,
+            "transformer_2 (a second expert, Wan2.2-A14B) needs a boundary_ratio",
+        ),
+        (
+            "transformer_2",
+            serde_json::json!([null, null]),
+            "boundary_ratio 0.875 is for two experts, but there is no transformer_2",
+        ),
+        ("boundary_ratio", serde_json::json!(1.5), "boundary_ratio Some(1.5): expected a fraction"),
+    ] {
+        let tmp =
+            std::env::temp_dir().join(format!("flowtune-a14b-index-{key}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).unwrap();
+        for entry in std::fs::read_dir(&source).unwrap().flatten() {
+            if entry.file_name() != "model_index.json" {
+                std::os::unix::fs::symlink(entry.path(), tmp.join(entry.file_name())).unwrap();
+            }
+        }
+        let mut index = index.clone();
+        index[key] = value;
+        std::fs::write(tmp.join("model_index.json"), index.to_string()).unwrap();
+        let err = flowtune_models::load_pipeline(&tmp, &PipelineOptions::new(Device::Cpu))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("model_index.json") && err.contains(want), "{err}");
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
 }

@@ -61,7 +61,7 @@ fn z_image_rollout_matches_diffusers_loop() {
             MODEL_RTOL,
         );
     }
-    let guidance = Guidance { scale: GUIDANCE, negative: Some(&negative) };
+    let guidance = Guidance { scale: GUIDANCE, scale_2: None, negative: Some(&negative) };
     let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &vec![WINDOW; 2]);
     common::check_decoded(&mut check, &io, pipe.as_ref(), &out.final_latents);
     check.finish();

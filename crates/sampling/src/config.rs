@@ -20,6 +20,9 @@ pub struct SamplerConfig {
     pub eval_steps: usize,
     /// Classifier-free guidance scale; ≤ 1 disables CFG.
     pub guidance_scale: f64,
+    /// The CFG scale of the low-noise expert's steps, for two-expert pipelines (Wan2.2-A14B's
+    /// `guidance_scale_2`); `None`: `guidance_scale`. CFG is on when `guidance_scale` > 1.
+    pub guidance_scale_2: Option<f64>,
     pub sde_type: SdeType,
     /// Noise level η inside the SDE window.
     pub noise_level: f64,
@@ -44,6 +47,7 @@ impl Default for SamplerConfig {
             steps: 10,
             eval_steps: 40,
             guidance_scale: 4.5,
+            guidance_scale_2: None,
             sde_type: SdeType::Sde,
             noise_level: 0.7,
             log_prob_normalizer: true,
@@ -66,12 +70,14 @@ impl SamplerConfig {
                 "a finite number ≥ 0",
             ));
         }
-        if !(self.guidance_scale >= 0.0 && self.guidance_scale.is_finite()) {
-            return Err(SamplingError::setting(
-                "guidance_scale",
-                self.guidance_scale,
-                "a finite number ≥ 0",
-            ));
+        let scales = [
+            ("guidance_scale", Some(self.guidance_scale)),
+            ("guidance_scale_2", self.guidance_scale_2),
+        ];
+        for (key, scale) in scales {
+            if let Some(scale) = scale.filter(|s| !(*s >= 0.0 && s.is_finite())) {
+                return Err(SamplingError::setting(key, scale, "a finite number ≥ 0"));
+            }
         }
         for (key, value) in [("n", self.n), ("eval_steps", self.eval_steps)] {
             if value == 0 {

@@ -1,14 +1,17 @@
 //! Wan text-to-video through the unchanged trainer (CPU): the tiny pipeline of `make-tiny wan`
 //! (Wan2.2-TI2V layout) with 5-frame 32×32 clips. Every algorithm's tiny recipe trains and resumes
 //! on it; the DanceGRPO tiny recipe resumes bit for bit and writes animated grids with one picture
-//! per decoded frame.
+//! per decoded frame. The two-expert layout (Wan2.2-T2V-A14B) trains both experts' LoRAs and
+//! resumes bit for bit.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::{lora_moved, root, scratch, tensors};
 use flowtune_config::Recipe;
+use flowtune_models::wan::{second_expert_file, write_tiny_wan, TinyWanSpec};
 use flowtune_trainer::train;
 use tch::Device;
 
@@ -69,6 +72,59 @@ fn dance_grpo_on_wan_resumes_bit_for_bit_and_writes_video_grids() {
     let after = tensors(&again.export);
     for (name, t) in &lora {
         assert!(t.equal(&after[name]), "{name} differs after resuming");
+    }
+    for (key, a) in &summary.metrics[1] {
+        if key.starts_with("perf/") || key.starts_with("timing") {
+            continue;
+        }
+        let b = again.metrics[0][key];
+        assert!(a == &b || (a.is_nan() && b.is_nan()), "{key}: {a} vs {b} resumed");
+    }
+}
+
+fn a14b(pipeline: &Path, out: &Path, steps: u64, resume: &str) -> Recipe {
+    let overrides = [
+        format!("model.path={}", pipeline.display()),
+        format!("data.train_files=[{}]", root().join("examples/prompts/tiny.txt").display()),
+        format!("trainer.output_dir={}", out.display()),
+        format!("trainer.total_steps={steps}"),
+        "trainer.save_freq=1".into(),
+        format!("trainer.resume={resume}"),
+    ];
+    Recipe::load(&root().join("examples/flow_grpo_wan_a14b_tiny.yaml"), &overrides).expect("recipe")
+}
+
+/// The exported LoRA of each expert: `pytorch_lora_weights.safetensors` (transformer) and
+/// `pytorch_lora_weights_transformer_2.safetensors`, both with diffusers' `transformer.` keys.
+fn expert_loras(export: &Path) -> [BTreeMap<String, tch::Tensor>; 2] {
+    [export.to_path_buf(), second_expert_file(export)].map(|path| {
+        let lora = tensors(&path);
+        assert!(lora.keys().all(|k| k.starts_with("transformer.blocks.")), "{path:?}");
+        lora
+    })
+}
+
+#[test]
+fn flow_grpo_on_wan_a14b_trains_both_experts_and_resumes_bit_for_bit() {
+    let pipeline = scratch("wan-a14b-pipeline");
+    let spec = TinyWanSpec { seed: 5, wan21: true, two_experts: true, ..Default::default() };
+    write_tiny_wan(&pipeline, &spec).expect("make-tiny wan --a14b");
+    let straight = scratch("wan-a14b-straight");
+    let summary = train(&a14b(&pipeline, &straight, 2, "none"), Device::Cpu).expect("train");
+    assert!(summary.metrics[0].values().all(|v| v.is_finite()), "{:?}", summary.metrics[0]);
+    let loras = expert_loras(&summary.export);
+    assert!(loras.iter().all(lora_moved), "both experts' LoRAs trained");
+    assert!(!loras[0]["transformer.blocks.0.attn1.to_q.lora_B.weight"]
+        .equal(&loras[1]["transformer.blocks.0.attn1.to_q.lora_B.weight"]));
+
+    let resumed = scratch("wan-a14b-resumed");
+    train(&a14b(&pipeline, &resumed, 1, "none"), Device::Cpu).expect("first step");
+    let again = train(&a14b(&pipeline, &resumed, 2, "auto"), Device::Cpu).expect("resumed");
+    assert_eq!(again.steps_run, 1, "resumed from step 1");
+    for (want, got) in loras.iter().zip(expert_loras(&again.export)) {
+        for (name, t) in want {
+            assert!(t.equal(&got[name]), "{name} differs after resuming");
+        }
     }
     for (key, a) in &summary.metrics[1] {
         if key.starts_with("perf/") || key.starts_with("timing") {

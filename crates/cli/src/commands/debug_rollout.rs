@@ -36,6 +36,10 @@ pub struct RolloutArgs {
     /// CFG scale; ≤ 1 disables CFG.
     #[arg(long, default_value_t = 4.0)]
     guidance: f64,
+    /// CFG scale of the low-noise expert's steps (two-expert pipelines: Wan2.2-A14B); default
+    /// `--guidance`.
+    #[arg(long)]
+    guidance_2: Option<f64>,
     /// Noise level η of the SDE steps.
     #[arg(long, default_value_t = 0.7)]
     noise_level: f64,
@@ -101,6 +105,7 @@ pub fn rollout(a: RolloutArgs, device: &DeviceArg) -> Result<(), Failure> {
         n: 1,
         steps: a.steps,
         guidance_scale: a.guidance,
+        guidance_scale_2: a.guidance_2,
         noise_level: a.noise_level,
         sde_type: serde_json::from_value::<SdeType>(a.sde_type.clone().into())
             .map_err(|e| Failure::input(anyhow!("--sde-type {}: {e}", a.sde_type)))?,
@@ -141,7 +146,11 @@ pub fn rollout(a: RolloutArgs, device: &DeviceArg) -> Result<(), Failure> {
         let request = TrajectoryRequest {
             grid: &engine.grid,
             text: &text,
-            guidance: Guidance { scale: a.guidance, negative: negative.as_ref() },
+            guidance: Guidance {
+                scale: a.guidance,
+                scale_2: a.guidance_2,
+                negative: negative.as_ref(),
+            },
             step: sampler.step_params(engine.grid.sigmas[1] as f64),
             windows: &windows,
             initial,

@@ -91,6 +91,10 @@ pub struct WanArgs {
     /// Wan2.1's VAE (z 16, 8× spatial) and per-sample timesteps.
     #[arg(long)]
     wan21: bool,
+    /// Wan2.2-T2V-A14B's layout: Wan2.1's VAE and two experts, `transformer_2` below
+    /// `boundary_ratio` 0.875.
+    #[arg(long, conflicts_with = "wan21")]
+    a14b: bool,
 }
 
 #[derive(Args)]
@@ -226,7 +230,8 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 head_dim: a.head_dim,
                 ffn_dim: a.ffn_dim,
                 text_width: a.text_width,
-                wan21: a.wan21,
+                wan21: a.wan21 || a.a14b,
+                two_experts: a.a14b,
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_wan(dir, &spec))

@@ -28,6 +28,10 @@ pub struct SampleArgs {
     /// CFG scale; ≤ 1 disables CFG.
     #[arg(long, default_value_t = 4.5)]
     guidance: f64,
+    /// CFG scale of the low-noise expert's steps (two-expert pipelines: Wan2.2-A14B); default
+    /// `--guidance`.
+    #[arg(long)]
+    guidance_2: Option<f64>,
     /// The distilled guidance of a guidance-embedding model (FLUX.1 [dev]; its default 3.5).
     #[arg(long)]
     embedded_guidance: Option<f64>,
@@ -70,6 +74,7 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
         n: 1,
         steps: a.steps,
         guidance_scale: a.guidance,
+        guidance_scale_2: a.guidance_2,
         noise_level: 0.0,
         ..Default::default()
     };

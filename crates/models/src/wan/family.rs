@@ -3,7 +3,8 @@
 use super::{write_tiny_wan, TinyWanSpec, WanPipeline, WanTransformer};
 use crate::registry::Family;
 
-/// Wan2.1 and Wan2.2-TI2V-5B text-to-video (`WanPipeline` with one transformer).
+/// Wan2.1, Wan2.2-TI2V-5B and Wan2.2-T2V-A14B text-to-video (`WanPipeline` with one transformer, or
+/// two experts split at `boundary_ratio`).
 pub const FAMILY: Family = Family {
     name: "wan",
     pipeline_classes: &["WanPipeline"],
@@ -11,6 +12,10 @@ pub const FAMILY: Family = Family {
     lora_targets: &crate::lora::WAN_TARGETS,
     components: &[
         ("transformer", "WanTransformer3DModel (3-D patches, per-sample or per-token timesteps)"),
+        (
+            "transformer_2",
+            "optional low-noise expert (Wan2.2-T2V-A14B): steps below boundary_ratio·1000",
+        ),
         ("vae", "AutoencoderKLWan (causal video VAE: 4× frames, 8× or 16× sides)"),
         ("text_encoder", "UMT5EncoderModel (states zeroed past the prompt up to 512 tokens)"),
         ("tokenizer", "UMT5 unigram (tokenizer.json)"),

@@ -1,6 +1,6 @@
 //! The Wan text-to-video pipeline: a diffusers `WanPipeline` directory (Wan2.1 T2V, Wan2.2-TI2V-5B
-//! sampled from text) loaded as components, with its prompt encoding, 5-D latent layout, frame
-//! count and schedule.
+//! sampled from text, Wan2.2-T2V-A14B with its two experts) loaded as components, with its prompt
+//! encoding, 5-D latent layout, frame count and schedule.
 
 use std::path::Path;
 
@@ -8,8 +8,10 @@ use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use super::{AutoencoderKlWan, WanTextEncoder, WanTransformer};
-use crate::family::{pipeline_parts, FlowPipeline, PipelineOptions};
+use super::experts::{check_same_layout, SECOND_EXPERT};
+use super::{AutoencoderKlWan, WanExperts, WanTextEncoder, WanTransformer};
+use crate::denoiser::TrainableDenoiser;
+use crate::family::{FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::vae::AutoencoderKl;
 use crate::{ModelError, TextConditioning};
@@ -17,10 +19,33 @@ use crate::{ModelError, TextConditioning};
 /// Pixel frames of a sample when the options name none: WanPipeline's default `num_frames`.
 pub const DEFAULT_NUM_FRAMES: usize = 81;
 
+/// The denoiser of a Wan pipeline: one transformer, or Wan2.2-A14B's two experts.
+pub enum WanDenoiser {
+    One(Box<WanTransformer>),
+    Two(Box<WanExperts>),
+}
+
+impl WanDenoiser {
+    /// The only transformer, or the high-noise expert.
+    pub fn first(&self) -> &WanTransformer {
+        match self {
+            Self::One(t) => t,
+            Self::Two(e) => &e.high,
+        }
+    }
+}
+
+/// `boundary_ratio` of `model_index.json` (the two-expert pipelines').
+#[derive(serde::Deserialize)]
+struct IndexExtras {
+    #[serde(default)]
+    boundary_ratio: Option<f64>,
+}
+
 /// Every component of a Wan text-to-video pipeline.
 pub struct WanPipeline {
     pub dir: PipelineDir,
-    pub transformer: WanTransformer,
+    pub transformer: WanDenoiser,
     pub vae: AutoencoderKlWan,
     pub text: WanTextEncoder,
     pub scheduler: SchedulerConfig,
@@ -34,20 +59,52 @@ impl WanPipeline {
         Self::open(PipelineDir::open(path)?, options)
     }
 
-    /// Loads the components of an opened pipeline directory. A second expert (`transformer_2`,
-    /// Wan2.2-A14B) is refused: only single-transformer pipelines are supported.
+    /// Loads the components of an opened pipeline directory. With `transformer_2` and
+    /// `boundary_ratio` in the index (Wan2.2-A14B), both experts load, each with the LoRA
+    /// config of the options.
     pub fn open(dir: PipelineDir, options: &PipelineOptions) -> Result<Self, ModelError> {
-        if let Some((_, class)) = dir.index.components.get("transformer_2") {
-            return Err(ModelError::Format {
-                path: dir.root.join("model_index.json").display().to_string(),
-                message: format!(
-                    "transformer_2 ({class}) is a second expert (Wan2.2-A14B); only \
-                     single-transformer Wan pipelines (Wan2.1, Wan2.2-TI2V-5B) are supported"
-                ),
-            });
-        }
         let (device, dtypes) = (options.device, options.dtypes);
+        let index = dir.root.join("model_index.json");
+        let extras: IndexExtras = crate::read_config(&index)?;
         let scheduler_dir = dir.component("scheduler", &["UniPCMultistepScheduler"])?;
+        let scheduler = SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?;
+        let load_transformer = |name: &str| {
+            WanTransformer::load(
+                &dir.component(name, &["WanTransformer3DModel"])?,
+                device,
+                dtypes.transformer,
+                options.lora.as_ref(),
+            )
+        };
+        let transformer = match (dir.has(SECOND_EXPERT), extras.boundary_ratio) {
+            (false, None) => WanDenoiser::One(Box::new(load_transformer("transformer")?)),
+            (true, Some(ratio)) if ratio > 0.0 && ratio < 1.0 => {
+                let train_steps = f64::from(scheduler.num_train_timesteps);
+                let (high, low) =
+                    (load_transformer("transformer")?, load_transformer(SECOND_EXPERT)?);
+                let configs =
+                    ["transformer", SECOND_EXPERT].map(|c| dir.root.join(c).join("config.json"));
+                check_same_layout(&high, &low, [&configs[0], &configs[1]])?;
+                WanDenoiser::Two(Box::new(WanExperts { high, low, boundary: ratio * train_steps }))
+            }
+            (two, ratio) => {
+                return Err(ModelError::Format {
+                    path: index.display().to_string(),
+                    message: match (two, ratio) {
+                        (true, None) => "transformer_2 (a second expert, Wan2.2-A14B) needs a \
+                                         boundary_ratio"
+                            .into(),
+                        (false, Some(r)) => format!(
+                            "boundary_ratio {r} is for two experts, but there is no transformer_2"
+                        ),
+                        (_, r) => format!(
+                            "boundary_ratio {r:?}: expected a fraction of the train timesteps \
+                             strictly between 0 and 1"
+                        ),
+                    },
+                })
+            }
+        };
         let mut text = WanTextEncoder::load(
             &dir.tokenizer("tokenizer")?,
             &dir.component("text_encoder", &["UMT5EncoderModel"])?,
@@ -64,25 +121,13 @@ impl WanPipeline {
         )?;
         let num_frames = options.num_frames.unwrap_or(DEFAULT_NUM_FRAMES);
         latent_frames(num_frames, vae.config.temporal_factor())?;
-        Ok(Self {
-            transformer: WanTransformer::load(
-                &dir.component("transformer", &["WanTransformer3DModel"])?,
-                device,
-                dtypes.transformer,
-                options.lora.as_ref(),
-            )?,
-            vae,
-            text,
-            scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
-            num_frames,
-            dir,
-        })
+        Ok(Self { transformer, vae, text, scheduler, num_frames, dir })
     }
 
     /// Pixels per latent cell on a side times the transformer's spatial patch: the multiple the
     /// sides must be.
     pub fn side_multiple(&self) -> i64 {
-        let [_, ph, pw] = self.transformer.config.patch();
+        let [_, ph, pw] = self.transformer.first().config.patch();
         self.vae.config.spatial_factor() * ph.max(pw)
     }
 }
@@ -103,17 +148,37 @@ fn latent_frames(frames: usize, factor: i64) -> Result<i64, ModelError> {
 }
 
 impl FlowPipeline for WanPipeline {
-    pipeline_parts!();
+    fn dir(&self) -> &PipelineDir {
+        &self.dir
+    }
+
+    fn scheduler(&self) -> &SchedulerConfig {
+        &self.scheduler
+    }
+
+    fn denoiser(&self) -> &dyn TrainableDenoiser {
+        match &self.transformer {
+            WanDenoiser::One(t) => t.as_ref(),
+            WanDenoiser::Two(e) => e.as_ref(),
+        }
+    }
+
+    fn denoiser_mut(&mut self) -> &mut dyn TrainableDenoiser {
+        match &mut self.transformer {
+            WanDenoiser::One(t) => t.as_mut(),
+            WanDenoiser::Two(e) => e.as_mut(),
+        }
+    }
 
     fn device(&self) -> Device {
-        self.transformer.patch_embedding.0.device()
+        self.transformer.first().patch_embedding.0.device()
     }
 
     /// UMT5's last hidden state of each cleaned prompt, zero past its tokens up to
     /// `max_sequence_length` (WanPipeline's `prompt_embeds`, read without a mask).
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
         let (embeds, _) = self.text.encode(prompts)?;
-        let kind = self.transformer.patch_embedding.0.kind();
+        let kind = self.transformer.first().patch_embedding.0.kind();
         Ok(TextConditioning::new(embeds.to_kind(kind), None))
     }
 
@@ -179,6 +244,13 @@ impl FlowPipeline for WanPipeline {
     }
 
     fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {
-        vec![("transformer", "diffusion_pytorch_model.safetensors", &self.transformer.weights.base)]
+        let file = "diffusion_pytorch_model.safetensors";
+        match &self.transformer {
+            WanDenoiser::One(t) => vec![("transformer", file, &t.weights.base)],
+            WanDenoiser::Two(e) => vec![
+                ("transformer", file, &e.high.weights.base),
+                (SECOND_EXPERT, file, &e.low.weights.base),
+            ],
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! `flowtune make-tiny wan`: a complete random `WanPipeline` directory in the diffusers layout
 //! (Wan2.2-TI2V-style by default: the residual VAE with 2×2 pixel patches and per-token
-//! timesteps; Wan2.1-style with `wan21`), loadable and runnable by diffusers.
+//! timesteps; Wan2.1-style with `wan21`; Wan2.2-T2V-A14B-style with `two_experts`), loadable and
+//! runnable by diffusers.
 
 use std::path::Path;
 
@@ -27,7 +28,13 @@ pub struct TinyWanSpec {
     pub text_layers: usize,
     /// Wan2.1's VAE (z 16, 8× spatial) and per-sample timesteps instead of Wan2.2-TI2V's.
     pub wan21: bool,
+    /// A second expert `transformer_2` (its own random weights) below `boundary_ratio`
+    /// [`A14B_BOUNDARY_RATIO`], as Wan2.2-T2V-A14B.
+    pub two_experts: bool,
 }
+
+/// Wan2.2-T2V-A14B's `boundary_ratio`: the high-noise expert runs `t ≥ 875`.
+pub const A14B_BOUNDARY_RATIO: f64 = 0.875;
 
 impl Default for TinyWanSpec {
     fn default() -> Self {
@@ -40,6 +47,7 @@ impl Default for TinyWanSpec {
             text_width: 32,
             text_layers: 2,
             wan21: false,
+            two_experts: false,
         }
     }
 }
@@ -95,9 +103,13 @@ pub fn write_tiny_wan(dir: &Path, spec: &TinyWanSpec) -> Result<(), ModelError> 
         num_layers: spec.layers,
         ..Default::default()
     };
-    let transformer = WanTransformer::new(&config, Device::Cpu, None)?;
-    randomize(&transformer.weights.base, &mut rng, init)?;
-    write_model(&dir.join("transformer"), &transformer.weights.base, &config)?;
+    let experts: &[&str] =
+        if spec.two_experts { &["transformer", "transformer_2"] } else { &["transformer"] };
+    for name in experts {
+        let transformer = WanTransformer::new(&config, Device::Cpu, None)?;
+        randomize(&transformer.weights.base, &mut rng, init)?;
+        write_model(&dir.join(name), &transformer.weights.base, &config)?;
+    }
 
     // Wan's UniPC flow-matching scheduler (Wan2.2-TI2V-5B: flow_shift 5).
     write_scheduler(
@@ -123,13 +135,17 @@ pub fn write_tiny_wan(dir: &Path, spec: &TinyWanSpec) -> Result<(), ModelError> 
         &json!({
             "_class_name": "WanPipeline",
             "_diffusers_version": DIFFUSERS_VERSION,
-            "boundary_ratio": null,
+            "boundary_ratio": spec.two_experts.then_some(A14B_BOUNDARY_RATIO),
             "expand_timesteps": !spec.wan21,
             "scheduler": ["diffusers", "UniPCMultistepScheduler"],
             "text_encoder": ["transformers", "UMT5EncoderModel"],
             "tokenizer": ["transformers", "T5TokenizerFast"],
             "transformer": ["diffusers", "WanTransformer3DModel"],
-            "transformer_2": [null, null],
+            "transformer_2": if spec.two_experts {
+                json!(["diffusers", "WanTransformer3DModel"])
+            } else {
+                json!([null, null])
+            },
             "vae": ["diffusers", "AutoencoderKLWan"],
         }),
     )
