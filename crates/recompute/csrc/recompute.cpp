@@ -101,6 +101,9 @@ extern "C" {
 
 int ftr_grad_enabled() { return at::GradMode::is_enabled() ? 1 : 0; }
 
+// Drops a tensor's gradient (PyTorch's `zero_grad(set_to_none=True)`), which tch cannot do.
+void ftr_clear_grad(at::Tensor* t) { t->mutable_grad().reset(); }
+
 void ftr_sink_push(void* sink, at::Tensor* t) {
   static_cast<variable_list*>(sink)->push_back(*t);
 }

@@ -3,6 +3,7 @@
 //! enabled and backpropagates through that fresh graph, which also accumulates its weights'
 //! gradients. Memory for activations falls from every block's to one block's at a time, for one
 //! more forward per block. Blocks must be deterministic (no dropout), as they are here.
+//! [`clear_grad`] is the other autograd hook tch lacks: a gradient set back to none.
 
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -20,6 +21,13 @@ static RECOMPUTED: AtomicU64 = AtomicU64::new(0);
 /// How many blocks backward passes have recomputed in this process.
 pub fn recomputed_blocks() -> u64 {
     RECOMPUTED.load(Ordering::Relaxed)
+}
+
+/// Drops `t`'s gradient, so `t.grad()` is undefined until a backward pass reaches `t` again
+/// (PyTorch's `zero_grad(set_to_none=True)`; tch's `zero_grad` only fills it with zeros).
+pub fn clear_grad(t: &Tensor) {
+    // SAFETY: a live tensor handle; resetting its grad slot is what `set_to_none` does.
+    unsafe { ftr_clear_grad(t.as_ptr() as *mut C_tensor) }
 }
 
 /// A block as the graph node owns it.
@@ -41,6 +49,7 @@ extern "C" {
     ) -> *mut c_char;
     fn ftr_sink_push(sink: *mut c_void, t: *mut C_tensor);
     fn ftr_grad_enabled() -> i32;
+    fn ftr_clear_grad(t: *mut C_tensor);
     fn malloc(size: usize) -> *mut c_void;
     fn free(p: *mut c_void);
 }

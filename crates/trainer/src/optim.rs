@@ -129,13 +129,12 @@ impl AdamW {
         }
     }
 
-    /// Clears every gradient.
+    /// Drops every gradient (PyTorch's default `set_to_none`): a parameter that no backward pass
+    /// reaches before the next step has none and does not step (no momentum, no weight decay),
+    /// as in a fresh process after a resume.
     pub fn zero_grad(&self) {
         for p in self.params.values() {
-            let mut g = p.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
+            flowtune_recompute::clear_grad(p);
         }
     }
 }
@@ -153,6 +152,40 @@ pub fn learning_rate(schedule: LrSchedule, base: f64, step: u64, warmup: u64, to
             let progress = (step - warmup) as f64 / (total.saturating_sub(warmup)).max(1) as f64;
             base * 0.5 * (1.0 + (std::f64::consts::PI * progress.min(1.0)).cos())
         }
+    }
+}
+
+#[cfg(test)]
+mod zero_grad_tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use tch::{Device, Kind, Tensor};
+
+    use super::AdamW;
+
+    /// A parameter a step's backward does not reach keeps its value (no momentum step), as
+    /// `torch.optim.AdamW` with `zero_grad(set_to_none=True)`.
+    #[test]
+    fn a_parameter_without_a_gradient_does_not_step() {
+        let (a, b) = (
+            Tensor::ones([2], (Kind::Float, Device::Cpu)),
+            Tensor::ones([2], (Kind::Float, Device::Cpu)),
+        );
+        let (a, b) = (a.set_requires_grad(true), b.set_requires_grad(true));
+        let params = BTreeMap::from([
+            ("a".to_string(), a.shallow_clone()),
+            ("b".to_string(), b.shallow_clone()),
+        ]);
+        let mut adam = AdamW::new(params, [0.9, 0.999], 1e-8, 0.01);
+        (&a + &b).sum(Kind::Float).backward();
+        adam.step(0.1, &BTreeSet::new());
+        adam.zero_grad();
+        assert!(!a.grad().defined() && !b.grad().defined(), "gradients dropped");
+        let b_before = b.copy();
+        a.sum(Kind::Float).backward();
+        adam.step(0.1, &BTreeSet::new());
+        assert!(b.equal(&b_before), "b had no gradient this step and did not move");
+        assert!(a.double_value(&[0]) < 0.85, "a stepped twice: {}", a.double_value(&[0]));
     }
 }
 
