@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{lora_moved, root, scratch, tensors};
+use common::{assert_same_metrics, lora_moved, root, scratch, tensors};
 use flowtune_config::Recipe;
 use flowtune_models::wan::{second_expert_file, write_tiny_wan, TinyWanSpec};
 use flowtune_trainer::train;
@@ -30,17 +30,31 @@ fn every_algorithm_trains_and_resumes_on_wan() {
     );
 }
 
-fn dance(pipeline: &Path, out: &Path, steps: u64, resume: &str) -> Recipe {
-    let overrides = [
+/// `file` (an example recipe) on `pipeline` with tiny prompts, `steps` steps written to `out`, a
+/// checkpoint every step and `trainer.resume=resume`, then `extra` overrides.
+fn tiny_run(
+    file: &str,
+    pipeline: &Path,
+    out: &Path,
+    steps: u64,
+    resume: &str,
+    extra: &[&str],
+) -> Recipe {
+    let mut overrides = vec![
         format!("model.path={}", pipeline.display()),
         format!("data.train_files=[{}]", root().join("examples/prompts/tiny.txt").display()),
         format!("trainer.output_dir={}", out.display()),
         format!("trainer.total_steps={steps}"),
         "trainer.save_freq=1".into(),
-        "trainer.image_freq=2".into(),
         format!("trainer.resume={resume}"),
     ];
-    Recipe::load(&root().join("examples/dance_grpo_wan_tiny.yaml"), &overrides).expect("recipe")
+    overrides.extend(extra.iter().map(|s| s.to_string()));
+    Recipe::load(&root().join("examples").join(file), &overrides).expect("recipe")
+}
+
+fn dance(pipeline: &Path, out: &Path, steps: u64, resume: &str) -> Recipe {
+    let extra = ["trainer.image_freq=2"];
+    tiny_run("dance_grpo_wan_tiny.yaml", pipeline, out, steps, resume, &extra)
 }
 
 #[test]
@@ -73,25 +87,11 @@ fn dance_grpo_on_wan_resumes_bit_for_bit_and_writes_video_grids() {
     for (name, t) in &lora {
         assert!(t.equal(&after[name]), "{name} differs after resuming");
     }
-    for (key, a) in &summary.metrics[1] {
-        if key.starts_with("perf/") || key.starts_with("timing") {
-            continue;
-        }
-        let b = again.metrics[0][key];
-        assert!(a == &b || (a.is_nan() && b.is_nan()), "{key}: {a} vs {b} resumed");
-    }
+    assert_same_metrics("", &summary.metrics[1], &again.metrics[0]);
 }
 
 fn a14b(pipeline: &Path, out: &Path, steps: u64, resume: &str) -> Recipe {
-    let overrides = [
-        format!("model.path={}", pipeline.display()),
-        format!("data.train_files=[{}]", root().join("examples/prompts/tiny.txt").display()),
-        format!("trainer.output_dir={}", out.display()),
-        format!("trainer.total_steps={steps}"),
-        "trainer.save_freq=1".into(),
-        format!("trainer.resume={resume}"),
-    ];
-    Recipe::load(&root().join("examples/flow_grpo_wan_a14b_tiny.yaml"), &overrides).expect("recipe")
+    tiny_run("flow_grpo_wan_a14b_tiny.yaml", pipeline, out, steps, resume, &[])
 }
 
 /// The exported LoRA of each expert: `pytorch_lora_weights.safetensors` (transformer) and
@@ -126,11 +126,5 @@ fn flow_grpo_on_wan_a14b_trains_both_experts_and_resumes_bit_for_bit() {
             assert!(t.equal(&got[name]), "{name} differs after resuming");
         }
     }
-    for (key, a) in &summary.metrics[1] {
-        if key.starts_with("perf/") || key.starts_with("timing") {
-            continue;
-        }
-        let b = again.metrics[0][key];
-        assert!(a == &b || (a.is_nan() && b.is_nan()), "{key}: {a} vs {b} resumed");
-    }
+    assert_same_metrics("", &summary.metrics[1], &again.metrics[0]);
 }

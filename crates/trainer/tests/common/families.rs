@@ -96,12 +96,6 @@ pub fn every_algorithm_trains_and_resumes(
         for (key, t) in &lora {
             assert!(t.equal(&after[key]), "{file}: {key} differs after resuming");
         }
-        for (key, a) in &summary.metrics[1] {
-            if key.starts_with("perf/") || key.starts_with("timing") {
-                continue;
-            }
-            let b = again.metrics[0][key];
-            assert!(a == &b || (a.is_nan() && b.is_nan()), "{file}: {key}: {a} vs {b} resumed");
-        }
+        super::assert_same_metrics(&format!("{file}: "), &summary.metrics[1], &again.metrics[0]);
     }
 }

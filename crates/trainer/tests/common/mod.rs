@@ -69,3 +69,19 @@ pub fn lora_moved(lora: &BTreeMap<String, Tensor>) -> bool {
         .filter(|(k, _)| k.contains("lora_B"))
         .any(|(_, t)| t.abs().max().double_value(&[]) > 0.0)
 }
+
+/// Asserts that a resumed run's metrics equal the straight run's at the same step (timings and
+/// performance figures aside; NaN equals NaN). `what` prefixes the message.
+pub fn assert_same_metrics(
+    what: &str,
+    straight: &flowtune_objectives::Metrics,
+    resumed: &flowtune_objectives::Metrics,
+) {
+    for (key, a) in straight {
+        if key.starts_with("perf/") || key.starts_with("timing") {
+            continue;
+        }
+        let b = resumed[key];
+        assert!(a == &b || (a.is_nan() && b.is_nan()), "{what}{key}: {a} vs {b} resumed");
+    }
+}
