@@ -86,6 +86,21 @@ pub fn reverse_step(
     sigma_next: &Tensor,
     draw: Draw<'_>,
 ) -> Result<StepOutput, SamplingError> {
+    reverse_step_over(params, model_output, sample, sigma, sigma_next, draw, None)
+}
+
+/// [`reverse_step`] whose log-density averages only over the elements where `generated`
+/// (broadcastable to the sample, 1 or 0) is 1: the held first frame of image-to-video is no
+/// sampled transition and stays out of it.
+pub fn reverse_step_over(
+    params: &StepParams,
+    model_output: &Tensor,
+    sample: &Tensor,
+    sigma: &Tensor,
+    sigma_next: &Tensor,
+    draw: Draw<'_>,
+    generated: Option<&Tensor>,
+) -> Result<StepOutput, SamplingError> {
     let eta = params.noise_level;
     if !(eta >= 0.0 && eta.is_finite()) {
         return Err(SamplingError::setting("noise_level", eta, "a finite number ≥ 0"));
@@ -151,7 +166,13 @@ pub fn reverse_step(
                 }
             }
         };
-        mean_over_rows(&per_elem)
+        match generated {
+            None => mean_over_rows(&per_elem),
+            Some(mask) => {
+                let mask = mask.to_kind(kind).expand_as(&per_elem);
+                mean_over_rows(&(per_elem * &mask)) / mean_over_rows(&mask)
+            }
+        }
     };
     Ok(StepOutput { prev_sample, log_prob, prev_sample_mean: mean, std_dev_t, sqrt_dt })
 }
