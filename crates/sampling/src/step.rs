@@ -299,6 +299,28 @@ mod tests {
         }
     }
 
+    /// Masked on the middle row of the second dimension, the log-density is the step's log-density
+    /// of the other elements alone (the step is elementwise), whatever the masked elements hold.
+    #[test]
+    fn masked_log_prob_averages_over_the_generated_elements_only() {
+        let (x, v, sigma, sigma_next) = inputs(Kind::Double);
+        let prev = Tensor::randn([2, 3, 4], (Kind::Double, Device::Cpu)) * 0.1 + &x;
+        let mask = Tensor::from_slice(&[1.0f64, 0.0, 1.0]).view([1, 3, 1]);
+        let keep = Tensor::from_slice(&[0i64, 2]);
+        let junk = prev.index_fill(1, &Tensor::from_slice(&[1i64]), 1e3);
+        for t in TYPES {
+            let p = params(t, 0.7);
+            let masked =
+                reverse_step_over(&p, &v, &x, &sigma, &sigma_next, Draw::Given(&junk), Some(&mask))
+                    .unwrap();
+            let (vk, xk, pk) =
+                (v.index_select(1, &keep), x.index_select(1, &keep), prev.index_select(1, &keep));
+            let alone = reverse_step(&p, &vk, &xk, &sigma, &sigma_next, Draw::Given(&pk)).unwrap();
+            let err = (&masked.log_prob - &alone.log_prob).abs().max().double_value(&[]);
+            assert!(err < 1e-12, "{t:?}: masked log-prob off by {err}");
+        }
+    }
+
     #[test]
     fn negative_noise_level_and_bad_shapes_are_errors() {
         let (x, v, sigma, sigma_next) = inputs(Kind::Float);
