@@ -6,6 +6,7 @@ a window and Euler outside, with given noise), then the VAE decode of the final 
 Usage (the project's reference venv):
     flowtune make-tiny wan fixtures/wan_pipeline
     python scripts/reference_wan_rollout.py fixtures/wan_pipeline fixtures [flowtune]
+    python scripts/reference_wan_rollout.py --i2v fixtures/wan_pipeline fixtures [flowtune]
 
 Writes `wan_rollout_f{frames}_io.safetensors` for each case of CASES (pixel frames, height, width). For a two-expert
 pipeline (`flowtune make-tiny wan --a14b`: `transformer_2` and `boundary_ratio`, Wan2.2-T2V-A14B), each step runs the
@@ -14,14 +15,25 @@ boundary), for A14B_CASES into `wan_a14b_rollout_f{frames}_io.safetensors`. The 
 at step 1: the grid's first sigma is 1 - 1e-6, where the flow-GRPO SDE's std sqrt(sigma / (1 - sigma)) is ~1000 eta.
 With a flowtune binary, it also runs `flowtune debug rollout` on the same prompts and noise for every case and
 prints the largest relative difference.
+
+With --i2v (a pipeline with `expand_timesteps`, Wan2.2-TI2V-5B), the cases of I2V_CASES are image-to-video as
+WanImageToVideoPipeline does it: the picture through its video processor (Pillow Lanczos to the sample size, [-1, 1])
+and its `prepare_latents` (a one-frame clip encoded, the posterior mode normalised: `condition`, and the first-frame
+mask); every model input holds the first latent frame at the condition with per-token timesteps 0 there. The first
+frame is no sampled transition: the SDE step and its log-density (mean) run over the other frames, the first stays the
+condition in every recorded latent, and the final latents are `(1 - mask) * condition + mask * latents` as the pipeline
+decodes them. Writes `wan_i2v_rollout_f{frames}_io.safetensors` with `input.picture` (u8 H x W x 3) and
+`output.condition`.
 """
 import os
 import subprocess
 import sys
 import tempfile
 
+import numpy as np
 import torch
-from diffusers import WanPipeline
+from diffusers import WanImageToVideoPipeline, WanPipeline
+from PIL import Image
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -36,6 +48,18 @@ CASES = [(1, 32, 32), (5, 32, 64), (9, 64, 32)]
 # steps 1-3 lie on both sides of the boundary 875.
 SPEC_A14B = dict(SPEC, guidance_scale_2=3.0)
 A14B_CASES = [(5, 32, 64)]
+# Image-to-video (pixel frames, height, width): the picture is 40 x 24 pixels, resized to each sample's size.
+I2V_CASES = [(5, 32, 64), (9, 64, 32)]
+
+
+def test_picture():
+    """A 24 x 40 (H x W) picture with a gradient, a disc and a bar, so resizing and encoding see real structure."""
+    yy, xx = np.mgrid[0:24, 0:40]
+    r = (xx * 6) % 256
+    g = (yy * 10) % 256
+    b = np.where((xx - 14) ** 2 + (yy - 12) ** 2 < 49, 230, 30)
+    b = np.where((xx > 28) & (xx < 34), 120, b)
+    return Image.fromarray(np.stack([r, g, b], axis=-1).astype(np.uint8))
 
 
 def expert(pipe, s, t):
@@ -90,6 +114,42 @@ def denoise(pipe, s, x, step_noise, positive, negative):
     return lat, recorded, sigmas
 
 
+def denoise_i2v(pipe, s, x, step_noise, positive, negative, condition, mask):
+    """The image-to-video loop: as `denoise`, with the first latent frame held at `condition`."""
+    b = x.shape[0]
+    n = s["steps"]
+    pipe.scheduler.set_timesteps(n)
+    sigmas, timesteps = pipe.scheduler.sigmas, pipe.scheduler.timesteps
+    ws, wn = s["window_start"], s["window_size"]
+    p = pipe.transformer.config.patch_size
+    held = lambda lat: (1 - mask) * condition + mask * lat  # noqa: E731
+    lat = held(x)
+    lats, lps, ts = [], [], []
+    for i in range(n):
+        t = (mask[0][0][:, :: p[1], :: p[2]] * timesteps[i]).flatten().unsqueeze(0).expand(b, -1)
+        inp = held(lat)
+        cond = pipe.transformer(hidden_states=inp, timestep=t, encoder_hidden_states=positive, return_dict=False)[0]
+        uncond = pipe.transformer(hidden_states=inp, timestep=t, encoder_hidden_states=negative, return_dict=False)[0]
+        v = uncond + s["guidance_scale"] * (cond - uncond)
+        if i == ws:
+            lats.append(lat)
+        if ws <= i < ws + wn:
+            gen, lp = sde_step(sigmas, i, lat[:, :, 1:], v[:, :, 1:], s["noise_level"], step_noise[i][:, :, 1:])
+            lat = torch.cat([condition, gen], dim=2)
+            lats.append(lat)
+            lps.append(lp)
+            ts.append(timesteps[i].float().expand(b))
+        else:
+            lat = held(lat + v * (sigmas[i + 1] - sigmas[i]))
+    recorded = {
+        "output.final_latents": lat,
+        "output.all_latents": torch.stack(lats, dim=1),
+        "output.all_log_probs": torch.stack(lps, dim=1),
+        "output.all_timesteps": torch.stack(ts, dim=1),
+    }
+    return lat, recorded, sigmas
+
+
 def decode(pipe, latents):
     """WanPipeline's decode: `latents / (1 / std) + mean`, then the VAE; (B, 3, T, H, W) in [-1, 1]."""
     c = pipe.vae.config
@@ -98,7 +158,7 @@ def decode(pipe, latents):
     return pipe.vae.decode(latents / inv_std + mean, return_dict=False)[0]
 
 
-def run_case(pipe, pipeline_dir, frames, height, width, out_dir, flowtune):
+def run_case(pipe, pipeline_dir, frames, height, width, out_dir, flowtune, picture=None):
     two = pipe.transformer_2 is not None
     s = SPEC_A14B if two else SPEC
     b = len(PROMPTS)
@@ -112,11 +172,20 @@ def run_case(pipe, pipeline_dir, frames, height, width, out_dir, flowtune):
         pe, ne = pipe.encode_prompt(list(PROMPTS), negative_prompt=[""] * b, do_classifier_free_guidance=True,
                                     max_sequence_length=512, device="cpu")
         io["output.prompt_embeds"], io["output.negative_prompt_embeds"] = pe, ne
-        final, recorded, sigmas = denoise(pipe, s, x, step_noise, pe, ne)
+        if picture is None:
+            final, recorded, sigmas = denoise(pipe, s, x, step_noise, pe, ne)
+        else:
+            image = pipe.video_processor.preprocess(picture, height=height, width=width).to(torch.float32)
+            _, condition, mask = pipe.prepare_latents(image, b, shape[1], height, width, frames, torch.float32,
+                                                      "cpu", None, x.clone())
+            io["input.picture"] = torch.from_numpy(np.array(picture))
+            io["output.condition"] = condition
+            final, recorded, sigmas = denoise_i2v(pipe, s, x, step_noise, pe, ne, condition, mask)
         video = decode(pipe, final)
     io.update(recorded)
     io["output.video"] = video
-    out = os.path.join(out_dir, f"wan_{'a14b_' if two else ''}rollout_f{frames}_io.safetensors")
+    kind = "a14b_" if two else "i2v_" if picture is not None else ""
+    out = os.path.join(out_dir, f"wan_{kind}rollout_f{frames}_io.safetensors")
     save_file({k: v.contiguous() for k, v in io.items()}, out)
     print(f"wrote {out}: {frames} frames {height}x{width}, latents {list(shape)}, video {list(video.shape)}, "
           f"sigmas {[round(float(v), 6) for v in sigmas]}")
@@ -126,13 +195,17 @@ def run_case(pipe, pipeline_dir, frames, height, width, out_dir, flowtune):
         with open(f"{tmp}/prompts.txt", "w") as fh:
             fh.write("\n".join(PROMPTS) + "\n")
         save_file({"initial_latents": x, "step_noise": step_noise}, f"{tmp}/noise.safetensors")
+        images = []
+        if picture is not None:
+            picture.save(f"{tmp}/first.png")
+            images = ["--images", f"{tmp}/first.png"]
         subprocess.run([flowtune, "debug", "rollout", "--model", pipeline_dir, "--prompts",
                         f"{tmp}/prompts.txt", "--noise", f"{tmp}/noise.safetensors", "--out", f"{tmp}/out.safetensors",
                         "--steps", str(s["steps"]), "--guidance", str(s["guidance_scale"]),
                         "--noise-level", str(s["noise_level"]), "--num-frames", str(frames),
                         "--window-start", str(s["window_start"]), "--window-size", str(s["window_size"]),
                         "--max-sequence-length", "512"]
-                       + (["--guidance-2", str(s["guidance_scale_2"])] if two else []), check=True)
+                       + (["--guidance-2", str(s["guidance_scale_2"])] if two else []) + images, check=True)
         ours = load_file(f"{tmp}/out.safetensors")
     worst = 0.0
     for k in ["all_latents", "all_log_probs", "all_timesteps", "final_latents"]:
@@ -147,7 +220,12 @@ def run_case(pipe, pipeline_dir, frames, height, width, out_dir, flowtune):
     return worst < 1e-3 and off <= 1
 
 
-def main(pipeline_dir, out_dir, flowtune=None):
+def main(pipeline_dir, out_dir, flowtune=None, i2v=False):
+    if i2v:
+        pipe = WanImageToVideoPipeline.from_pretrained(pipeline_dir)
+        assert pipe.config.expand_timesteps, "image-to-video here is Wan2.2-TI2V's (expand_timesteps)"
+        ok = all([run_case(pipe, pipeline_dir, *case, out_dir, flowtune, test_picture()) for case in I2V_CASES])
+        sys.exit(0 if ok else 1)
     pipe = WanPipeline.from_pretrained(pipeline_dir)
     cases = A14B_CASES if pipe.transformer_2 is not None else CASES
     ok = all([run_case(pipe, pipeline_dir, *case, out_dir, flowtune) for case in cases])
@@ -155,4 +233,5 @@ def main(pipeline_dir, out_dir, flowtune=None):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    args = [a for a in sys.argv[1:] if a != "--i2v"]
+    main(*args[:3], i2v="--i2v" in sys.argv[1:])

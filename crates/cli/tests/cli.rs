@@ -652,8 +652,21 @@ fn debug_rollout_reproduces_the_qwen_image_reference_loop() {
 /// side.
 #[test]
 fn debug_rollout_reproduces_the_wan_reference_loop() {
-    let io = tensors(repo("fixtures/wan_rollout_f5_io.safetensors"));
-    let dir = std::env::temp_dir().join(format!("flowtune-debug-wan-{}", std::process::id()));
+    debug_wan_rollout("wan_rollout_f5_io.safetensors");
+}
+
+/// The same for image-to-video (`--images`: the fixture's first-frame picture).
+#[test]
+fn debug_rollout_reproduces_the_wan_image_to_video_loop() {
+    debug_wan_rollout("wan_i2v_rollout_f5_io.safetensors");
+}
+
+/// `flowtune debug rollout` on the tiny Wan pipeline with the prompts, noise and settings of the
+/// `fixture` of scripts/reference_wan_rollout.py (5 frames at 32 × 64), and its picture if any.
+fn debug_wan_rollout(fixture: &str) {
+    let io = tensors(repo(&format!("fixtures/{fixture}")));
+    let stem = fixture.trim_end_matches(".safetensors");
+    let dir = std::env::temp_dir().join(format!("flowtune-debug-{stem}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let prompts = dir.join("prompts.txt");
     std::fs::write(
@@ -669,17 +682,31 @@ fn debug_rollout_reproduces_the_wan_reference_loop() {
     ];
     tch::Tensor::write_safetensors(&pairs, &noise).unwrap();
     let out = dir.join("trajectory.safetensors");
-    let done = flowtune(&[
+    let mut pictures = vec![];
+    if let Some(picture) = io.get("input.picture") {
+        let (h, w, _) = picture.size3().unwrap();
+        let bytes = Vec::<u8>::try_from(picture.flatten(0, -1)).unwrap();
+        let path = dir.join("first.png");
+        image::RgbImage::from_raw(w as u32, h as u32, bytes).unwrap().save(&path).unwrap();
+        pictures = vec!["--images".to_string(), path.display().to_string()];
+    }
+    let (model, p, n, o) = (
+        repo("fixtures/wan_pipeline"),
+        prompts.display().to_string(),
+        noise.display().to_string(),
+        out.display().to_string(),
+    );
+    let mut args = vec![
         "debug",
         "rollout",
         "--model",
-        &repo("fixtures/wan_pipeline"),
+        &model,
         "--prompts",
-        &prompts.display().to_string(),
+        &p,
         "--noise",
-        &noise.display().to_string(),
+        &n,
         "--out",
-        &out.display().to_string(),
+        &o,
         "--steps",
         "6",
         "--guidance",
@@ -692,7 +719,9 @@ fn debug_rollout_reproduces_the_wan_reference_loop() {
         "5",
         "--max-sequence-length",
         "512",
-    ]);
+    ];
+    args.extend(pictures.iter().map(String::as_str));
+    let done = flowtune(&args);
     assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
     let got = tensors(&out);
     for key in ["all_latents", "all_log_probs", "all_timesteps", "final_latents"] {

@@ -9,6 +9,12 @@ use tch::Tensor;
 
 use crate::ModelError;
 
+/// The extra naming latents held fixed at the start of every sample, (B, C, Fh, H, W): the
+/// conditioned first frame of image-to-video (Wan2.2-TI2V). Rollouts keep those frames at these
+/// values in every step, the denoiser sees them at timestep 0 and predicts no velocity for them,
+/// and log-probs average over the other (generated) frames only.
+pub const HELD_LATENTS: &str = "held_latents";
+
 /// Text conditioning of a denoiser, one row per sample.
 pub struct TextConditioning {
     /// (B, L, D) token states.
@@ -141,6 +147,11 @@ impl TextConditioning {
         })
     }
 
+    /// The latents held fixed at the start of every sample ([`HELD_LATENTS`]), if any.
+    pub fn held_latents(&self) -> Option<&Tensor> {
+        self.extras.get(HELD_LATENTS)
+    }
+
     /// The rows at `index` (a 1-D int64 tensor).
     pub fn rows(&self, index: &Tensor) -> Self {
         self.map_rows(|t| t.index_select(0, index))
@@ -150,6 +161,23 @@ impl TextConditioning {
     pub fn narrow(&self, start: i64, len: i64) -> Self {
         self.map_rows(|t| t.narrow(0, start, len))
     }
+}
+
+/// `latents` (B, C, F, H, W) with their first frames replaced by `held` (B, C, Fh, H, W), in the
+/// latents' dtype.
+pub fn hold_frames(latents: &Tensor, held: &Tensor) -> Tensor {
+    let fh = held.size()[2];
+    let rest = latents.narrow(2, fh, latents.size()[2] - fh);
+    Tensor::cat(&[held.to_kind(latents.kind()), rest], 2)
+}
+
+/// A (1, 1, F, 1, 1) mask of `latents`' frames (B, C, F, H, W): 0 on the `held` ones, 1 on the
+/// generated ones.
+pub fn generated_frames(latents: &Tensor, held: &Tensor) -> Tensor {
+    let (f, fh) = (latents.size()[2], held.size()[2]);
+    let mask = Tensor::ones([1, 1, f, 1, 1], (latents.kind(), latents.device()));
+    let _ = mask.narrow(2, 0, fh).fill_(0.0);
+    mask
 }
 
 /// Shapes of the extras, for error messages.

@@ -136,14 +136,17 @@ pub trait FlowPipeline {
     /// u8 RGB pictures (B, H, W, 3) → clean latents (f32), the inverse of [`Self::decode_rgb8`].
     fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError>;
 
-    /// Text conditioning of `prompts` that all share the condition `pictures` (image editing:
-    /// Qwen-Image-Edit-Plus). Without pictures it is [`Self::encode_prompts`]; a family that
-    /// takes none refuses them.
+    /// Text conditioning of `prompts` that all share the condition `pictures`, for samples of
+    /// `latent_shape` (image editing: Qwen-Image-Edit-Plus; image-to-video: Wan2.2-TI2V's first
+    /// frame). Without pictures it is [`Self::encode_prompts`]; a family that takes none refuses
+    /// them.
     fn encode_prompts_with_pictures(
         &self,
         prompts: &[&str],
         pictures: &[RgbImage],
+        latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
+        let _ = latent_shape;
         if pictures.is_empty() {
             return self.encode_prompts(prompts);
         }

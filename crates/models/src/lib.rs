@@ -26,7 +26,7 @@ pub mod wan;
 pub mod weights;
 pub mod z_image;
 
-pub use conditioning::TextConditioning;
+pub use conditioning::{generated_frames, hold_frames, TextConditioning, HELD_LATENTS};
 pub use denoiser::{
     guided_velocity, rescaled_guidance, velocity_at_sigma, CfgScale, Denoiser, ExampleInputs,
     ExampleShape, TrainableDenoiser,

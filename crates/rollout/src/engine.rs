@@ -6,10 +6,12 @@
 use std::ops::Range;
 
 use flowtune_models::{
-    guided_velocity, CfgScale, Denoiser, FlowPipeline, ModelError, TextConditioning,
+    generated_frames, guided_velocity, CfgScale, Denoiser, FlowPipeline, ModelError,
+    TextConditioning,
 };
 use flowtune_sampling::{
-    reverse_step, row_seed, DeviceGrid, Draw, SampleNoise, SamplerConfig, SigmaGrid, StepOutput,
+    reverse_step_over, row_seed, DeviceGrid, Draw, SampleNoise, SamplerConfig, SigmaGrid,
+    StepOutput,
 };
 use image::RgbImage;
 use tch::{Device, Tensor};
@@ -39,11 +41,13 @@ pub struct Engine<'a> {
 
 /// Text conditioning of `prompts` (one row each), encoding each distinct prompt once; with
 /// `pictures` (one set per row, or none at all) each row is conditioned on its set too (image
-/// editing), rows sharing a set and a prompt encoded once.
+/// editing, image-to-video for samples of `latent_shape`), rows sharing a set and a prompt
+/// encoded once.
 pub fn encode_rows(
     pipe: &dyn FlowPipeline,
     prompts: &[&str],
     pictures: &[Vec<RgbImage>],
+    latent_shape: &[i64],
 ) -> Result<TextConditioning, ModelError> {
     if !pictures.is_empty() && pictures.len() != prompts.len() {
         return Err(ModelError::Input(format!(
@@ -76,7 +80,7 @@ pub fn encode_rows(
     for (s, set) in sets.iter().enumerate() {
         let group: Vec<(usize, &str)> = unique.iter().copied().filter(|u| u.0 == s).collect();
         let texts: Vec<&str> = group.iter().map(|u| u.1).collect();
-        parts.push(tch::no_grad(|| pipe.encode_prompts_with_pictures(&texts, set))?);
+        parts.push(tch::no_grad(|| pipe.encode_prompts_with_pictures(&texts, set, latent_shape))?);
         order.extend(group);
     }
     let encoded = TextConditioning::stack(parts)?;
@@ -150,11 +154,14 @@ impl<'a> Engine<'a> {
                 prompts.len()
             )));
         }
-        let text = encode_rows(self.pipe, prompts, pictures)?;
+        let text = encode_rows(self.pipe, prompts, pictures, &self.latent_shape)?;
         let guided = self.sampler.guidance_scale > 1.0;
         // The negative side sees the same pictures, as in diffusers' edit pipelines.
-        let negative =
-            if guided { Some(encode_rows(self.pipe, negatives, pictures)?) } else { None };
+        let negative = if guided {
+            Some(encode_rows(self.pipe, negatives, pictures, &self.latent_shape)?)
+        } else {
+            None
+        };
         let mut shape = vec![1];
         shape.extend(&self.latent_shape);
         let device = self.pipe.device();
@@ -248,15 +255,11 @@ impl<'a> Engine<'a> {
         let tt = t.all_timesteps.index_select(0, rows).select(1, j);
         let (sigma, sigma_next) = self.device_grid.step_sigmas(&tt);
         let negative = batch.negative.as_ref().map(|n| n.rows(rows));
-        let v = guided_velocity(
-            model,
-            &x,
-            &tt,
-            &batch.text.rows(rows),
-            negative.as_ref(),
-            self.cfg_scale(),
-        )?;
+        let text = batch.text.rows(rows);
+        let v = guided_velocity(model, &x, &tt, &text, negative.as_ref(), self.cfg_scale())?;
         let params = self.sampler.step_params(self.grid.sigmas[1] as f64);
-        Ok(reverse_step(&params, &v, &x, &sigma, &sigma_next, Draw::Given(&next))?)
+        let generated = text.held_latents().map(|h| generated_frames(&x, h));
+        let given = Draw::Given(&next);
+        Ok(reverse_step_over(&params, &v, &x, &sigma, &sigma_next, given, generated.as_ref())?)
     }
 }

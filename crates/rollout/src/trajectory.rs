@@ -3,8 +3,10 @@
 
 use std::ops::Range;
 
-use flowtune_models::{guided_velocity, CfgScale, Denoiser, TextConditioning};
-use flowtune_sampling::{euler_step, per_row, reverse_step, Draw, SigmaGrid, StepParams};
+use flowtune_models::{
+    generated_frames, guided_velocity, hold_frames, CfgScale, Denoiser, TextConditioning,
+};
+use flowtune_sampling::{euler_step, per_row, reverse_step_over, Draw, SigmaGrid, StepParams};
 use tch::{Kind, Tensor};
 
 use crate::RolloutError;
@@ -44,7 +46,9 @@ pub struct Trajectory {
 }
 
 /// Samples a trajectory; `step_noise(i)` gives the (B, …) Gaussian of step i, drawn for every step
-/// as the seeds contract requires.
+/// as the seeds contract requires. Latents the text holds fixed (image-to-video's first frame,
+/// [`TextConditioning::held_latents`]) keep their values in every recorded and final latent, and
+/// the log-probs average over the generated frames only.
 pub fn sample_trajectory<D: Denoiser + ?Sized>(
     model: &D,
     request: &TrajectoryRequest<'_>,
@@ -73,7 +77,13 @@ pub fn sample_trajectory<D: Denoiser + ?Sized>(
         (true, negative) => negative,
         (false, _) => None,
     };
-    let mut x = request.initial.to_kind(Kind::Float);
+    let held = request.text.held_latents();
+    let hold = |x: Tensor| match held {
+        Some(h) => hold_frames(&x, h),
+        None => x,
+    };
+    let mut x = hold(request.initial.to_kind(Kind::Float));
+    let generated = held.map(|h| generated_frames(&x, h));
     let mut latents: Vec<Vec<Tensor>> = (0..b).map(|_| vec![]).collect();
     let mut log_probs: Vec<Vec<Tensor>> = (0..b).map(|_| vec![]).collect();
     let mut timesteps: Vec<Vec<f32>> = vec![vec![]; b as usize];
@@ -86,7 +96,16 @@ pub fn sample_trajectory<D: Denoiser + ?Sized>(
         let sigma_next = Tensor::full([b], grid.sigmas[i + 1] as f64, (Kind::Float, device));
         let in_window: Vec<bool> = request.windows.iter().map(|r| r.contains(&i)).collect();
         let next = if in_window.iter().any(|&s| s) {
-            let out = reverse_step(&request.step, &v, &x, &sigma, &sigma_next, Draw::Noise(&z))?;
+            let mut out = reverse_step_over(
+                &request.step,
+                &v,
+                &x,
+                &sigma,
+                &sigma_next,
+                Draw::Noise(&z),
+                generated.as_ref(),
+            )?;
+            out.prev_sample = hold(out.prev_sample);
             let euler = euler_step(&x, &v, &sigma, &sigma_next);
             for (row, &stochastic) in in_window.iter().enumerate() {
                 if stochastic {
@@ -104,7 +123,7 @@ pub fn sample_trajectory<D: Denoiser + ?Sized>(
         } else {
             euler_step(&x, &v, &sigma, &sigma_next)
         };
-        x = next;
+        x = hold(next);
     }
     let stack_rows = |rows: Vec<Vec<Tensor>>| {
         Tensor::stack(&rows.into_iter().map(|r| Tensor::stack(&r, 0)).collect::<Vec<_>>(), 0)

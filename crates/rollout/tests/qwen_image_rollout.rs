@@ -39,9 +39,9 @@ fn qwen_image_rollout_matches_diffusers_loop() {
     let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).expect("engine");
     let mut check = Checker::new("qwen_image_rollout_io.safetensors");
     check.case();
-    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[]).expect("prompts");
-    let negative =
-        encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2], &[]).expect("negative");
+    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[]).expect("prompts");
+    let negative = encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2], &[], &[])
+        .expect("negative");
     check.close_within("prompt_embeds", &text.embeds, &io["output.prompt_embeds"], MODEL_RTOL);
     check.close_within(
         "negative_prompt_embeds",
@@ -120,8 +120,10 @@ fn qwen_image_edit_plus_rollout_matches_diffusers_loop() {
     let mut check = Checker::new("qwen_image_edit_rollout_io.safetensors");
     check.case();
     let pictures = [picture];
-    let text = tch::no_grad(|| pipe.encode_prompts_with_pictures(&prompts, &pictures)).unwrap();
-    let negative = tch::no_grad(|| pipe.encode_prompts_with_pictures(&[" "], &pictures)).unwrap();
+    let text =
+        tch::no_grad(|| pipe.encode_prompts_with_pictures(&prompts, &pictures, &[])).unwrap();
+    let negative =
+        tch::no_grad(|| pipe.encode_prompts_with_pictures(&[" "], &pictures, &[])).unwrap();
     check.close_within("prompt_embeds", &text.embeds, &io["output.prompt_embeds"], MODEL_RTOL);
     check.close_within(
         "negative_prompt_embeds",

@@ -52,8 +52,8 @@ fn wan_rollouts_match_diffusers_loop() {
         let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).expect("engine");
         let mut check = Checker::new(&name);
         check.case();
-        let text = encode_rows(pipe.as_ref(), &PROMPTS, &[]).expect("prompts");
-        let negative = encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2], &[])
+        let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[]).expect("prompts");
+        let negative = encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2], &[], &[])
             .expect("negative");
         for (key, cond) in [("prompt", &text), ("negative_prompt", &negative)] {
             let want = &io[&format!("output.{key}_embeds")];
@@ -62,19 +62,144 @@ fn wan_rollouts_match_diffusers_loop() {
         let guidance = Guidance { scale: GUIDANCE, scale_2: None, negative: Some(&negative) };
         let windows = vec![WINDOW; 2];
         let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &windows);
-        let pixels = tch::no_grad(|| pipe.decode_rgb8(&out.final_latents)).expect("decode");
-        let video = &io["output.video"];
-        let (b, c, t, h, w) = video.size5().expect("(B, 3, T, H, W)");
-        assert_eq!((t, h, w), (frames as i64, height, width), "{name}");
-        let want = ((video.clamp(-1.0, 1.0) + 1.0) * 127.5).round().permute([0, 3, 2, 4, 1]);
-        let want = want.reshape([b, h, t * w, c]).to_kind(Kind::Int);
-        assert_eq!(pixels.size(), want.size(), "{name}: frames side by side");
-        let off = (pixels.to_kind(Kind::Int) - want).abs().max().int64_value(&[]);
-        if off > 1 {
-            check.fail(format!("decoded frames differ from diffusers' by {off} levels"));
-        }
+        check_video(
+            &mut check,
+            &io,
+            pipe.as_ref(),
+            &out.final_latents,
+            [frames as i64, height, width],
+        );
         check.finish();
     }
+}
+
+/// `latents` decoded by `pipe` (frames side by side) within one level of the fixture's
+/// `output.video` of `[frames, height, width]`.
+fn check_video(
+    check: &mut Checker,
+    io: &std::collections::HashMap<String, Tensor>,
+    pipe: &dyn flowtune_models::FlowPipeline,
+    latents: &Tensor,
+    size: [i64; 3],
+) {
+    let pixels = tch::no_grad(|| pipe.decode_rgb8(latents)).expect("decode");
+    let video = &io["output.video"];
+    let (b, c, t, h, w) = video.size5().expect("(B, 3, T, H, W)");
+    assert_eq!([t, h, w], size);
+    let want = ((video.clamp(-1.0, 1.0) + 1.0) * 127.5).round().permute([0, 3, 2, 4, 1]);
+    let want = want.reshape([b, h, t * w, c]).to_kind(Kind::Int);
+    assert_eq!(pixels.size(), want.size(), "frames side by side");
+    let off = (pixels.to_kind(Kind::Int) - want).abs().max().int64_value(&[]);
+    if off > 1 {
+        check.fail(format!("decoded frames differ from diffusers' by {off} levels"));
+    }
+}
+
+/// The script's `I2V_CASES` (pixel frames, height, width): image-to-video from its 40 × 24 picture.
+const I2V_CASES: [(usize, i64, i64); 2] = [(5, 32, 64), (9, 64, 32)];
+
+/// The tiny pipeline (Wan2.2-TI2V layout, `expand_timesteps`) for clips of `frames`.
+fn ti2v(frames: usize) -> Box<dyn flowtune_models::FlowPipeline> {
+    let options = PipelineOptions { num_frames: Some(frames), ..PipelineOptions::new(Device::Cpu) };
+    flowtune_models::load_pipeline(&dir().join("wan_pipeline"), &options).expect("load")
+}
+
+/// The fixture's `input.picture` (H, W, 3) u8.
+fn picture(io: &std::collections::HashMap<String, Tensor>) -> image::RgbImage {
+    let t = &io["input.picture"];
+    let (h, w, _) = t.size3().expect("(H, W, 3)");
+    let bytes = Vec::<u8>::try_from(t.flatten(0, -1)).expect("u8");
+    image::RgbImage::from_raw(w as u32, h as u32, bytes).expect("picture")
+}
+
+fn i2v_sampler() -> SamplerConfig {
+    SamplerConfig {
+        n: 1,
+        steps: STEPS,
+        guidance_scale: GUIDANCE,
+        noise_level: 0.7,
+        sde_window_size: WINDOW.len(),
+        ..Default::default()
+    }
+}
+
+/// Wan2.2-TI2V image-to-video against the script's `--i2v` loop: the picture resized and encoded
+/// as WanImageToVideoPipeline's `prepare_latents` does, the first latent frame held at it in every
+/// recorded latent (timestep 0 on its tokens), log-probs over the generated frames, and the decoded
+/// clip, whose first frame is the picture through the VAE.
+#[test]
+fn wan_i2v_rollouts_match_diffusers_loop() {
+    for (frames, height, width) in I2V_CASES {
+        let name = format!("wan_i2v_rollout_f{frames}_io.safetensors");
+        let io = tensors(&name);
+        let pipe = ti2v(frames);
+        let sampler = i2v_sampler();
+        let latent_shape = pipe.latent_shape(height, width).expect("latent shape");
+        let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape.clone(), 0).expect("engine");
+        let mut check = Checker::new(&name);
+        check.case();
+        let pictures = vec![vec![picture(&io)]; 2];
+        let text = encode_rows(pipe.as_ref(), &PROMPTS, &pictures, &latent_shape).expect("prompts");
+        let negative =
+            encode_rows(pipe.as_ref(), &["", ""], &pictures, &latent_shape).expect("negative");
+        let held = text.held_latents().expect("the first frame is held");
+        check.close_within("condition", held, &io["output.condition"], MODEL_RTOL);
+        let guidance = Guidance { scale: GUIDANCE, scale_2: None, negative: Some(&negative) };
+        let windows = vec![WINDOW; 2];
+        let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &windows);
+        let first = out.all_latents.select(3, 0);
+        let want = held.squeeze_dim(2).unsqueeze(1).expand_as(&first);
+        assert!(first.equal(&want), "{name}: every recorded latent holds the first frame exactly");
+        check_video(
+            &mut check,
+            &io,
+            pipe.as_ref(),
+            &out.final_latents,
+            [frames as i64, height, width],
+        );
+        check.finish();
+    }
+}
+
+/// The trainer's replay of an image-to-video rollout scores each window step with the rollout's
+/// own log-prob (ratio 1 on-policy), and the held frame carries no gradient.
+#[test]
+fn wan_i2v_replay_equals_rollout_and_the_held_frame_has_no_velocity() {
+    let io = tensors("wan_i2v_rollout_f5_io.safetensors");
+    let pipe = ti2v(5);
+    let sampler = SamplerConfig { n: 2, ..i2v_sampler() };
+    let latent_shape = pipe.latent_shape(32, 64).expect("latent shape");
+    let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 3).expect("engine");
+    let pictures = vec![vec![picture(&io)]; 2];
+    let batch = engine.rollout(&PROMPTS, &["", ""], &pictures, &[11, 12], 1).expect("rollout");
+    let rows = Tensor::from_slice(&[1i64, 0]);
+    for j in 0..WINDOW.len() as i64 {
+        let out = tch::no_grad(|| engine.replay(&batch, &rows, j)).expect("replay");
+        let want = batch.trajectory.all_log_probs.index_select(0, &rows).select(1, j);
+        assert!(out.log_prob.equal(&want), "step {j}: {:?} vs {:?}", out.log_prob, want);
+    }
+    let x = Tensor::randn([2, 16, 2, 2, 4], (Kind::Float, Device::Cpu));
+    let t = Tensor::from_slice(&[900.0f32, 500.0]);
+    let v = tch::no_grad(|| pipe.denoiser().velocity(&x, &t, &batch.text)).expect("velocity");
+    assert_eq!(v.select(2, 0).abs().max().double_value(&[]), 0.0, "no velocity on the held frame");
+    assert!(v.select(2, 1).abs().max().double_value(&[]) > 0.0);
+}
+
+#[test]
+fn image_to_video_is_refused_by_name_where_it_cannot_run() {
+    let io = tensors("wan_i2v_rollout_f5_io.safetensors");
+    let one = vec![picture(&io)];
+    let err = |pipe: &dyn flowtune_models::FlowPipeline, pictures: &[image::RgbImage], shape| {
+        let text = pipe.encode_prompts_with_pictures(&PROMPTS, pictures, shape);
+        text.err().expect("refused").to_string()
+    };
+    let e = err(ti2v(1).as_ref(), &one, &[16, 1, 2, 2]);
+    assert!(e.contains("image-to-video needs at least 5 frames"), "{e}");
+    let two = vec![one[0].clone(), one[0].clone()];
+    let e = err(ti2v(5).as_ref(), &two, &[16, 2, 2, 2]);
+    assert!(e.contains("one first-frame picture per prompt, got 2"), "{e}");
+    let e = err(a14b(None).as_ref(), &one, &[16, 2, 4, 4]);
+    assert!(e.contains("image-to-video needs a Wan2.2-TI2V pipeline (`expand_timesteps"), "{e}");
 }
 
 #[test]
@@ -139,8 +264,8 @@ fn wan_a14b_rollout_matches_diffusers_two_stages() {
     assert_eq!(engine.grid.timesteps, [999.0, 961.0, 909.0, 833.0, 714.0, 501.0]);
     let mut check = Checker::new(name);
     check.case();
-    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[]).expect("prompts");
-    let negative = encode_rows(pipe.as_ref(), &["", ""], &[]).expect("negative");
+    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[]).expect("prompts");
+    let negative = encode_rows(pipe.as_ref(), &["", ""], &[], &[]).expect("negative");
     let guidance =
         Guidance { scale: GUIDANCE, scale_2: Some(GUIDANCE_2), negative: Some(&negative) };
     let windows = vec![WINDOW; 2];
@@ -203,7 +328,7 @@ fn wan_a14b_trains_only_the_expert_of_each_row() {
     let count = |prefix: &str| params.keys().filter(|k| k.starts_with(prefix)).count();
     assert_eq!(count("transformer."), count("transformer_2."), "{:?}", params.keys());
     assert_eq!(count("transformer.") + count("transformer_2."), params.len());
-    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[]).expect("prompts");
+    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[]).expect("prompts");
     let x = Tensor::randn([2, 16, 2, 4, 8], (Kind::Float, Device::Cpu));
     let grads = |t: &[f32]| {
         for p in params.values() {

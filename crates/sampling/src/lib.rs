@@ -12,7 +12,9 @@ pub mod window;
 pub use config::SamplerConfig;
 pub use noise::{row_seed, SampleNoise, SampleRng};
 pub use schedule::{DeviceGrid, GridRequest, Pipeline, SchedulerConfig, SigmaGrid, TimeShiftType};
-pub use step::{euler_step, per_row, reverse_step, Draw, SdeType, StepOutput, StepParams};
+pub use step::{
+    euler_step, per_row, reverse_step, reverse_step_over, Draw, SdeType, StepOutput, StepParams,
+};
 pub use window::WindowStrategy;
 
 /// Errors of the sampling math: bad settings, off-grid timesteps, unreadable scheduler configs.

@@ -86,6 +86,21 @@ pub fn reverse_step(
     sigma_next: &Tensor,
     draw: Draw<'_>,
 ) -> Result<StepOutput, SamplingError> {
+    reverse_step_over(params, model_output, sample, sigma, sigma_next, draw, None)
+}
+
+/// [`reverse_step`] whose log-density averages only over the elements where `generated`
+/// (broadcastable to the sample, 1 or 0) is 1: the held first frame of image-to-video is no
+/// sampled transition and stays out of it.
+pub fn reverse_step_over(
+    params: &StepParams,
+    model_output: &Tensor,
+    sample: &Tensor,
+    sigma: &Tensor,
+    sigma_next: &Tensor,
+    draw: Draw<'_>,
+    generated: Option<&Tensor>,
+) -> Result<StepOutput, SamplingError> {
     let eta = params.noise_level;
     if !(eta >= 0.0 && eta.is_finite()) {
         return Err(SamplingError::setting("noise_level", eta, "a finite number ≥ 0"));
@@ -151,7 +166,13 @@ pub fn reverse_step(
                 }
             }
         };
-        mean_over_rows(&per_elem)
+        match generated {
+            None => mean_over_rows(&per_elem),
+            Some(mask) => {
+                let mask = mask.to_kind(kind).expand_as(&per_elem);
+                mean_over_rows(&(per_elem * &mask)) / mean_over_rows(&mask)
+            }
+        }
     };
     Ok(StepOutput { prev_sample, log_prob, prev_sample_mean: mean, std_dev_t, sqrt_dt })
 }
@@ -275,6 +296,28 @@ mod tests {
                     "{t:?}[{idx}]: autograd {an}, finite difference {fd}"
                 );
             }
+        }
+    }
+
+    /// Masked on the middle row of the second dimension, the log-density is the step's log-density
+    /// of the other elements alone (the step is elementwise), whatever the masked elements hold.
+    #[test]
+    fn masked_log_prob_averages_over_the_generated_elements_only() {
+        let (x, v, sigma, sigma_next) = inputs(Kind::Double);
+        let prev = Tensor::randn([2, 3, 4], (Kind::Double, Device::Cpu)) * 0.1 + &x;
+        let mask = Tensor::from_slice(&[1.0f64, 0.0, 1.0]).view([1, 3, 1]);
+        let keep = Tensor::from_slice(&[0i64, 2]);
+        let junk = prev.index_fill(1, &Tensor::from_slice(&[1i64]), 1e3);
+        for t in TYPES {
+            let p = params(t, 0.7);
+            let masked =
+                reverse_step_over(&p, &v, &x, &sigma, &sigma_next, Draw::Given(&junk), Some(&mask))
+                    .unwrap();
+            let (vk, xk, pk) =
+                (v.index_select(1, &keep), x.index_select(1, &keep), prev.index_select(1, &keep));
+            let alone = reverse_step(&p, &vk, &xk, &sigma, &sigma_next, Draw::Given(&pk)).unwrap();
+            let err = (&masked.log_prob - &alone.log_prob).abs().max().double_value(&[]);
+            assert!(err < 1e-12, "{t:?}: masked log-prob off by {err}");
         }
     }
 

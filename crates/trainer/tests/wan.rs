@@ -30,6 +30,22 @@ fn every_algorithm_trains_and_resumes_on_wan() {
     );
 }
 
+/// Wan2.2-TI2V image-to-video: the prompt rows name their first frame (`image`), which every
+/// sample keeps; every algorithm trains on it, is on-policy at its first step (the log-probs
+/// average over the generated frames) and resumes bit for bit.
+#[test]
+fn every_algorithm_trains_and_resumes_on_wan_image_to_video() {
+    let data = root().join("examples/prompts/wan_i2v_tiny.jsonl");
+    let data = format!("data.train_files=[{}]", data.display());
+    let extra: Vec<&str> = WAN.iter().copied().chain([data.as_str()]).collect();
+    common::families::every_algorithm_trains_and_resumes(
+        "wan",
+        "flow_grpo_wan_i2v_tiny.yaml",
+        &extra,
+        "attn2.to_k.lora_B",
+    );
+}
+
 /// `file` (an example recipe) on `pipeline` with tiny prompts, `steps` steps written to `out`, a
 /// checkpoint every step and `trainer.resume=resume`, then `extra` overrides.
 fn tiny_run(

@@ -139,7 +139,9 @@ pub fn rollout(a: RolloutArgs, device: &DeviceArg) -> Result<(), Failure> {
                 .map_err(Failure::BadInput)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let encode = |prompts: &[&str]| pipe.encode_prompts_with_pictures(prompts, &pictures);
+    let encode = |prompts: &[&str]| {
+        pipe.encode_prompts_with_pictures(prompts, &pictures, &engine.latent_shape)
+    };
     let out = tch::no_grad(|| {
         let text = encode(&prompts)?;
         let negative = (a.guidance > 1.0).then(|| encode(&negatives)).transpose()?;

@@ -122,6 +122,7 @@ impl FlowPipeline for QwenImagePipeline {
         &self,
         prompts: &[&str],
         pictures: &[RgbImage],
+        _latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
         match (&self.text, pictures.is_empty()) {
             (QwenText::Plain(_), true) => self.encode_prompts(prompts),

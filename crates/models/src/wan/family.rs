@@ -4,14 +4,18 @@ use super::{write_tiny_wan, TinyWanSpec, WanPipeline, WanTransformer};
 use crate::registry::Family;
 
 /// Wan2.1, Wan2.2-TI2V-5B and Wan2.2-T2V-A14B text-to-video (`WanPipeline` with one transformer, or
-/// two experts split at `boundary_ratio`).
+/// two experts split at `boundary_ratio`), and Wan2.2-TI2V image-to-video from a first frame.
 pub const FAMILY: Family = Family {
     name: "wan",
     pipeline_classes: &["WanPipeline"],
     denoiser_class: "WanTransformer3DModel",
     lora_targets: &crate::lora::WAN_TARGETS,
     components: &[
-        ("transformer", "WanTransformer3DModel (3-D patches, per-sample or per-token timesteps)"),
+        (
+            "transformer",
+            "WanTransformer3DModel (3-D patches, per-sample or per-token timesteps; a held first \
+             frame for image-to-video with expand_timesteps)",
+        ),
         (
             "transformer_2",
             "optional low-noise expert (Wan2.2-T2V-A14B): steps below boundary_ratio·1000",

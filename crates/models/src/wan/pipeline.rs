@@ -1,10 +1,11 @@
-//! The Wan text-to-video pipeline: a diffusers `WanPipeline` directory (Wan2.1 T2V, Wan2.2-TI2V-5B
-//! sampled from text, Wan2.2-T2V-A14B with its two experts) loaded as components, with its prompt
-//! encoding, 5-D latent layout, frame count and schedule.
+//! The Wan pipeline: a diffusers `WanPipeline` directory (Wan2.1 T2V, Wan2.2-TI2V-5B from text or
+//! from a first-frame picture, Wan2.2-T2V-A14B with its two experts) loaded as components, with its
+//! prompt encoding, 5-D latent layout, frame count and schedule.
 
 use std::path::Path;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
+use image::RgbImage;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
@@ -13,8 +14,9 @@ use super::{AutoencoderKlWan, WanExperts, WanTextEncoder, WanTransformer};
 use crate::denoiser::TrainableDenoiser;
 use crate::family::{FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
+use crate::resize::{resize, Filter};
 use crate::vae::AutoencoderKl;
-use crate::{ModelError, TextConditioning};
+use crate::{ModelError, TextConditioning, HELD_LATENTS};
 
 /// Pixel frames of a sample when the options name none: WanPipeline's default `num_frames`.
 pub const DEFAULT_NUM_FRAMES: usize = 81;
@@ -40,6 +42,8 @@ impl WanDenoiser {
 struct IndexExtras {
     #[serde(default)]
     boundary_ratio: Option<f64>,
+    #[serde(default)]
+    expand_timesteps: bool,
 }
 
 /// Every component of a Wan text-to-video pipeline.
@@ -51,6 +55,9 @@ pub struct WanPipeline {
     pub scheduler: SchedulerConfig,
     /// Pixel frames of every sample (4k + 1 for the released VAEs).
     pub num_frames: usize,
+    /// `expand_timesteps` of `model_index.json` (Wan2.2-TI2V-5B): per-token timesteps, and
+    /// image-to-video by holding the first latent frame at the condition picture's latents.
+    pub expand_timesteps: bool,
 }
 
 impl WanPipeline {
@@ -121,7 +128,49 @@ impl WanPipeline {
         )?;
         let num_frames = options.num_frames.unwrap_or(DEFAULT_NUM_FRAMES);
         latent_frames(num_frames, vae.config.temporal_factor())?;
-        Ok(Self { transformer, vae, text, scheduler, num_frames, dir })
+        let expand_timesteps = extras.expand_timesteps;
+        Ok(Self { transformer, vae, text, scheduler, num_frames, expand_timesteps, dir })
+    }
+
+    /// The first-frame latents (1, z, 1, h, w) of image-to-video samples of `latent_shape`
+    /// `[z, F, h, w]`, as WanImageToVideoPipeline makes them with `expand_timesteps`: the picture
+    /// resized to the sample's size with Pillow's Lanczos, encoded alone as a one-frame clip, the
+    /// posterior mean normalised.
+    pub fn first_frame_latents(
+        &self,
+        picture: &RgbImage,
+        latent_shape: &[i64],
+    ) -> Result<Tensor, ModelError> {
+        let root = self.dir.root.display();
+        if !self.expand_timesteps {
+            return Err(ModelError::Input(format!(
+                "{root}: image-to-video needs a Wan2.2-TI2V pipeline (`expand_timesteps: true` in \
+                 model_index.json); Wan2.1 and Wan2.2-A14B image-to-video checkpoints (image \
+                 embeddings, 36 input channels) are not supported"
+            )));
+        }
+        let &[_, frames, h, w] = latent_shape else {
+            return Err(ModelError::Input(format!(
+                "image-to-video samples a clip [C, F, H, W]; the latent shape is {latent_shape:?}"
+            )));
+        };
+        if frames < 2 {
+            return Err(ModelError::Input(format!(
+                "num_frames {} (model.num_frames / --num-frames): image-to-video needs at least \
+                 {} frames, the first being the picture",
+                self.num_frames,
+                self.vae.config.temporal_factor() + 1
+            )));
+        }
+        let s = self.vae.config.spatial_factor();
+        let (height, width) = ((h * s) as u32, (w * s) as u32);
+        let sized = resize(picture, width, height, Filter::Lanczos);
+        let pixels = Tensor::from_slice(sized.as_raw())
+            .view([1, height as i64, width as i64, 3])
+            .to_device(self.device());
+        let video = AutoencoderKl::from_rgb8(&pixels).unsqueeze(2);
+        let (mean, _) = self.vae.encode_video(&video.to_kind(self.vae.encoder_kind()))?;
+        Ok(mean.to_kind(Kind::Float))
     }
 
     /// Pixels per latent cell on a side times the transformer's spatial patch: the multiple the
@@ -180,6 +229,30 @@ impl FlowPipeline for WanPipeline {
         let (embeds, _) = self.text.encode(prompts)?;
         let kind = self.transformer.first().patch_embedding.0.kind();
         Ok(TextConditioning::new(embeds.to_kind(kind), None))
+    }
+
+    /// Wan2.2-TI2V image-to-video: one picture, the first frame of every sample, held as the
+    /// [`HELD_LATENTS`] of each row.
+    fn encode_prompts_with_pictures(
+        &self,
+        prompts: &[&str],
+        pictures: &[RgbImage],
+        latent_shape: &[i64],
+    ) -> Result<TextConditioning, ModelError> {
+        let picture = match pictures {
+            [] => return self.encode_prompts(prompts),
+            [one] => one,
+            many => {
+                return Err(ModelError::Input(format!(
+                    "image-to-video takes one first-frame picture per prompt, got {}",
+                    many.len()
+                )))
+            }
+        };
+        let held = self.first_frame_latents(picture, latent_shape)?;
+        let mut text = self.encode_prompts(prompts)?;
+        text.extras.insert(HELD_LATENTS.into(), held.repeat([prompts.len() as i64, 1, 1, 1, 1]));
+        Ok(text)
     }
 
     /// `[z, (F − 1)/4 + 1, H/s, W/s]` for `num_frames` F; sides must be multiples of s × the

@@ -17,7 +17,7 @@ use crate::denoiser::{
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{gelu_tanh, layer_norm, timestep_features, Linear, Mlp, Scope};
-use crate::{ModelError, TextConditioning};
+use crate::{generated_frames, hold_frames, ModelError, TextConditioning};
 
 /// `condition_embedder`: sinusoidal timestep features → `time_embedder` (SiLU MLP) →
 /// `time_proj` (six modulations per block); `text_embedder` (GELU-tanh MLP) on the text states.
@@ -214,13 +214,55 @@ impl WanTransformer {
 impl Denoiser for WanTransformer {
     /// The Wan pipelines pass the scheduler's timestep (`1000·σ`) and read a velocity: the
     /// forward itself. The text embeds are the pipeline's zero-padded prompt states (no mask).
+    /// With held latents (Wan2.2-TI2V image-to-video), those frames are set to the condition and
+    /// their tokens get timestep 0, as WanImageToVideoPipeline's `expand_timesteps` does; their
+    /// velocity is 0 (they are not sampled).
     fn velocity(
         &self,
         latents: &Tensor,
         timestep: &Tensor,
         text: &TextConditioning,
     ) -> Result<Tensor, ModelError> {
-        Ok(self.forward(latents, timestep, &text.embeds)?.to_kind(latents.kind()))
+        let Some(held) = text.held_latents() else {
+            return Ok(self.forward(latents, timestep, &text.embeds)?.to_kind(latents.kind()));
+        };
+        let x = hold_frames(latents, held);
+        let per_token = self.held_timesteps(&x, held, timestep)?;
+        let v = self.forward(&x, &per_token, &text.embeds)?.to_kind(latents.kind());
+        Ok(v * generated_frames(latents, held))
+    }
+}
+
+impl WanTransformer {
+    /// Per-token timesteps (B, S) of `timestep` (B,) with the tokens of the `held` leading frames
+    /// at 0.
+    fn held_timesteps(
+        &self,
+        latents: &Tensor,
+        held: &Tensor,
+        timestep: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        let [pt, ph, pw] = self.config.patch();
+        let size = latents.size();
+        let fh = held.size()[2];
+        if size.len() != 5 || held.size()[..2] != size[..2] || held.size()[3..] != size[3..] {
+            return Err(ModelError::Input(format!(
+                "held latents {:?} do not fit latents {size:?}: expected [B, C, Fh, H, W]",
+                held.size()
+            )));
+        }
+        if timestep.dim() != 1 || fh % pt != 0 || fh >= size[2] {
+            return Err(ModelError::Input(format!(
+                "held frames need per-sample timesteps and fewer than {} whole frame patches                  (got timestep {:?}, {fh} held frames, temporal patch {pt})",
+                size[2],
+                timestep.size()
+            )));
+        }
+        let per_frame = (size[3] / ph) * (size[4] / pw);
+        let (held_tokens, tokens) = (fh / pt * per_frame, size[2] / pt * per_frame);
+        let mask = Tensor::ones([tokens], (Kind::Float, timestep.device()));
+        let _ = mask.narrow(0, 0, held_tokens).fill_(0.0);
+        Ok(timestep.to_kind(Kind::Float).unsqueeze(1) * mask.unsqueeze(0))
     }
 }
 

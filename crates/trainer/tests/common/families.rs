@@ -57,7 +57,8 @@ pub fn every_algorithm_trains_and_resumes(
     extra: &[&str],
     adapted: &str,
 ) {
-    let pipeline = scratch(&format!("{family}-pipeline"));
+    let label = family_recipe.trim_end_matches(".yaml");
+    let pipeline = scratch(&format!("{label}-pipeline"));
     let writer = flowtune_models::family_named(family).expect("a built-in family");
     (writer.write_tiny)(&pipeline, 5).expect("make-tiny");
     for file in std::iter::once(family_recipe).chain(OTHER_TINY_RECIPES) {
@@ -66,7 +67,7 @@ pub fn every_algorithm_trains_and_resumes(
                 .unwrap_or_else(|e| panic!("{file}: {e}"))
         };
         let name = file.trim_end_matches(".yaml");
-        let summary = run(&scratch(&format!("{family}-{name}")), 2, "none");
+        let summary = run(&scratch(&format!("{label}-{name}")), 2, "none");
         let first = &summary.metrics[0];
         assert!(first.values().all(|v| v.is_finite()), "{file}: {first:?}");
         if file.starts_with("flow_grpo") {
@@ -88,7 +89,7 @@ pub fn every_algorithm_trains_and_resumes(
             lora.keys()
         );
 
-        let resumed = scratch(&format!("{family}-{name}-resumed"));
+        let resumed = scratch(&format!("{label}-{name}-resumed"));
         run(&resumed, 1, "none");
         let again = run(&resumed, 2, "auto");
         assert_eq!(again.steps_run, 1, "{file}: resumed from step 1");
