@@ -157,11 +157,13 @@ fn exported(out: &Path) -> BTreeMap<String, Tensor> {
 
 #[test]
 fn two_ranks_train_as_one_process_with_the_whole_batch() {
-    // DPO's β = 100 scales its logits so much that, from the second step on, the rounding of a
-    // gradient summed in another order shows in its loss above 1e-5 (1.3e-5 measured); its first
-    // step (samples, rewards, pairs, loss, update) is compared.
+    // One step each: samples, rewards, advantages (pairs, timesteps), loss, the summed gradient,
+    // the update and validation. From the second step on, the two runs sample from weights that
+    // differ in the last bits (a gradient summed in another order), and a reward that jumps with
+    // one level of one pixel (JPEG bytes) or DPO's β = 100 amplifies that past 1e-5 (measured
+    // on this project's machine: one JPEG byte in step 2, grad norm 0.4 % apart).
     for (recipe, steps) in
-        [("flow_grpo_tiny.yaml", 2), ("dpo_tiny.yaml", 1), ("diffusion_nft_tiny.yaml", 2)]
+        [("flow_grpo_tiny.yaml", 1), ("dpo_tiny.yaml", 1), ("diffusion_nft_tiny.yaml", 1)]
     {
         let total = format!("trainer.total_steps={steps}");
         // Validation (shared out between the ranks) after every step, on the 4 tiny prompts.
@@ -178,13 +180,15 @@ fn two_ranks_train_as_one_process_with_the_whole_batch() {
     }
 }
 
+/// Two ranks resume a one-rank checkpoint: their first step (3) equals the one-rank run's (for
+/// the reason above, later steps are not compared).
 #[test]
 fn two_ranks_resume_a_one_rank_run() {
     let (straight, split) = (scratch("straight"), scratch("split"));
-    single("flow_grpo_tiny.yaml", &straight, &["trainer.total_steps=4"]);
+    single("flow_grpo_tiny.yaml", &straight, &["trainer.total_steps=3"]);
     single("flow_grpo_tiny.yaml", &split, &["trainer.total_steps=2"]);
-    two_ranks("flow_grpo_tiny.yaml", &split, &["trainer.total_steps=4"]);
-    assert_same_run(&straight, &split, 1..=4);
+    two_ranks("flow_grpo_tiny.yaml", &split, &["trainer.total_steps=3"]);
+    assert_same_run(&straight, &split, 1..=3);
 }
 
 /// Full fine-tuning with the Adam moments sharded over two ranks trains as one process does,
