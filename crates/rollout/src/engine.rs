@@ -89,6 +89,17 @@ pub fn encode_rows(
     Ok(encoded.rows(&Tensor::from_slice(&index).to_device(encoded.embeds.device())))
 }
 
+/// Gives every row the initial noise of the first row with its prompt and pictures.
+fn share_initial_noise(streams: &mut [SampleNoise], prompts: &[&str], pictures: &[Vec<RgbImage>]) {
+    let none = vec![];
+    let key = |r: usize| (prompts[r], pictures.get(r).unwrap_or(&none));
+    for row in 1..streams.len() {
+        if let Some(first) = (0..row).find(|&f| key(f) == key(row)) {
+            streams[row].initial = streams[first].initial.shallow_clone();
+        }
+    }
+}
+
 impl<'a> Engine<'a> {
     /// An engine sampling latents of `latent_shape` (see [`FlowPipeline::latent_shape`]) on the
     /// grid the pipeline asks for. `guidance_scale_2` is refused for a single denoiser.
@@ -169,6 +180,9 @@ impl<'a> Engine<'a> {
             .iter()
             .map(|&seed| SampleNoise::new(self.sampler, seed, step, &shape, device))
             .collect::<Result<Vec<_>, _>>()?;
+        if self.sampler.same_noise {
+            share_initial_noise(&mut streams, prompts, pictures);
+        }
         let windows: Vec<Range<usize>> = streams.iter().map(|s| s.window.clone()).collect();
         // Rows go through the model `rollout.batch_size` at a time, independent of the group size.
         let chunk =

@@ -397,3 +397,35 @@ fn two_expert_settings_are_checked_by_key() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
 }
+
+/// `rollout.same_noise`: rows of one prompt start from the first row's initial noise (rows of
+/// another prompt do not), and their SDE steps still differ.
+#[test]
+fn same_noise_shares_a_groups_initial_noise_only() {
+    let pipe = ti2v(5);
+    let entering = |same_noise: bool| {
+        let sampler = SamplerConfig {
+            n: 2,
+            steps: 4,
+            guidance_scale: 1.0,
+            sde_window_size: 2,
+            sde_window_range: Some([1, 3]),
+            same_noise,
+            ..Default::default()
+        };
+        let shape = pipe.latent_shape(32, 32).expect("latent shape");
+        let engine = Engine::new(pipe.as_ref(), &sampler, shape, 9).expect("engine");
+        let prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1]];
+        let seeds = engine.row_seeds(3, 1);
+        let batch = engine.rollout(&prompts, &["", "", ""], &[], &seeds, 1).expect("rollout");
+        // The latent entering the window (step 1) follows from the initial noise by one Euler step.
+        let t = &batch.trajectory.all_latents;
+        [t.get(0).get(0), t.get(1).get(0), t.get(2).get(0), t.get(0).get(2), t.get(1).get(2)]
+    };
+    let [a, b, c, a_end, b_end] = entering(true);
+    assert!(a.equal(&b), "one prompt, one initial noise");
+    assert!(!a.equal(&c), "another prompt, its own noise");
+    assert!(!a_end.equal(&b_end), "the SDE steps differ within the group");
+    let [a, b, ..] = entering(false);
+    assert!(!a.equal(&b), "without same_noise every row has its own noise");
+}

@@ -37,6 +37,10 @@ pub struct SamplerConfig {
     pub sde_window_seed: Option<u64>,
     /// With `progressive`: training steps per window position.
     pub iters_per_group: u64,
+    /// Rows of one prompt (a group) start from the same initial noise, the first row's
+    /// (DanceGRPO's `use_same_noise`): their rewards then differ only through the SDE steps the
+    /// policy gradient credits. Step noise and windows stay per row.
+    pub same_noise: bool,
 }
 
 impl Default for SamplerConfig {
@@ -56,6 +60,7 @@ impl Default for SamplerConfig {
             sde_window_strategy: WindowStrategy::Random,
             sde_window_seed: None,
             iters_per_group: 25,
+            same_noise: false,
         }
     }
 }
