@@ -38,14 +38,7 @@ fn wan_rollouts_match_diffusers_loop() {
             PipelineOptions { num_frames: Some(frames), ..PipelineOptions::new(Device::Cpu) };
         let pipe = flowtune_models::load_pipeline(&dir().join("wan_pipeline"), &options)
             .expect("load the tiny pipeline");
-        let sampler = SamplerConfig {
-            n: 1,
-            steps: STEPS,
-            guidance_scale: GUIDANCE,
-            noise_level: 0.7,
-            sde_window_size: WINDOW.len(),
-            ..Default::default()
-        };
+        let sampler = spec_sampler();
         let latent_shape = pipe.latent_shape(height, width).expect("latent shape");
         assert_eq!(latent_shape, latent, "{name}");
         assert_eq!(pipe.decoded_frames(&latent_shape), frames);
@@ -59,9 +52,7 @@ fn wan_rollouts_match_diffusers_loop() {
             let want = &io[&format!("output.{key}_embeds")];
             check.close_within(&format!("{key}_embeds"), &cond.embeds, want, MODEL_RTOL);
         }
-        let guidance = Guidance { scale: GUIDANCE, scale_2: None, negative: Some(&negative) };
-        let windows = vec![WINDOW; 2];
-        let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &windows);
+        let out = spec_trajectory(&mut check, &io, &engine, &text, &negative);
         check_video(
             &mut check,
             &io,
@@ -71,6 +62,18 @@ fn wan_rollouts_match_diffusers_loop() {
         );
         check.finish();
     }
+}
+
+/// The fixture's trajectory with the script's CFG and window, checked.
+fn spec_trajectory(
+    check: &mut Checker,
+    io: &std::collections::HashMap<String, Tensor>,
+    engine: &Engine<'_>,
+    text: &flowtune_models::TextConditioning,
+    negative: &flowtune_models::TextConditioning,
+) -> flowtune_rollout::Trajectory {
+    let guidance = Guidance { scale: GUIDANCE, scale_2: None, negative: Some(negative) };
+    common::check_trajectory(check, io, engine, text, guidance, &[WINDOW; 2])
 }
 
 /// `latents` decoded by `pipe` (frames side by side) within one level of the fixture's
@@ -112,7 +115,8 @@ fn picture(io: &std::collections::HashMap<String, Tensor>) -> image::RgbImage {
     image::RgbImage::from_raw(w as u32, h as u32, bytes).expect("picture")
 }
 
-fn i2v_sampler() -> SamplerConfig {
+/// The script's `SPEC` as sampler settings.
+fn spec_sampler() -> SamplerConfig {
     SamplerConfig {
         n: 1,
         steps: STEPS,
@@ -133,7 +137,7 @@ fn wan_i2v_rollouts_match_diffusers_loop() {
         let name = format!("wan_i2v_rollout_f{frames}_io.safetensors");
         let io = tensors(&name);
         let pipe = ti2v(frames);
-        let sampler = i2v_sampler();
+        let sampler = spec_sampler();
         let latent_shape = pipe.latent_shape(height, width).expect("latent shape");
         let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape.clone(), 0).expect("engine");
         let mut check = Checker::new(&name);
@@ -144,9 +148,7 @@ fn wan_i2v_rollouts_match_diffusers_loop() {
             encode_rows(pipe.as_ref(), &["", ""], &pictures, &latent_shape).expect("negative");
         let held = text.held_latents().expect("the first frame is held");
         check.close_within("condition", held, &io["output.condition"], MODEL_RTOL);
-        let guidance = Guidance { scale: GUIDANCE, scale_2: None, negative: Some(&negative) };
-        let windows = vec![WINDOW; 2];
-        let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &windows);
+        let out = spec_trajectory(&mut check, &io, &engine, &text, &negative);
         let first = out.all_latents.select(3, 0);
         let want = held.squeeze_dim(2).unsqueeze(1).expand_as(&first);
         assert!(first.equal(&want), "{name}: every recorded latent holds the first frame exactly");
@@ -167,7 +169,7 @@ fn wan_i2v_rollouts_match_diffusers_loop() {
 fn wan_i2v_replay_equals_rollout_and_the_held_frame_has_no_velocity() {
     let io = tensors("wan_i2v_rollout_f5_io.safetensors");
     let pipe = ti2v(5);
-    let sampler = SamplerConfig { n: 2, ..i2v_sampler() };
+    let sampler = SamplerConfig { n: 2, ..spec_sampler() };
     let latent_shape = pipe.latent_shape(32, 64).expect("latent shape");
     let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 3).expect("engine");
     let pictures = vec![vec![picture(&io)]; 2];
@@ -248,15 +250,7 @@ fn wan_a14b_rollout_matches_diffusers_two_stages() {
     let io = tensors(name);
     let pipe = a14b(None);
     assert_eq!(pipe.denoiser().expert_boundary(), Some(875.0));
-    let sampler = SamplerConfig {
-        n: 1,
-        steps: STEPS,
-        guidance_scale: GUIDANCE,
-        guidance_scale_2: Some(GUIDANCE_2),
-        noise_level: 0.7,
-        sde_window_size: WINDOW.len(),
-        ..Default::default()
-    };
+    let sampler = SamplerConfig { guidance_scale_2: Some(GUIDANCE_2), ..spec_sampler() };
     let latent_shape = pipe.latent_shape(32, 64).expect("latent shape");
     assert_eq!(latent_shape, [16, 2, 4, 8], "Wan2.1's 8× VAE");
     let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).expect("engine");

@@ -80,13 +80,33 @@ pub(crate) fn validate(
         .collect())
 }
 
-/// The sampler of validation rollouts: η = 0, `rollout.eval_steps`, no SDE window.
+/// The sampler of validation rollouts: η = 0, `rollout.eval_steps`, no SDE window, each row its
+/// own noise (a validation file may repeat a prompt).
 pub(crate) fn validation_sampler(recipe: &Recipe) -> flowtune_sampling::SamplerConfig {
     flowtune_sampling::SamplerConfig {
         noise_level: 0.0,
         steps: recipe.rollout.eval_steps,
         sde_window_size: 0,
         sde_window_range: None,
+        same_noise: false,
         ..recipe.rollout.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Training settings that vary samples (η, the window, shared group noise) stay out of
+    /// validation.
+    #[test]
+    fn validation_samples_each_row_deterministically_from_its_own_noise() {
+        let yaml = "algorithm: flow_grpo\nmodel: {path: m}\ndata: {train_files: [t.txt]}\n";
+        let overrides = ["rollout.same_noise=true".into(), "rollout.eval_steps=7".into()];
+        let recipe = Recipe::from_yaml(yaml, "r.yaml", &overrides).expect("recipe");
+        assert!(recipe.rollout.same_noise);
+        let sampler = validation_sampler(&recipe);
+        assert!(!sampler.same_noise);
+        assert_eq!((sampler.noise_level, sampler.steps, sampler.sde_window_size), (0.0, 7, 0));
     }
 }
