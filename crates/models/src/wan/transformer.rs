@@ -253,7 +253,8 @@ impl WanTransformer {
         }
         if timestep.dim() != 1 || fh % pt != 0 || fh >= size[2] {
             return Err(ModelError::Input(format!(
-                "held frames need per-sample timesteps and fewer than {} whole frame patches                  (got timestep {:?}, {fh} held frames, temporal patch {pt})",
+                "held frames need per-sample timesteps and fewer than {} whole frame patches \
+                 (got timestep {:?}, {fh} held frames, temporal patch {pt})",
                 size[2],
                 timestep.size()
             )));
