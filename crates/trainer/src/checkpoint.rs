@@ -26,6 +26,10 @@ pub struct LoopState {
     pub step: u64,
     pub loader: LoaderState,
     pub optimizer_steps: i64,
+    /// The step's metric line as known before the save (without the save's own timings), so a run
+    /// killed between the save and the log line still has its line restored on resume.
+    #[serde(default)]
+    pub metrics: serde_json::Value,
 }
 
 const ADAPTERS: &str = "adapters.safetensors";

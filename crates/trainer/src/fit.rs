@@ -17,7 +17,7 @@ use tch::Device;
 
 use crate::checkpoint::{self, LoopState};
 use crate::dist::Comm;
-use crate::logging::{progress_bar, step_line, summary_line, MetricLog};
+use crate::logging::{metric_line, progress_bar, step_line, summary_line, MetricLog};
 use crate::optim::{learning_rate, AdamW, Ema};
 use crate::reference::Reference;
 use crate::run::Run;
@@ -147,10 +147,12 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     }
     let mut learner = Learner { ema, old, optimizer };
     let mut start = 0;
+    let mut saved_line = serde_json::Value::Null;
     if let Some(dir) = resume_from(&t.resume, &ckpt_root)? {
         let state = checkpoint::load(&dir, pipe.denoiser_mut(), &mut learner)?;
         source.loader().state = state.loader;
         start = state.step;
+        saved_line = state.metrics;
         if comm.is_main() {
             eprintln!("resumed from {} (step {start})", dir.display());
         }
@@ -170,7 +172,8 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         comm,
     };
     let comm = &run.comm;
-    let mut log = if comm.is_main() { Some(MetricLog::open(out_dir, start)?) } else { None };
+    let mut log =
+        if comm.is_main() { Some(MetricLog::open(out_dir, start, &saved_line)?) } else { None };
     // Ctrl-C finishes the current step, saves a checkpoint and returns.
     let interrupted = Arc::new(AtomicBool::new(false));
     let flag = interrupted.clone();
@@ -225,6 +228,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
                 step: k,
                 loader: source.loader().state,
                 optimizer_steps: learner.optimizer.steps,
+                metrics: metric_line(k, &m),
             };
             checkpoint::save(&ckpt_root, pipe.denoiser(), &learner, &state, t.keep_last, comm)?;
         }

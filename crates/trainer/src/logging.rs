@@ -18,10 +18,15 @@ pub(crate) struct MetricLog {
 
 impl MetricLog {
     /// Opens `out_dir/metrics.jsonl` (dropping lines of steps after `resumed_at`, logged after the
-    /// checkpoint a run resumes from) and a TensorBoard writer under `out_dir/tensorboard`.
-    pub fn open(out_dir: &Path, resumed_at: u64) -> Result<Self, TrainError> {
+    /// checkpoint a run resumes from, and restoring that checkpoint's own line `saved` when the
+    /// killed run never wrote it) and a TensorBoard writer under `out_dir/tensorboard`.
+    pub fn open(
+        out_dir: &Path,
+        resumed_at: u64,
+        saved: &serde_json::Value,
+    ) -> Result<Self, TrainError> {
         let path = out_dir.join("metrics.jsonl");
-        keep_metrics_up_to(&path, resumed_at)?;
+        keep_metrics_up_to(&path, resumed_at, saved)?;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -33,30 +38,37 @@ impl MetricLog {
 
     /// Appends step `k`'s metrics.
     pub fn log(&mut self, k: u64, m: &Metrics) -> Result<(), TrainError> {
-        let mut line = serde_json::Map::new();
-        line.insert("step".into(), k.into());
-        for (key, v) in m {
-            line.insert(key.clone(), serde_json::json!(v));
-        }
-        writeln!(self.file, "{}", serde_json::Value::Object(line))
-            .map_err(|e| TrainError::io(&self.path, e))?;
+        writeln!(self.file, "{}", metric_line(k, m)).map_err(|e| TrainError::io(&self.path, e))?;
         self.events.scalars(k, m)
     }
 }
 
-/// Drops the lines of steps after `step`.
-fn keep_metrics_up_to(path: &Path, step: u64) -> Result<(), TrainError> {
-    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
-    let kept: String = text
+/// Step `k`'s line of `metrics.jsonl`.
+pub(crate) fn metric_line(k: u64, m: &Metrics) -> serde_json::Value {
+    let mut line = serde_json::Map::new();
+    line.insert("step".into(), k.into());
+    for (key, v) in m {
+        line.insert(key.clone(), serde_json::json!(v));
+    }
+    serde_json::Value::Object(line)
+}
+
+/// Drops the lines of steps after `step`; appends `saved` (step `step`'s line) when that step has
+/// none.
+fn keep_metrics_up_to(path: &Path, step: u64, saved: &serde_json::Value) -> Result<(), TrainError> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let step_of = |l: &str| {
+        serde_json::from_str::<serde_json::Value>(l).ok().and_then(|v| v["step"].as_u64())
+    };
+    let mut kept: String = text
         .lines()
-        .filter(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s <= step)
-        })
+        .filter(|l| step_of(l).is_some_and(|s| s <= step))
         .map(|l| format!("{l}\n"))
         .collect();
+    let has_step = kept.lines().any(|l| step_of(l) == Some(step));
+    if !has_step && saved["step"].as_u64() == Some(step) {
+        kept.push_str(&format!("{saved}\n"));
+    }
     std::fs::write(path, kept).map_err(|e| TrainError::io(path, e))
 }
 
@@ -109,4 +121,42 @@ pub(crate) fn summary_line(m: &Metrics) -> String {
         .map(|(k, v)| format!("{} {v:.4}", k.trim_start_matches("val-core/")))
         .collect::<Vec<_>>()
         .join("  ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn steps(path: &Path) -> Vec<u64> {
+        let text = std::fs::read_to_string(path).unwrap();
+        text.lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap()
+            })
+            .collect()
+    }
+
+    /// A run killed after saving step 2's checkpoint but before logging step 2 gets that line back
+    /// from the checkpoint; a line already there is kept as written, later ones are dropped.
+    #[test]
+    fn resuming_restores_the_checkpoint_step_line_and_drops_later_ones() {
+        let dir = std::env::temp_dir().join(format!("flowtune-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        let m = |v: f64| Metrics::from([("critic/rewards/mean".to_string(), v)]);
+        let lines = [metric_line(1, &m(0.1)), metric_line(3, &m(0.3))];
+        std::fs::write(&path, lines.map(|l| format!("{l}\n")).concat()).unwrap();
+        keep_metrics_up_to(&path, 2, &metric_line(2, &m(0.2))).unwrap();
+        assert_eq!(steps(&path), [1, 2]);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.lines().nth(1).unwrap().contains("0.2"));
+
+        keep_metrics_up_to(&path, 2, &metric_line(2, &m(0.9))).unwrap();
+        assert_eq!(steps(&path), [1, 2]);
+        assert!(!std::fs::read_to_string(&path).unwrap().contains("0.9"), "the logged line stays");
+        // An old checkpoint without a saved line restores nothing.
+        keep_metrics_up_to(&path, 1, &serde_json::Value::Null).unwrap();
+        assert_eq!(steps(&path), [1]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
