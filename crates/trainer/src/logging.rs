@@ -56,16 +56,22 @@ pub(crate) fn metric_line(k: u64, m: &Metrics) -> serde_json::Value {
 /// Drops the lines of steps after `step`; appends `saved` (step `step`'s line) when that step has
 /// none.
 fn keep_metrics_up_to(path: &Path, step: u64, saved: &serde_json::Value) -> Result<(), TrainError> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let step_of = |l: &str| {
-        serde_json::from_str::<serde_json::Value>(l).ok().and_then(|v| v["step"].as_u64())
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(TrainError::io(path, e)),
     };
-    let mut kept: String = text
-        .lines()
-        .filter(|l| step_of(l).is_some_and(|s| s <= step))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let has_step = kept.lines().any(|l| step_of(l) == Some(step));
+    let mut has_step = false;
+    let mut kept = String::new();
+    for line in text.lines() {
+        let at =
+            serde_json::from_str::<serde_json::Value>(line).ok().and_then(|v| v["step"].as_u64());
+        if at.is_some_and(|s| s <= step) {
+            has_step |= at == Some(step);
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
     if !has_step && saved["step"].as_u64() == Some(step) {
         kept.push_str(&format!("{saved}\n"));
     }
