@@ -1,7 +1,10 @@
 //! The `flowtune` binary end to end: outputs and bad-input behaviour (one error line, exit 2).
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::process::{Command, Output};
+
+use flowtune_fixtures::scratch;
 
 fn flowtune(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flowtune")).args(args).output().expect("run flowtune")
@@ -12,9 +15,14 @@ fn repo(path: &str) -> String {
     root.join(path).display().to_string()
 }
 
-fn scratch(name: &str, text: &str) -> String {
-    let dir = std::env::temp_dir().join(format!("flowtune-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// A file `name` holding `text`, in a folder this binary's tests share; returns its path.
+fn text_file(name: &str, text: &str) -> String {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let d = flowtune_fixtures::shared!("files");
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    });
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
     path.display().to_string()
@@ -97,7 +105,7 @@ fn config_show_resolves_overrides() {
 fn bad_input_gives_one_clear_line_and_exit_2() {
     let recipe = repo("examples/flow_grpo_sd35.yaml");
     assert_bad_input(
-        &flowtune(&["config", "show", &scratch("unknown.yaml", "rollout:\n  stepz: 3\n")]),
+        &flowtune(&["config", "show", &text_file("unknown.yaml", "rollout:\n  stepz: 3\n")]),
         &["unknown.yaml: rollout: unknown field `stepz`, expected one of `n`, `batch_size`, `steps`", "line 2"],
     );
     assert_bad_input(
@@ -139,8 +147,8 @@ fn bad_input_gives_one_clear_line_and_exit_2() {
 /// `debug forward` on fixture `name` with its LoRA (scaled by `alpha`) reproduces the fixture's
 /// `output.sample_with_lora` (1e-3 relative).
 fn check_forward_with_lora(name: &str, alpha: &str) {
-    let out = std::env::temp_dir()
-        .join(format!("flowtune-forward-{name}-{}.safetensors", std::process::id()));
+    let dir = scratch(&format!("forward-{name}"));
+    let out = dir.join("out.safetensors");
     let io = repo(&format!("fixtures/{name}_io.safetensors"));
     let run = flowtune(&[
         "debug",
@@ -161,7 +169,6 @@ fn check_forward_with_lora(name: &str, alpha: &str) {
     let (g, w) = (&got["output.sample_with_lora"], &want["output.sample_with_lora"]);
     let rel = (g - w).norm().double_value(&[]) / w.norm().double_value(&[]);
     assert!(rel < 1e-3, "{name}: relative error {rel}");
-    let _ = std::fs::remove_file(&out);
 }
 
 /// Wan's transformer runs with its LoRA on a per-token-timestep fixture.
@@ -217,7 +224,7 @@ fn debug_forward_reproduces_the_fixture_outputs() {
 
 #[test]
 fn make_tiny_then_sample_writes_pngs() {
-    let root = std::env::temp_dir().join(format!("flowtune-cli-sample-{}", std::process::id()));
+    let root = scratch("cli-sample");
     let (model, out) = (root.join("tiny"), root.join("samples"));
     let made = flowtune(&["make-tiny", "sd3", &model.display().to_string(), "--seed", "5"]);
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
@@ -241,7 +248,6 @@ fn make_tiny_then_sample_writes_pngs() {
     }
     let index = std::fs::read_to_string(out.join("prompts.jsonl")).unwrap();
     assert_eq!(index.lines().count(), 4);
-    let _ = std::fs::remove_dir_all(&root);
 }
 
 /// Width and height from a PNG header.
@@ -256,7 +262,7 @@ fn image_size(path: &std::path::Path) -> (u32, u32) {
 /// rerun with `resume: auto` continues from the newest one to the end.
 #[test]
 fn a_killed_run_resumes_from_its_last_complete_checkpoint() {
-    let root = std::env::temp_dir().join(format!("flowtune-cli-kill-{}", std::process::id()));
+    let root = scratch("cli-kill");
     let (model, out) = (root.join("tiny"), root.join("run"));
     assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
     let args = |steps: &str| {
@@ -313,7 +319,6 @@ fn a_killed_run_resumes_from_its_last_complete_checkpoint() {
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
         .collect();
     assert_eq!(steps, (1..=newest + 2).collect::<Vec<_>>());
-    let _ = std::fs::remove_dir_all(&root);
 }
 
 fn stdout_of(out: &Output) -> String {
@@ -323,7 +328,7 @@ fn stdout_of(out: &Output) -> String {
 /// Ctrl-C (SIGINT) finishes the step, saves a checkpoint for it and exits cleanly.
 #[test]
 fn ctrl_c_saves_a_checkpoint_and_exits_cleanly() {
-    let root = std::env::temp_dir().join(format!("flowtune-cli-int-{}", std::process::id()));
+    let root = scratch("cli-int");
     let (model, out) = (root.join("tiny"), root.join("run"));
     assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
     let child = Command::new(env!("CARGO_BIN_EXE_flowtune"))
@@ -361,14 +366,13 @@ fn ctrl_c_saves_a_checkpoint_and_exits_cleanly() {
         "{stderr}"
     );
     assert!(out.join(format!("checkpoints/step_{steps:06}/state.json")).exists());
-    let _ = std::fs::remove_dir_all(&root);
 }
 
 /// 4 steps in one run equal 2 steps + resume + 2 steps: the same LoRA bits and the same metrics
 /// for steps 3–4. Each run is its own process, as a real resume is.
 #[test]
 fn resuming_gives_the_same_weights_and_metrics() {
-    let root = std::env::temp_dir().join(format!("flowtune-cli-resume-{}", std::process::id()));
+    let root = scratch("cli-resume");
     let model = root.join("tiny");
     assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string(), "--seed", "3"])
         .status
@@ -417,7 +421,6 @@ fn resuming_gives_the_same_weights_and_metrics() {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&root);
 }
 
 /// `flowtune list` shows the registered model families with their components; an unknown
@@ -437,7 +440,7 @@ fn families_are_listed_and_failures_split_into_bad_input_and_runtime() {
     ] {
         assert!(stdout.contains(needle), "`{needle}` missing from: {stdout}");
     }
-    let root = std::env::temp_dir().join(format!("flowtune-cli-families-{}", std::process::id()));
+    let root = scratch("cli-families");
     let (model, wan) = (root.join("tiny"), root.join("wan"));
     assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
     std::fs::create_dir_all(&wan).unwrap();
@@ -471,7 +474,6 @@ fn families_are_listed_and_failures_split_into_bad_input_and_runtime() {
     let stderr = String::from_utf8_lossy(&down.stderr);
     assert_eq!(down.status.code(), Some(1), "stderr: {stderr}");
     assert!(stderr.contains("error: ") && stderr.contains("http"), "{stderr}");
-    let _ = std::fs::remove_dir_all(&root);
 }
 
 /// `flowtune score` prints one JSON line per image with the reward's score, equal to the reward
@@ -480,7 +482,7 @@ fn families_are_listed_and_failures_split_into_bad_input_and_runtime() {
 #[test]
 fn score_prints_one_line_per_image() {
     use flowtune_rewards::{JpegSize, Reward, RgbImage, Sample};
-    let dir = std::env::temp_dir().join(format!("flowtune-cli-score-{}", std::process::id()));
+    let dir = scratch("cli-score");
     let images = dir.join("images");
     std::fs::create_dir_all(&images).unwrap();
     let pictures: Vec<RgbImage> = (0..3u32)
@@ -491,7 +493,7 @@ fn score_prints_one_line_per_image() {
     for (i, p) in pictures.iter().enumerate() {
         p.save(images.join(format!("{i:03}.png"))).unwrap();
     }
-    let prompts = scratch("score-prompts.txt", "a\nb\nc\n");
+    let prompts = text_file("score-prompts.txt", "a\nb\nc\n");
     let images_arg = images.display().to_string();
     let score_jpeg = |prompts: &str| {
         flowtune(&[
@@ -531,7 +533,7 @@ fn score_prints_one_line_per_image() {
         assert!(line["error"].is_null());
     }
     // A VLM judge that is not there: every image carries the error, exit 1.
-    let config = scratch(
+    let config = text_file(
         "judge.yaml",
         "functions:\n  - name: vlm_judge\n    url: http://127.0.0.1:9/v1/chat/completions\n    vlm: {model: m}\n    http: {max_retries: 0, timeout_s: 5}\n",
     );
@@ -570,17 +572,15 @@ fn score_prints_one_line_per_image() {
             && stdout.contains("images/s"),
         "{stdout}"
     );
-    let two = scratch("score-two.txt", "a\nb\n");
+    let two = text_file("score-two.txt", "a\nb\n");
     assert_bad_input(&score_jpeg(&two), &["holds 3 images", "holds 2 prompts"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn debug_rollout_reproduces_the_qwen_image_reference_loop() {
     // The fixture of scripts/reference_qwen_rollout.py: its prompts, noise and settings.
     let io = tensors(repo("fixtures/qwen_image_rollout_io.safetensors"));
-    let dir = std::env::temp_dir().join(format!("flowtune-debug-rollout-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("debug-rollout");
     let prompts = dir.join("prompts.txt");
     std::fs::write(
         &prompts,
@@ -644,7 +644,6 @@ fn debug_rollout_reproduces_the_qwen_image_reference_loop() {
     assert_eq!(image_size(&dir.join("trajectory_1.png")), (80, 48));
     // Noise for another step count is named, not silently cut.
     assert_bad_input(&run("5"), &["noise.safetensors", "step_noise", "--steps 5"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `flowtune debug rollout` on the tiny Wan pipeline equals `scripts/reference_wan_rollout.py`'s
@@ -666,8 +665,7 @@ fn debug_rollout_reproduces_the_wan_image_to_video_loop() {
 fn debug_wan_rollout(fixture: &str) {
     let io = tensors(repo(&format!("fixtures/{fixture}")));
     let stem = fixture.trim_end_matches(".safetensors");
-    let dir = std::env::temp_dir().join(format!("flowtune-debug-{stem}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch(&format!("debug-{stem}"));
     let prompts = dir.join("prompts.txt");
     std::fs::write(
         &prompts,
@@ -736,5 +734,4 @@ fn debug_wan_rollout(fixture: &str) {
     let off = (got["images"].to_kind(tch::Kind::Int) - want).abs().max().int64_value(&[]);
     assert!(off <= 1, "frames differ by {off} levels");
     assert_eq!(image_size(&dir.join("trajectory_1.png")), (5 * 64, 32));
-    let _ = std::fs::remove_dir_all(&dir);
 }

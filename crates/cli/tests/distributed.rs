@@ -9,16 +9,11 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use flowtune_fixtures::scratch;
 use tch::Tensor;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("flowtune-dist-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
 }
 
 fn flowtune() -> Command {
@@ -31,7 +26,7 @@ fn flowtune() -> Command {
 fn pipeline() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let d = scratch("pipeline");
+        let d = flowtune_fixtures::shared!("pipeline");
         let out = flowtune().args(["make-tiny", "sd3"]).arg(&d).output().expect("make-tiny");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         d

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{load_recipe, lora_moved, pipeline, root, scratch, tensors};
+use common::{load_recipe, lora_moved, pipeline, root, scratch, tensors, Scratch};
 use flowtune_models::PipelineOptions;
 use flowtune_objectives::Metrics;
 use flowtune_rollout::Engine;
@@ -12,7 +12,7 @@ use tch::Device;
 
 /// Runs `examples/<file>` for `steps` steps; checks that every metric is finite and the LoRA
 /// moved.
-fn run(file: &str, name: &str, steps: u64, extra: &[&str]) -> (TrainSummary, std::path::PathBuf) {
+fn run(file: &str, name: &str, steps: u64, extra: &[&str]) -> (TrainSummary, Scratch) {
     let out = scratch(name);
     let mut overrides = vec![format!("trainer.total_steps={steps}"), "trainer.save_freq=1".into()];
     overrides.extend(extra.iter().map(|s| s.to_string()));
@@ -35,7 +35,7 @@ fn has(m: &Metrics, keys: &[&str]) {
 
 #[test]
 fn mix_grpo_trains_exactly_its_sliding_window() {
-    let (summary, _) = run("mix_grpo_tiny.yaml", "mix", 3, &[]);
+    let (summary, _out) = run("mix_grpo_tiny.yaml", "mix", 3, &[]);
     // progressive, W = 1 in [0, 5), iters_per_group 1: start = min(k, 4) at step k.
     let starts: Vec<f64> = summary.metrics.iter().map(|m| m["rollout/window_start"]).collect();
     assert_eq!(starts, [1.0, 2.0, 3.0]);
@@ -54,16 +54,16 @@ fn mix_grpo_trains_exactly_its_sliding_window() {
 
 #[test]
 fn dance_grpo_samples_with_the_dance_sde() {
-    let (summary, _) = run("dance_grpo_tiny.yaml", "dance", 2, &[]);
+    let (summary, _out) = run("dance_grpo_tiny.yaml", "dance", 2, &[]);
     let first = &summary.metrics[0];
     assert!((first["actor/ratio_mean"] - 1.0).abs() <= 1e-6, "on-policy at step 1: {first:?}");
 }
 
 #[test]
 fn grpo_guard_and_flow_dppo_use_the_old_policy_means() {
-    let (guard, _) = run("grpo_guard_tiny.yaml", "guard", 2, &[]);
+    let (guard, _out) = run("grpo_guard_tiny.yaml", "guard", 2, &[]);
     has(&guard.metrics[0], &["actor/pg_clipfrac", "rollout_corr/logprob_abs_diff_max"]);
-    let (dppo, _) = run("flow_dppo_tiny.yaml", "dppo", 2, &[]);
+    let (dppo, _out) = run("flow_dppo_tiny.yaml", "dppo", 2, &[]);
     has(&dppo.metrics[0], &["actor/masked_fraction"]);
     // Nothing has moved at step 1: the divergence is 0 and no sample is masked.
     assert_eq!(dppo.metrics[0]["actor/masked_fraction"], 0.0);
@@ -71,7 +71,7 @@ fn grpo_guard_and_flow_dppo_use_the_old_policy_means() {
 
 #[test]
 fn online_dpo_trains_on_best_worst_pairs() {
-    let (summary, _) = run("dpo_tiny.yaml", "dpo", 2, &[]);
+    let (summary, _out) = run("dpo_tiny.yaml", "dpo", 2, &[]);
     let first = &summary.metrics[0];
     has(first, &["actor/dpo_loss", "actor/implicit_acc", "actor/rewards/margins"]);
     // Policy = reference before the first update: z = 0, loss = log 2.
@@ -83,7 +83,7 @@ fn online_dpo_trains_on_best_worst_pairs() {
 fn offline_dpo_reads_pairs_of_images() {
     let pairs = root().join("examples/shapes/pairs/pairs.jsonl");
     let files = format!("data.preference_files=[{}]", pairs.display());
-    let (summary, _) = run("dpo_tiny.yaml", "dpo-offline", 2, &[&files]);
+    let (summary, _out) = run("dpo_tiny.yaml", "dpo-offline", 2, &[&files]);
     assert_eq!(summary.metrics[0]["critic/dpo_pairs"], 2.0);
     assert!((summary.metrics[0]["actor/dpo_loss"] - std::f64::consts::LN_2).abs() < 1e-6);
 }
@@ -122,9 +122,9 @@ fn diffusion_nft_old_adapter_copies_or_lags_the_policy() {
 
 #[test]
 fn bypass_skips_the_recompute_and_correction_weighs_it() {
-    let (bypass, _) = run("flow_grpo_tiny.yaml", "bypass", 1, &["trainer.old_log_prob=bypass"]);
+    let (bypass, _out) = run("flow_grpo_tiny.yaml", "bypass", 1, &["trainer.old_log_prob=bypass"]);
     assert!(!bypass.metrics[0].contains_key("rollout_corr/logprob_abs_diff_mean"));
-    let (corrected, _) = run(
+    let (corrected, _out) = run(
         "flow_grpo_tiny.yaml",
         "corrected",
         1,
@@ -164,7 +164,7 @@ fn every_tiny_recipe_trains_in_bf16() {
         ["flow_grpo", "mix_grpo", "dance_grpo", "grpo_guard", "flow_dppo", "dpo", "diffusion_nft"]
     {
         let file = format!("{algorithm}_tiny.yaml");
-        let (summary, _) = run(&file, &format!("bf16-{algorithm}"), 2, &bf16);
+        let (summary, _out) = run(&file, &format!("bf16-{algorithm}"), 2, &bf16);
         if let Some(ratio) = summary.metrics[0].get("actor/ratio_mean") {
             assert!((ratio - 1.0).abs() <= 1e-2, "{algorithm}: ratio {ratio} at step 1");
         }

@@ -250,7 +250,7 @@ fn pipeline() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         flowtune_models::registry::register(&FAMILY);
-        let dir = scratch("tiny-video-pipeline");
+        let dir = flowtune_fixtures::shared!("tiny-video-pipeline");
         (flowtune_models::family_named("tiny_video").unwrap().write_tiny)(&dir, 7).unwrap();
         dir
     })
@@ -273,7 +273,8 @@ fn recipe(out: &Path, steps: u64, resume: &str) -> Recipe {
 
 #[test]
 fn the_family_s_schedule_reaches_the_sampler() {
-    let recipe = recipe(&scratch("video-grid"), 1, "none");
+    let out = scratch("video-grid");
+    let recipe = recipe(&out, 1, "none");
     let pipe =
         flowtune_models::load_pipeline(&recipe.model.path, &PipelineOptions::new(Device::Cpu))
             .expect("a registered family loads by its class");

@@ -67,7 +67,8 @@ pub fn every_algorithm_trains_and_resumes(
                 .unwrap_or_else(|e| panic!("{file}: {e}"))
         };
         let name = file.trim_end_matches(".yaml");
-        let summary = run(&scratch(&format!("{label}-{name}")), 2, "none");
+        let out = scratch(&format!("{label}-{name}"));
+        let summary = run(&out, 2, "none");
         let first = &summary.metrics[0];
         assert!(first.values().all(|v| v.is_finite()), "{file}: {first:?}");
         if file.starts_with("flow_grpo") {

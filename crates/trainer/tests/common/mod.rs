@@ -1,5 +1,6 @@
-//! Helpers of the trainer's end-to-end tests: scratch folders, one tiny SD3 pipeline per test
-//! binary (written by the registered family's tiny writer), and recipes pointed at both.
+//! Helpers of the trainer's end-to-end tests: scratch folders (removed when dropped), one tiny
+//! SD3 pipeline per test binary (written by the registered family's tiny writer), and recipes
+//! pointed at both.
 
 #![allow(dead_code)]
 
@@ -12,23 +13,18 @@ use std::sync::OnceLock;
 use flowtune_config::Recipe;
 use tch::Tensor;
 
+pub use flowtune_fixtures::{scratch, Scratch};
+
 /// The repository root.
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// A fresh folder for `name`.
-pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("flowtune-train-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
 }
 
 /// One tiny pipeline for every test of a binary.
 pub fn pipeline() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let d = scratch("pipeline");
+        let d = flowtune_fixtures::shared!("train-pipeline");
         let family = flowtune_models::family_named("sd3").expect("sd3 is built in");
         (family.write_tiny)(&d, 3).expect("make-tiny");
         d
