@@ -1,8 +1,8 @@
 //! The `flowtune` binary end to end: outputs and bad-input behaviour (one error line, exit 2).
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 use flowtune_fixtures::scratch;
 

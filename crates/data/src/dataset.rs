@@ -190,8 +190,7 @@ mod tests {
 
     #[test]
     fn condition_pictures_resolve_against_the_file_and_must_exist() {
-        let dir = std::env::temp_dir().join(format!("flowtune-images-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = flowtune_fixtures::scratch("images");
         std::fs::write(dir.join("a.png"), b"").unwrap();
         let parse = |line: &str| record_from_json(&serde_json::from_str(line).unwrap(), "s", &dir);
         let r = parse(r#"{"prompt": "p", "images": ["a.png"]}"#).unwrap();
@@ -203,7 +202,6 @@ mod tests {
         assert!(err.contains("missing.png") && err.contains("does not exist"), "{err}");
         let err = parse(r#"{"prompt": "p", "images": 3}"#).unwrap_err();
         assert!(err.contains("list of paths"), "{err}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

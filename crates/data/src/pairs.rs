@@ -92,8 +92,7 @@ mod tests {
 
     #[test]
     fn reads_pairs_and_names_bad_lines() {
-        let dir = std::env::temp_dir().join(format!("flowtune-pairs-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = flowtune_fixtures::scratch("pairs");
         for f in ["a.png", "b.png"] {
             std::fs::write(dir.join(f), b"x").unwrap();
         }

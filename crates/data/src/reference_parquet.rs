@@ -145,8 +145,7 @@ mod tests {
 
     #[test]
     fn ocr_prompts_round_trip_through_the_reference_layout() {
-        let dir = std::env::temp_dir().join(format!("flowtune-ocr-parquet-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = flowtune_fixtures::scratch("ocr-parquet");
         let txt = dir.join("train.txt");
         std::fs::write(&txt, "A shop sign that reads \"OPEN 24H\"\n\nA poster saying “Hello”\n")
             .unwrap();
@@ -168,6 +167,5 @@ mod tests {
         std::fs::write(&txt, "a sign\n").unwrap();
         let err = ocr_rows(&txt, "train", None).unwrap_err().to_string();
         assert!(err.contains("train.txt:1") && err.contains("no quoted text"), "{err}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -14,9 +14,7 @@ fn clip_ids_match_transformers_on_the_real_vocabulary() {
     let gz =
         std::fs::File::open(fixture.join("tokenizer.json.gz")).expect("open tokenizer.json.gz");
     flate2::read::GzDecoder::new(gz).read_to_string(&mut text).expect("gunzip");
-    let tokenizer_dir =
-        std::env::temp_dir().join(format!("flowtune-clip-tokenizer-{}", std::process::id()));
-    std::fs::create_dir_all(&tokenizer_dir).expect("scratch dir");
+    let tokenizer_dir = flowtune_fixtures::scratch("clip-tokenizer");
     std::fs::write(tokenizer_dir.join("tokenizer.json"), text).expect("write");
     std::fs::copy(
         fixture.join("tokenizer_config.json"),

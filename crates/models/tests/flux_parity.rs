@@ -81,8 +81,7 @@ fn velocity_packs_latents_and_reads_the_guidance_extra() {
 #[test]
 fn bad_checkpoints_and_configs_are_named() {
     let src = dir().join("flux_dev_tiny");
-    let tmp = std::env::temp_dir().join(format!("flowtune-flux-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = flowtune_fixtures::scratch("flux-bad");
     let weights = "diffusion_pytorch_model.safetensors";
     let mut tensors = Tensor::read_safetensors(src.join(weights)).unwrap();
     let dropped = "time_text_embed.guidance_embedder.linear_1.weight";
@@ -104,7 +103,6 @@ fn bad_checkpoints_and_configs_are_named() {
         .expect("rotary axes that do not fill a head are refused")
         .to_string();
     assert!(err.contains("axes_dims_rope") && err.contains("config.json"), "{err}");
-    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 #[test]
@@ -117,8 +115,7 @@ fn clip_text_model_loads_by_architecture() {
     assert!(out.text_embeds.is_none(), "CLIPTextModel has no projection");
     assert_eq!(out.pooler_output.size(), [1, clip.config.hidden_size]);
 
-    let tmp = std::env::temp_dir().join(format!("flowtune-flux-clip-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = flowtune_fixtures::scratch("flux-clip");
     std::fs::copy(src.join("model.safetensors"), tmp.join("model.safetensors")).unwrap();
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
@@ -127,7 +124,6 @@ fn clip_text_model_loads_by_architecture() {
     let err =
         ClipTextModel::load(&tmp, Device::Cpu, Kind::Float).err().expect("refused").to_string();
     assert!(err.contains("CLIPVisionModel") && err.contains("config.json"), "{err}");
-    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 #[test]

@@ -3,7 +3,6 @@
 //! recomputed in backward as without (f32, ≤ 1e-5 relative), under LoRA and full fine-tuning.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use flowtune_models::wan::{write_tiny_wan, TinyWanSpec, WanTransformer};
 use flowtune_models::{
@@ -11,10 +10,8 @@ use flowtune_models::{
 };
 use tch::{Device, Kind, Tensor};
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("flowtune-gc-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+fn scratch(name: &str) -> flowtune_fixtures::Scratch {
+    flowtune_fixtures::scratch(&format!("gc-{name}"))
 }
 
 /// The velocity and the gradients of `sum(v²)` with respect to every trained weight.

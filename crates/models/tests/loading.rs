@@ -1,16 +1,14 @@
 //! Checkpoint loading: sharded files with an index, dtype on load, and clear errors for missing,
 //! unexpected and misshaped tensors.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use flowtune_fixtures::{dir, tensors};
+use flowtune_fixtures::{dir, tensors, Scratch};
 use flowtune_models::sd3::Sd3Transformer;
 use tch::{Device, Kind, Tensor};
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("flowtune-loading-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+fn scratch(name: &str) -> Scratch {
+    let d = flowtune_fixtures::scratch(&format!("loading-{name}"));
     std::fs::copy(dir().join("sd3_tiny/config.json"), d.join("config.json")).unwrap();
     d
 }

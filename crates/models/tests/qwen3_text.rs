@@ -4,7 +4,6 @@
 //! chat-templated prompts on the real Qwen vocabulary.
 
 use std::io::Read;
-use std::path::PathBuf;
 
 use flowtune_fixtures::{dir, json, tensors, Checker};
 use flowtune_models::text_encoders::qwen3::Qwen3TextEncoder;
@@ -68,10 +67,9 @@ fn gunzip(file: &std::path::Path) -> String {
 }
 
 /// The real Qwen vocabulary as vocab.json + merges.txt in a scratch folder.
-fn real_tokenizer_dir() -> PathBuf {
+fn real_tokenizer_dir() -> flowtune_fixtures::Scratch {
     let fixture = dir().join("qwen_text_tokenizer");
-    let d = std::env::temp_dir().join(format!("flowtune-qwen3-tok-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("scratch dir");
+    let d = flowtune_fixtures::scratch("qwen3-tok");
     std::fs::write(d.join("vocab.json"), gunzip(&fixture.join("vocab.json.gz"))).unwrap();
     std::fs::write(d.join("merges.txt"), gunzip(&fixture.join("merges.txt.gz"))).unwrap();
     std::fs::copy(fixture.join("tokenizer_config.json"), d.join("tokenizer_config.json")).unwrap();

@@ -115,13 +115,11 @@ fn edit_prompt_embeds_match_diffusers() {
 
 #[test]
 fn names_a_bad_mrope_section() {
-    let scratch = std::env::temp_dir().join(format!("flowtune-qwen-mrope-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).expect("scratch");
+    let scratch = flowtune_fixtures::scratch("qwen-mrope");
     let config = scratch.join("config.json");
     let text = r#"{"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
         "rope_scaling": {"type": "default", "mrope_section": [1, 1, 1]}}"#;
     std::fs::write(&config, text).expect("write");
     let err = Qwen25VlTextConfig::from_file(&config).expect_err("sections sum to 3, not 4");
     assert!(err.to_string().contains("mrope_section [1, 1, 1]"), "{err}");
-    let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -77,8 +77,7 @@ fn velocity_packs_latents_and_rescales_true_cfg_per_token() {
 #[test]
 fn bad_checkpoints_and_configs_are_named() {
     let src = dir().join("qwen_image_tiny");
-    let tmp = std::env::temp_dir().join(format!("flowtune-qwen-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = flowtune_fixtures::scratch("qwen-bad");
     let weights = "diffusion_pytorch_model.safetensors";
     let mut tensors = Tensor::read_safetensors(src.join(weights)).unwrap();
     let dropped = "transformer_blocks.1.attn.norm_added_k.weight";
@@ -108,5 +107,4 @@ fn bad_checkpoints_and_configs_are_named() {
         .expect("rotary axes that do not fill a head are refused")
         .to_string();
     assert!(err.contains("axes_dims_rope") && err.contains("16"), "{err}");
-    let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use flowtune_fixtures::{dir, json, tensors, Checker};
+use flowtune_fixtures::{dir, json, tensors, Checker, Scratch};
 use flowtune_models::text_encoders::qwen2_5_vl::Qwen25VlTextEncoder;
 use flowtune_models::text_encoders::qwen_prompts::{QwenPromptEncoder, PROMPT_TEMPLATE};
 use flowtune_models::tokenizer::TextTokenizer;
@@ -20,11 +20,8 @@ const PROMPT_CASES: &[(&str, &[&str], usize)] = &[
 ];
 
 /// A fresh scratch directory for one test.
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("flowtune-qwen-te-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
+fn scratch(name: &str) -> Scratch {
+    flowtune_fixtures::scratch(&format!("qwen-te-{name}"))
 }
 
 fn copy(from: &Path, to: &Path, names: &[&str]) {
@@ -57,12 +54,13 @@ fn hidden_states_match_transformers() {
     check.finish();
 }
 
-/// The tiny tokenizer as transformers saved it, and as vocab.json + merges.txt only.
-fn tiny_tokenizer_dirs() -> Vec<(&'static str, PathBuf)> {
+/// The tiny tokenizer as transformers saved it, and as vocab.json + merges.txt only (in the
+/// scratch folder returned beside them).
+fn tiny_tokenizer_dirs() -> (Vec<(&'static str, PathBuf)>, Scratch) {
     let saved = dir().join("qwen_text_tiny_tokenizer");
     let files = scratch("tiny-vocab-merges");
     copy(&saved, &files, &["vocab.json", "merges.txt", "tokenizer_config.json"]);
-    vec![("tokenizer.json", saved), ("vocab+merges", files)]
+    (vec![("tokenizer.json", saved), ("vocab+merges", files.to_path_buf())], files)
 }
 
 #[test]
@@ -70,7 +68,8 @@ fn prompt_embeds_match_diffusers() {
     let mut check = Checker::new("qwen_text_*_io.safetensors prompts.*");
     for name in MODELS {
         let io = tensors(&format!("{name}_io.safetensors"));
-        for (path_name, tokenizer_dir) in tiny_tokenizer_dirs() {
+        let (dirs, _files) = tiny_tokenizer_dirs();
+        for (path_name, tokenizer_dir) in dirs {
             let encoder = QwenPromptEncoder::load(
                 &dir().join(name),
                 &tokenizer_dir,
@@ -113,7 +112,7 @@ fn prompt_embeds_match_diffusers() {
 /// The real Qwen2 vocabulary in a scratch folder, once as vocab.json + merges.txt and once as the
 /// tokenizer.json transformers writes (its pipeline from the fixture, vocabulary and merges
 /// filled in from the same files).
-fn real_tokenizer_dirs() -> Vec<(&'static str, PathBuf)> {
+fn real_tokenizer_dirs() -> Vec<(&'static str, Scratch)> {
     let fixture = dir().join("qwen_text_tokenizer");
     let vocab = gunzip(&fixture.join("vocab.json.gz"));
     let merges = gunzip(&fixture.join("merges.txt.gz"));

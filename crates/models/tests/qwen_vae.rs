@@ -1,9 +1,7 @@
 //! `AutoencoderKLQwenImage` parity with diffusers over every `qwen_vae` fixture of
 //! `manifest.json` (from `scripts/reference_qwen_vae.py`), the tiny writer, and loading errors.
 
-use std::path::PathBuf;
-
-use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MATH_RTOL};
+use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, Scratch, MATH_RTOL};
 use flowtune_models::qwen_image::{write_tiny_qwen_vae, AutoencoderKlQwenImage, QwenVaeConfig};
 use flowtune_models::ModelError;
 use tch::{Device, Kind, Tensor};
@@ -61,10 +59,8 @@ fn encode_matches_diffusers() {
     });
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("flowtune-qwen-vae-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+fn scratch(name: &str) -> Scratch {
+    flowtune_fixtures::scratch(&format!("qwen-vae-{name}"))
 }
 
 #[test]
@@ -89,8 +85,6 @@ fn tiny_writer_round_trips() {
     let (a, b) =
         (std::fs::read(d.join(file)).unwrap(), std::fs::read(again_dir.join(file)).unwrap());
     assert!(a == b, "seeded writes differ");
-    let _ = std::fs::remove_dir_all(&d);
-    let _ = std::fs::remove_dir_all(&again_dir);
 }
 
 #[test]
@@ -115,7 +109,6 @@ fn misshaped_tensor_is_named() {
     }
     let message = err.to_string();
     assert!(message.contains(key) && message.contains("diffusion_pytorch_model"), "{message}");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -130,7 +123,6 @@ fn inconsistent_config_is_explained() {
         message.contains("config.json") && message.contains("temperal_downsample"),
         "{message}"
     );
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// The default config (Qwen-Image's) builds exactly diffusers' tensors and shapes.

@@ -70,8 +70,7 @@ fn processor_matches_transformers() {
 
 #[test]
 fn loads_the_tiny_writers_tower_and_names_bad_configs() {
-    let scratch = std::env::temp_dir().join(format!("flowtune-qwen-vis-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
+    let scratch = flowtune_fixtures::scratch("qwen-vis");
     let (te, tok) = (scratch.join("text_encoder"), scratch.join("tokenizer"));
     let spec = TinyQwenTextSpec::default();
     write_tiny_qwen_text_encoder(&te, &tok, 3, &spec).expect("write tiny");
@@ -87,5 +86,4 @@ fn loads_the_tiny_writers_tower_and_names_bad_configs() {
     std::fs::write(&config, r#"{"vision_config": {"hidden_act": "gelu"}}"#).expect("write");
     let err = Qwen25VlVisionConfig::from_file(&config).expect_err("gelu is not supported");
     assert!(err.to_string().contains("hidden_act"), "{err}");
-    let _ = std::fs::remove_dir_all(&scratch);
 }

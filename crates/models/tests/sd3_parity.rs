@@ -100,8 +100,8 @@ fn lora_files_round_trip_with_their_config() {
     );
     model.set_adapters_enabled(true);
     model.load_lora(&dir().join("sd3_tiny_lora.safetensors")).expect("fixture lora");
-    let path =
-        std::env::temp_dir().join(format!("flowtune-lora-{}.safetensors", std::process::id()));
+    let scratch = flowtune_fixtures::scratch("lora");
+    let path = scratch.join("adapter.safetensors");
     model.save_lora(&path).expect("save");
     let read = flowtune_models::lora::read_config(&path, "transformer").expect("read config");
     assert_eq!((read.rank, read.alpha, &read.target_modules), (4, 8.0, &lora.target_modules));
@@ -114,7 +114,6 @@ fn lora_files_round_trip_with_their_config() {
     let rel = (&a - &io["output.sample_with_lora"]).norm().double_value(&[])
         / io["output.sample_with_lora"].norm().double_value(&[]);
     assert!(rel < MODEL_RTOL, "{rel}");
-    let _ = std::fs::remove_file(&path);
 
     // Merged into the base weights, the adapters' effect stays and they switch off.
     again.merge_lora().expect("merge");

@@ -11,7 +11,7 @@ const PROMPTS: [&str; 3] = ["a red circle", "Two BLUE squares, left of a triangl
 
 #[test]
 fn tiny_pipeline_encodes_prompts_like_diffusers() {
-    let dir = std::env::temp_dir().join(format!("flowtune-tiny-sd3-{}", std::process::id()));
+    let dir = flowtune_fixtures::scratch("tiny-sd3");
     write_tiny_sd3(&dir, &TinySd3Spec { seed: 1, ..Default::default() }).expect("make-tiny");
     let options =
         PipelineOptions { max_sequence_length: Some(12), ..PipelineOptions::new(Device::Cpu) };
@@ -54,7 +54,6 @@ fn tiny_pipeline_encodes_prompts_like_diffusers() {
     assert_eq!(v.size(), [3, 4, 8, 12]);
     let rgb = tch::no_grad(|| pipe.decode_rgb8(&latents)).expect("decode");
     assert_eq!((rgb.size(), rgb.kind()), (vec![3, 16, 24, 3], Kind::Uint8));
-    let _ = std::fs::remove_dir_all(&dir);
     check.finish();
 }
 
@@ -62,7 +61,7 @@ fn tiny_pipeline_encodes_prompts_like_diffusers() {
 /// any tokenizer class whose folder holds a `tokenizer.json` loads, through the registry.
 #[test]
 fn tokenizers_are_recognised_by_their_files_not_their_class() {
-    let dir = std::env::temp_dir().join(format!("flowtune-tiny-backend-{}", std::process::id()));
+    let dir = flowtune_fixtures::scratch("tiny-backend");
     write_tiny_sd3(&dir, &TinySd3Spec { seed: 1, ..Default::default() }).expect("make-tiny");
     let index = dir.join("model_index.json");
     let text = std::fs::read_to_string(&index).unwrap();
@@ -87,5 +86,4 @@ fn tokenizers_are_recognised_by_their_files_not_their_class() {
             && err.contains("has no tokenizer.json"),
         "{err}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -163,9 +163,7 @@ fn umt5_matches_transformers() {
 #[test]
 fn tiny_pipelines_load_and_run() {
     for wan21 in [false, true] {
-        let d =
-            std::env::temp_dir().join(format!("flowtune-wan-tiny-{}-{wan21}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+        let d = flowtune_fixtures::scratch(&format!("wan-tiny-{wan21}"));
         write_tiny_wan(&d, &TinyWanSpec { wan21, ..Default::default() }).expect("write");
         let (cpu, f32) = (Device::Cpu, Kind::Float);
         let text = WanTextEncoder::load(&d.join("tokenizer"), &d.join("text_encoder"), cpu, f32)
@@ -186,7 +184,6 @@ fn tiny_pipelines_load_and_run() {
         let video = tch::no_grad(|| vae.decode_video(&(latents - v * 0.9))).expect("decode");
         let s = vae.config.spatial_factor();
         assert_eq!(video.size(), [2, 3, 5, 2 * s, 4 * s]);
-        let _ = std::fs::remove_dir_all(&d);
     }
 }
 

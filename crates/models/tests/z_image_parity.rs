@@ -66,8 +66,7 @@ fn unsupported_configs_are_named() {
 #[test]
 fn a_missing_tensor_is_named() {
     let src = dir().join("z_image_tiny");
-    let tmp = std::env::temp_dir().join(format!("flowtune-z-image-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = flowtune_fixtures::scratch("z-image-bad");
     std::fs::copy(src.join("config.json"), tmp.join("config.json")).unwrap();
     let weights = "diffusion_pytorch_model.safetensors";
     let mut tensors = Tensor::read_safetensors(src.join(weights)).unwrap();
@@ -78,5 +77,4 @@ fn a_missing_tensor_is_named() {
         .err()
         .expect("a checkpoint without a tensor is refused");
     assert!(err.to_string().contains(dropped), "{err}");
-    let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -26,7 +26,8 @@ mod tests {
         let frames: Vec<RgbImage> = (0..3u8)
             .map(|i| RgbImage::from_pixel(8, 6, image::Rgb([i * 100, 0, 255 - i * 100])))
             .collect();
-        let path = std::env::temp_dir().join(format!("flowtune-gif-{}.gif", std::process::id()));
+        let dir = flowtune_fixtures::scratch("gif");
+        let path = dir.join("frames.gif");
         write_gif(&path, &frames, 8).unwrap();
         let file = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
         let decoded = image::codecs::gif::GifDecoder::new(file)

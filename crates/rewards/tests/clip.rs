@@ -140,7 +140,7 @@ fn the_clip_tokenizer_matches_transformers_on_248_prompts() {
 fn the_rewards_score_pictures_and_prompts_end_to_end() {
     // The tiny models' vocabulary is 1000 wide, so prompts go through a word-level tokenizer
     // written for the test (ids < 1000); this checks the wiring, the parity test the numbers.
-    let tok_dir = std::env::temp_dir().join(format!("flowtune-clip-tok-{}", std::process::id()));
+    let tok_dir = flowtune_fixtures::scratch("clip-tok");
     let words: Vec<String> =
         "a red cat on blue sky photo of dog".split(' ').map(String::from).collect();
     let (tokenizer, size) = flowtune_models::tokenizer::tiny::clip_words(&words).unwrap();
@@ -154,7 +154,7 @@ fn the_rewards_score_pictures_and_prompts_end_to_end() {
     let settings = |head: Option<PathBuf>| ClipSettings {
         model: fixtures().join("clip_tiny"),
         head,
-        tokenizer: Some(tok_dir.clone()),
+        tokenizer: Some(tok_dir.to_path_buf()),
         device: Some("cpu".into()),
         batch_size: 3,
     };
@@ -217,7 +217,6 @@ fn the_rewards_score_pictures_and_prompts_end_to_end() {
         }
     }
     assert!(scores[0].iter().all(|&v| (0.0..=100.0).contains(&v)));
-    let _ = std::fs::remove_dir_all(&tok_dir);
 }
 
 #[test]

@@ -371,10 +371,7 @@ fn two_expert_settings_are_checked_by_key() {
         ),
         ("boundary_ratio", serde_json::json!(1.5), "boundary_ratio Some(1.5): expected a fraction"),
     ] {
-        let tmp =
-            std::env::temp_dir().join(format!("flowtune-a14b-index-{key}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).unwrap();
+        let tmp = flowtune_fixtures::scratch(&format!("a14b-index-{key}"));
         for entry in std::fs::read_dir(&source).unwrap().flatten() {
             if entry.file_name() != "model_index.json" {
                 std::os::unix::fs::symlink(entry.path(), tmp.join(entry.file_name())).unwrap();
@@ -388,7 +385,6 @@ fn two_expert_settings_are_checked_by_key() {
             .expect("refused")
             .to_string();
         assert!(err.contains("model_index.json") && err.contains(want), "{err}");
-        let _ = std::fs::remove_dir_all(&tmp);
     }
 }
 

@@ -5,11 +5,11 @@ use flowtune_shapes::{sample_tasks, write_prompts_jsonl, Task};
 
 #[test]
 fn written_prompts_load_as_a_dataset_with_their_tasks() {
-    let path = std::env::temp_dir().join(format!("flowtune-shapes-{}.jsonl", std::process::id()));
+    let dir = flowtune_fixtures::scratch("shapes");
+    let path = dir.join("prompts.jsonl");
     let tasks = sample_tasks(21, 12);
     write_prompts_jsonl(&path, &tasks, "shapes").unwrap();
     let records = PromptDataset::load(&path).unwrap().records;
-    std::fs::remove_file(&path).unwrap();
     assert_eq!(records.len(), tasks.len());
     for (record, task) in records.iter().zip(&tasks) {
         assert_eq!(

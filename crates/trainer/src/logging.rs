@@ -146,8 +146,7 @@ mod tests {
     /// from the checkpoint; a line already there is kept as written, later ones are dropped.
     #[test]
     fn resuming_restores_the_checkpoint_step_line_and_drops_later_ones() {
-        let dir = std::env::temp_dir().join(format!("flowtune-log-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = flowtune_fixtures::scratch("log");
         let path = dir.join("metrics.jsonl");
         let m = |v: f64| Metrics::from([("critic/rewards/mean".to_string(), v)]);
         let lines = [metric_line(1, &m(0.1)), metric_line(3, &m(0.3))];
@@ -163,6 +162,5 @@ mod tests {
         // An old checkpoint without a saved line restores nothing.
         keep_metrics_up_to(&path, 1, &serde_json::Value::Null).unwrap();
         assert_eq!(steps(&path), [1]);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

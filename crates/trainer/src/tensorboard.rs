@@ -109,7 +109,7 @@ mod tests {
 
     #[test]
     fn records_frame_the_scalars() {
-        let dir = std::env::temp_dir().join(format!("flowtune-tb-{}", std::process::id()));
+        let dir = flowtune_fixtures::scratch("tb");
         let mut w = EventWriter::create(&dir).unwrap();
         let m = std::collections::BTreeMap::from([
             ("critic/rewards/mean".to_string(), 0.5f64),
@@ -140,6 +140,5 @@ mod tests {
         assert!(scalar.windows(19).any(|w| w == b"critic/rewards/mean"));
         assert!(scalar.windows(4).any(|w| w == 0.5f32.to_le_bytes()));
         assert!(!scalar.windows(3).any(|w| w == b"bad"), "non-finite values are left out");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{load_recipe, lora_moved, pipeline, root, scratch, tensors, Scratch};
+use common::{load_recipe, lora_moved, pipeline, root, scratch, tensors};
+use flowtune_fixtures::Scratch;
 use flowtune_models::PipelineOptions;
 use flowtune_objectives::Metrics;
 use flowtune_rollout::Engine;

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use flowtune_config::Recipe;
 use tch::Tensor;
 
-pub use flowtune_fixtures::{scratch, Scratch};
+pub use flowtune_fixtures::scratch;
 
 /// The repository root.
 pub fn root() -> PathBuf {
