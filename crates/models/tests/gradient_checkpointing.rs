@@ -4,15 +4,12 @@
 
 use std::collections::BTreeMap;
 
+use flowtune_fixtures::scratch;
 use flowtune_models::wan::{write_tiny_wan, TinyWanSpec, WanTransformer};
 use flowtune_models::{
     family_named, load_pipeline, ExampleShape, LoraConfig, PipelineOptions, TrainableDenoiser,
 };
 use tch::{Device, Kind, Tensor};
-
-fn scratch(name: &str) -> flowtune_fixtures::Scratch {
-    flowtune_fixtures::scratch(&format!("gc-{name}"))
-}
 
 /// The velocity and the gradients of `sum(v²)` with respect to every trained weight.
 /// (Weights no loss reaches, such as the last block's unused text-stream output, have none.)

@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use flowtune_fixtures::{dir, json, tensors, Checker, Scratch};
+use flowtune_fixtures::{dir, json, scratch, tensors, Checker, Scratch};
 use flowtune_models::text_encoders::qwen2_5_vl::Qwen25VlTextEncoder;
 use flowtune_models::text_encoders::qwen_prompts::{QwenPromptEncoder, PROMPT_TEMPLATE};
 use flowtune_models::tokenizer::TextTokenizer;
@@ -18,11 +18,6 @@ const PROMPT_CASES: &[(&str, &[&str], usize)] = &[
     ("truncated", &["a photo of a cat sitting on a mat, in the morning light", "dog"], 5),
     ("negative", &[" "], 1024),
 ];
-
-/// A fresh scratch directory for one test.
-fn scratch(name: &str) -> Scratch {
-    flowtune_fixtures::scratch(&format!("qwen-te-{name}"))
-}
 
 fn copy(from: &Path, to: &Path, names: &[&str]) {
     for n in names {

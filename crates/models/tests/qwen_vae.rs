@@ -1,7 +1,7 @@
 //! `AutoencoderKLQwenImage` parity with diffusers over every `qwen_vae` fixture of
 //! `manifest.json` (from `scripts/reference_qwen_vae.py`), the tiny writer, and loading errors.
 
-use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, Scratch, MATH_RTOL};
+use flowtune_fixtures::{dir, models_of_kind, scratch, tensors, Checker, MATH_RTOL};
 use flowtune_models::qwen_image::{write_tiny_qwen_vae, AutoencoderKlQwenImage, QwenVaeConfig};
 use flowtune_models::ModelError;
 use tch::{Device, Kind, Tensor};
@@ -57,10 +57,6 @@ fn encode_matches_diffusers() {
             MATH_RTOL,
         );
     });
-}
-
-fn scratch(name: &str) -> Scratch {
-    flowtune_fixtures::scratch(&format!("qwen-vae-{name}"))
 }
 
 #[test]
