@@ -1,0 +1,328 @@
+//! Denoiser transformers from their `config.json`: every linear layer and the other parameters,
+//! laid out as diffusers 0.42.1 builds the class (`src/diffusers/models/transformers/`), and the
+//! block structure the activation formula needs.
+
+use crate::inventory::Inventory;
+use crate::json::Json;
+use crate::PlanError;
+
+/// What the activation and trajectory formulas need from a denoiser.
+#[derive(Debug, Clone)]
+pub struct Denoiser {
+    pub class: String,
+    pub inventory: Inventory,
+    /// Hidden width h (heads × head_dim).
+    pub hidden: u64,
+    /// Blocks by kind: (how many, c = bytes saved per token per hidden unit, large-models.md §2.2).
+    pub blocks: Vec<(u64, f64)>,
+    /// Pixels per token side: VAE factor × patch is applied by the caller; this is the patch.
+    pub patch: u64,
+    /// Latent frames per token (Wan's temporal patch); 1 for images.
+    pub temporal_patch: u64,
+    /// Whether text tokens join the self-attention sequence (MMDiT, single stream) or enter by
+    /// cross-attention (Wan).
+    pub joint_text: bool,
+    /// Width of the text states the denoiser reads (what a trajectory stores per text token).
+    pub text_width: u64,
+    /// Latent channels the denoiser reads per pixel of the latent grid (before patching).
+    pub in_channels: u64,
+}
+
+/// Measured constants c of large-models.md §2.2 (bytes / token / hidden unit / block, bf16).
+pub mod c {
+    pub const SD3_DUAL: f64 = 82.1;
+    pub const SD3_PLAIN: f64 = 58.3;
+    pub const FLUX_DOUBLE: f64 = 56.2;
+    pub const FLUX_SINGLE: f64 = 50.1;
+    pub const QWEN_IMAGE: f64 = 56.3;
+    pub const Z_IMAGE: f64 = 94.2;
+    pub const WAN_A14B: f64 = 81.4;
+    pub const WAN_5B: f64 = 89.3;
+}
+
+/// Reads the denoiser whose config is `cfg`, by its `_class_name`.
+pub fn denoiser(cfg: &Json) -> Result<Denoiser, PlanError> {
+    let class = cfg.class().unwrap_or_default();
+    match class.as_str() {
+        "SD3Transformer2DModel" => sd3(cfg),
+        "FluxTransformer2DModel" => flux(cfg),
+        "QwenImageTransformer2DModel" => qwen_image(cfg),
+        "ZImageTransformer2DModel" => z_image(cfg),
+        "WanTransformer3DModel" => wan(cfg),
+        other => Err(cfg.bad(
+            "_class_name",
+            format!(
+                "`{other}` is not a denoiser the planner knows; known: SD3Transformer2DModel, \
+                 FluxTransformer2DModel, QwenImageTransformer2DModel, ZImageTransformer2DModel, \
+                 WanTransformer3DModel"
+            ),
+        )),
+    }
+}
+
+/// An MLP embedder `a → h → h` (two biased linears), as the timestep and text embedders are.
+fn embedder(inv: &mut Inventory, name: &str, a: u64, h: u64) {
+    inv.linear(1, &format!("{name}.linear_1"), a, h, true);
+    inv.linear(1, &format!("{name}.linear_2"), h, h, true);
+}
+
+/// q/k RMS norms: `n` of width `w` (`layer_norm` adds a bias).
+fn qk_norms(inv: &mut Inventory, cfg: &Json, count: u64, n: u64, w: u64) -> Result<(), PlanError> {
+    match cfg.string("qk_norm") {
+        None => {}
+        Some("rms_norm") | Some("rms_norm_across_heads") => inv.add(count * n * w),
+        Some("layer_norm") => inv.add(count * n * 2 * w),
+        Some(other) => return Err(cfg.bad("qk_norm", format!("`{other}` is not known"))),
+    }
+    Ok(())
+}
+
+/// The four projections of one attention stream, `count` times under `prefix`.
+fn attention(inv: &mut Inventory, count: u64, prefix: &str, names: [&str; 4], h: u64) {
+    for n in names {
+        inv.linear(count, &format!("{prefix}.{n}"), h, h, true);
+    }
+}
+
+/// A GELU feed-forward `h → m → h` (diffusers' `FeedForward`: `net.0.proj`, `net.2`).
+fn feed_forward(inv: &mut Inventory, count: u64, prefix: &str, h: u64, m: u64) {
+    inv.linear(count, &format!("{prefix}.net.0.proj"), h, m, true);
+    inv.linear(count, &format!("{prefix}.net.2"), m, h, true);
+}
+
+const JOINT: [&str; 4] = ["add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"];
+const SELF: [&str; 4] = ["to_q", "to_k", "to_v", "to_out.0"];
+
+fn sd3(cfg: &Json) -> Result<Denoiser, PlanError> {
+    let (layers, heads, hd) = (
+        cfg.int("num_layers", Some(18))?,
+        cfg.int("num_attention_heads", Some(18))?,
+        cfg.int("attention_head_dim", Some(64))?,
+    );
+    let h = heads * hd;
+    let (p, cin) = (cfg.int("patch_size", Some(2))?, cfg.int("in_channels", Some(16))?);
+    let cout = cfg.int("out_channels", Some(16))?;
+    let dual = cfg.ints("dual_attention_layers", Some(&[]))?;
+    let mut inv = Inventory::default();
+    inv.add(h * cin * p * p + h);
+    if let Some(max) = cfg.get("pos_embed_max_size").and_then(|v| v.as_u64()) {
+        inv.buffers = max * max * h;
+    }
+    embedder(&mut inv, "time_text_embed.timestep_embedder", 256, h);
+    let pooled = cfg.int("pooled_projection_dim", Some(2048))?;
+    embedder(&mut inv, "time_text_embed.text_embedder", pooled, h);
+    let joint = cfg.int("joint_attention_dim", Some(4096))?;
+    inv.linear(1, "context_embedder", joint, cfg.int("caption_projection_dim", Some(h))?, true);
+    let b = "transformer_blocks.0";
+    let n_dual = dual.iter().filter(|&&i| i < layers).count() as u64;
+    // Every block but the last ("context_pre_only") updates the text stream.
+    let full = layers.saturating_sub(1);
+    inv.linear(n_dual, &format!("{b}.norm1.linear"), h, 9 * h, true);
+    inv.linear(layers - n_dual, &format!("{b}.norm1.linear"), h, 6 * h, true);
+    inv.linear(full, &format!("{b}.norm1_context.linear"), h, 6 * h, true);
+    inv.linear(layers - full, &format!("{b}.norm1_context.linear"), h, 2 * h, true);
+    attention(&mut inv, layers, &format!("{b}.attn"), SELF, h);
+    for n in &JOINT[..3] {
+        inv.linear(layers, &format!("{b}.attn.{n}"), h, h, true);
+    }
+    inv.linear(full, &format!("{b}.attn.to_add_out"), h, h, true);
+    qk_norms(&mut inv, cfg, layers, 4, hd)?;
+    attention(&mut inv, n_dual, &format!("{b}.attn2"), SELF, h);
+    qk_norms(&mut inv, cfg, n_dual, 2, hd)?;
+    feed_forward(&mut inv, layers, &format!("{b}.ff"), h, 4 * h);
+    feed_forward(&mut inv, full, &format!("{b}.ff_context"), h, 4 * h);
+    inv.linear(1, "norm_out.linear", h, 2 * h, true);
+    inv.linear(1, "proj_out", h, p * p * cout, true);
+    let blocks = vec![(n_dual, c::SD3_DUAL), (layers - n_dual, c::SD3_PLAIN)];
+    Ok(image(cfg, inv, h, blocks, p, true, joint, cin))
+}
+
+fn image(
+    cfg: &Json,
+    inventory: Inventory,
+    hidden: u64,
+    blocks: Vec<(u64, f64)>,
+    patch: u64,
+    joint_text: bool,
+    text_width: u64,
+    in_channels: u64,
+) -> Denoiser {
+    Denoiser {
+        class: cfg.class().unwrap_or_default(),
+        inventory,
+        hidden,
+        blocks: blocks.into_iter().filter(|b| b.0 > 0).collect(),
+        patch,
+        temporal_patch: 1,
+        joint_text,
+        text_width,
+        in_channels,
+    }
+}
+
+fn flux(cfg: &Json) -> Result<Denoiser, PlanError> {
+    let (double, single) =
+        (cfg.int("num_layers", Some(19))?, cfg.int("num_single_layers", Some(38))?);
+    let hd = cfg.int("attention_head_dim", Some(128))?;
+    let h = cfg.int("num_attention_heads", Some(24))? * hd;
+    let (p, cin) = (cfg.int("patch_size", Some(1))?, cfg.int("in_channels", Some(64))?);
+    let cout = cfg.int("out_channels", Some(cin))?;
+    let joint = cfg.int("joint_attention_dim", Some(4096))?;
+    let mut inv = Inventory::default();
+    inv.linear(1, "x_embedder", cin, h, true);
+    inv.linear(1, "context_embedder", joint, h, true);
+    embedder(&mut inv, "time_text_embed.timestep_embedder", 256, h);
+    if cfg.boolean("guidance_embeds", false)? {
+        embedder(&mut inv, "time_text_embed.guidance_embedder", 256, h);
+    }
+    let pooled = cfg.int("pooled_projection_dim", Some(768))?;
+    embedder(&mut inv, "time_text_embed.text_embedder", pooled, h);
+    let b = "transformer_blocks.0";
+    inv.linear(double, &format!("{b}.norm1.linear"), h, 6 * h, true);
+    inv.linear(double, &format!("{b}.norm1_context.linear"), h, 6 * h, true);
+    attention(&mut inv, double, &format!("{b}.attn"), SELF, h);
+    attention(&mut inv, double, &format!("{b}.attn"), JOINT, h);
+    feed_forward(&mut inv, double, &format!("{b}.ff"), h, 4 * h);
+    feed_forward(&mut inv, double, &format!("{b}.ff_context"), h, 4 * h);
+    inv.add(double * 4 * hd);
+    let s = "single_transformer_blocks.0";
+    inv.linear(single, &format!("{s}.norm.linear"), h, 3 * h, true);
+    inv.linear(single, &format!("{s}.proj_mlp"), h, 4 * h, true);
+    inv.linear(single, &format!("{s}.proj_out"), 5 * h, h, true);
+    for n in ["to_q", "to_k", "to_v"] {
+        inv.linear(single, &format!("{s}.attn.{n}"), h, h, true);
+    }
+    inv.add(single * 2 * hd);
+    inv.linear(1, "norm_out.linear", h, 2 * h, true);
+    inv.linear(1, "proj_out", h, p * p * cout, true);
+    let blocks = vec![(double, c::FLUX_DOUBLE), (single, c::FLUX_SINGLE)];
+    // Latents are 2×2-packed: 64 channels are 16 latent channels.
+    Ok(image(cfg, inv, h, blocks, 2 * p, true, joint, cin / 4))
+}
+
+fn qwen_image(cfg: &Json) -> Result<Denoiser, PlanError> {
+    let layers = cfg.int("num_layers", Some(60))?;
+    let hd = cfg.int("attention_head_dim", Some(128))?;
+    let h = cfg.int("num_attention_heads", Some(24))? * hd;
+    let (p, cin) = (cfg.int("patch_size", Some(2))?, cfg.int("in_channels", Some(64))?);
+    let cout = cfg.int("out_channels", Some(16))?;
+    let joint = cfg.int("joint_attention_dim", Some(3584))?;
+    let mut inv = Inventory::default();
+    embedder(&mut inv, "time_text_embed.timestep_embedder", 256, h);
+    inv.add(joint);
+    inv.linear(1, "img_in", cin, h, true);
+    inv.linear(1, "txt_in", joint, h, true);
+    let b = "transformer_blocks.0";
+    inv.linear(layers, &format!("{b}.img_mod.1"), h, 6 * h, true);
+    inv.linear(layers, &format!("{b}.txt_mod.1"), h, 6 * h, true);
+    attention(&mut inv, layers, &format!("{b}.attn"), SELF, h);
+    attention(&mut inv, layers, &format!("{b}.attn"), JOINT, h);
+    inv.add(layers * 4 * hd);
+    feed_forward(&mut inv, layers, &format!("{b}.img_mlp"), h, 4 * h);
+    feed_forward(&mut inv, layers, &format!("{b}.txt_mlp"), h, 4 * h);
+    inv.linear(1, "norm_out.linear", h, 2 * h, true);
+    inv.linear(1, "proj_out", h, p * p * cout, true);
+    Ok(image(cfg, inv, h, vec![(layers, c::QWEN_IMAGE)], p, true, joint, cin / (p * p)))
+}
+
+fn z_image(cfg: &Json) -> Result<Denoiser, PlanError> {
+    let dim = cfg.int("dim", Some(3840))?;
+    let (layers, refiners) =
+        (cfg.int("n_layers", Some(30))?, cfg.int("n_refiner_layers", Some(2))?);
+    let heads = cfg.int("n_heads", Some(30))?;
+    let kv = cfg.int("n_kv_heads", Some(heads))?;
+    let hd = dim / heads;
+    let cin = cfg.int("in_channels", Some(16))?;
+    let caption = cfg.int("cap_feat_dim", Some(2560))?;
+    let patches = cfg.ints("all_patch_size", Some(&[2]))?;
+    let frames = cfg.ints("all_f_patch_size", Some(&[1]))?;
+    if patches.len() != frames.len() {
+        return Err(cfg.bad("all_f_patch_size", "needs one entry per all_patch_size entry"));
+    }
+    let ffn = dim * 8 / 3;
+    let ada = dim.min(256);
+    let mut inv = Inventory::default();
+    let block = |inv: &mut Inventory, count: u64, prefix: &str, modulated: bool| {
+        let a = format!("{prefix}.attention");
+        inv.linear(count, &format!("{a}.to_q"), dim, heads * hd, false);
+        inv.linear(count, &format!("{a}.to_k"), dim, kv * hd, false);
+        inv.linear(count, &format!("{a}.to_v"), dim, kv * hd, false);
+        inv.linear(count, &format!("{a}.to_out.0"), heads * hd, dim, false);
+        let f = format!("{prefix}.feed_forward");
+        inv.linear(count, &format!("{f}.w1"), dim, ffn, false);
+        inv.linear(count, &format!("{f}.w2"), ffn, dim, false);
+        inv.linear(count, &format!("{f}.w3"), dim, ffn, false);
+        inv.add(count * 4 * dim);
+        if modulated {
+            inv.linear(count, &format!("{prefix}.adaLN_modulation.0"), ada, 4 * dim, true);
+        }
+    };
+    block(&mut inv, layers, "layers.0", true);
+    block(&mut inv, refiners, "noise_refiner.0", true);
+    block(&mut inv, refiners, "context_refiner.0", false);
+    qk_norms_z(&mut inv, cfg, layers + 2 * refiners, hd)?;
+    inv.linear(1, "t_embedder.mlp.0", 256, 1024, true);
+    inv.linear(1, "t_embedder.mlp.2", 1024, ada, true);
+    inv.add(caption);
+    inv.linear(1, "cap_embedder.1", caption, dim, true);
+    for (p, f) in patches.iter().zip(&frames) {
+        let k = format!("{p}-{f}");
+        inv.linear(1, &format!("all_x_embedder.{k}"), f * p * p * cin, dim, true);
+        inv.linear(1, &format!("all_final_layer.{k}.linear"), dim, p * p * f * cin, true);
+        inv.linear(1, &format!("all_final_layer.{k}.adaLN_modulation.1"), ada, dim, true);
+    }
+    // The image and caption pad tokens.
+    inv.add(2 * dim);
+    let all = layers + 2 * refiners;
+    Ok(image(cfg, inv, dim, vec![(all, c::Z_IMAGE)], patches[0], true, caption, cin))
+}
+
+fn qk_norms_z(inv: &mut Inventory, cfg: &Json, count: u64, hd: u64) -> Result<(), PlanError> {
+    if cfg.boolean("qk_norm", true)? {
+        inv.add(count * 2 * hd);
+    }
+    Ok(())
+}
+
+fn wan(cfg: &Json) -> Result<Denoiser, PlanError> {
+    let layers = cfg.int("num_layers", Some(40))?;
+    let hd = cfg.int("attention_head_dim", Some(128))?;
+    let h = cfg.int("num_attention_heads", Some(40))? * hd;
+    let patch = cfg.ints("patch_size", Some(&[1, 2, 2]))?;
+    if patch.len() != 3 {
+        return Err(cfg.bad("patch_size", "expected [t, h, w]"));
+    }
+    let kernel: u64 = patch.iter().product();
+    let cin = cfg.int("in_channels", Some(16))?;
+    let cout = cfg.int("out_channels", Some(16))?;
+    let (text, freq) = (cfg.int("text_dim", Some(4096))?, cfg.int("freq_dim", Some(256))?);
+    let ffn = cfg.int("ffn_dim", Some(13824))?;
+    let mut inv = Inventory::default();
+    inv.add(h * cin * kernel + h);
+    let e = "condition_embedder";
+    inv.linear(1, &format!("{e}.time_embedder.linear_1"), freq, h, true);
+    inv.linear(1, &format!("{e}.time_embedder.linear_2"), h, h, true);
+    inv.linear(1, &format!("{e}.time_proj"), h, 6 * h, true);
+    embedder(&mut inv, &format!("{e}.text_embedder"), text, h);
+    if cfg.get("image_dim").is_some() {
+        return Err(
+            cfg.bad("image_dim", "Wan2.1 image-to-video image embeddings are not planned yet")
+        );
+    }
+    let b = "blocks.0";
+    inv.add(layers * 6 * h);
+    attention(&mut inv, layers, &format!("{b}.attn1"), SELF, h);
+    attention(&mut inv, layers, &format!("{b}.attn2"), SELF, h);
+    let norm_width = if cfg.string("qk_norm") == Some("rms_norm_across_heads") { h } else { hd };
+    qk_norms(&mut inv, cfg, layers, 4, norm_width)?;
+    if cfg.boolean("cross_attn_norm", true)? {
+        inv.add(layers * 2 * h);
+    }
+    feed_forward(&mut inv, layers, &format!("{b}.ffn"), h, ffn);
+    inv.add(2 * h);
+    inv.linear(1, "proj_out", h, cout * kernel, true);
+    let c = if ffn >= 4 * h { c::WAN_5B } else { c::WAN_A14B };
+    let mut d = image(cfg, inv, h, vec![(layers, c)], patch[1], false, text, cin);
+    d.temporal_patch = patch[0];
+    Ok(d)
+}

@@ -1,0 +1,97 @@
+//! `flowtune plan`: what one training step holds per rank — weights, adapters, gradients,
+//! optimizer state, activations, trajectories, frozen encoders on the device or the host — from a
+//! pipeline's `config.json` files alone, and whether it fits a GPU. Every figure is a formula of
+//! `docs/plan.md`. Torch-free: nothing here loads a weight.
+
+pub mod denoisers;
+pub mod inventory;
+pub mod json;
+pub mod memory;
+pub mod pipeline;
+pub mod text;
+pub mod vae;
+pub mod verdict;
+
+pub use memory::{plan, Item, Place, Plan};
+pub use pipeline::Pipeline;
+pub use verdict::{verdict, Verdict};
+
+/// Bytes in a GiB.
+pub const GIB: f64 = (1u64 << 30) as f64;
+
+/// Why a pipeline could not be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("cannot read {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("{path}: {key}: {message}")]
+    Key { path: String, key: String, message: String },
+}
+
+/// Storage type of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Dtype {
+    pub fn bytes(self) -> u64 {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 | Self::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::F16 => "f16",
+        }
+    }
+}
+
+/// Which frozen components live on the host (`model.offload`), cheapest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Offload {
+    None,
+    Encoders,
+    EncodersAndVae,
+}
+
+/// The recipe settings a plan depends on.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// Full fine-tuning (every denoiser weight) instead of LoRA.
+    pub full: bool,
+    pub dtype: Dtype,
+    pub frozen_dtype: Dtype,
+    pub lora_rank: u64,
+    pub lora_targets: Vec<String>,
+    pub offload: Offload,
+    /// Pixels per side (square samples).
+    pub resolution: u64,
+    /// Pixel frames of a video sample (Wan); `None` for images or the family default.
+    pub num_frames: Option<u64>,
+    /// Text tokens the long text encoder gives (`model.max_sequence_length`).
+    pub text_tokens: u64,
+    pub micro_batch: u64,
+    pub gradient_checkpointing: bool,
+    pub f32_master_weights: bool,
+    /// Classifier-free guidance (`rollout.guidance_scale > 1`): two branches per sample.
+    pub cfg: bool,
+    /// A frozen copy of the denoiser as the reference policy (full fine-tuning with a KL term,
+    /// DPO, DiffusionNFT).
+    pub reference_copy: bool,
+    /// Extra copies of the trained weights: an EMA, DiffusionNFT's old policy.
+    pub weight_copies: u64,
+    /// Prompts per step (all ranks) and samples per prompt.
+    pub prompts_per_step: u64,
+    pub samples_per_prompt: u64,
+    /// Recorded SDE-window steps per sample.
+    pub window_steps: u64,
+    pub gpus: u64,
+    pub gpu_memory_gib: f64,
+}

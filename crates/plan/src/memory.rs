@@ -1,0 +1,183 @@
+//! What a rank holds during a training step, item by item (formulas in `docs/plan.md`).
+
+use serde::Serialize;
+
+use crate::denoisers::Denoiser;
+use crate::inventory::lora_targets;
+use crate::{Dtype, Offload, Pipeline, Setup};
+
+/// Where an item lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Place {
+    Device,
+    Host,
+}
+
+/// One line of the plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct Item {
+    pub item: String,
+    pub dtype: &'static str,
+    pub bytes: u64,
+    pub place: Place,
+}
+
+/// A rank's memory in one training step.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub items: Vec<Item>,
+    /// Parameters of the trained denoiser(s), and of the adapters (0 under full fine-tuning).
+    pub denoiser_params: u64,
+    pub lora_params: u64,
+    /// Self-attention tokens per sequence, and sequences per micro-batch.
+    pub tokens: u64,
+    pub sequences: u64,
+    pub device_bytes: u64,
+    pub host_bytes: u64,
+}
+
+/// Plans one rank of `setup` on `pipe`.
+pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
+    let mut items = vec![];
+    let mut push = |item: String, dtype: Dtype, bytes: u64, place: Place| {
+        items.push(Item { item, dtype: dtype.name(), bytes, place });
+    };
+    let d = setup.dtype.bytes();
+    let n = setup.gpus.max(1);
+    let mut params = 0;
+    let mut lora = 0;
+    for (name, den) in &pipe.denoisers {
+        let p = den.inventory.params();
+        params += p;
+        push(format!("{name} weights"), setup.dtype, p * d, Place::Device);
+        if den.inventory.buffers > 0 {
+            push(format!("{name} buffers"), setup.dtype, den.inventory.buffers * d, Place::Device);
+        }
+        if !setup.full {
+            lora += den
+                .inventory
+                .lora_params(setup.lora_rank, |m| lora_targets(&setup.lora_targets, m));
+        }
+    }
+    let frozen = setup.frozen_dtype;
+    let host_if = |off: bool| if off { Place::Host } else { Place::Device };
+    for t in &pipe.text_encoders {
+        let place = host_if(setup.offload >= Offload::Encoders);
+        push(format!("{} ({})", t.name, t.class), frozen, t.params * frozen.bytes(), place);
+    }
+    if let Some((v, _)) = &pipe.vae {
+        let place = host_if(setup.offload == Offload::EncodersAndVae);
+        push(format!("{} ({})", v.name, v.class), frozen, v.params * frozen.bytes(), place);
+    }
+    if setup.full {
+        push("gradients".into(), setup.dtype, params * d, Place::Device);
+        // ZeRO-1: each rank keeps masters and moments of about 1/N of the weights.
+        let share = params.div_ceil(n);
+        if setup.f32_master_weights && setup.dtype != Dtype::F32 {
+            push(format!("f32 master weights (1/{n})"), Dtype::F32, 4 * share, Place::Device);
+        }
+        push(format!("Adam moments (1/{n})"), Dtype::F32, 8 * share, Place::Device);
+        if setup.reference_copy {
+            push("reference copy".into(), setup.dtype, params * d, Place::Device);
+        }
+        if setup.weight_copies > 0 {
+            let bytes = setup.weight_copies * params * d;
+            push("EMA / old-policy copies".into(), setup.dtype, bytes, Place::Device);
+        }
+    } else {
+        push("LoRA adapters".into(), Dtype::F32, 4 * lora, Place::Device);
+        push("LoRA gradients".into(), Dtype::F32, 4 * lora, Place::Device);
+        push("Adam moments".into(), Dtype::F32, 8 * lora, Place::Device);
+        if setup.weight_copies > 0 {
+            let bytes = setup.weight_copies * 4 * lora;
+            push("EMA / old-policy copies".into(), Dtype::F32, bytes, Place::Device);
+        }
+    }
+    let den = pipe.denoiser();
+    let tokens =
+        image_tokens(pipe, setup) + if den.joint_text { text_tokens(den, setup) } else { 0 };
+    let sequences = setup.micro_batch * if setup.cfg { 2 } else { 1 };
+    let act = activations(den, tokens, setup.gradient_checkpointing) * sequences as f64;
+    let label = if setup.gradient_checkpointing { "checkpointed" } else { "no checkpointing" };
+    push(
+        format!("activations ({sequences} seq × {tokens} tokens, {label})"),
+        Dtype::Bf16,
+        act as u64,
+        Place::Device,
+    );
+    let samples = setup.prompts_per_step.div_ceil(n) * setup.samples_per_prompt;
+    push(
+        format!("trajectories ({samples} samples)"),
+        Dtype::F32,
+        samples * trajectory_bytes(pipe, setup),
+        Place::Device,
+    );
+    let total = |place| items.iter().filter(|i| i.place == place).map(|i| i.bytes).sum();
+    Plan {
+        device_bytes: total(Place::Device),
+        host_bytes: total(Place::Host),
+        items,
+        denoiser_params: params,
+        lora_params: lora,
+        tokens,
+        sequences,
+    }
+}
+
+/// Activation bytes of one sequence of `s` tokens (large-models.md §2.2): `Σ c·L·S·h` without
+/// checkpointing; `2·L·S·h + 1.5·c·S·h` with per-block checkpointing (block inputs kept, one
+/// block recomputed, c the largest of the blocks).
+pub fn activations(den: &Denoiser, s: u64, checkpointing: bool) -> f64 {
+    let sh = (s * den.hidden) as f64;
+    if checkpointing {
+        let layers: u64 = den.blocks.iter().map(|b| b.0).sum();
+        let c = den.blocks.iter().map(|b| b.1).fold(0.0, f64::max);
+        2.0 * layers as f64 * sh + 1.5 * c * sh
+    } else {
+        den.blocks.iter().map(|&(l, c)| c * l as f64 * sh).sum()
+    }
+}
+
+/// Latent grid of one sample: (frames, side) in latent pixels, and the VAE's channels.
+fn latent_grid(pipe: &Pipeline, setup: &Setup) -> (u64, u64, u64) {
+    let den = pipe.denoiser();
+    let (spatial, temporal, channels) = pipe
+        .vae
+        .as_ref()
+        .map_or((1, 1, den.in_channels), |(_, v)| (v.spatial, v.temporal, v.channels));
+    let frames = match (den.joint_text, setup.num_frames) {
+        // Wan: 81 frames unless the recipe says (diffusers' WanPipeline default).
+        (false, f) => (f.unwrap_or(81).saturating_sub(1)) / temporal + 1,
+        (true, _) => 1,
+    };
+    (frames, setup.resolution / spatial, channels)
+}
+
+/// Image (or video) tokens of one sample: latent grid over the patch.
+fn image_tokens(pipe: &Pipeline, setup: &Setup) -> u64 {
+    let den = pipe.denoiser();
+    let (frames, side, _) = latent_grid(pipe, setup);
+    let side = side / den.patch;
+    frames.div_ceil(den.temporal_patch) * side * side
+}
+
+/// Text tokens in the joint sequence: SD3 adds 77 CLIP tokens to the T5 ones, Z-Image pads the
+/// caption to a multiple of 32, FLUX and Qwen-Image take `max_sequence_length`.
+fn text_tokens(den: &Denoiser, setup: &Setup) -> u64 {
+    match den.class.as_str() {
+        "SD3Transformer2DModel" => 77 + setup.text_tokens,
+        "ZImageTransformer2DModel" => setup.text_tokens.div_ceil(32) * 32,
+        _ => setup.text_tokens,
+    }
+}
+
+/// One sample's recorded trajectory: the latents entering and leaving each window step plus
+/// the final latents (f32), and its text states (and the negative prompt's under CFG).
+fn trajectory_bytes(pipe: &Pipeline, setup: &Setup) -> u64 {
+    let den = pipe.denoiser();
+    let (frames, side, channels) = latent_grid(pipe, setup);
+    let latents = (setup.window_steps + 2) * frames * side * side * channels * 4;
+    let text = text_tokens(den, setup) * den.text_width * setup.frozen_dtype.bytes();
+    latents + text * if setup.cfg { 2 } else { 1 }
+}

@@ -1,0 +1,96 @@
+//! A pipeline directory read from its configs alone: `model_index.json` and each component's
+//! `config.json` (no weights).
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::denoisers::{denoiser, Denoiser};
+use crate::json::Json;
+use crate::text::text_encoder;
+use crate::vae::{vae, Vae};
+use crate::PlanError;
+
+/// A frozen component (text encoder or VAE) and its size.
+#[derive(Debug, Clone)]
+pub struct Frozen {
+    /// Folder name (`text_encoder_2`, `vae`).
+    pub name: String,
+    pub class: String,
+    pub params: u64,
+}
+
+/// What the planner knows of a pipeline.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    /// `model_index.json`'s `_class_name`.
+    pub class: String,
+    /// The denoisers by folder (`transformer`, and Wan2.2-A14B's `transformer_2`).
+    pub denoisers: Vec<(String, Denoiser)>,
+    pub text_encoders: Vec<Frozen>,
+    pub vae: Option<(Frozen, Vae)>,
+}
+
+impl Pipeline {
+    /// Reads `dir/model_index.json` and the `config.json` of every component it lists.
+    pub fn read(dir: &Path) -> Result<Self, PlanError> {
+        let index = Json::read(&dir.join("model_index.json"))?;
+        let class = index
+            .string("_class_name")
+            .ok_or_else(|| index.bad("_class_name", "missing"))?
+            .to_string();
+        let mut pipeline = Self { class, denoisers: vec![], text_encoders: vec![], vae: None };
+        for name in COMPONENTS {
+            // Components are `[library, class]` pairs; `[null, null]` marks an absent one.
+            let Some(class) = index
+                .get(name)
+                .and_then(Value::as_array)
+                .and_then(|a| a.get(1))
+                .and_then(Value::as_str)
+            else {
+                continue;
+            };
+            let role = if name.starts_with("transformer") {
+                Role::Denoiser
+            } else if name.starts_with("text_encoder") {
+                Role::Text
+            } else {
+                Role::Vae
+            };
+            let cfg = Json::read(&dir.join(name).join("config.json"))?;
+            match role {
+                Role::Denoiser => pipeline.denoisers.push((name.to_string(), denoiser(&cfg)?)),
+                Role::Text => {
+                    let class = cfg.class().unwrap_or_else(|| class.to_string());
+                    let params = text_encoder(&cfg, &class)?;
+                    pipeline.text_encoders.push(Frozen { name: name.to_string(), class, params });
+                }
+                Role::Vae => {
+                    let class = cfg.class().unwrap_or_else(|| class.to_string());
+                    let v = vae(&cfg, &class)?;
+                    let frozen = Frozen { name: name.to_string(), class, params: v.params };
+                    pipeline.vae = Some((frozen, v));
+                }
+            }
+        }
+        if pipeline.denoisers.is_empty() {
+            return Err(index.bad("transformer", "the pipeline lists no transformer component"));
+        }
+        Ok(pipeline)
+    }
+
+    /// The first denoiser (the shapes of all are the same in a two-expert pipeline).
+    pub fn denoiser(&self) -> &Denoiser {
+        &self.denoisers[0].1
+    }
+}
+
+/// The component folders the planner reads, in `model_index.json` order.
+const COMPONENTS: [&str; 6] =
+    ["transformer", "transformer_2", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"];
+
+enum Role {
+    Denoiser,
+    Text,
+    Vae,
+}

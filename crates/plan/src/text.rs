@@ -1,0 +1,124 @@
+//! Text encoders from their `config.json`: parameter counts as transformers 5.24 builds CLIP,
+//! T5/UMT5 encoders, Qwen2.5-VL and Qwen3 (`src/transformers/models/<name>/modeling_<name>.py`).
+
+use crate::json::Json;
+use crate::PlanError;
+
+/// The parameters of the text encoder whose config is `cfg`, by its class.
+pub fn text_encoder(cfg: &Json, class: &str) -> Result<u64, PlanError> {
+    match class {
+        "CLIPTextModel" => clip(cfg, false),
+        "CLIPTextModelWithProjection" => clip(cfg, true),
+        "T5EncoderModel" => t5(cfg, false),
+        "UMT5EncoderModel" => t5(cfg, true),
+        "Qwen2_5_VLForConditionalGeneration" => qwen2_5_vl(cfg),
+        "Qwen3Model" | "Qwen3ForCausalLM" => qwen3(cfg, class == "Qwen3ForCausalLM"),
+        other => Err(cfg.bad(
+            "architectures",
+            format!(
+                "`{other}` is not a text encoder the planner knows; known: CLIPTextModel, \
+                 CLIPTextModelWithProjection, T5EncoderModel, UMT5EncoderModel, \
+                 Qwen2_5_VLForConditionalGeneration, Qwen3Model"
+            ),
+        )),
+    }
+}
+
+/// CLIP's text tower: token and position embeddings, pre-LN blocks with biased projections,
+/// a final LayerNorm; `projection` adds the bias-free text projection.
+fn clip(cfg: &Json, projection: bool) -> Result<u64, PlanError> {
+    let d = cfg.int("hidden_size", Some(512))?;
+    let f = cfg.int("intermediate_size", Some(2048))?;
+    let layers = cfg.int("num_hidden_layers", Some(12))?;
+    let vocab = cfg.int("vocab_size", Some(49408))?;
+    let positions = cfg.int("max_position_embeddings", Some(77))?;
+    let block = 4 * (d * d + d) + 2 * 2 * d + (d * f + f) + (f * d + d);
+    let proj = if projection { d * cfg.int("projection_dim", Some(512))? } else { 0 };
+    Ok((vocab + positions) * d + layers * block + 2 * d + proj)
+}
+
+/// The T5 encoder: shared embedding, bias-free attention and (gated) feed-forward, RMS norms;
+/// relative-position tables in the first block (T5) or every block (UMT5).
+fn t5(cfg: &Json, every_block_bias: bool) -> Result<u64, PlanError> {
+    let d = cfg.int("d_model", Some(512))?;
+    let inner = cfg.int("num_heads", Some(8))? * cfg.int("d_kv", Some(64))?;
+    let f = cfg.int("d_ff", Some(2048))?;
+    let layers = cfg.int("num_layers", Some(6))?;
+    let vocab = cfg.int("vocab_size", Some(32128))?;
+    let gated = cfg.string("feed_forward_proj").is_some_and(|s| s.starts_with("gated-"));
+    let ff = if gated { 3 * d * f } else { 2 * d * f };
+    let table =
+        cfg.int("relative_attention_num_buckets", Some(32))? * cfg.int("num_heads", Some(8))?;
+    let tables = if every_block_bias { layers * table } else { table };
+    Ok(vocab * d + layers * (4 * d * inner + ff + 2 * d) + tables + d)
+}
+
+/// A Qwen2/Qwen3 decoder stack: embeddings, GQA attention, SwiGLU MLP, RMS norms.
+struct Decoder {
+    d: u64,
+    layers: u64,
+    vocab: u64,
+    q: u64,
+    kv: u64,
+    f: u64,
+}
+
+impl Decoder {
+    fn read(cfg: &Json) -> Result<Self, PlanError> {
+        let d = cfg.int("hidden_size", None)?;
+        let heads = cfg.int("num_attention_heads", None)?;
+        let hd = cfg.int("head_dim", Some(d / heads))?;
+        Ok(Self {
+            d,
+            layers: cfg.int("num_hidden_layers", None)?,
+            vocab: cfg.int("vocab_size", None)?,
+            q: heads * hd,
+            kv: cfg.int("num_key_value_heads", Some(heads))? * hd,
+            f: cfg.int("intermediate_size", None)?,
+        })
+    }
+
+    /// Parameters with `qkv_bias` (Qwen2) or per-head q/k norms of `head_norm` (Qwen3).
+    fn params(&self, qkv_bias: bool, head_norm: u64) -> u64 {
+        let Self { d, layers, vocab, q, kv, f } = *self;
+        let attention = d * (q + 2 * kv) + q * d + if qkv_bias { q + 2 * kv } else { 0 };
+        vocab * d + layers * (attention + 2 * head_norm + 3 * d * f + 2 * d) + d
+    }
+}
+
+/// Qwen2.5-VL: the Qwen2 language model, its untied LM head, and the vision tower.
+fn qwen2_5_vl(cfg: &Json) -> Result<u64, PlanError> {
+    let text = cfg.nested_or_self("text_config");
+    let lm = Decoder::read(&text)?;
+    let tied = text.boolean("tie_word_embeddings", cfg.boolean("tie_word_embeddings", false)?)?;
+    let head = if tied { 0 } else { lm.vocab * lm.d };
+    let v = cfg.get("vision_config").map(|_| cfg.nested_or_self("vision_config"));
+    let vision = match v {
+        Some(v) => vision(&v)?,
+        None => return Err(cfg.bad("vision_config", "missing")),
+    };
+    Ok(lm.params(true, 0) + head + vision)
+}
+
+/// Qwen2.5-VL's ViT: 3-D patch embedding, SwiGLU blocks with biases, the 2×2 patch merger.
+fn vision(cfg: &Json) -> Result<u64, PlanError> {
+    let d = cfg.int("hidden_size", Some(1280))?;
+    let f = cfg.int("intermediate_size", Some(3420))?;
+    let depth = cfg.int("depth", Some(32))?;
+    let (p, t) = (cfg.int("patch_size", Some(14))?, cfg.int("temporal_patch_size", Some(2))?);
+    let channels = cfg.int("in_channels", Some(3))?;
+    let merged = d * cfg.int("spatial_merge_size", Some(2))?.pow(2);
+    let out = cfg.int("out_hidden_size", Some(3584))?;
+    let block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * (d * f + f) + (f * d + d);
+    let merger = d + (merged * merged + merged) + (merged * out + out);
+    Ok(d * channels * t * p * p + depth * block + merger)
+}
+
+/// Qwen3: GQA attention with per-head q/k RMS norms, no biases; an LM head only when untied.
+fn qwen3(cfg: &Json, causal_lm: bool) -> Result<u64, PlanError> {
+    let m = Decoder::read(cfg)?;
+    let hd = m.q / cfg.int("num_attention_heads", None)?;
+    let tied = cfg.boolean("tie_word_embeddings", true)?;
+    let head = if causal_lm && !tied { m.vocab * m.d } else { 0 };
+    Ok(m.params(false, hd) + head)
+}

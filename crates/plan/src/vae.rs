@@ -1,0 +1,133 @@
+//! VAEs from their `config.json`: parameter counts as diffusers 0.42.1 builds `AutoencoderKL`
+//! (`autoencoders/autoencoder_kl.py`, `vae.py`) and the causal video VAEs `AutoencoderKLWan` /
+//! `AutoencoderKLQwenImage` (`autoencoder_kl_wan.py`, `autoencoder_kl_qwenimage.py`), and the
+//! latent geometry the trajectory formula needs.
+
+use crate::json::Json;
+use crate::PlanError;
+
+/// A VAE: parameters and latent geometry.
+#[derive(Debug, Clone)]
+pub struct Vae {
+    pub params: u64,
+    /// Latent channels.
+    pub channels: u64,
+    /// Pixels per latent pixel, per side.
+    pub spatial: u64,
+    /// Frames per latent frame (video VAEs; 1 for images).
+    pub temporal: u64,
+}
+
+pub fn vae(cfg: &Json, class: &str) -> Result<Vae, PlanError> {
+    match class {
+        "AutoencoderKL" => kl(cfg),
+        "AutoencoderKLWan" | "AutoencoderKLQwenImage" => wan(cfg),
+        other => Err(cfg.bad(
+            "_class_name",
+            format!(
+                "`{other}` is not a VAE the planner knows; known: AutoencoderKL, \
+                 AutoencoderKLQwenImage, AutoencoderKLWan"
+            ),
+        )),
+    }
+}
+
+/// A k×k (2-D) or k×k×k (3-D, `dims` = 3) convolution with bias.
+fn conv(cin: u64, cout: u64, k: u64, dims: u32) -> u64 {
+    cin * cout * k.pow(dims) + cout
+}
+
+fn kl(cfg: &Json) -> Result<Vae, PlanError> {
+    let ch = cfg.ints("block_out_channels", Some(&[64]))?;
+    let n = cfg.int("layers_per_block", Some(1))?;
+    let (cin, cout) = (cfg.int("in_channels", Some(3))?, cfg.int("out_channels", Some(3))?);
+    let z = cfg.int("latent_channels", Some(4))?;
+    let attention = cfg.boolean("mid_block_add_attention", true)?;
+    let last = *ch.last().ok_or_else(|| cfg.bad("block_out_channels", "empty"))?;
+    // GroupNorms carry a weight and a bias.
+    let resnet = |a: u64, b: u64| {
+        2 * a
+            + conv(a, b, 3, 2)
+            + 2 * b
+            + conv(b, b, 3, 2)
+            + if a != b { conv(a, b, 1, 2) } else { 0 }
+    };
+    let mid =
+        2 * resnet(last, last) + if attention { 2 * last + 4 * (last * last + last) } else { 0 };
+    let mut encoder = conv(cin, ch[0], 3, 2) + mid + 2 * last + conv(last, 2 * z, 3, 2);
+    let mut prev = ch[0];
+    for (i, &c) in ch.iter().enumerate() {
+        encoder += resnet(prev, c) + (n - 1) * resnet(c, c);
+        if i + 1 < ch.len() {
+            encoder += conv(c, c, 3, 2);
+        }
+        prev = c;
+    }
+    let mut decoder = conv(z, last, 3, 2) + mid + 2 * ch[0] + conv(ch[0], cout, 3, 2);
+    let mut prev = last;
+    for (i, &c) in ch.iter().rev().enumerate() {
+        decoder += resnet(prev, c) + n * resnet(c, c);
+        if i + 1 < ch.len() {
+            decoder += conv(c, c, 3, 2);
+        }
+        prev = c;
+    }
+    let quant = if cfg.boolean("use_quant_conv", true)? { conv(2 * z, 2 * z, 1, 2) } else { 0 };
+    let post = if cfg.boolean("use_post_quant_conv", true)? { conv(z, z, 1, 2) } else { 0 };
+    let spatial = 1 << (ch.len() - 1);
+    Ok(Vae { params: encoder + decoder + quant + post, channels: z, spatial, temporal: 1 })
+}
+
+/// Wan's causal 3-D VAE (Wan2.1 and Qwen-Image; Wan2.2's residual variant with
+/// `is_residual`), RMS norms with a gain only.
+fn wan(cfg: &Json) -> Result<Vae, PlanError> {
+    let base = cfg.int("base_dim", Some(96))?;
+    let dec_base = cfg.int("decoder_base_dim", Some(base))?;
+    let z = cfg.int("z_dim", Some(16))?;
+    let mult = cfg.ints("dim_mult", Some(&[1, 2, 4, 4]))?;
+    let n = cfg.int("num_res_blocks", Some(2))?;
+    let down = cfg.bools("temperal_downsample", &[false, true, true])?;
+    let residual = cfg.boolean("is_residual", false)?;
+    let (cin, cout) = (cfg.int("in_channels", Some(3))?, cfg.int("out_channels", Some(3))?);
+    if !cfg.ints("attn_scales", Some(&[]))?.is_empty() {
+        return Err(cfg.bad("attn_scales", "attention inside the stages is not planned"));
+    }
+    let stage = |i: usize| down.get(i).copied().unwrap_or(false);
+    let resnet = |a: u64, b: u64| {
+        a + conv(a, b, 3, 3) + b + conv(b, b, 3, 3) + if a != b { conv(a, b, 1, 3) } else { 0 }
+    };
+    let mid = |c: u64| 2 * resnet(c, c) + c + conv(c, 3 * c, 1, 2) + conv(c, c, 1, 2);
+    let dims: Vec<u64> = std::iter::once(1).chain(mult.iter().copied()).map(|m| base * m).collect();
+    let last = *dims.last().expect("one entry at least");
+    let mut encoder = conv(cin, dims[0], 3, 3) + mid(last) + last + conv(last, 2 * z, 3, 3);
+    for i in 0..mult.len() {
+        let (a, b) = (dims[i], dims[i + 1]);
+        encoder += resnet(a, b) + (n - 1) * resnet(b, b);
+        if i + 1 < mult.len() {
+            encoder += conv(b, b, 3, 2) + if stage(i) { b * b * 3 + b } else { 0 };
+        }
+    }
+    let top = *mult.last().expect("dim_mult is not empty");
+    let ddims: Vec<u64> =
+        std::iter::once(top).chain(mult.iter().rev().copied()).map(|m| dec_base * m).collect();
+    let mut decoder = conv(z, ddims[0], 3, 3) + mid(ddims[0]);
+    for i in 0..mult.len() {
+        let b = ddims[i + 1];
+        // Wan2.1's upsamplers halve the width; the next stage starts from that half.
+        let a = if i > 0 && !residual { ddims[i] / 2 } else { ddims[i] };
+        decoder += resnet(a, b) + n * resnet(b, b);
+        if i + 1 < mult.len() {
+            let out = if residual { b } else { b / 2 };
+            decoder += conv(b, out, 3, 2);
+            if stage(mult.len() - 2 - i) {
+                decoder += b * 2 * b * 3 + 2 * b;
+            }
+        }
+    }
+    let last_dec = *ddims.last().expect("one entry at least");
+    decoder += last_dec + conv(last_dec, cout, 3, 3);
+    let quant = conv(2 * z, 2 * z, 1, 3) + conv(z, z, 1, 3);
+    let spatial = cfg.int("scale_factor_spatial", Some(1 << (mult.len() - 1)))?;
+    let temporal = cfg.int("scale_factor_temporal", Some(4))?;
+    Ok(Vae { params: encoder + decoder + quant, channels: z, spatial, temporal })
+}

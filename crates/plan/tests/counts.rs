@@ -1,0 +1,164 @@
+//! Exact parameter counts of the shipped real configs (`examples/models/`) against
+//! large-models.md §1 (diffusers 0.42.1 / transformers 5.24 classes built on the meta device).
+
+use std::path::PathBuf;
+
+use flowtune_plan::Pipeline;
+
+fn read(name: &str) -> Pipeline {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/models").join(name);
+    Pipeline::read(&dir).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// (folder, params) of every component, denoisers with their buffers.
+fn counts(p: &Pipeline) -> Vec<(String, u64, u64)> {
+    let mut out: Vec<(String, u64, u64)> = p
+        .denoisers
+        .iter()
+        .map(|(n, d)| (n.clone(), d.inventory.params(), d.inventory.buffers))
+        .collect();
+    out.extend(p.text_encoders.iter().map(|t| (t.name.clone(), t.params, 0)));
+    out.extend(p.vae.iter().map(|(v, _)| (v.name.clone(), v.params, 0)));
+    out
+}
+
+fn check(name: &str, expected: &[(&str, u64, u64)]) {
+    let got = counts(&read(name));
+    let expected: Vec<(String, u64, u64)> =
+        expected.iter().map(|&(n, p, b)| (n.to_string(), p, b)).collect();
+    assert_eq!(got, expected, "{name}");
+}
+
+const T5_XXL: u64 = 4_762_310_656;
+const UMT5_XXL: u64 = 5_680_910_336;
+const SD3_VAE: u64 = 83_819_683;
+const WAN21_VAE: u64 = 126_892_531;
+
+#[test]
+fn sd35_medium_and_large() {
+    let encoders = [("text_encoder", 123_650_304, 0), ("text_encoder_2", 694_659_840, 0)];
+    let mut m = vec![("transformer", 2_243_171_520, 226_492_416)];
+    m.extend(encoders);
+    m.extend([("text_encoder_3", T5_XXL, 0), ("vae", SD3_VAE, 0)]);
+    check("sd3.5-medium", &m);
+    m[0] = ("transformer", 8_056_627_520, 89_653_248);
+    check("sd3.5-large", &m);
+}
+
+#[test]
+fn flux_dev() {
+    check(
+        "flux.1-dev",
+        &[
+            ("transformer", 11_901_408_320, 0),
+            ("text_encoder", 123_060_480, 0),
+            ("text_encoder_2", T5_XXL, 0),
+            ("vae", SD3_VAE, 0),
+        ],
+    );
+}
+
+#[test]
+fn qwen_image() {
+    check(
+        "qwen-image",
+        &[
+            ("transformer", 20_430_401_088, 0),
+            ("text_encoder", 8_292_166_656, 0),
+            ("vae", WAN21_VAE, 0),
+        ],
+    );
+}
+
+#[test]
+fn z_image() {
+    check(
+        "z-image-turbo",
+        &[
+            ("transformer", 6_154_908_736, 0),
+            ("text_encoder", 4_022_468_096, 0),
+            ("vae", SD3_VAE, 0),
+        ],
+    );
+}
+
+#[test]
+fn wan_5b_and_a14b() {
+    check(
+        "wan2.2-ti2v-5b",
+        &[
+            ("transformer", 4_999_787_712, 0),
+            ("text_encoder", UMT5_XXL, 0),
+            ("vae", 704_688_668, 0),
+        ],
+    );
+    check(
+        "wan2.2-t2v-a14b",
+        &[
+            ("transformer", 14_288_491_584, 0),
+            ("transformer_2", 14_288_491_584, 0),
+            ("text_encoder", UMT5_XXL, 0),
+            ("vae", WAN21_VAE, 0),
+        ],
+    );
+}
+
+/// LoRA sizes of large-models.md §1.1 (r = 64 on the recipes' attention and feed-forward layers).
+#[test]
+fn lora_counts() {
+    let lora = |name: &str, targets: &[&str]| {
+        let t: Vec<String> = targets.iter().map(|s| s.to_string()).collect();
+        let p = read(name);
+        p.denoiser().inventory.lora_params(64, |m| flowtune_plan::inventory::lora_targets(&t, m))
+    };
+    let qwen = [
+        "to_q",
+        "to_k",
+        "to_v",
+        "to_out.0",
+        "add_q_proj",
+        "add_k_proj",
+        "add_v_proj",
+        "to_add_out",
+        "img_mlp.net.0.proj",
+        "img_mlp.net.2",
+        "txt_mlp.net.0.proj",
+        "txt_mlp.net.2",
+    ];
+    assert_eq!(lora("qwen-image", &qwen), 424_673_280);
+    let attn = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0"];
+    let joint = ["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"];
+    let mut flux: Vec<&str> = attn.iter().chain(&joint).copied().collect();
+    flux.extend([
+        "proj_mlp",
+        "proj_out",
+        "ff.net.0.proj",
+        "ff.net.2",
+        "ff_context.net.0.proj",
+        "ff_context.net.2",
+    ]);
+    // The note counts the single blocks' `proj_out` only; the suffix match (flowtune's and
+    // PEFT's) also adapts the top-level `proj_out` (3072 → 64): 64 · (3072 + 64) more.
+    assert_eq!(lora("flux.1-dev", &flux), 261_488_640 + 64 * (3072 + 64));
+    let wan = [
+        "attn1.to_q",
+        "attn1.to_k",
+        "attn1.to_v",
+        "attn1.to_out.0",
+        "attn2.to_q",
+        "attn2.to_k",
+        "attn2.to_v",
+        "attn2.to_out.0",
+        "ffn.net.0.proj",
+        "ffn.net.2",
+    ];
+    assert_eq!(lora("wan2.2-ti2v-5b", &wan), 161_218_560);
+    assert_eq!(lora("wan2.2-t2v-a14b", &wan), 306_708_480);
+    let mut sd3: Vec<&str> = vec!["to_q", "to_k", "to_v", "to_out.0"];
+    sd3.extend(["add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]);
+    sd3.extend(["ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2"]);
+    assert_eq!(lora("sd3.5-medium", &sd3), 93_978_624);
+    assert_eq!(lora("sd3.5-large", &sd3), 211_058_688);
+    let z = ["to_q", "to_k", "to_v", "to_out.0", "w1", "w2", "w3"];
+    assert_eq!(lora("z-image-turbo", &z), 158_760_960);
+}
