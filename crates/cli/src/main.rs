@@ -59,6 +59,8 @@ enum Command {
     /// The shapes-world task: prompt files, ground-truth pictures, scoring per category.
     #[command(subcommand)]
     Shapes(commands::shapes::ShapesCommand),
+    /// What a training step holds per GPU (from the pipeline's configs alone) and whether it fits.
+    Plan(commands::plan::PlanArgs),
     /// Write a small random-initialised pipeline in the diffusers layout.
     #[command(subcommand)]
     MakeTiny(commands::make_tiny::MakeTiny),
@@ -119,6 +121,7 @@ fn main() -> ExitCode {
         Command::Data(c) => commands::data::run(c),
         Command::Debug(c) => commands::debug::run(c, &cli.device),
         Command::MakeTiny(c) => commands::make_tiny::run(c),
+        Command::Plan(a) => commands::plan::run(a),
         Command::Bench(c) => commands::bench::run(c, &cli.device),
     };
     // In a launched job, each rank's errors say which rank it is.

@@ -134,7 +134,7 @@ fn sd3(cfg: &Json) -> Result<Denoiser, PlanError> {
     inv.linear(1, "norm_out.linear", h, 2 * h, true);
     inv.linear(1, "proj_out", h, p * p * cout, true);
     let blocks = vec![(n_dual, c::SD3_DUAL), (layers - n_dual, c::SD3_PLAIN)];
-    Ok(image(cfg, inv, h, blocks, p, true, joint, cin))
+    Ok(image(cfg, inv, h, blocks, p, joint, cin))
 }
 
 fn image(
@@ -143,7 +143,6 @@ fn image(
     hidden: u64,
     blocks: Vec<(u64, f64)>,
     patch: u64,
-    joint_text: bool,
     text_width: u64,
     in_channels: u64,
 ) -> Denoiser {
@@ -154,7 +153,7 @@ fn image(
         blocks: blocks.into_iter().filter(|b| b.0 > 0).collect(),
         patch,
         temporal_patch: 1,
-        joint_text,
+        joint_text: true,
         text_width,
         in_channels,
     }
@@ -197,7 +196,7 @@ fn flux(cfg: &Json) -> Result<Denoiser, PlanError> {
     inv.linear(1, "proj_out", h, p * p * cout, true);
     let blocks = vec![(double, c::FLUX_DOUBLE), (single, c::FLUX_SINGLE)];
     // Latents are 2×2-packed: 64 channels are 16 latent channels.
-    Ok(image(cfg, inv, h, blocks, 2 * p, true, joint, cin / 4))
+    Ok(image(cfg, inv, h, blocks, 2 * p, joint, cin / 4))
 }
 
 fn qwen_image(cfg: &Json) -> Result<Denoiser, PlanError> {
@@ -222,7 +221,7 @@ fn qwen_image(cfg: &Json) -> Result<Denoiser, PlanError> {
     feed_forward(&mut inv, layers, &format!("{b}.txt_mlp"), h, 4 * h);
     inv.linear(1, "norm_out.linear", h, 2 * h, true);
     inv.linear(1, "proj_out", h, p * p * cout, true);
-    Ok(image(cfg, inv, h, vec![(layers, c::QWEN_IMAGE)], p, true, joint, cin / (p * p)))
+    Ok(image(cfg, inv, h, vec![(layers, c::QWEN_IMAGE)], p, joint, cin / (p * p)))
 }
 
 fn z_image(cfg: &Json) -> Result<Denoiser, PlanError> {
@@ -274,7 +273,7 @@ fn z_image(cfg: &Json) -> Result<Denoiser, PlanError> {
     // The image and caption pad tokens.
     inv.add(2 * dim);
     let all = layers + 2 * refiners;
-    Ok(image(cfg, inv, dim, vec![(all, c::Z_IMAGE)], patches[0], true, caption, cin))
+    Ok(image(cfg, inv, dim, vec![(all, c::Z_IMAGE)], patches[0], caption, cin))
 }
 
 fn qk_norms_z(inv: &mut Inventory, cfg: &Json, count: u64, hd: u64) -> Result<(), PlanError> {
@@ -322,7 +321,8 @@ fn wan(cfg: &Json) -> Result<Denoiser, PlanError> {
     inv.add(2 * h);
     inv.linear(1, "proj_out", h, cout * kernel, true);
     let c = if ffn >= 4 * h { c::WAN_5B } else { c::WAN_A14B };
-    let mut d = image(cfg, inv, h, vec![(layers, c)], patch[1], false, text, cin);
+    let mut d = image(cfg, inv, h, vec![(layers, c)], patch[1], text, cin);
     d.temporal_patch = patch[0];
+    d.joint_text = false;
     Ok(d)
 }

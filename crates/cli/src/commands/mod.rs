@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_load;
 pub mod bench_reward;
 pub mod bench_shapes;
 pub mod config;
@@ -13,6 +14,7 @@ pub mod forward;
 pub mod launch;
 pub mod list;
 pub mod make_tiny;
+pub mod plan;
 pub mod pretrain;
 pub mod sample;
 pub mod score;

@@ -1,0 +1,141 @@
+//! `flowtune plan RECIPE [KEY=VALUE…] [--gpus N] [--gpu-memory GiB] [--json]`: what a training
+//! step holds per rank, from the pipeline's configs alone, and whether it fits.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use flowtune_config::{Finetune, Offload, Recipe};
+use flowtune_models::Dtype;
+use flowtune_objectives::Objective;
+use flowtune_plan::{plan, verdict, Pipeline, Place, Setup, GIB};
+
+use crate::Failure;
+
+#[derive(Args)]
+pub struct PlanArgs {
+    /// A YAML recipe; its `model.path` may hold only `model_index.json` and each component's
+    /// `config.json`.
+    recipe: PathBuf,
+    /// Overrides like `model.offload=encoders`.
+    overrides: Vec<String>,
+    /// Data-parallel ranks (default: `WORLD_SIZE`, else 1).
+    #[arg(long)]
+    gpus: Option<u64>,
+    /// Memory of one GPU in GiB.
+    #[arg(long, default_value_t = 80.0)]
+    gpu_memory: f64,
+    /// Machine-readable output (with a boolean `fits`).
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: PlanArgs) -> Result<(), Failure> {
+    let recipe = Recipe::load(&args.recipe, &args.overrides).map_err(Failure::input)?;
+    let gpus = match args.gpus {
+        Some(n) => n,
+        None => std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok()).unwrap_or(1),
+    };
+    if gpus == 0 || !(args.gpu_memory > 0.0 && args.gpu_memory.is_finite()) {
+        return Err(Failure::input(anyhow::anyhow!("--gpus must be ≥ 1 and --gpu-memory > 0 GiB")));
+    }
+    let dir = &recipe.model.path;
+    if dir.as_os_str().is_empty() {
+        return Err(Failure::input(anyhow::anyhow!(
+            "{}: model.path is not set; point it at a pipeline directory (configs are enough)",
+            args.recipe.display()
+        )));
+    }
+    let pipe = Pipeline::read(dir).map_err(Failure::input)?;
+    let setup = setup(&recipe, gpus, args.gpu_memory).map_err(Failure::input)?;
+    let p = plan(&pipe, &setup);
+    let v = verdict(&pipe, &setup);
+    if args.json {
+        let items: Vec<_> = p
+            .items
+            .iter()
+            .map(|i| {
+                serde_json::json!({"item": i.item, "dtype": i.dtype, "bytes": i.bytes,
+                    "gib": i.bytes as f64 / GIB, "place": i.place})
+            })
+            .collect();
+        let out = serde_json::json!({
+            "recipe": args.recipe, "pipeline": pipe.class, "model_path": dir,
+            "gpus": gpus, "gpu_memory_gib": args.gpu_memory,
+            "denoiser_params": p.denoiser_params, "lora_params": p.lora_params,
+            "tokens": p.tokens, "sequences": p.sequences, "items": items,
+            "device_gib": p.device_bytes as f64 / GIB, "host_gib": p.host_bytes as f64 / GIB,
+            "fits": v.fits, "budget_gib": v.budget_gib, "changes": v.changes,
+            "changed_gib": v.changed_gib, "verdict": v.message,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).expect("JSON"));
+        return Ok(());
+    }
+    let mode = if setup.full {
+        format!("full fine-tuning ({} params)", p.denoiser_params)
+    } else {
+        format!("LoRA r{} ({} params)", setup.lora_rank, p.lora_params)
+    };
+    println!(
+        "{} ({}): {mode}, {} GPU(s) of {} GiB; per rank:",
+        pipe.class,
+        dir.display(),
+        gpus,
+        args.gpu_memory
+    );
+    println!("{:<58} {:>5} {:>8}  where", "item", "dtype", "GiB");
+    for i in &p.items {
+        let place = if i.place == Place::Device { "device" } else { "host" };
+        println!("{:<58} {:>5} {:>8.2}  {place}", i.item, i.dtype, i.bytes as f64 / GIB);
+    }
+    println!("{:<58} {:>5} {:>8.2}", "device total", "", p.device_bytes as f64 / GIB);
+    println!("{:<58} {:>5} {:>8.2}", "host total (offloaded)", "", p.host_bytes as f64 / GIB);
+    println!("verdict: {}", v.message);
+    Ok(())
+}
+
+/// The planner's view of a recipe on `gpus` ranks.
+fn setup(recipe: &Recipe, gpus: u64, gpu_memory_gib: f64) -> anyhow::Result<Setup> {
+    let dtype = |d: Dtype| match d {
+        Dtype::F32 => flowtune_plan::Dtype::F32,
+        Dtype::Bf16 => flowtune_plan::Dtype::Bf16,
+        Dtype::F16 => flowtune_plan::Dtype::F16,
+    };
+    let (m, t, r) = (&recipe.model, &recipe.trainer, &recipe.rollout);
+    let objective = flowtune_objectives::algorithm(&recipe.algorithm)?.objective;
+    // As the trainer decides (`Reference::for_recipe`, `Algorithm::keeps_old_policy`).
+    let reference = match objective {
+        Objective::Policy(_) => recipe.actor.use_kl_loss,
+        _ => true,
+    };
+    let old_policy = matches!(objective, Objective::Nft);
+    Ok(Setup {
+        full: m.finetune == Finetune::Full,
+        dtype: dtype(m.dtype),
+        frozen_dtype: dtype(m.frozen_dtype),
+        lora_rank: m.lora.rank.max(0) as u64,
+        lora_targets: m.lora.target_modules.clone(),
+        offload: match m.offload {
+            Offload::None => flowtune_plan::Offload::None,
+            Offload::Encoders => flowtune_plan::Offload::Encoders,
+            Offload::EncodersAndVae => flowtune_plan::Offload::EncodersAndVae,
+        },
+        resolution: m.resolution.max(0) as u64,
+        num_frames: m.num_frames.map(|f| f as u64),
+        text_tokens: m.max_sequence_length as u64,
+        micro_batch: t.micro_batch_size as u64,
+        gradient_checkpointing: t.gradient_checkpointing,
+        f32_master_weights: t.f32_master_weights,
+        cfg: r.guidance_scale > 1.0,
+        reference_copy: reference,
+        weight_copies: u64::from(t.ema_decay.is_some()) + u64::from(old_policy),
+        prompts_per_step: recipe.data.prompts_per_step as u64,
+        samples_per_prompt: r.n as u64,
+        window_steps: if r.sde_window_size > 0 {
+            r.sde_window_size
+        } else {
+            r.steps.saturating_sub(1)
+        } as u64,
+        gpus,
+        gpu_memory_gib,
+    })
+}

@@ -1,0 +1,200 @@
+//! `flowtune plan` end to end: the shipped config-only real models and recipes, the verdicts of
+//! large-models.md §2.3, bad input, and the parameter counts against tiny pipelines' weights.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use flowtune_fixtures::scratch;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `flowtune` in the repository root (the example recipes name paths from there).
+fn flowtune(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flowtune"))
+        .args(args)
+        .current_dir(root())
+        .env_remove("WORLD_SIZE")
+        .output()
+        .expect("run flowtune")
+}
+
+fn stdout(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    serde_json::from_str(&stdout(&flowtune(&all))).expect("JSON")
+}
+
+#[test]
+fn every_shipped_example_prints_a_table_and_a_verdict() {
+    let dir = root().join("examples/plan");
+    let mut recipes: Vec<PathBuf> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    recipes.sort();
+    assert!(recipes.len() >= 8, "{recipes:?}");
+    for r in recipes {
+        let path = r.strip_prefix(root()).unwrap_or(&r).display().to_string();
+        let text = stdout(&flowtune(&["plan", &path]));
+        for needle in
+            ["item", "dtype", "GiB", "weights", "activations", "device total", "verdict: "]
+        {
+            assert!(text.contains(needle), "{path}: `{needle}` missing from\n{text}");
+        }
+        let j = json(&["plan", &path]);
+        assert!(j["fits"].is_boolean(), "{path}: {j}");
+    }
+}
+
+#[test]
+fn qwen_image_lora_fits_one_80_gb_gpu_with_encoders_offloaded() {
+    let j = json(&["plan", "examples/plan/qwen_image_lora_1gpu.yaml", "--gpus", "1"]);
+    assert_eq!(j["fits"], true, "{j}");
+    let gib = j["device_gib"].as_f64().unwrap();
+    // large-models.md §2.3: 46 GiB with the encoders evicted (this adds the VAE, trajectories).
+    assert!((45.0..50.0).contains(&gib), "{gib}");
+    assert_eq!(j["lora_params"], 424_673_280u64);
+    let host = j["host_gib"].as_f64().unwrap();
+    assert!((15.0..16.0).contains(&host), "the bf16 Qwen2.5-VL on the host: {host}");
+    // Resident, the text encoder adds its 15.4 GiB on the device.
+    let resident = json(&["plan", "examples/plan/qwen_image_lora_1gpu.yaml", "model.offload=none"]);
+    let more = resident["device_gib"].as_f64().unwrap() - gib;
+    assert!((15.0..16.0).contains(&more), "{more}");
+}
+
+#[test]
+fn qwen_image_full_on_8_gpus_does_not_fit_and_needs_sharding() {
+    let args = ["plan", "examples/plan/qwen_image_full_8gpu.yaml", "--gpus", "8"];
+    let j = json(&args);
+    assert_eq!(j["fits"], false, "{j}");
+    let gib = j["device_gib"].as_f64().unwrap();
+    // large-models.md §2.3: ZeRO-1 at N = 8 holds 106 GiB.
+    assert!((105.0..110.0).contains(&gib), "{gib}");
+    assert!(j["verdict"].as_str().unwrap().contains("needs sharding (FSDP"), "{j}");
+    let text = stdout(&flowtune(&args));
+    assert!(text.contains("Adam moments (1/8)") && text.contains("needs sharding"), "{text}");
+}
+
+#[test]
+fn a_plan_that_does_not_fit_names_the_cheapest_change() {
+    let j = json(&[
+        "plan",
+        "examples/plan/qwen_image_lora_1gpu.yaml",
+        "trainer.gradient_checkpointing=false",
+        "model.offload=none",
+    ]);
+    assert_eq!(j["fits"], false, "{j}");
+    let changes: Vec<&str> =
+        j["changes"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert_eq!(changes, ["trainer.gradient_checkpointing=true"], "{j}");
+    // SD3.5-Medium full fine-tuning fits 4 × 40 GiB by ZeRO-1, not 1 × 40 GiB.
+    let full = ["plan", "examples/plan/sd35_medium_lora_1gpu.yaml", "model.finetune=full"];
+    let j = json(&[&full[..], &["--gpu-memory", "24"]].concat());
+    let changes = j["changes"].as_array().unwrap();
+    assert!(changes.iter().any(|c| c.as_str().unwrap().starts_with("--gpus ")), "{j}");
+}
+
+#[test]
+fn bad_input_is_one_clear_error() {
+    let bad = |args: &[&str], needles: &[&str]| {
+        let out = flowtune(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        for n in needles {
+            assert!(err.contains(n), "`{n}` missing from {err}");
+        }
+    };
+    bad(
+        &["plan", "examples/plan/qwen_image_lora_1gpu.yaml", "model.offlaod=encoders"],
+        &["model.offlaod"],
+    );
+    bad(
+        &["plan", "examples/plan/qwen_image_lora_1gpu.yaml", "model.path=/nonexistent/model"],
+        &["/nonexistent/model/model_index.json"],
+    );
+    let dir = scratch("plan-bad");
+    std::fs::write(
+        dir.join("model_index.json"),
+        r#"{"_class_name": "QwenImagePipeline", "transformer": ["diffusers", "QwenImageTransformer2DModel"]}"#,
+    )
+    .unwrap();
+    std::fs::create_dir(dir.join("transformer")).unwrap();
+    std::fs::write(
+        dir.join("transformer/config.json"),
+        r#"{"_class_name": "QwenImageTransformer2DModel", "num_layers": "sixty"}"#,
+    )
+    .unwrap();
+    let path = format!("model.path={}", dir.display());
+    bad(
+        &["plan", "examples/plan/qwen_image_lora_1gpu.yaml", &path],
+        &["transformer/config.json", "num_layers", "\"sixty\""],
+    );
+}
+
+/// Elements of every tensor in a component folder's safetensors files (headers only).
+fn stored_elements(dir: &Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "safetensors") {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        for (name, t) in header.as_object().unwrap() {
+            if name != "__metadata__" {
+                total += t["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap())
+                    .product::<u64>();
+            }
+        }
+    }
+    total
+}
+
+/// The planner's counts equal the elements flowtune's own tiny pipelines store, every family.
+#[test]
+fn counts_match_the_weights_of_tiny_pipelines() {
+    let root = scratch("plan-tiny");
+    let families: [&[&str]; 8] = [
+        &["sd3", "--dual-attention-layers", "0", "--qk-norm"],
+        &["sd3"],
+        &["flux"],
+        &["qwen-image"],
+        &["z-image"],
+        &["wan"],
+        &["wan", "--wan21"],
+        &["wan", "--a14b"],
+    ];
+    for (i, args) in families.iter().enumerate() {
+        let dir = root.join(format!("{i}"));
+        let mut all = vec!["make-tiny"];
+        all.extend_from_slice(&args[..1]);
+        let d = dir.display().to_string();
+        all.push(&d);
+        all.extend_from_slice(&args[1..]);
+        stdout(&flowtune(&all));
+        let pipe = flowtune_plan::Pipeline::read(&dir).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        for (name, den) in &pipe.denoisers {
+            let want = den.inventory.params() + den.inventory.buffers;
+            assert_eq!(want, stored_elements(&dir.join(name)), "{args:?} {name}");
+        }
+        for t in &pipe.text_encoders {
+            assert_eq!(t.params, stored_elements(&dir.join(&t.name)), "{args:?} {}", t.name);
+        }
+        if let Some((v, _)) = &pipe.vae {
+            assert_eq!(v.params, stored_elements(&dir.join(&v.name)), "{args:?} vae");
+        }
+    }
+}
