@@ -34,11 +34,6 @@ impl Json {
         Ok(Self { path: path.to_path_buf(), prefix: String::new(), value })
     }
 
-    /// From a value (tests).
-    pub fn from_value(path: &str, value: Value) -> Self {
-        Self { path: path.into(), prefix: String::new(), value }
-    }
-
     fn error(&self, key: &str, message: impl Into<String>) -> PlanError {
         PlanError::Key {
             path: self.path.display().to_string(),
