@@ -369,7 +369,9 @@ fn ctrl_c_saves_a_checkpoint_and_exits_cleanly() {
 }
 
 /// 4 steps in one run equal 2 steps + resume + 2 steps: the same LoRA bits and the same metrics
-/// for steps 3–4. Each run is its own process, as a real resume is.
+/// at every step. Each run is its own process, as a real resume is; both are the same computation
+/// on this machine, bit for bit, so this test keeps the JPEG reward (the tests of runs that are not
+/// bit-identical by construction score with `brightness`).
 #[test]
 fn resuming_gives_the_same_weights_and_metrics() {
     let root = scratch("cli-resume");
@@ -414,7 +416,7 @@ fn resuming_gives_the_same_weights_and_metrics() {
     };
     let (ma, mb) = (lines("straight"), lines("resumed"));
     assert_eq!((ma.len(), mb.len()), (4, 4));
-    for step in 2..4 {
+    for step in 0..4 {
         for (key, value) in ma[step].as_object().unwrap() {
             if !key.starts_with("timing_s/") && !key.starts_with("perf/") {
                 assert_eq!(value, &mb[step][key], "step {} {key}", step + 1);

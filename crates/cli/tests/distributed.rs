@@ -2,6 +2,12 @@
 //! half a step each train exactly as one process with the whole step (Flow-GRPO, online DPO,
 //! DiffusionNFT); a two-rank job resumes a one-rank run; a rank that dies stops the job and leaves
 //! a loadable checkpoint; torchrun launches it as well as `flowtune launch` does.
+//!
+//! Runs that must be the same computation score with `brightness`, a reward smooth in the pixels,
+//! and are compared at every step: the two layouts sum gradients in another order, so their
+//! weights differ in the last bits, and a reward that jumps with one level of one pixel (JPEG
+//! bytes) would turn that into different rewards on some CPUs. The JPEG reward path keeps one
+//! test (torchrun), compared at its first step only, before any update.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -43,6 +49,7 @@ fn train_args(recipe: &str, out: &Path, extra: &[&str]) -> Vec<String> {
         format!("trainer.output_dir={}", out.display()),
         // Rows go through the model two at a time in both layouts, so samples are bit-identical.
         "rollout.batch_size=2".into(),
+        "trainer.micro_batch_size=1".into(),
         "trainer.image_freq=1".into(),
         "trainer.save_freq=1".into(),
         "trainer.keep_last=10".into(),
@@ -51,6 +58,9 @@ fn train_args(recipe: &str, out: &Path, extra: &[&str]) -> Vec<String> {
     args.extend(extra.iter().map(|s| s.to_string()));
     args
 }
+
+/// The reward of every equivalence test: smooth in the pixels.
+const SMOOTH: &str = "reward.functions=[{name: brightness}]";
 
 fn check(out: Output, what: &str) {
     assert!(
@@ -85,8 +95,9 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-5 * a.abs().max(b.abs()) + 1e-6
 }
 
-/// Every metric but timings, throughput and the world size agrees step by step (1e-5 relative);
-/// so do the exported weights (relative L2: 1e-5 over all of them, 1e-4 per tensor, since a
+/// Every metric but timings, throughput and the world size agrees step by step (1e-5 relative;
+/// advantages 1e-4, see below);
+/// so do the exported weights (relative L2: 1e-5 over all of them, 1e-3 per tensor, since a
 /// gradient summed in another order can cancel more in one small tensor) and the grid of the
 /// first step's samples (within one level of 255 in under 0.1% of the values).
 fn assert_same_run(a: &Path, b: &Path, steps: std::ops::RangeInclusive<u64>) {
@@ -103,7 +114,15 @@ fn assert_same_run(a: &Path, b: &Path, steps: std::ops::RangeInclusive<u64>) {
             }
             let vb = lb.get(key).unwrap_or_else(|| panic!("step {k}: {key} missing from {b:?}"));
             let (x, y) = (va.as_f64().unwrap_or(f64::NAN), vb.as_f64().unwrap_or(f64::NAN));
-            assert!(close(x, y) || (x.is_nan() && y.is_nan()), "step {k} {key}: {x} vs {y}");
+            let same = if key.starts_with("critic/advantages/") {
+                // Rewards over the batch's std: the tiny model's pictures differ in brightness by
+                // about 1 %, so one pixel value rounding to the other level (weights 1e-9 apart)
+                // moves an advantage by up to about 3e-5 of itself.
+                (x - y).abs() <= 1e-4 * x.abs().max(y.abs())
+            } else {
+                close(x, y)
+            };
+            assert!(same || (x.is_nan() && y.is_nan()), "step {k} {key}: {x} vs {y}");
             compared += 1;
         }
     }
@@ -114,7 +133,7 @@ fn assert_same_run(a: &Path, b: &Path, steps: std::ops::RangeInclusive<u64>) {
     for (name, ta) in &wa {
         let diff = (ta - &wb[name]).norm().double_value(&[]);
         let norm = ta.norm().double_value(&[]);
-        assert!(diff <= 1e-4 * norm + 1e-9, "{name}: |Δ| {diff:e} for |w| {norm:e}");
+        assert!(diff <= 1e-3 * norm + 1e-9, "{name}: |Δ| {diff:e} for |w| {norm:e}");
         (diff_sq, norm_sq) = (diff_sq + diff * diff, norm_sq + norm * norm);
         moved |= !name.contains("lora_") || (name.contains("lora_B") && norm > 0.0);
     }
@@ -152,37 +171,30 @@ fn exported(out: &Path) -> BTreeMap<String, Tensor> {
 
 #[test]
 fn two_ranks_train_as_one_process_with_the_whole_batch() {
-    // One step each: samples, rewards, advantages (pairs, timesteps), loss, the summed gradient,
-    // the update and validation. From the second step on, the two runs sample from weights that
-    // differ in the last bits (a gradient summed in another order), and a reward that jumps with
-    // one level of one pixel (JPEG bytes) or DPO's β = 100 amplifies that past 1e-5 (measured
-    // on this project's machine: one JPEG byte in step 2, grad norm 0.4 % apart).
-    for (recipe, steps) in
-        [("flow_grpo_tiny.yaml", 1), ("dpo_tiny.yaml", 1), ("diffusion_nft_tiny.yaml", 1)]
-    {
-        let total = format!("trainer.total_steps={steps}");
+    // Two steps each, both compared: samples, rewards, advantages (pairs, timesteps), loss, the
+    // summed gradient, the update and validation, then the same from the updated weights.
+    for recipe in ["flow_grpo_tiny.yaml", "dpo_tiny.yaml", "diffusion_nft_tiny.yaml"] {
         // Validation (shared out between the ranks) after every step, on the 4 tiny prompts.
         let val =
             format!("data.val_files=[{}]", root().join("examples/prompts/tiny.txt").display());
-        let extra = [total.as_str(), "trainer.val_freq=1", &val];
+        let extra = ["trainer.total_steps=2", "trainer.val_freq=1", &val, SMOOTH];
         let (a, b) = (scratch(&format!("one-{recipe}")), scratch(&format!("two-{recipe}")));
         single(recipe, &a, &extra);
         two_ranks(recipe, &b, &extra);
         assert!(metrics(&b).iter().all(|l| l.keys().any(|k| k.starts_with("val-core/"))));
-        assert_same_run(&a, &b, 1..=steps);
+        assert_same_run(&a, &b, 1..=2);
         assert!(metrics(&b).iter().all(|l| l["dist/world_size"] == 2.0));
         eprintln!("{recipe}: 2 ranks × 1 prompt group = 1 process × 2 groups");
     }
 }
 
-/// Two ranks resume a one-rank checkpoint: their first step (3) equals the one-rank run's (for
-/// the reason above, later steps are not compared).
+/// Two ranks resume a one-rank checkpoint and train step 3 as the one-rank run does.
 #[test]
 fn two_ranks_resume_a_one_rank_run() {
     let (straight, split) = (scratch("straight"), scratch("split"));
-    single("flow_grpo_tiny.yaml", &straight, &["trainer.total_steps=3"]);
-    single("flow_grpo_tiny.yaml", &split, &["trainer.total_steps=2"]);
-    two_ranks("flow_grpo_tiny.yaml", &split, &["trainer.total_steps=3"]);
+    single("flow_grpo_tiny.yaml", &straight, &["trainer.total_steps=3", SMOOTH]);
+    single("flow_grpo_tiny.yaml", &split, &["trainer.total_steps=2", SMOOTH]);
+    two_ranks("flow_grpo_tiny.yaml", &split, &["trainer.total_steps=3", SMOOTH]);
     assert_same_run(&straight, &split, 1..=3);
 }
 
@@ -190,7 +202,7 @@ fn two_ranks_resume_a_one_rank_run() {
 /// each rank saving its share; one process resumes from that checkpoint.
 #[test]
 fn a_sharded_optimizer_trains_as_one_and_resumes_with_another_world_size() {
-    let full = ["model.finetune=full", "trainer.lr=1e-4"];
+    let full = ["model.finetune=full", "trainer.lr=1e-4", SMOOTH];
     let (straight, split) = (scratch("full-straight"), scratch("full-split"));
     single("flow_grpo_tiny.yaml", &straight, &[&full[..], &["trainer.total_steps=3"]].concat());
     two_ranks("flow_grpo_tiny.yaml", &split, &[&full[..], &["trainer.total_steps=2"]].concat());
@@ -257,6 +269,8 @@ fn a_dead_rank_stops_the_job_and_leaves_a_loadable_checkpoint() {
     assert!(text.contains("resumed from"), "{text}");
 }
 
+/// torchrun starts the ranks as `flowtune launch` does. This is also the test of the JPEG reward
+/// across ranks: its first step (samples and rewards before any update) equals one process's.
 #[test]
 fn torchrun_launches_the_binary() {
     let venv = std::env::var("FLOWTUNE_VENV").map(PathBuf::from).unwrap_or_else(|_| {

@@ -95,6 +95,8 @@ impl TextConditioning {
             return Ok(parts.into_iter().next().expect("one part"));
         }
         let longest = parts.iter().map(|p| p.embeds.size()[1]).max().unwrap_or(0);
+        // Parts of one length without masks (fixed-length encoders) stay without one.
+        let unmasked = parts.iter().all(|p| p.mask.is_none() && p.embeds.size()[1] == longest);
         // Zeros after the last token: (B, L) → [0, extra]; (B, L, D) → [0, 0, 0, extra].
         let pad = |t: &Tensor, len: i64| {
             let mut pads = vec![0i64; 2 * (t.dim() - 2)];
@@ -138,7 +140,7 @@ impl TextConditioning {
                 .pooled
                 .as_ref()
                 .map(|_| cat(&|p| p.pooled.as_ref().unwrap().shallow_clone())),
-            mask: Some(cat(&|p| p.mask.as_ref().unwrap().shallow_clone())),
+            mask: (!unmasked).then(|| cat(&|p| p.mask.as_ref().unwrap().shallow_clone())),
             extras: first
                 .extras
                 .keys()

@@ -68,6 +68,10 @@ fn check_model(family: &str, model: &dyn TrainableDenoiser, lora: bool) {
     assert!(flowtune_recompute::recomputed_blocks() > before, "{family}: no block was recomputed");
     model.set_gradient_checkpointing(false);
     assert!(relative(&v, &vc) <= 1e-6, "{family}: velocity {}", relative(&v, &vc));
+    // A gradient that cancels to almost nothing is compared against a floor of 1e-3 of the largest
+    // one: summed in another order, its few last bits are a large part of it.
+    let floor =
+        1e-3 * plain.values().flatten().map(|g| g.norm().double_value(&[])).fold(0.0, f64::max);
     let mut worst: f64 = 0.0;
     let mut nonzero = 0;
     for (name, g) in &plain {
@@ -78,7 +82,7 @@ fn check_model(family: &str, model: &dyn TrainableDenoiser, lora: bool) {
             );
             continue;
         };
-        let e = relative(g, h);
+        let e = (g - h).norm().double_value(&[]) / g.norm().double_value(&[]).max(floor);
         assert!(e <= 1e-5, "{family} {name}: gradient differs by {e:e}");
         worst = worst.max(e);
         nonzero += (g.abs().max().double_value(&[]) > 0.0) as usize;

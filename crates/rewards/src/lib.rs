@@ -4,6 +4,7 @@
 //! clear message, or (with `on_error: skip_sample`) drops the sample and counts it, never a
 //! silent 0. Video samples are scored frame by frame ([`PerFrame`]).
 
+mod brightness;
 mod clip;
 mod config;
 mod frames;
@@ -17,6 +18,7 @@ mod vlm;
 
 use std::collections::BTreeMap;
 
+pub use brightness::{mean_luma, Brightness};
 pub use clip::{
     clip_score, cosine, pickscore, ClipKind, ClipReward, ClipSettings, PICKSCORE_DIVISOR,
 };
@@ -282,7 +284,7 @@ mod tests {
         let err = build(&config).err().unwrap().to_string();
         assert!(
             err.contains(
-                "unknown reward `hpsv3`; known: jpeg_compressibility, jpeg_incompressibility, http, shapes_geneval, vlm_judge, ocr, clip_score, pickscore, aesthetic"
+                "unknown reward `hpsv3`; known: jpeg_compressibility, jpeg_incompressibility, brightness, http, shapes_geneval, vlm_judge, ocr, clip_score, pickscore, aesthetic"
             ),
             "{err}"
         );

@@ -1,14 +1,15 @@
 //! The reward registry: scorer names → constructors.
 
 use crate::{
-    ClipKind, ClipReward, HttpReward, JpegSize, OcrReward, PerFrame, Reward, RewardConfig,
-    RewardError, RewardFunction, ShapesGeneval, VlmJudge, Weighted,
+    Brightness, ClipKind, ClipReward, HttpReward, JpegSize, OcrReward, PerFrame, Reward,
+    RewardConfig, RewardError, RewardFunction, ShapesGeneval, VlmJudge, Weighted,
 };
 
 /// Every registered reward name.
-pub const REWARD_NAMES: [&str; 9] = [
+pub const REWARD_NAMES: [&str; 10] = [
     "jpeg_compressibility",
     "jpeg_incompressibility",
+    "brightness",
     "http",
     "shapes_geneval",
     "vlm_judge",
@@ -95,6 +96,7 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
             let scorer: Box<dyn Reward> = match f.name.as_str() {
                 "jpeg_compressibility" => Box::new(JpegSize { compressible: true }),
                 "jpeg_incompressibility" => Box::new(JpegSize { compressible: false }),
+                "brightness" => Box::new(Brightness),
                 "http" => Box::new(HttpReward::new(
                     needs(f, &f.url, HTTP_URL)?.clone(),
                     f.http.clone().unwrap_or_default(),

@@ -42,7 +42,9 @@ pub struct Engine<'a> {
 /// Text conditioning of `prompts` (one row each), encoding each distinct prompt once; with
 /// `pictures` (one set per row, or none at all) each row is conditioned on its set too (image
 /// editing, image-to-video for samples of `latent_shape`), rows sharing a set and a prompt
-/// encoded once.
+/// encoded once. Each prompt is encoded on its own, so its embedding does not depend on which
+/// other prompts share the batch: a rank holding some of a step's prompts encodes them exactly
+/// as one process holding all of them does.
 pub fn encode_rows(
     pipe: &dyn FlowPipeline,
     prompts: &[&str],
@@ -74,18 +76,15 @@ pub fn encode_rows(
             (s, prompt)
         })
         .collect();
-    // One encoder call per picture set, its prompts in first-seen order.
-    let mut order = vec![];
-    let mut parts = vec![];
-    for (s, set) in sets.iter().enumerate() {
-        let group: Vec<(usize, &str)> = unique.iter().copied().filter(|u| u.0 == s).collect();
-        let texts: Vec<&str> = group.iter().map(|u| u.1).collect();
-        parts.push(tch::no_grad(|| pipe.encode_prompts_with_pictures(&texts, set, latent_shape))?);
-        order.extend(group);
-    }
+    let parts = unique
+        .iter()
+        .map(|&(s, prompt)| {
+            tch::no_grad(|| pipe.encode_prompts_with_pictures(&[prompt], sets[s], latent_shape))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let encoded = TextConditioning::stack(parts)?;
     let index: Vec<i64> =
-        keys.iter().map(|k| order.iter().position(|o| o == k).expect("encoded") as i64).collect();
+        keys.iter().map(|k| unique.iter().position(|u| u == k).expect("encoded") as i64).collect();
     Ok(encoded.rows(&Tensor::from_slice(&index).to_device(encoded.embeds.device())))
 }
 

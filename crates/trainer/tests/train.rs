@@ -30,7 +30,8 @@ fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
     assert!(first["rollout_corr/logprob_abs_diff_max"] <= 1e-5, "{first:?}");
     assert!((first["actor/ratio_mean"] - 1.0).abs() <= 1e-6 && first["actor/ratio_std"] <= 1e-6);
     assert_eq!(first["actor/pg_clipfrac"], 0.0);
-    assert!(first["actor/kl_loss"] == 0.0, "adapters start at B = 0: policy = reference");
+    // Adapters start at B = 0: policy = reference (up to the rounding of another row grouping).
+    assert!(first["actor/kl_loss"].abs() <= 1e-10, "{first:?}");
     assert!(
         summary.metrics[2]["actor/kl_loss"] > 0.0,
         "after updates the policy leaves the reference"
@@ -62,6 +63,16 @@ fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
     assert!(val.is_finite() && val > 0.0, "{val}");
 }
 
+/// `model.offload` is planned but not run yet: training refuses it by name instead of ignoring it.
+#[test]
+fn offload_is_refused_until_training_runs_it() {
+    let out = scratch("offload");
+    let err = train(&recipe(&out, &["model.offload=encoders".into()]), Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model.offload: \"encoders\"") && err.contains("use none"), "{err}");
+}
+
 #[test]
 fn bad_resolution_is_named() {
     let out = scratch("resolution");
@@ -70,24 +81,34 @@ fn bad_resolution_is_named() {
     assert!(err.contains("model.resolution 30: expected a positive multiple of 4"), "{err}");
 }
 
+/// Rows through the model all at once or three at a time give the same samples: a matmul over
+/// fewer rows may round differently, so they are compared through the smooth `brightness` reward
+/// and the log-probs, at every step.
 #[test]
 fn model_batch_size_does_not_change_the_samples() {
     let run = |name: &str, batch: &str| {
         let out = scratch(name);
-        let overrides = ["trainer.total_steps=1".into(), format!("rollout.batch_size={batch}")];
-        train(&recipe(&out, &overrides), Device::Cpu).expect("train").metrics.remove(0)
+        let overrides =
+            ["trainer.total_steps=2".into(), SMOOTH.into(), format!("rollout.batch_size={batch}")];
+        train(&recipe(&out, &overrides), Device::Cpu).expect("train").metrics
     };
     let (whole, batched) = (run("batch-all", "0"), run("batch-3", "3"));
-    for key in ["critic/rewards/mean", "critic/rewards/max", "critic/rewards/min"] {
-        // JPEG sizes of the same images: equal unless float noise flips a pixel's rounding.
-        assert!(
-            (whole[key] - batched[key]).abs() <= 1e-3 * whole[key].abs(),
-            "{key}: {} vs {}",
-            whole[key],
-            batched[key]
-        );
+    for (a, b) in whole.iter().zip(&batched) {
+        for key in ["critic/rewards/mean", "critic/rewards/max", "critic/rewards/min", "actor/loss"]
+        {
+            assert!(close(a[key], b[key]), "{key}: {} vs {}", a[key], b[key]);
+        }
+        assert!(b["rollout_corr/logprob_abs_diff_max"] <= 1e-5);
     }
-    assert!(batched["rollout_corr/logprob_abs_diff_max"] <= 1e-5);
+}
+
+/// The reward of the tests that two runs are the same: smooth in the pixels, so that weights
+/// differing in the last bits give rewards differing in the last bits.
+const SMOOTH: &str = "reward.functions=[{name: brightness}]";
+
+/// Equal within 1e-5 relative (1e-9 absolute).
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-5 * a.abs().max(b.abs()) + 1e-9
 }
 
 #[test]
@@ -102,7 +123,8 @@ fn full_fine_tuning_trains_every_weight_against_a_frozen_reference() {
     let summary = train(&recipe(&out, &overrides), Device::Cpu).expect("train");
     let first = &summary.metrics[0];
     assert!((first["actor/ratio_mean"] - 1.0).abs() <= 1e-6, "{first:?}");
-    assert_eq!(first["actor/kl_loss"], 0.0, "the copy equals the policy before any update");
+    // The copy equals the policy before any update (up to another row grouping's rounding).
+    assert!(first["actor/kl_loss"].abs() <= 1e-10, "{first:?}");
     assert!(summary.metrics[1]["actor/kl_loss"] > 0.0, "{:?}", summary.metrics[1]);
     // A diffusers transformer folder comes out; its weights moved, the position table did not.
     assert_eq!(summary.export, out.join("transformer/diffusion_pytorch_model.safetensors"));
@@ -133,12 +155,16 @@ fn a_time_limit_stops_after_the_step_that_crosses_it_and_saves() {
     assert!(out.join("checkpoints/step_000001/state.json").exists());
 }
 
+/// Checkpointed blocks recompute their forward in backward: the same training at every step
+/// (smooth reward), and the recomputation is counted in the model work. With the JPEG reward,
+/// the first step (before any update) is the same too.
 #[test]
 fn gradient_checkpointing_trains_as_without_it() {
-    let run = |name: &str, on: bool| {
+    let run_with = |name: &str, on: bool, reward: &str, steps: u64| {
         let out = scratch(name);
         let overrides = [
-            "trainer.total_steps=2".into(),
+            format!("trainer.total_steps={steps}"),
+            reward.into(),
             "actor.use_kl_loss=true".into(),
             "trainer.peak_tflops=0.5".into(),
             format!("trainer.gradient_checkpointing={on}"),
@@ -146,6 +172,7 @@ fn gradient_checkpointing_trains_as_without_it() {
         let summary = train(&recipe(&out, &overrides), Device::Cpu).expect("train");
         (summary.metrics, tensors(&summary.export))
     };
+    let run = |name: &str, on: bool| run_with(name, on, SMOOTH, 3);
     let before = flowtune_recompute::recomputed_blocks();
     let ((plain, lora), (checkpointed, again)) = (run("gc-off", false), run("gc-on", true));
     assert!(flowtune_recompute::recomputed_blocks() > before, "the blocks were recomputed");
@@ -161,12 +188,22 @@ fn gradient_checkpointing_trains_as_without_it() {
         let actor = m["perf/tflops/actor"] * m["timing_s/update_actor"];
         assert!(actor > 0.0 && actor < m["perf/tflops"] * m["timing_s/step"], "a part of the step");
     }
-    for (a, b) in plain.iter().zip(&checkpointed) {
-        for key in ["critic/rewards/mean", "actor/loss", "actor/kl_loss", "actor/grad_norm"] {
-            let (x, y) = (a[key], b[key]);
-            assert!((x - y).abs() <= 1e-5 * x.abs().max(y.abs()) + 1e-9, "{key}: {x} vs {y}");
+    let same_steps = |plain: &[flowtune_objectives::Metrics],
+                      other: &[flowtune_objectives::Metrics]| {
+        for (step, (a, b)) in plain.iter().zip(other).enumerate() {
+            for (key, x) in a {
+                if !key.starts_with("perf/") && !key.starts_with("timing_s/") {
+                    let y: f64 = b[key];
+                    assert!(close(*x, y), "step {}: {key}: {x} vs {y}", step + 1);
+                }
+            }
         }
-    }
+    };
+    same_steps(&plain, &checkpointed);
+    let jpeg = "reward.functions=[{name: jpeg_incompressibility}]";
+    let (jpeg_plain, jpeg_checkpointed) =
+        (run_with("gc-jpeg-off", false, jpeg, 1).0, run_with("gc-jpeg-on", true, jpeg, 1).0);
+    same_steps(&jpeg_plain, &jpeg_checkpointed);
     for (name, t) in &lora {
         let diff = (t - &again[name]).norm().double_value(&[]);
         assert!(diff <= 1e-5 * t.norm().double_value(&[]) + 1e-9, "{name}: {diff:e}");
@@ -184,6 +221,7 @@ fn f32_master_weights_resume_bit_for_bit_and_keep_small_steps() {
             "model.dtype=bf16".into(),
             "trainer.lr=1e-5".into(),
             "trainer.save_freq=1".into(),
+            SMOOTH.into(),
             format!("trainer.total_steps={steps}"),
             format!("trainer.f32_master_weights={masters}"),
         ];
