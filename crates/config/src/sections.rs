@@ -29,6 +29,9 @@ pub struct ModelSection {
     /// Pixel frames of a video family's samples (Wan: 4k+1); unset: the family's default (81 for
     /// Wan, as diffusers' WanPipeline). Image families refuse it.
     pub num_frames: Option<usize>,
+    /// Which frozen components live off the training device: `none`, `encoders` (text encoders)
+    /// or `encoders_and_vae`.
+    pub offload: Offload,
 }
 
 impl Default for ModelSection {
@@ -43,8 +46,22 @@ impl Default for ModelSection {
             guidance: None,
             resolution: 512,
             num_frames: None,
+            offload: Offload::None,
         }
     }
+}
+
+/// `model.offload`: frozen components kept on the CPU instead of the training device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Offload {
+    /// Everything on the training device.
+    #[default]
+    None,
+    /// Text encoders on the CPU; prompt embeddings are cached there.
+    Encoders,
+    /// Text encoders and the VAE on the CPU.
+    EncodersAndVae,
 }
 
 /// `data:` — prompt files and how they are served.

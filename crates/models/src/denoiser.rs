@@ -289,7 +289,7 @@ pub(crate) fn load_component<C: serde::de::DeserializeOwned, M>(
 }
 
 /// [`TrainableDenoiser`]'s `weights`, `weights_mut` and `frozen_copy` for a model with fields
-/// `weights` and `config` and a constructor `Self::new(&config, device, lora)`.
+/// `weights` and `config` and a constructor `Self::new(&config, device, kind, lora)`.
 macro_rules! weights_and_frozen_copy {
     () => {
         fn weights(&self) -> &$crate::model_weights::ModelWeights {
@@ -303,7 +303,8 @@ macro_rules! weights_and_frozen_copy {
         fn frozen_copy(
             &self,
         ) -> Result<Box<dyn $crate::denoiser::TrainableDenoiser>, $crate::ModelError> {
-            let mut copy = Self::new(&self.config, self.weights.base.device(), None)?;
+            let base = &self.weights.base;
+            let mut copy = Self::new(&self.config, base.device(), base.kind(), None)?;
             $crate::denoiser::copy_frozen(&self.weights.base, &mut copy.weights.base)?;
             Ok(Box::new(copy))
         }

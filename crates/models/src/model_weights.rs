@@ -9,7 +9,7 @@ use tch::{Device, Kind};
 
 use crate::lora::{AdapterSwitch, Adapters, LoraConfig};
 use crate::nn::{LoraScope, Scope};
-use crate::weights::{checkpoint_files, load_weights, LoadOptions};
+use crate::weights::{checkpoint_files, load_weights, store, LoadOptions};
 use crate::ModelError;
 
 /// Base weights and optional adapters.
@@ -48,10 +48,11 @@ pub struct WeightsBuilder {
 }
 
 impl WeightsBuilder {
-    /// Empty stores on `device`, with an adapter store when `lora` is given.
-    pub fn new(device: Device, lora: Option<&LoraConfig>) -> Self {
+    /// Empty stores on `device`: the base weights will be `kind`, the adapters (when `lora` is
+    /// given) f32.
+    pub fn new(device: Device, kind: Kind, lora: Option<&LoraConfig>) -> Self {
         Self {
-            base: VarStore::new(device),
+            base: store(device, kind),
             adapters: lora.map(|c| (VarStore::new(device), AdapterSwitch::default(), c.clone())),
         }
     }

@@ -32,9 +32,12 @@ impl<'a> Scope<'a> {
         Self { path, name: String::new(), lora }
     }
 
-    /// A variable at this position, named `name`.
+    /// A variable at this position, named `name`, in its store's kind and on its device, left
+    /// uninitialised: every one is filled by a checkpoint load or a random writer, so building a
+    /// model writes no memory (the pages of a CPU tensor are taken only when it is filled).
     pub fn var(&self, name: &str, dims: &[i64]) -> Tensor {
-        self.path.var(name, dims, Init::Const(0.0))
+        let empty = Tensor::empty(dims, (self.path.kind(), self.path.device()));
+        self.path.add(name, empty, true)
     }
 
     /// A linear layer (`weight`: out × in, optional `bias`), with an adapter when LoRA targets it.

@@ -21,8 +21,10 @@ pub struct PipelineDir {
 }
 
 impl PipelineDir {
-    /// Reads `dir/model_index.json`.
+    /// Reads `dir/model_index.json`; `dir` may also be a Hugging Face Hub id in the local cache
+    /// ([`crate::hub`]).
     pub fn open(dir: &Path) -> Result<Self, ModelError> {
+        let dir = &crate::hub::resolve(dir)?;
         let path = dir.join("model_index.json");
         let raw: BTreeMap<String, serde_json::Value> = crate::read_config(&path)?;
         let format =

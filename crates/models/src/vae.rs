@@ -185,9 +185,9 @@ pub struct AutoencoderKl {
 }
 
 impl AutoencoderKl {
-    pub fn new(config: &VaeConfig, device: Device) -> Result<Self, ModelError> {
+    pub fn new(config: &VaeConfig, device: Device, kind: Kind) -> Result<Self, ModelError> {
         config.validate().map_err(ModelError::Input)?;
-        let store = VarStore::new(device);
+        let store = crate::weights::store(device, kind);
         let root = Scope::root(store.root(), None);
         let (ch, g) = (&config.block_out_channels, config.norm_num_groups);
         let top = *ch.last().expect("validated non-empty");
@@ -262,7 +262,7 @@ impl AutoencoderKl {
     /// Loads a diffusers `vae/` directory, frozen.
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let config: VaeConfig = read_config(&dir.join("config.json"))?;
-        let mut model = Self::new(&config, device)?;
+        let mut model = Self::new(&config, device, kind)?;
         load_weights(
             &mut model.store,
             &checkpoint_files(dir)?,

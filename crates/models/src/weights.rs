@@ -1,11 +1,16 @@
 //! Loading safetensors checkpoints (single file or sharded with `*.safetensors.index.json`) into
 //! a model's variables, memory-mapped, with the dtype and device chosen at load time.
+//!
+//! Exact loading: a model's variables are created in their final dtype on their final device and
+//! left unfilled ([`store`], [`crate::nn::Scope::var`]); each checkpoint tensor is copied straight
+//! from the mapped file into its variable (converted on the way when the dtypes differ), and the
+//! file's pages are handed back once copied. Loading holds the weights once, plus about one tensor.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
-use tch::{nn::VarStore, Kind, Tensor};
+use tch::{nn::VarStore, Device, Kind, Tensor};
 
 use crate::ModelError;
 
@@ -22,6 +27,13 @@ pub struct LoadOptions {
     /// `(checkpoint prefix, model prefix)`: a checkpoint name starting with the first is read as
     /// if it started with the second (another library version's module names).
     pub renamed_prefixes: &'static [(&'static str, &'static str)],
+}
+
+/// An empty store on `device` whose variables will be created as `kind`.
+pub fn store(device: Device, kind: Kind) -> VarStore {
+    let mut store = VarStore::new(device);
+    store.set_kind(kind);
+    store
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> ModelError {
@@ -89,7 +101,8 @@ fn kind_of(dtype: Dtype) -> Option<Kind> {
 }
 
 /// Copies every variable of `vs` from the checkpoint files, failing on a missing, unexpected or
-/// misshaped tensor. Floating variables are converted to `options.kind` first, if given.
+/// misshaped tensor. Floating variables are converted to `options.kind` first, if given (free when
+/// the store was built in that kind, as every model's is).
 pub fn load_weights(
     vs: &mut VarStore,
     files: &[PathBuf],
@@ -139,8 +152,10 @@ pub fn load_weights(
                 path: file.display().to_string(),
                 message: format!("tensor {name} has unsupported dtype {:?}", view.dtype()),
             })?;
-            let source = Tensor::f_from_data_size(view.data(), &found, kind)?;
+            let source = mapped(view.data(), &found, kind)?;
             var.shallow_clone().f_copy_(&source)?;
+            drop(source);
+            release(&map, view.data());
         }
     }
     if !remaining.is_empty() {
@@ -154,6 +169,35 @@ pub fn load_weights(
         });
     }
     Ok(())
+}
+
+/// `data` as a CPU tensor of `shape` and `kind`: a view of the mapped bytes when they are aligned
+/// for `kind` (safetensors files usually are), else a copy.
+fn mapped(data: &[u8], shape: &[i64], kind: Kind) -> Result<Tensor, ModelError> {
+    if data.is_empty() || !(data.as_ptr() as usize).is_multiple_of(kind.elt_size_in_bytes()) {
+        return Ok(Tensor::f_from_data_size(data, shape, kind)?);
+    }
+    let mut strides = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    // SAFETY: the tensor views `data` without owning it; the caller drops it right after copying
+    // from it, while the mapping is alive, and nothing writes through it.
+    Ok(unsafe { Tensor::f_from_blob(data.as_ptr(), shape, &strides, kind, Device::Cpu) }?)
+}
+
+/// Hands the mapped pages of `data` (a slice of `map`) back to the kernel once copied, so that
+/// the resident share of the mapping stays about one tensor instead of growing to the file.
+fn release(map: &memmap2::Mmap, data: &[u8]) {
+    #[cfg(unix)]
+    {
+        let offset = data.as_ptr() as usize - map.as_ptr() as usize;
+        // SAFETY: a read-only file mapping: pages dropped here are read again from the file if
+        // touched, and no tensor views them any more. Failure only leaves the pages resident.
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, data.len())
+        };
+    }
 }
 
 /// At most eight names, then a count.

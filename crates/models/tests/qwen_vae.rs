@@ -127,7 +127,8 @@ fn default_tree_matches_diffusers() {
     let expected = flowtune_fixtures::json("qwen_vae_default_shapes.json");
     let expected: std::collections::BTreeMap<String, Vec<i64>> =
         serde_json::from_value(expected).expect("name → shape");
-    let vae = AutoencoderKlQwenImage::new(&QwenVaeConfig::default(), Device::Cpu).expect("build");
+    let vae = AutoencoderKlQwenImage::new(&QwenVaeConfig::default(), Device::Cpu, Kind::Float)
+        .expect("build");
     let built: std::collections::BTreeMap<String, Vec<i64>> =
         vae.store.variables().into_iter().map(|(name, t)| (name, t.size())).collect();
     assert_eq!(built, expected);

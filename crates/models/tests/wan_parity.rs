@@ -60,7 +60,9 @@ fn image_conditioning_configs_are_refused_by_key() {
         .unwrap();
         config[key] = 8.into();
         let parsed: WanTransformerConfig = serde_json::from_value(config).unwrap();
-        let err = WanTransformer::new(&parsed, Device::Cpu, None).err().expect("I2V is refused");
+        let err = WanTransformer::new(&parsed, Device::Cpu, Kind::Float, None)
+            .err()
+            .expect("I2V is refused");
         assert!(err.to_string().contains(key), "{err}");
     }
 }
@@ -125,10 +127,10 @@ fn inconsistent_vae_configs_are_explained() {
     )
     .unwrap();
     let wrong_scale = WanVaeConfig { scale_factor_spatial: Some(8), ..wan22.clone() };
-    let err = AutoencoderKlWan::new(&wrong_scale, Device::Cpu).err().expect("refused");
+    let err = AutoencoderKlWan::new(&wrong_scale, Device::Cpu, Kind::Float).err().expect("refused");
     assert!(err.to_string().contains("scale_factor_spatial"), "{err}");
     let uneven = WanVaeConfig { base_dim: 3, dim_mult: vec![1, 3, 2, 2], ..wan22 };
-    let err = AutoencoderKlWan::new(&uneven, Device::Cpu).err().expect("refused");
+    let err = AutoencoderKlWan::new(&uneven, Device::Cpu, Kind::Float).err().expect("refused");
     assert!(err.to_string().contains("is_residual"), "{err}");
 }
 
@@ -199,11 +201,15 @@ fn released_layouts_match_diffusers_names_and_shapes() {
         let vars = match entry["class"].as_str().expect("class") {
             "AutoencoderKLWan" => {
                 let config: WanVaeConfig = serde_json::from_value(config).expect("config");
-                AutoencoderKlWan::new(&config, Device::Cpu).expect("build").store.variables()
+                AutoencoderKlWan::new(&config, Device::Cpu, Kind::Float)
+                    .expect("build")
+                    .store
+                    .variables()
             }
             _ => {
                 let config: WanTransformerConfig = serde_json::from_value(config).expect("config");
-                let model = WanTransformer::new(&config, Device::Cpu, None).expect("build");
+                let model =
+                    WanTransformer::new(&config, Device::Cpu, Kind::Float, None).expect("build");
                 model.weights.base.variables()
             }
         };
@@ -260,5 +266,6 @@ fn a_constant_per_token_timestep_is_the_per_sample_one() {
         )
     });
     let rel = (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[]);
-    assert!(rel < 1e-6, "per-sample vs constant per-token: {rel}");
+    // Two code paths (the timestep MLP over 2 rows or 2 × tokens rows): f32 rounding apart.
+    assert!(rel < 1e-5, "per-sample vs constant per-token: {rel}");
 }

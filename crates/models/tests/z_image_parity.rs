@@ -59,7 +59,9 @@ fn unsupported_configs_are_named() {
     .unwrap();
     config["siglip_feat_dim"] = 8.into();
     let parsed = serde_json::from_value(config).unwrap();
-    let err = ZImageTransformer::new(&parsed, Device::Cpu, None).err().expect("omni is refused");
+    let err = ZImageTransformer::new(&parsed, Device::Cpu, Kind::Float, None)
+        .err()
+        .expect("omni is refused");
     assert!(err.to_string().contains("siglip_feat_dim"), "{err}");
 }
 

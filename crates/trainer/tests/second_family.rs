@@ -50,7 +50,7 @@ struct MlpDenoiser {
 
 impl MlpDenoiser {
     fn new(config: &MlpConfig, device: Device, lora: Option<&LoraConfig>) -> Self {
-        let weights = WeightsBuilder::new(device, lora);
+        let weights = WeightsBuilder::new(device, Kind::Float, lora);
         let net = &weights.root() / "net";
         let (c, h) = (config.channels, config.hidden);
         let net0 = (&net / 0).linear(c + TEXT + 1, h, true);

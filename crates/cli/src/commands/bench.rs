@@ -25,6 +25,8 @@ pub enum BenchCommand {
     Shapes(super::bench_shapes::ShapesBenchArgs),
     /// Time a reward on made-up images: images scored per second.
     Reward(super::bench_reward::RewardArgs),
+    /// Memory of loading a transformer directory: weights, resident peak, GPU peak (JSON).
+    Load(super::bench_load::LoadArgs),
 }
 
 #[derive(Args)]
@@ -122,7 +124,7 @@ pub struct TransformerArgs {
     dtype: Dtype,
 }
 
-fn parse_dtype(text: &str) -> Result<Dtype, String> {
+pub(crate) fn parse_dtype(text: &str) -> Result<Dtype, String> {
     serde_json::from_value(serde_json::Value::String(text.into()))
         .map_err(|_| format!("{text}: expected f32, bf16 or f16"))
 }
@@ -155,6 +157,7 @@ pub fn run(command: BenchCommand, device: &DeviceArg) -> Result<(), Failure> {
         BenchCommand::Rollout(a) => return bench_rollout(a, device),
         BenchCommand::Shapes(a) => return super::bench_shapes::run(a, device),
         BenchCommand::Reward(a) => return super::bench_reward::run(a),
+        BenchCommand::Load(a) => return super::bench_load::run(a, device),
     };
     let kind = a.dtype.kind();
     let family = flowtune_models::denoiser_family(&a.component).map_err(Failure::input)?;

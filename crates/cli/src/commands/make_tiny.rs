@@ -9,7 +9,7 @@ use flowtune_models::sd3::{write_tiny_sd3, TinySd3Spec, WeightInit};
 use flowtune_models::text_encoders::qwen_tiny::TinyQwenTextSpec;
 use flowtune_models::wan::{write_tiny_wan, TinyWanSpec};
 use flowtune_models::z_image::{write_tiny_z_image, TinyZImageSpec};
-use flowtune_models::ModelError;
+use flowtune_models::{Dtype, ModelError};
 
 use crate::Failure;
 
@@ -133,6 +133,9 @@ pub struct QwenImageArgs {
     /// A QwenImageEditPlusPipeline (condition pictures through the vision tower and the VAE).
     #[arg(long)]
     edit: bool,
+    /// The transformer's weights as f32, bf16 (a released checkpoint's) or f16.
+    #[arg(long, default_value = "f32", value_parser = super::bench::parse_dtype)]
+    dtype: Dtype,
 }
 
 #[derive(Args)]
@@ -218,6 +221,7 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 text: TinyQwenTextSpec { hidden_size: a.text_width, ..Default::default() },
                 zero_cond_t: a.zero_cond_t,
                 edit: a.edit,
+                dtype: a.dtype.kind(),
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_qwen_image(dir, &spec))

@@ -124,13 +124,15 @@ pub(crate) trait CausalVaeConfig: serde::de::DeserializeOwned {
 }
 
 impl CausalVae {
-    /// The module tree of `config` at the root of a fresh store on `device`, zero weights.
+    /// The module tree of `config` at the root of a fresh store on `device` for `kind` weights,
+    /// unfilled.
     pub fn build<C: CausalVaeConfig>(
         config: &C,
         device: Device,
+        kind: Kind,
     ) -> Result<(Self, VarStore), ModelError> {
         config.check().map_err(ModelError::Input)?;
-        let store = VarStore::new(device);
+        let store = crate::weights::store(device, kind);
         let vae = Self::new(&Scope::root(store.root(), None), &config.vae_layout());
         Ok((vae, store))
     }
@@ -147,7 +149,7 @@ impl CausalVae {
         config
             .check()
             .map_err(|message| ModelError::Format { path: path.display().to_string(), message })?;
-        let (vae, mut store) = Self::build(&config, device)?;
+        let (vae, mut store) = Self::build(&config, device, kind)?;
         let options = LoadOptions { kind: Some(kind), ..Default::default() };
         load_weights(&mut store, &checkpoint_files(dir)?, options)?;
         store.freeze();

@@ -46,9 +46,9 @@ pub struct ClipModel {
 }
 
 impl ClipModel {
-    /// A model with zeroed weights on `device`.
-    pub fn new(config: &ClipConfig, device: Device) -> Result<Self, ModelError> {
-        let store = VarStore::new(device);
+    /// A model on `device` for `kind` weights, unfilled.
+    pub fn new(config: &ClipConfig, device: Device, kind: Kind) -> Result<Self, ModelError> {
+        let store = crate::weights::store(device, kind);
         let root = Scope::root(store.root(), None);
         let text_config =
             ClipTextConfig { projection_dim: config.projection_dim, ..config.text_config.clone() };
@@ -71,7 +71,7 @@ impl ClipModel {
     /// carry are skipped) as `kind`, frozen.
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let config: ClipConfig = read_config(&dir.join("config.json"))?;
-        let mut model = Self::new(&config, device)?;
+        let mut model = Self::new(&config, device, kind)?;
         let options = LoadOptions {
             kind: Some(kind),
             ignored_suffixes: &[".position_ids"],

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use flowtune_sampling::SampleRng;
 use serde_json::json;
-use tch::Device;
+use tch::{Device, Kind};
 
 use super::{FluxTransformer, FluxTransformerConfig};
 use crate::sd3::tiny::{
@@ -95,7 +95,7 @@ pub fn write_tiny_flux(dir: &Path, spec: &TinyFluxSpec) -> Result<(), ModelError
         guidance_embeds: !spec.schnell,
         ..Default::default()
     };
-    let transformer = FluxTransformer::new(&config, Device::Cpu, None)?;
+    let transformer = FluxTransformer::new(&config, Device::Cpu, Kind::Float, None)?;
     randomize(&transformer.weights.base, &mut rng, init)?;
     write_model(&dir.join("transformer"), &transformer.weights.base, &config)?;
 
@@ -155,7 +155,7 @@ pub(crate) fn write_flux_vae(
         shift_factor: Some(0.1159),
         ..Default::default()
     };
-    let vae = AutoencoderKl::new(&config, Device::Cpu)?;
+    let vae = AutoencoderKl::new(&config, Device::Cpu, Kind::Float)?;
     randomize(&vae.store, rng, init)?;
     write_model(out, &vae.store, &config)?;
     Ok(config)

@@ -50,10 +50,11 @@ impl FluxTransformer {
     pub fn new(
         config: &FluxTransformerConfig,
         device: Device,
+        kind: Kind,
         lora: Option<&LoraConfig>,
     ) -> Result<Self, ModelError> {
         config.validate().map_err(ModelError::Input)?;
-        let weights = WeightsBuilder::new(device, lora);
+        let weights = WeightsBuilder::new(device, kind, lora);
         let root = weights.root();
         let c = config;
         let (dim, heads, head_dim) = (c.inner_dim(), c.num_attention_heads, c.attention_head_dim);
@@ -91,7 +92,7 @@ impl FluxTransformer {
         crate::denoiser::load_component(
             dir,
             kind,
-            |c: &FluxTransformerConfig| Self::new(c, device, lora),
+            |c: &FluxTransformerConfig| Self::new(c, device, kind, lora),
             |m| &mut m.weights,
         )
     }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use flowtune_sampling::SampleRng;
 use serde_json::json;
-use tch::Device;
+use tch::{Device, Kind};
 
 use super::{
     write_tiny_qwen_vae, QwenImageTransformer, QwenImageTransformerConfig, QwenVaeConfig, EDIT_PLUS,
@@ -31,6 +31,8 @@ pub struct TinyQwenImageSpec {
     pub zero_cond_t: bool,
     /// A `QwenImageEditPlusPipeline` (with a `processor/` folder) instead of `QwenImagePipeline`.
     pub edit: bool,
+    /// The dtype the transformer's weights are written in (a released checkpoint's is bf16).
+    pub dtype: Kind,
 }
 
 impl Default for TinyQwenImageSpec {
@@ -45,6 +47,7 @@ impl Default for TinyQwenImageSpec {
             vae: QwenVaeConfig::tiny(),
             zero_cond_t: false,
             edit: false,
+            dtype: Kind::Float,
         }
     }
 }
@@ -70,7 +73,7 @@ pub fn write_tiny_qwen_image(dir: &Path, spec: &TinyQwenImageSpec) -> Result<(),
         zero_cond_t: spec.zero_cond_t,
         ..Default::default()
     };
-    let transformer = QwenImageTransformer::new(&config, Device::Cpu, None)?;
+    let transformer = QwenImageTransformer::new(&config, Device::Cpu, spec.dtype, None)?;
     let mut rng = SampleRng::new(spec.seed + 2);
     randomize(&transformer.weights.base, &mut rng, WeightInit::Normal(0.1))?;
     write_model(&dir.join("transformer"), &transformer.weights.base, &config)?;

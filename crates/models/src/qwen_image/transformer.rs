@@ -48,10 +48,11 @@ impl QwenImageTransformer {
     pub fn new(
         config: &QwenImageTransformerConfig,
         device: Device,
+        kind: Kind,
         lora: Option<&LoraConfig>,
     ) -> Result<Self, ModelError> {
         config.validate().map_err(ModelError::Input)?;
-        let weights = WeightsBuilder::new(device, lora);
+        let weights = WeightsBuilder::new(device, kind, lora);
         let root = weights.root();
         let c = config;
         let dim = c.inner_dim();
@@ -96,7 +97,7 @@ impl QwenImageTransformer {
         crate::denoiser::load_component(
             dir,
             kind,
-            |c: &QwenImageTransformerConfig| Self::new(c, device, lora),
+            |c: &QwenImageTransformerConfig| Self::new(c, device, kind, lora),
             |m| &mut m.weights,
         )
     }

@@ -25,9 +25,9 @@ pub struct AutoencoderKlQwenImage {
 }
 
 impl AutoencoderKlQwenImage {
-    /// The module tree of `config` with zero weights.
-    pub fn new(config: &QwenVaeConfig, device: Device) -> Result<Self, ModelError> {
-        let (vae, store) = CausalVae::build(config, device)?;
+    /// The module tree of `config` for `kind` weights, unfilled.
+    pub fn new(config: &QwenVaeConfig, device: Device, kind: Kind) -> Result<Self, ModelError> {
+        let (vae, store) = CausalVae::build(config, device, kind)?;
         Ok(Self { config: config.clone(), vae, store })
     }
 

@@ -7,7 +7,7 @@ use flowtune_sampling::SampleRng;
 use serde::Serialize;
 use serde_json::json;
 use tch::nn::VarStore;
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::{Sd3Transformer, Sd3TransformerConfig};
 use crate::text_encoders::clip::{ClipTextConfig, ClipTextModel};
@@ -238,7 +238,7 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
         dual_attention_layers: spec.dual_attention_layers.clone(),
         qk_norm: spec.qk_norm.then(|| "rms_norm".to_string()),
     };
-    let transformer = Sd3Transformer::new(&transformer_config, device, None)?;
+    let transformer = Sd3Transformer::new(&transformer_config, device, Kind::Float, None)?;
     randomize(&transformer.weights.base, &mut rng, spec.init)?;
     write_model(&dir.join("transformer"), &transformer.weights.base, &transformer_config)?;
 
@@ -308,7 +308,7 @@ impl TinyClip<'_> {
             eos_token_id: eos,
             pad_token_id: 1,
         };
-        let model = ClipTextModel::new(&config, Device::Cpu, self.projection)?;
+        let model = ClipTextModel::new(&config, Device::Cpu, Kind::Float, self.projection)?;
         randomize(&model.store, rng, init)?;
         let mut cfg = serde_json::to_value(&config).expect("config");
         let class = if self.projection { "CLIPTextModelWithProjection" } else { "CLIPTextModel" };
@@ -369,7 +369,7 @@ pub(crate) fn write_tiny_t5(
         feed_forward_proj: "gated-gelu".into(),
         model_type: Some(model_type.into()),
     };
-    let t5 = T5Encoder::new(&t5_config, Device::Cpu)?;
+    let t5 = T5Encoder::new(&t5_config, Device::Cpu, Kind::Float)?;
     let class = if t5_config.bias_per_block() { "UMT5EncoderModel" } else { "T5EncoderModel" };
     randomize(&t5.store, rng, init)?;
     let mut cfg = serde_json::to_value(&t5_config).expect("config");
@@ -414,7 +414,7 @@ fn write_vae(dir: &Path, spec: &TinySd3Spec, rng: &mut SampleRng) -> Result<(), 
         sample_size: spec.latent_size << (levels - 1),
         ..Default::default()
     };
-    let vae = AutoencoderKl::new(&vae_config, Device::Cpu)?;
+    let vae = AutoencoderKl::new(&vae_config, Device::Cpu, Kind::Float)?;
     randomize(&vae.store, rng, spec.init)?;
     write_model(&dir.join("vae"), &vae.store, &vae_config)?;
 

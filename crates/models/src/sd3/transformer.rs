@@ -38,10 +38,11 @@ impl Sd3Transformer {
     pub fn new(
         config: &Sd3TransformerConfig,
         device: Device,
+        kind: Kind,
         lora: Option<&LoraConfig>,
     ) -> Result<Self, ModelError> {
         config.validate().map_err(ModelError::Input)?;
-        let weights = WeightsBuilder::new(device, lora);
+        let weights = WeightsBuilder::new(device, kind, lora);
         let root = weights.root();
         let c = config;
         let dim = c.inner_dim();
@@ -101,7 +102,7 @@ impl Sd3Transformer {
         crate::denoiser::load_component(
             dir,
             kind,
-            |c: &Sd3TransformerConfig| Self::new(c, device, lora),
+            |c: &Sd3TransformerConfig| Self::new(c, device, kind, lora),
             |m| &mut m.weights,
         )
     }

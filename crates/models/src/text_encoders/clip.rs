@@ -161,9 +161,10 @@ impl ClipTextModel {
     pub fn new(
         config: &ClipTextConfig,
         device: Device,
+        kind: Kind,
         projection: bool,
     ) -> Result<Self, ModelError> {
-        let store = super::store(device);
+        let store = super::store(device, kind);
         let tower = ClipTextTower::new(&Scope::root(store.root(), None), config, projection)?;
         Ok(Self { config: config.clone(), tower, store })
     }
@@ -188,7 +189,7 @@ impl ClipTextModel {
                 })
             }
         };
-        let mut model = Self::new(&config, device, projection)?;
+        let mut model = Self::new(&config, device, kind, projection)?;
         super::load_frozen(&mut model.store, dir, kind, &[], &[])?;
         Ok(model)
     }

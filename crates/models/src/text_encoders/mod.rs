@@ -15,8 +15,9 @@ pub mod t5;
 use std::path::Path;
 
 use tch::nn::VarStore;
-use tch::{Device, Kind};
+use tch::Kind;
 
+pub(crate) use crate::weights::store;
 use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::ModelError;
 
@@ -38,9 +39,4 @@ fn load_frozen(
     load_weights(store, &checkpoint_files(dir)?, options)?;
     store.freeze();
     Ok(())
-}
-
-/// A fresh store on `device`.
-fn store(device: Device) -> VarStore {
-    VarStore::new(device)
 }

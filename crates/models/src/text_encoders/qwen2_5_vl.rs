@@ -172,8 +172,8 @@ pub struct Qwen25VlTextEncoder {
 
 impl Qwen25VlTextEncoder {
     /// Variables for `config` (zeros until loaded).
-    pub fn new(config: &Qwen25VlTextConfig, device: Device) -> Self {
-        let store = super::store(device);
+    pub fn new(config: &Qwen25VlTextConfig, device: Device, kind: Kind) -> Self {
+        let store = super::store(device, kind);
         let root = Scope::root(store.root(), None);
         let shape = DecoderShape {
             vocab_size: config.vocab_size,
@@ -196,7 +196,7 @@ impl Qwen25VlTextEncoder {
     /// the vision tower and `lm_head` are skipped.
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let config = Qwen25VlTextConfig::from_file(&dir.join("config.json"))?;
-        let mut model = Self::new(&config, device);
+        let mut model = Self::new(&config, device, kind);
         super::load_frozen(&mut model.store, dir, kind, IGNORED_PREFIXES, RENAMED_PREFIXES)?;
         Ok(model)
     }

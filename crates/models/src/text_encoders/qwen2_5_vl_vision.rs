@@ -197,8 +197,8 @@ impl Layout {
 
 impl Qwen25VlVision {
     /// Variables for `config` (zeros until loaded).
-    pub fn new(config: &Qwen25VlVisionConfig, device: Device) -> Self {
-        let store = super::store(device);
+    pub fn new(config: &Qwen25VlVisionConfig, device: Device, kind: Kind) -> Self {
+        let store = super::store(device, kind);
         let root = Scope::root(store.root(), None);
         let visual = &root / "visual";
         let (d, inter) = (config.hidden_size, config.intermediate_size);
@@ -237,7 +237,7 @@ impl Qwen25VlVision {
     /// (`config.json` + safetensors), frozen; the language model and `lm_head` are skipped.
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let config = Qwen25VlVisionConfig::from_file(&dir.join("config.json"))?;
-        let mut model = Self::new(&config, device);
+        let mut model = Self::new(&config, device, kind);
         super::load_frozen(&mut model.store, dir, kind, IGNORED_PREFIXES, RENAMED_PREFIXES)?;
         Ok(model)
     }

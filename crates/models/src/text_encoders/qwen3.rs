@@ -112,8 +112,8 @@ pub struct Qwen3TextEncoder {
 
 impl Qwen3TextEncoder {
     /// Variables for `shape` (zeros until loaded).
-    pub fn new(shape: &DecoderShape, device: Device) -> Self {
-        let store = super::store(device);
+    pub fn new(shape: &DecoderShape, device: Device, kind: Kind) -> Self {
+        let store = super::store(device, kind);
         let decoder = QwenDecoder::new(&Scope::root(store.root(), None), shape);
         Self { decoder, store }
     }
@@ -121,7 +121,7 @@ impl Qwen3TextEncoder {
     /// Loads a transformers directory (`config.json` + safetensors, with or without the
     /// `model.` prefix), frozen; `lm_head` is skipped.
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
-        let mut model = Self::new(&qwen3_shape(&dir.join("config.json"))?, device);
+        let mut model = Self::new(&qwen3_shape(&dir.join("config.json"))?, device, kind);
         super::load_frozen(&mut model.store, dir, kind, IGNORED_PREFIXES, RENAMED_PREFIXES)?;
         Ok(model)
     }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use flowtune_sampling::SampleRng;
 use serde_json::json;
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -80,7 +80,7 @@ pub fn write_tiny_qwen_text_encoder(
         mrope_section: Some(tiny_mrope_section(spec.hidden_size / spec.heads / 2)),
         image_token_id: (base_vocab + 12) as i64,
     };
-    let model = Qwen25VlTextEncoder::new(&config, Device::Cpu);
+    let model = Qwen25VlTextEncoder::new(&config, Device::Cpu, Kind::Float);
     let root = model.store.root();
     let (h, vi) = (spec.vision_hidden_size, spec.vision_hidden_size * 3 / 2);
     let merged = h * 4; // spatial_merge_size 2

@@ -82,7 +82,7 @@ pub struct T5Encoder {
 
 impl T5Encoder {
     /// The module tree of `config` with zero weights.
-    pub fn new(config: &T5Config, device: Device) -> Result<Self, ModelError> {
+    pub fn new(config: &T5Config, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let gated = match config.feed_forward_proj.as_str() {
             "gated-gelu" => true,
             "relu" => false,
@@ -92,7 +92,7 @@ impl T5Encoder {
                 )))
             }
         };
-        let store = super::store(device);
+        let store = super::store(device, kind);
         let root = Scope::root(store.root(), None);
         let (d, inner, eps) =
             (config.d_model, config.num_heads * config.d_kv, config.layer_norm_epsilon);
@@ -139,7 +139,7 @@ impl T5Encoder {
     /// embedding under `encoder.embed_tokens` (tied to `shared`) is skipped.
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let config: T5Config = read_config(&dir.join("config.json"))?;
-        let mut model = Self::new(&config, device)?;
+        let mut model = Self::new(&config, device, kind)?;
         super::load_frozen(&mut model.store, dir, kind, &["encoder.embed_tokens."], &[])?;
         Ok(model)
     }

@@ -45,7 +45,8 @@ impl WanExperts {
 
     /// A frozen copy of one expert's base weights, without adapters.
     fn frozen(expert: &WanTransformer) -> Result<WanTransformer, ModelError> {
-        let mut copy = WanTransformer::new(&expert.config, expert.weights.base.device(), None)?;
+        let base = &expert.weights.base;
+        let mut copy = WanTransformer::new(&expert.config, base.device(), base.kind(), None)?;
         copy_frozen(&expert.weights.base, &mut copy.weights.base)?;
         Ok(copy)
     }

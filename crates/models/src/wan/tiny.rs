@@ -7,7 +7,7 @@ use std::path::Path;
 
 use flowtune_sampling::SampleRng;
 use serde_json::json;
-use tch::Device;
+use tch::{Device, Kind};
 
 use super::{AutoencoderKlWan, WanTransformer, WanTransformerConfig, WanVaeConfig};
 use crate::sd3::tiny::{randomize, write_model, write_scheduler, write_tiny_t5, DIFFUSERS_VERSION};
@@ -106,7 +106,7 @@ pub fn write_tiny_wan(dir: &Path, spec: &TinyWanSpec) -> Result<(), ModelError> 
     let experts: &[&str] =
         if spec.two_experts { &["transformer", "transformer_2"] } else { &["transformer"] };
     for name in experts {
-        let transformer = WanTransformer::new(&config, Device::Cpu, None)?;
+        let transformer = WanTransformer::new(&config, Device::Cpu, Kind::Float, None)?;
         randomize(&transformer.weights.base, &mut rng, init)?;
         write_model(&dir.join(name), &transformer.weights.base, &config)?;
     }

@@ -62,10 +62,11 @@ impl WanTransformer {
     pub fn new(
         config: &WanTransformerConfig,
         device: Device,
+        kind: Kind,
         lora: Option<&LoraConfig>,
     ) -> Result<Self, ModelError> {
         config.validate().map_err(ModelError::Input)?;
-        let weights = WeightsBuilder::new(device, lora);
+        let weights = WeightsBuilder::new(device, kind, lora);
         let root = weights.root();
         let c = config;
         let dim = c.inner_dim();
@@ -107,7 +108,7 @@ impl WanTransformer {
         crate::denoiser::load_component(
             dir,
             kind,
-            |c: &WanTransformerConfig| Self::new(c, device, lora),
+            |c: &WanTransformerConfig| Self::new(c, device, kind, lora),
             |m| &mut m.weights,
         )
     }

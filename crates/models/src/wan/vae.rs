@@ -20,9 +20,9 @@ pub struct AutoencoderKlWan {
 }
 
 impl AutoencoderKlWan {
-    /// The module tree of `config` with zero weights.
-    pub fn new(config: &WanVaeConfig, device: Device) -> Result<Self, ModelError> {
-        let (vae, store) = CausalVae::build(config, device)?;
+    /// The module tree of `config` for `kind` weights, unfilled.
+    pub fn new(config: &WanVaeConfig, device: Device, kind: Kind) -> Result<Self, ModelError> {
+        let (vae, store) = CausalVae::build(config, device, kind)?;
         Ok(Self { config: config.clone(), vae, store })
     }
 
@@ -34,7 +34,7 @@ impl AutoencoderKlWan {
 
     /// Writes a random VAE of `config` (weights drawn from `seed`) into `dir`, for tests.
     pub fn write_random(dir: &Path, seed: u64, config: &WanVaeConfig) -> Result<(), ModelError> {
-        let vae = Self::new(config, Device::Cpu)?;
+        let vae = Self::new(config, Device::Cpu, Kind::Float)?;
         write_random_vae(dir, &vae.store, seed, config, "AutoencoderKLWan")
     }
 

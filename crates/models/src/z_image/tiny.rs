@@ -5,7 +5,7 @@ use std::path::Path;
 
 use flowtune_sampling::SampleRng;
 use serde_json::json;
-use tch::Device;
+use tch::{Device, Kind};
 
 use super::{ZImageTransformer, ZImageTransformerConfig};
 use crate::flux::tiny::write_flux_vae;
@@ -83,7 +83,7 @@ pub fn write_tiny_z_image(dir: &Path, spec: &TinyZImageSpec) -> Result<(), Model
 
     let text =
         DecoderShape { vocab_size: (base_vocab + ADDED_TOKENS.len()) as i64, ..spec.text.clone() };
-    let encoder = Qwen3TextEncoder::new(&text, Device::Cpu);
+    let encoder = Qwen3TextEncoder::new(&text, Device::Cpu, Kind::Float);
     randomize(&encoder.store, &mut rng, WeightInit::Normal(0.1))?;
     write_component(
         &dir.join("text_encoder"),
@@ -107,7 +107,7 @@ pub fn write_tiny_z_image(dir: &Path, spec: &TinyZImageSpec) -> Result<(), Model
         axes_lens: vec![1024, 64, 64],
         ..Default::default()
     };
-    let transformer = ZImageTransformer::new(&config, Device::Cpu, None)?;
+    let transformer = ZImageTransformer::new(&config, Device::Cpu, Kind::Float, None)?;
     randomize(&transformer.weights.base, &mut rng, WeightInit::Normal(0.1))?;
     write_model(&dir.join("transformer"), &transformer.weights.base, &config)?;
 

@@ -75,10 +75,11 @@ impl ZImageTransformer {
     pub fn new(
         config: &ZImageTransformerConfig,
         device: Device,
+        kind: Kind,
         lora: Option<&LoraConfig>,
     ) -> Result<Self, ModelError> {
         config.validate().map_err(ModelError::Input)?;
-        let weights = WeightsBuilder::new(device, lora);
+        let weights = WeightsBuilder::new(device, kind, lora);
         let root = weights.root();
         let c = config;
         let dims = BlockDims {
@@ -140,7 +141,7 @@ impl ZImageTransformer {
         crate::denoiser::load_component(
             dir,
             kind,
-            |c: &ZImageTransformerConfig| Self::new(c, device, lora),
+            |c: &ZImageTransformerConfig| Self::new(c, device, kind, lora),
             |m| &mut m.weights,
         )
     }

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use tch::Device;
+use tch::{Device, Kind};
 
 use super::{AutoencoderKlQwenImage, QwenVaeConfig};
 use crate::causal_vae::write_random_vae;
@@ -23,6 +23,6 @@ pub fn write_tiny_qwen_vae(
     seed: u64,
     config: &QwenVaeConfig,
 ) -> Result<(), ModelError> {
-    let vae = AutoencoderKlQwenImage::new(config, Device::Cpu)?;
+    let vae = AutoencoderKlQwenImage::new(config, Device::Cpu, Kind::Float)?;
     write_random_vae(dir, &vae.store, seed, config, "AutoencoderKLQwenImage")
 }
