@@ -3,13 +3,15 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
-use flowtune_models::flux::{write_tiny_flux, TinyFluxSpec};
-use flowtune_models::qwen_image::{write_tiny_qwen_image, TinyQwenImageSpec};
-use flowtune_models::sd3::{write_tiny_sd3, TinySd3Spec, WeightInit};
+use flowtune_models::flux::{write_tiny_flux, FluxTransformerConfig, TinyFluxSpec};
+use flowtune_models::qwen_image::{
+    write_tiny_qwen_image, QwenImageTransformerConfig, TinyQwenImageSpec,
+};
+use flowtune_models::sd3::{write_tiny_sd3, Sd3TransformerConfig, TinySd3Spec, WeightInit};
 use flowtune_models::text_encoders::qwen_tiny::TinyQwenTextSpec;
-use flowtune_models::wan::{write_tiny_wan, TinyWanSpec};
-use flowtune_models::z_image::{write_tiny_z_image, TinyZImageSpec};
-use flowtune_models::{Dtype, ModelError};
+use flowtune_models::wan::{write_tiny_wan, TinyWanSpec, WanTransformerConfig};
+use flowtune_models::z_image::{write_tiny_z_image, TinyZImageSpec, ZImageTransformerConfig};
+use flowtune_models::{read_config, Dtype, ModelError};
 
 use crate::Failure;
 
@@ -46,6 +48,33 @@ pub struct Out {
     seed: u64,
 }
 
+/// A real transformer's width with fewer blocks, and the dtype of its weights.
+#[derive(Args)]
+pub struct RealWidth {
+    /// A transformer `config.json` (e.g. examples/models/qwen-image/transformer/config.json):
+    /// its widths with `--layers` blocks instead of the size flags; the text encoders and the VAE
+    /// stay tiny at the widths it reads.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The transformer's weights as f32, bf16 (a released checkpoint's) or f16.
+    #[arg(long, default_value = "f32", value_parser = super::bench::parse_dtype)]
+    dtype: Dtype,
+}
+
+impl RealWidth {
+    /// The config file read as `T` with `layers` applied, if one was given.
+    fn read<T>(
+        &self,
+        read: fn(&Path) -> Result<T, ModelError>,
+        layers: impl FnOnce(&mut T),
+    ) -> Result<Option<T>, Failure> {
+        let Some(path) = &self.config else { return Ok(None) };
+        let mut config = read(path).map_err(Failure::input)?;
+        layers(&mut config);
+        Ok(Some(config))
+    }
+}
+
 impl Out {
     /// Writes the pipeline with `write` into the directory and says so.
     fn write(self, write: impl FnOnce(&Path) -> Result<(), ModelError>) -> Result<(), Failure> {
@@ -59,7 +88,9 @@ impl Out {
 pub struct ZImageArgs {
     #[command(flatten)]
     out: Out,
-    /// Main single-stream blocks.
+    #[command(flatten)]
+    real: RealWidth,
+    /// Main single-stream blocks (the refiners keep `--config`'s count).
     #[arg(long, default_value_t = 2)]
     layers: usize,
     /// Transformer width.
@@ -74,6 +105,8 @@ pub struct ZImageArgs {
 pub struct WanArgs {
     #[command(flatten)]
     out: Out,
+    #[command(flatten)]
+    real: RealWidth,
     /// Transformer blocks.
     #[arg(long, default_value_t = 2)]
     layers: usize,
@@ -101,6 +134,8 @@ pub struct WanArgs {
 pub struct FluxArgs {
     #[command(flatten)]
     out: Out,
+    #[command(flatten)]
+    real: RealWidth,
     /// Double-stream transformer blocks.
     #[arg(long, default_value_t = 2)]
     layers: usize,
@@ -116,6 +151,8 @@ pub struct FluxArgs {
 pub struct QwenImageArgs {
     #[command(flatten)]
     out: Out,
+    #[command(flatten)]
+    real: RealWidth,
     /// Dual-stream transformer blocks.
     #[arg(long, default_value_t = 2)]
     layers: usize,
@@ -133,9 +170,6 @@ pub struct QwenImageArgs {
     /// A QwenImageEditPlusPipeline (condition pictures through the vision tower and the VAE).
     #[arg(long)]
     edit: bool,
-    /// The transformer's weights as f32, bf16 (a released checkpoint's) or f16.
-    #[arg(long, default_value = "f32", value_parser = super::bench::parse_dtype)]
-    dtype: Dtype,
 }
 
 #[derive(Args)]
@@ -170,6 +204,8 @@ pub struct ShapesArgs {
 pub struct Sd3Args {
     #[command(flatten)]
     out: Out,
+    #[command(flatten)]
+    real: RealWidth,
     /// Joint transformer blocks.
     #[arg(long, default_value_t = 2)]
     layers: usize,
@@ -205,6 +241,10 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 dim: a.dim,
                 heads: a.heads,
                 axes_dims: vec![head_dim - 2 * side, side, side],
+                dtype: a.real.dtype.kind(),
+                transformer: a
+                    .real
+                    .read(read_config::<ZImageTransformerConfig>, |c| c.n_layers = a.layers)?,
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_z_image(dir, &spec))
@@ -221,7 +261,10 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 text: TinyQwenTextSpec { hidden_size: a.text_width, ..Default::default() },
                 zero_cond_t: a.zero_cond_t,
                 edit: a.edit,
-                dtype: a.dtype.kind(),
+                dtype: a.real.dtype.kind(),
+                transformer: a
+                    .real
+                    .read(read_config::<QwenImageTransformerConfig>, |c| c.num_layers = a.layers)?,
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_qwen_image(dir, &spec))
@@ -236,6 +279,10 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 text_width: a.text_width,
                 wan21: a.wan21 || a.a14b,
                 two_experts: a.a14b,
+                dtype: a.real.dtype.kind(),
+                transformer: a
+                    .real
+                    .read(read_config::<WanTransformerConfig>, |c| c.num_layers = a.layers)?,
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_wan(dir, &spec))
@@ -246,6 +293,11 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 layers: a.layers,
                 single_layers: a.single_layers,
                 schnell: a.schnell,
+                dtype: a.real.dtype.kind(),
+                transformer: a.real.read(read_config::<FluxTransformerConfig>, |c| {
+                    c.num_layers = a.layers;
+                    c.num_single_layers = a.single_layers;
+                })?,
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_flux(dir, &spec))
@@ -260,6 +312,11 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 dual_attention_layers: a.dual_attention_layers,
                 qk_norm: a.qk_norm,
                 vae_channels: a.vae_channels,
+                dtype: a.real.dtype.kind(),
+                transformer: a.real.read(read_config::<Sd3TransformerConfig>, |c| {
+                    c.num_layers = a.layers;
+                    c.dual_attention_layers.retain(|&i| i < a.layers);
+                })?,
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_sd3(dir, &spec))

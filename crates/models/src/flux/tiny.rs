@@ -36,6 +36,11 @@ pub struct TinyFluxSpec {
     pub vae_channels: Vec<i64>,
     /// [schnell]: no guidance embedding, a fixed shift of 1.
     pub schnell: bool,
+    /// The dtype the transformer's weights are written in (a released checkpoint's is bf16).
+    pub dtype: Kind,
+    /// A real transformer config (e.g. with fewer blocks) used as it is instead of the one the
+    /// sizes above build; CLIP and T5 take their widths from it.
+    pub transformer: Option<FluxTransformerConfig>,
 }
 
 impl Default for TinyFluxSpec {
@@ -51,6 +56,8 @@ impl Default for TinyFluxSpec {
             t5_width: 32,
             vae_channels: vec![16, 32],
             schnell: false,
+            dtype: Kind::Float,
+            transformer: None,
         }
     }
 }
@@ -60,30 +67,7 @@ const LATENT_CHANNELS: i64 = 16;
 
 /// Writes the pipeline into `dir` (created if missing).
 pub fn write_tiny_flux(dir: &Path, spec: &TinyFluxSpec) -> Result<(), ModelError> {
-    let mut rng = SampleRng::new(spec.seed);
-    let init = WeightInit::Normal(0.1);
-    let (clip_tok, clip_vocab) = tiny::clip()?;
-    let clip = TinyClip {
-        tokenizer: &clip_tok,
-        vocab: clip_vocab,
-        width: spec.clip_width,
-        layers: 2,
-        length: 77,
-        projection: false,
-        pad: "<|endoftext|>",
-    };
-    clip.write(&dir.join("text_encoder"), &dir.join("tokenizer"), init, &mut rng)?;
-    write_tiny_t5(
-        &dir.join("text_encoder_2"),
-        &dir.join("tokenizer_2"),
-        "t5",
-        spec.t5_width,
-        2,
-        init,
-        &mut rng,
-    )?;
-
-    let config = FluxTransformerConfig {
+    let config = spec.transformer.clone().unwrap_or_else(|| FluxTransformerConfig {
         num_layers: spec.layers,
         num_single_layers: spec.single_layers,
         num_attention_heads: spec.heads,
@@ -94,8 +78,31 @@ pub fn write_tiny_flux(dir: &Path, spec: &TinyFluxSpec) -> Result<(), ModelError
         in_channels: 4 * LATENT_CHANNELS,
         guidance_embeds: !spec.schnell,
         ..Default::default()
+    });
+    let mut rng = SampleRng::new(spec.seed);
+    let init = WeightInit::Normal(0.1);
+    let (clip_tok, clip_vocab) = tiny::clip()?;
+    let clip = TinyClip {
+        tokenizer: &clip_tok,
+        vocab: clip_vocab,
+        width: config.pooled_projection_dim,
+        layers: 2,
+        length: 77,
+        projection: false,
+        pad: "<|endoftext|>",
     };
-    let transformer = FluxTransformer::new(&config, Device::Cpu, Kind::Float, None)?;
+    clip.write(&dir.join("text_encoder"), &dir.join("tokenizer"), init, &mut rng)?;
+    write_tiny_t5(
+        &dir.join("text_encoder_2"),
+        &dir.join("tokenizer_2"),
+        "t5",
+        config.joint_attention_dim,
+        2,
+        init,
+        &mut rng,
+    )?;
+
+    let transformer = FluxTransformer::new(&config, Device::Cpu, spec.dtype, None)?;
     randomize(&transformer.weights.base, &mut rng, init)?;
     write_model(&dir.join("transformer"), &transformer.weights.base, &config)?;
 

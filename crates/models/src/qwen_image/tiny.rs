@@ -33,6 +33,9 @@ pub struct TinyQwenImageSpec {
     pub edit: bool,
     /// The dtype the transformer's weights are written in (a released checkpoint's is bf16).
     pub dtype: Kind,
+    /// A real transformer config (e.g. with fewer blocks) used as it is instead of the one the
+    /// sizes above build; the text encoder's width is its `joint_attention_dim`.
+    pub transformer: Option<QwenImageTransformerConfig>,
 }
 
 impl Default for TinyQwenImageSpec {
@@ -48,21 +51,14 @@ impl Default for TinyQwenImageSpec {
             zero_cond_t: false,
             edit: false,
             dtype: Kind::Float,
+            transformer: None,
         }
     }
 }
 
 /// Writes the pipeline into `dir` (created if missing).
 pub fn write_tiny_qwen_image(dir: &Path, spec: &TinyQwenImageSpec) -> Result<(), ModelError> {
-    write_tiny_qwen_text_encoder(
-        &dir.join("text_encoder"),
-        &dir.join("tokenizer"),
-        spec.seed,
-        &spec.text,
-    )?;
-    write_tiny_qwen_vae(&dir.join("vae"), spec.seed + 1, &spec.vae)?;
-
-    let config = QwenImageTransformerConfig {
+    let config = spec.transformer.clone().unwrap_or_else(|| QwenImageTransformerConfig {
         num_layers: spec.layers,
         num_attention_heads: spec.heads,
         attention_head_dim: spec.head_dim,
@@ -72,7 +68,16 @@ pub fn write_tiny_qwen_image(dir: &Path, spec: &TinyQwenImageSpec) -> Result<(),
         out_channels: Some(spec.vae.z_dim),
         zero_cond_t: spec.zero_cond_t,
         ..Default::default()
-    };
+    });
+    let text = TinyQwenTextSpec { hidden_size: config.joint_attention_dim, ..spec.text.clone() };
+    write_tiny_qwen_text_encoder(
+        &dir.join("text_encoder"),
+        &dir.join("tokenizer"),
+        spec.seed,
+        &text,
+    )?;
+    write_tiny_qwen_vae(&dir.join("vae"), spec.seed + 1, &spec.vae)?;
+
     let transformer = QwenImageTransformer::new(&config, Device::Cpu, spec.dtype, None)?;
     let mut rng = SampleRng::new(spec.seed + 2);
     randomize(&transformer.weights.base, &mut rng, WeightInit::Normal(0.1))?;

@@ -47,6 +47,11 @@ pub struct TinySd3Spec {
     pub init: WeightInit,
     /// The scheduler's timestep `shift`.
     pub shift: f64,
+    /// The dtype the transformer's weights are written in (a released checkpoint's is bf16).
+    pub dtype: Kind,
+    /// A real transformer config (e.g. with fewer blocks) used as it is instead of the one the
+    /// sizes above build; the text encoders and the VAE take their widths from it.
+    pub transformer: Option<Sd3TransformerConfig>,
 }
 
 /// How random weights are drawn.
@@ -83,6 +88,26 @@ impl Default for TinySd3Spec {
             clip_length: 77,
             init: WeightInit::Normal(0.1),
             shift: 3.0,
+            dtype: Kind::Float,
+            transformer: None,
+        }
+    }
+}
+
+impl TinySd3Spec {
+    /// The spec with the text widths, latent channels and size `transformer` implies (CLIP-L and
+    /// CLIP-G split the pooled width evenly, T5 is the joint width).
+    fn fitted(&self) -> Self {
+        let Some(t) = &self.transformer else { return self.clone() };
+        let clip_l_width = t.pooled_projection_dim / 4 * 2;
+        Self {
+            clip_l_width,
+            clip_g_width: t.pooled_projection_dim - clip_l_width,
+            t5_width: t.joint_attention_dim,
+            latent_channels: t.in_channels,
+            latent_size: t.sample_size,
+            patch_size: t.patch_size,
+            ..self.clone()
         }
     }
 }
@@ -192,6 +217,7 @@ fn mkdir(dir: &Path) -> Result<(), ModelError> {
 
 /// Writes the pipeline into `dir` (created if missing).
 pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> {
+    let spec = &spec.fitted();
     let mut rng = SampleRng::new(spec.seed);
     let device = Device::Cpu;
     let (clip_tok, clip_vocab) = match &spec.vocabulary {
@@ -222,7 +248,7 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
 
     // Transformer.
     let latent_channels = if spec.pixel_space { 3 } else { spec.latent_channels };
-    let transformer_config = Sd3TransformerConfig {
+    let transformer_config = spec.transformer.clone().unwrap_or_else(|| Sd3TransformerConfig {
         class_name: Some("SD3Transformer2DModel".into()),
         sample_size: spec.latent_size,
         patch_size: spec.patch_size,
@@ -237,8 +263,8 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
         pos_embed_max_size: spec.latent_size / spec.patch_size,
         dual_attention_layers: spec.dual_attention_layers.clone(),
         qk_norm: spec.qk_norm.then(|| "rms_norm".to_string()),
-    };
-    let transformer = Sd3Transformer::new(&transformer_config, device, Kind::Float, None)?;
+    });
+    let transformer = Sd3Transformer::new(&transformer_config, device, spec.dtype, None)?;
     randomize(&transformer.weights.base, &mut rng, spec.init)?;
     write_model(&dir.join("transformer"), &transformer.weights.base, &transformer_config)?;
 
@@ -356,11 +382,12 @@ pub(crate) fn write_tiny_t5(
     rng: &mut SampleRng,
 ) -> Result<(), ModelError> {
     let (t5_tok, t5_vocab) = tiny::t5()?;
+    // Inner widths capped, so that a T5 at a real transformer's text width stays small.
     let t5_config = T5Config {
         vocab_size: t5_vocab as i64,
         d_model: width,
-        d_kv: width / 2,
-        d_ff: 2 * width,
+        d_kv: (width / 2).min(32),
+        d_ff: (2 * width).min(128),
         num_layers: layers,
         num_heads: 2,
         relative_attention_num_buckets: 8,

@@ -31,6 +31,12 @@ pub struct TinyWanSpec {
     /// A second expert `transformer_2` (its own random weights) below `boundary_ratio`
     /// [`A14B_BOUNDARY_RATIO`], as Wan2.2-T2V-A14B.
     pub two_experts: bool,
+    /// The dtype the transformers' weights are written in (a released checkpoint's is bf16).
+    pub dtype: Kind,
+    /// A real transformer config (e.g. with fewer blocks) used as it is, for every expert,
+    /// instead of the one the sizes above build; UMT5's width is its `text_dim`, the Wan2.2
+    /// VAE's latent channels its `in_channels`.
+    pub transformer: Option<WanTransformerConfig>,
 }
 
 /// Wan2.2-T2V-A14B's `boundary_ratio`: the high-noise expert runs `t ≥ 875`.
@@ -48,6 +54,8 @@ impl Default for TinyWanSpec {
             text_layers: 2,
             wan21: false,
             two_experts: false,
+            dtype: Kind::Float,
+            transformer: None,
         }
     }
 }
@@ -78,22 +86,32 @@ impl WanVaeConfig {
 
 /// Writes the pipeline into `dir` (created if missing).
 pub fn write_tiny_wan(dir: &Path, spec: &TinyWanSpec) -> Result<(), ModelError> {
+    let text_width = spec.transformer.as_ref().map_or(spec.text_width, |t| t.text_dim);
     let mut rng = SampleRng::new(spec.seed);
     let init = WeightInit::Normal(0.1);
     write_tiny_t5(
         &dir.join("text_encoder"),
         &dir.join("tokenizer"),
         "umt5",
-        spec.text_width,
+        text_width,
         spec.text_layers,
         init,
         &mut rng,
     )?;
 
-    let vae = if spec.wan21 { WanVaeConfig::tiny_wan21() } else { WanVaeConfig::tiny_wan22() };
+    let mut vae = if spec.wan21 { WanVaeConfig::tiny_wan21() } else { WanVaeConfig::tiny_wan22() };
+    if let Some(z) = spec.transformer.as_ref().map(|t| t.in_channels).filter(|&z| z != vae.z_dim) {
+        // Another latent width (Wan2.2-TI2V-5B's 48): neutral statistics.
+        vae = WanVaeConfig {
+            z_dim: z,
+            latents_mean: vec![0.0; z as usize],
+            latents_std: vec![1.0; z as usize],
+            ..vae
+        };
+    }
     AutoencoderKlWan::write_random(&dir.join("vae"), spec.seed + 1, &vae)?;
 
-    let config = WanTransformerConfig {
+    let config = spec.transformer.clone().unwrap_or_else(|| WanTransformerConfig {
         num_attention_heads: spec.heads,
         attention_head_dim: spec.head_dim,
         in_channels: vae.z_dim,
@@ -102,11 +120,11 @@ pub fn write_tiny_wan(dir: &Path, spec: &TinyWanSpec) -> Result<(), ModelError> 
         ffn_dim: spec.ffn_dim,
         num_layers: spec.layers,
         ..Default::default()
-    };
+    });
     let experts: &[&str] =
         if spec.two_experts { &["transformer", "transformer_2"] } else { &["transformer"] };
     for name in experts {
-        let transformer = WanTransformer::new(&config, Device::Cpu, Kind::Float, None)?;
+        let transformer = WanTransformer::new(&config, Device::Cpu, spec.dtype, None)?;
         randomize(&transformer.weights.base, &mut rng, init)?;
         write_model(&dir.join(name), &transformer.weights.base, &config)?;
     }

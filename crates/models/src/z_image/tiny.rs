@@ -41,6 +41,11 @@ pub struct TinyZImageSpec {
     /// Byte-level BPE vocabulary of the tokenizer before the added tokens.
     pub bpe_vocab_size: usize,
     pub vae_channels: Vec<i64>,
+    /// The dtype the transformer's weights are written in (a released checkpoint's is bf16).
+    pub dtype: Kind,
+    /// A real transformer config (e.g. with fewer main blocks) used as it is instead of the one
+    /// the sizes above build; the text encoder's width is its `cap_feat_dim`.
+    pub transformer: Option<ZImageTransformerConfig>,
 }
 
 impl Default for TinyZImageSpec {
@@ -67,6 +72,8 @@ impl Default for TinyZImageSpec {
             },
             bpe_vocab_size: 400,
             vae_channels: vec![8, 16],
+            dtype: Kind::Float,
+            transformer: None,
         }
     }
 }
@@ -81,8 +88,12 @@ pub fn write_tiny_z_image(dir: &Path, spec: &TinyZImageSpec) -> Result<(), Model
     tokenizer_config["chat_template"] = json!(QWEN3_CHAT_TEMPLATE);
     write_json(&config_file, &tokenizer_config)?;
 
-    let text =
-        DecoderShape { vocab_size: (base_vocab + ADDED_TOKENS.len()) as i64, ..spec.text.clone() };
+    let hidden_size = spec.transformer.as_ref().map_or(spec.text.hidden_size, |t| t.cap_feat_dim);
+    let text = DecoderShape {
+        vocab_size: (base_vocab + ADDED_TOKENS.len()) as i64,
+        hidden_size,
+        ..spec.text.clone()
+    };
     let encoder = Qwen3TextEncoder::new(&text, Device::Cpu, Kind::Float);
     randomize(&encoder.store, &mut rng, WeightInit::Normal(0.1))?;
     write_component(
@@ -95,7 +106,7 @@ pub fn write_tiny_z_image(dir: &Path, spec: &TinyZImageSpec) -> Result<(), Model
     let vae_config =
         write_flux_vae(&dir.join("vae"), &spec.vae_channels, &mut rng, WeightInit::Normal(0.1))?;
 
-    let config = ZImageTransformerConfig {
+    let config = spec.transformer.clone().unwrap_or_else(|| ZImageTransformerConfig {
         in_channels: vae_config.latent_channels,
         dim: spec.dim,
         n_layers: spec.layers,
@@ -106,8 +117,8 @@ pub fn write_tiny_z_image(dir: &Path, spec: &TinyZImageSpec) -> Result<(), Model
         axes_dims: spec.axes_dims.clone(),
         axes_lens: vec![1024, 64, 64],
         ..Default::default()
-    };
-    let transformer = ZImageTransformer::new(&config, Device::Cpu, Kind::Float, None)?;
+    });
+    let transformer = ZImageTransformer::new(&config, Device::Cpu, spec.dtype, None)?;
     randomize(&transformer.weights.base, &mut rng, WeightInit::Normal(0.1))?;
     write_model(&dir.join("transformer"), &transformer.weights.base, &config)?;
 
