@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use flowtune_models::lora::LoraConfig;
 use flowtune_models::Dtype;
+pub use flowtune_models::Offload;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// `model:` — the pipeline directory, dtypes and adapters.
@@ -49,19 +50,6 @@ impl Default for ModelSection {
             offload: Offload::None,
         }
     }
-}
-
-/// `model.offload`: frozen components kept on the CPU instead of the training device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Offload {
-    /// Everything on the training device.
-    #[default]
-    None,
-    /// Text encoders on the CPU; prompt embeddings are cached there.
-    Encoders,
-    /// Text encoders and the VAE on the CPU.
-    EncodersAndVae,
 }
 
 /// `data:` — prompt files and how they are served.

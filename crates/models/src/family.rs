@@ -51,6 +51,27 @@ impl Dtypes {
     }
 }
 
+/// Which frozen components live and run on the CPU instead of the training device
+/// (`model.offload`): their weights never take device memory; their inputs go to the CPU and
+/// their outputs come back, so results are those of resident components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Offload {
+    /// Everything on the training device.
+    #[default]
+    None,
+    /// Text encoders (and Qwen2.5-VL's vision tower) on the CPU.
+    Encoders,
+    /// Text encoders and the VAE on the CPU.
+    EncodersAndVae,
+}
+
+/// `input` through `f` on `device` (an offloaded component's), the result back on `input`'s
+/// device; nothing moves when the devices are the same.
+pub(crate) fn run_on(device: Device, input: &Tensor, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
+    f(&input.to_device(device)).to_device(input.device())
+}
+
 /// How to load a pipeline: where, in which dtypes, with which adapters.
 #[derive(Debug, Clone)]
 pub struct PipelineOptions {
@@ -66,6 +87,8 @@ pub struct PipelineOptions {
     /// Pixel frames of a video family's samples; `None` is the family's default. Image families
     /// refuse it.
     pub num_frames: Option<usize>,
+    /// Frozen components on the CPU.
+    pub offload: Offload,
 }
 
 impl PipelineOptions {
@@ -78,6 +101,23 @@ impl PipelineOptions {
             max_sequence_length: None,
             embedded_guidance: None,
             num_frames: None,
+            offload: Offload::None,
+        }
+    }
+
+    /// Where the text encoders live and run.
+    pub fn encoder_device(&self) -> Device {
+        match self.offload {
+            Offload::None => self.device,
+            Offload::Encoders | Offload::EncodersAndVae => Device::Cpu,
+        }
+    }
+
+    /// Where the VAE lives and runs.
+    pub fn vae_device(&self) -> Device {
+        match self.offload {
+            Offload::EncodersAndVae => Device::Cpu,
+            Offload::None | Offload::Encoders => self.device,
         }
     }
 }
@@ -214,4 +254,18 @@ pub fn image_latent_shape(
         }
     }
     Ok(vec![channels, height / factor, width / factor])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offload_puts_encoders_then_the_vae_on_the_cpu() {
+        let on = |offload| PipelineOptions { offload, ..PipelineOptions::new(Device::Cuda(0)) };
+        let places = |o: PipelineOptions| (o.encoder_device(), o.vae_device());
+        assert_eq!(places(on(Offload::None)), (Device::Cuda(0), Device::Cuda(0)));
+        assert_eq!(places(on(Offload::Encoders)), (Device::Cpu, Device::Cuda(0)));
+        assert_eq!(places(on(Offload::EncodersAndVae)), (Device::Cpu, Device::Cpu));
+    }
 }

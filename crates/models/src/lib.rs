@@ -32,7 +32,7 @@ pub use denoiser::{
     guided_velocity, rescaled_guidance, velocity_at_sigma, CfgScale, Denoiser, ExampleInputs,
     ExampleShape, TrainableDenoiser,
 };
-pub use family::{Dtype, Dtypes, FlowPipeline, PipelineOptions};
+pub use family::{Dtype, Dtypes, FlowPipeline, Offload, PipelineOptions};
 pub use lora::{AdapterSwitch, LoraConfig};
 pub use model_weights::{ModelWeights, WeightsBuilder};
 pub use registry::{

@@ -16,7 +16,9 @@ use flowtune_sampling::{
 use image::RgbImage;
 use tch::{Device, Tensor};
 
-use crate::{sample_trajectory, Guidance, RolloutError, Trajectory, TrajectoryRequest};
+use crate::{
+    sample_trajectory, Guidance, PromptCache, RolloutError, Trajectory, TrajectoryRequest,
+};
 
 /// One step's rollout: what the trainer replays and what the rewards score.
 pub struct RolloutBatch {
@@ -37,6 +39,8 @@ pub struct Engine<'a> {
     /// One sample's latent shape (no batch dimension), from [`FlowPipeline::latent_shape`].
     pub latent_shape: Vec<i64>,
     pub seed: u64,
+    /// Embeddings of the prompts seen so far.
+    prompts: PromptCache,
 }
 
 /// Text conditioning of `prompts` (one row each), encoding each distinct prompt once; with
@@ -44,12 +48,13 @@ pub struct Engine<'a> {
 /// editing, image-to-video for samples of `latent_shape`), rows sharing a set and a prompt
 /// encoded once. Each prompt is encoded on its own, so its embedding does not depend on which
 /// other prompts share the batch: a rank holding some of a step's prompts encodes them exactly
-/// as one process holding all of them does.
+/// as one process holding all of them does. Prompts without pictures go through `cache` when given.
 pub fn encode_rows(
     pipe: &dyn FlowPipeline,
     prompts: &[&str],
     pictures: &[Vec<RgbImage>],
     latent_shape: &[i64],
+    cache: Option<&PromptCache>,
 ) -> Result<TextConditioning, ModelError> {
     if !pictures.is_empty() && pictures.len() != prompts.len() {
         return Err(ModelError::Input(format!(
@@ -79,7 +84,15 @@ pub fn encode_rows(
     let parts = unique
         .iter()
         .map(|&(s, prompt)| {
-            tch::no_grad(|| pipe.encode_prompts_with_pictures(&[prompt], sets[s], latent_shape))
+            let encode = || {
+                tch::no_grad(|| pipe.encode_prompts_with_pictures(&[prompt], sets[s], latent_shape))
+            };
+            match cache {
+                Some(cache) if sets[s].is_empty() => {
+                    cache.get_or_encode(prompt, pipe.device(), encode)
+                }
+                _ => encode(),
+            }
         })
         .collect::<Result<Vec<_>, _>>()?;
     let encoded = TextConditioning::stack(parts)?;
@@ -120,7 +133,15 @@ impl<'a> Engine<'a> {
         let grid =
             SigmaGrid::new(pipe.scheduler(), &pipe.grid_request(sampler.steps, &latent_shape))?;
         let device_grid = DeviceGrid::new(&grid, pipe.device());
-        Ok(Self { pipe, sampler, grid, device_grid, latent_shape, seed })
+        Ok(Self {
+            pipe,
+            sampler,
+            grid,
+            device_grid,
+            latent_shape,
+            seed,
+            prompts: Default::default(),
+        })
     }
 
     /// The sampler's CFG scales.
@@ -164,11 +185,12 @@ impl<'a> Engine<'a> {
                 prompts.len()
             )));
         }
-        let text = encode_rows(self.pipe, prompts, pictures, &self.latent_shape)?;
+        let cache = Some(&self.prompts);
+        let text = encode_rows(self.pipe, prompts, pictures, &self.latent_shape, cache)?;
         let guided = self.sampler.guidance_scale > 1.0;
         // The negative side sees the same pictures, as in diffusers' edit pipelines.
         let negative = if guided {
-            Some(encode_rows(self.pipe, negatives, pictures, &self.latent_shape)?)
+            Some(encode_rows(self.pipe, negatives, pictures, &self.latent_shape, cache)?)
         } else {
             None
         };

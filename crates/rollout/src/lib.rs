@@ -2,9 +2,11 @@
 //! (`docs/spec/algorithms.md` §3), and the engine that runs them on any registered pipeline.
 
 pub mod engine;
+pub mod prompt_cache;
 pub mod trajectory;
 
 pub use engine::{encode_rows, Engine, RolloutBatch};
+pub use prompt_cache::PromptCache;
 pub use trajectory::{sample_trajectory, Guidance, Trajectory, TrajectoryRequest};
 
 /// Why a rollout failed.

@@ -43,7 +43,7 @@ fn flux_rollout_matches_diffusers_loop() {
     let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).expect("engine");
     let mut check = Checker::new("flux_rollout_io.safetensors");
     check.case();
-    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[]).expect("prompts");
+    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[], None).expect("prompts");
     check.close_within("prompt_embeds", &text.embeds, &io["output.prompt_embeds"], MODEL_RTOL);
     let pooled = text.pooled.as_ref().expect("pooled");
     check.close_within(

@@ -39,8 +39,8 @@ fn qwen_image_rollout_matches_diffusers_loop() {
     let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).expect("engine");
     let mut check = Checker::new("qwen_image_rollout_io.safetensors");
     check.case();
-    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[]).expect("prompts");
-    let negative = encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2], &[], &[])
+    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[], None).expect("prompts");
+    let negative = encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2], &[], &[], None)
         .expect("negative");
     check.close_within("prompt_embeds", &text.embeds, &io["output.prompt_embeds"], MODEL_RTOL);
     check.close_within(

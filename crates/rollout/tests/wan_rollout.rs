@@ -45,9 +45,10 @@ fn wan_rollouts_match_diffusers_loop() {
         let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).expect("engine");
         let mut check = Checker::new(&name);
         check.case();
-        let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[]).expect("prompts");
-        let negative = encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2], &[], &[])
-            .expect("negative");
+        let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[], None).expect("prompts");
+        let negative =
+            encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2], &[], &[], None)
+                .expect("negative");
         for (key, cond) in [("prompt", &text), ("negative_prompt", &negative)] {
             let want = &io[&format!("output.{key}_embeds")];
             check.close_within(&format!("{key}_embeds"), &cond.embeds, want, MODEL_RTOL);
@@ -143,9 +144,10 @@ fn wan_i2v_rollouts_match_diffusers_loop() {
         let mut check = Checker::new(&name);
         check.case();
         let pictures = vec![vec![picture(&io)]; 2];
-        let text = encode_rows(pipe.as_ref(), &PROMPTS, &pictures, &latent_shape).expect("prompts");
-        let negative =
-            encode_rows(pipe.as_ref(), &["", ""], &pictures, &latent_shape).expect("negative");
+        let text =
+            encode_rows(pipe.as_ref(), &PROMPTS, &pictures, &latent_shape, None).expect("prompts");
+        let negative = encode_rows(pipe.as_ref(), &["", ""], &pictures, &latent_shape, None)
+            .expect("negative");
         let held = text.held_latents().expect("the first frame is held");
         check.close_within("condition", held, &io["output.condition"], MODEL_RTOL);
         let out = spec_trajectory(&mut check, &io, &engine, &text, &negative);
@@ -258,8 +260,8 @@ fn wan_a14b_rollout_matches_diffusers_two_stages() {
     assert_eq!(engine.grid.timesteps, [999.0, 961.0, 909.0, 833.0, 714.0, 501.0]);
     let mut check = Checker::new(name);
     check.case();
-    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[]).expect("prompts");
-    let negative = encode_rows(pipe.as_ref(), &["", ""], &[], &[]).expect("negative");
+    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[], None).expect("prompts");
+    let negative = encode_rows(pipe.as_ref(), &["", ""], &[], &[], None).expect("negative");
     let guidance =
         Guidance { scale: GUIDANCE, scale_2: Some(GUIDANCE_2), negative: Some(&negative) };
     let windows = vec![WINDOW; 2];
@@ -322,7 +324,7 @@ fn wan_a14b_trains_only_the_expert_of_each_row() {
     let count = |prefix: &str| params.keys().filter(|k| k.starts_with(prefix)).count();
     assert_eq!(count("transformer."), count("transformer_2."), "{:?}", params.keys());
     assert_eq!(count("transformer.") + count("transformer_2."), params.len());
-    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[]).expect("prompts");
+    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[], None).expect("prompts");
     let x = Tensor::randn([2, 16, 2, 4, 8], (Kind::Float, Device::Cpu));
     let grads = |t: &[f32]| {
         for p in params.values() {

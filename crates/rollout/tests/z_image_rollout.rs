@@ -43,8 +43,8 @@ fn z_image_rollout_matches_diffusers_loop() {
     let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 0).expect("engine");
     let mut check = Checker::new("z_image_rollout_io.safetensors");
     check.case();
-    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[]).expect("prompts");
-    let negative = encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2], &[], &[])
+    let text = encode_rows(pipe.as_ref(), &PROMPTS, &[], &[], None).expect("prompts");
+    let negative = encode_rows(pipe.as_ref(), &[pipe.default_negative_prompt(); 2], &[], &[], None)
         .expect("negative");
     for (name, cond) in [("prompt", &text), ("negative_prompt", &negative)] {
         let mask = cond.mask.as_ref().expect("a mask");

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flowtune_config::{Finetune, Offload, Recipe, Resume};
+use flowtune_config::{Finetune, Recipe, Resume};
 use flowtune_data::PromptDataset;
 use flowtune_models::{Dtypes, FlowPipeline, PipelineOptions};
 use flowtune_objectives::Metrics;
@@ -53,19 +53,7 @@ fn pipeline_options(recipe: &Recipe, device: Device) -> PipelineOptions {
         max_sequence_length: Some(m.max_sequence_length),
         embedded_guidance: m.guidance,
         num_frames: m.num_frames,
-    }
-}
-
-/// `model.offload` is planned (`flowtune plan`) but not run yet: training keeps every component on
-/// the device, so a recipe asking for offload is refused rather than silently not offloaded.
-fn refuse_offload(recipe: &Recipe) -> Result<(), TrainError> {
-    match recipe.model.offload {
-        Offload::None => Ok(()),
-        other => Err(TrainError::Invalid(format!(
-            "model.offload: {} is counted by `flowtune plan`, but training does not offload \
-             components yet; use none (every component on the training device)",
-            serde_json::to_value(other).map(|v| v.to_string()).unwrap_or_default()
-        ))),
+        offload: m.offload,
     }
 }
 
@@ -125,7 +113,6 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io(out_dir, e))?;
     let ckpt_root = out_dir.join("checkpoints");
 
-    refuse_offload(recipe)?;
     let mut pipe =
         flowtune_models::load_pipeline(&recipe.model.path, &pipeline_options(recipe, device))?;
     let latent_shape = pipe

@@ -146,7 +146,7 @@ pub(crate) fn offline_step(
         })
         .collect();
     let x0 = Tensor::cat(&latents, 0);
-    let text = encode_rows(run.engine.pipe, &prompts, &[], &[])?;
+    let text = encode_rows(run.engine.pipe, &prompts, &[], &[], None)?;
     m.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
     m.insert("critic/dpo_pairs".into(), rows.len() as f64);
     update(run, learner, &x0, &text, &owned, k, lr, m)

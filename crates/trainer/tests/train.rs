@@ -63,14 +63,32 @@ fn trains_end_to_end_and_is_on_policy_before_the_first_update() {
     assert!(val.is_finite() && val > 0.0, "{val}");
 }
 
-/// `model.offload` is planned but not run yet: training refuses it by name instead of ignoring it.
+/// Text encoders and the VAE on the CPU (`model.offload`) train exactly as resident ones: the
+/// same metrics and the same LoRA, bit for bit, at every step (validation included).
 #[test]
-fn offload_is_refused_until_training_runs_it() {
-    let out = scratch("offload");
-    let err = train(&recipe(&out, &["model.offload=encoders".into()]), Device::Cpu)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("model.offload: \"encoders\"") && err.contains("use none"), "{err}");
+fn offloaded_encoders_and_vae_train_as_resident_ones() {
+    let run = |name: &str, offload: &str| {
+        let out = scratch(name);
+        let val =
+            format!("data.val_files=[{}]", root().join("examples/prompts/tiny.txt").display());
+        let overrides = [
+            "trainer.total_steps=2".into(),
+            "trainer.val_freq=1".into(),
+            val,
+            format!("model.offload={offload}"),
+        ];
+        let summary = train(&recipe(&out, &overrides), Device::Cpu).expect("train");
+        (summary.metrics, tensors(&summary.export))
+    };
+    let ((resident, lora), (offloaded, again)) =
+        (run("resident", "none"), run("offloaded", "encoders_and_vae"));
+    for (a, b) in resident.iter().zip(&offloaded) {
+        common::assert_same_metrics("", a, b);
+    }
+    assert!(resident[0].keys().any(|k| k.starts_with("val-core/")));
+    for (name, t) in &lora {
+        assert!(t.equal(&again[name]), "{name} differs with offloaded components");
+    }
 }
 
 #[test]

@@ -8,7 +8,7 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use super::{FluxTransformer, GUIDANCE};
-use crate::family::{image_latent_shape, pipeline_parts, FlowPipeline, PipelineOptions};
+use crate::family::{image_latent_shape, pipeline_parts, run_on, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
 use crate::tokenizer::TextTokenizer;
@@ -59,14 +59,14 @@ impl FluxPipeline {
             )?,
             vae: AutoencoderKl::load(
                 &dir.component("vae", &["AutoencoderKL"])?,
-                device,
+                options.vae_device(),
                 dtypes.vae,
             )?,
             clip: (
                 TextTokenizer::load(&dir.tokenizer("tokenizer")?)?,
                 ClipTextModel::load(
                     &dir.component("text_encoder", &["CLIPTextModel"])?,
-                    device,
+                    options.encoder_device(),
                     dtypes.text_encoders,
                 )?,
             ),
@@ -74,7 +74,7 @@ impl FluxPipeline {
                 TextTokenizer::load(&dir.tokenizer("tokenizer_2")?)?,
                 T5Encoder::load(
                     &dir.component("text_encoder_2", &["T5EncoderModel"])?,
-                    device,
+                    options.encoder_device(),
                     dtypes.text_encoders,
                 )?,
             ),
@@ -110,11 +110,11 @@ impl FlowPipeline for FluxPipeline {
         let device = self.device();
         let (clip_tokenizer, clip) = &self.clip;
         let clip_length = clip_tokenizer.model_max_length.unwrap_or(CLIP_LENGTH);
-        let ids = clip_tokenizer.encode(prompts, clip_length)?.to_device(device);
-        let pooled = clip.forward(&ids)?.pooler_output.to_kind(kind);
+        let ids = clip_tokenizer.encode(prompts, clip_length)?.to_device(clip.store.device());
+        let pooled = clip.forward(&ids)?.pooler_output.to_kind(kind).to_device(device);
         let (t5_tokenizer, t5) = &self.t5;
-        let ids = t5_tokenizer.encode(prompts, self.max_sequence_length)?.to_device(device);
-        let embeds = t5.forward(&ids)?.to_kind(kind);
+        let ids = t5_tokenizer.encode(prompts, self.max_sequence_length)?;
+        let embeds = t5.forward(&ids.to_device(t5.store.device()))?.to_kind(kind).to_device(device);
         let mut text = TextConditioning::new(embeds, Some(pooled));
         if self.transformer.config.guidance_embeds {
             let rows = prompts.len() as i64;
@@ -149,11 +149,11 @@ impl FlowPipeline for FluxPipeline {
     }
 
     fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(self.vae.decode_rgb8(latents))
+        Ok(run_on(self.vae.store.device(), latents, |l| self.vae.decode_rgb8(l)))
     }
 
     fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(self.vae.encode_rgb8(images))
+        Ok(run_on(self.vae.store.device(), images, |i| self.vae.encode_rgb8(i)))
     }
 
     fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {

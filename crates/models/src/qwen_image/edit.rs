@@ -7,7 +7,7 @@ use tch::{Kind, Tensor};
 
 use super::pipeline::QwenText;
 use super::{QwenImagePipeline, CONDITION_LATENTS, CONDITION_SHAPES};
-use crate::family::FlowPipeline;
+use crate::family::{run_on, FlowPipeline};
 use crate::resize::{resize, Filter};
 use crate::text_encoders::qwen_edit_prompts::ConditionPicture;
 use crate::{ModelError, TextConditioning};
@@ -79,7 +79,8 @@ impl QwenImagePipeline {
                 / 255.0
                 * 2.0
                 - 1.0;
-            let latents = self.vae.encode(&pixels).0.to_kind(Kind::Float);
+            let latents = run_on(self.vae.store.device(), &pixels, |p| self.vae.encode(p).0)
+                .to_kind(Kind::Float);
             tokens.push(self.transformer.pack(&latents));
             grids.extend([1, h / cell, w / cell]);
         }

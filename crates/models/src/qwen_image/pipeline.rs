@@ -10,7 +10,7 @@ use tch::{Device, Tensor};
 
 use super::edit::EDIT_PLUS;
 use super::{AutoencoderKlQwenImage, QwenImageTransformer};
-use crate::family::{image_latent_shape, pipeline_parts, FlowPipeline, PipelineOptions};
+use crate::family::{image_latent_shape, pipeline_parts, run_on, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::qwen_edit_prompts::QwenEditPromptEncoder;
 use crate::text_encoders::qwen_prompts::QwenPromptEncoder;
@@ -57,14 +57,14 @@ impl QwenImagePipeline {
             )?,
             vae: AutoencoderKlQwenImage::load(
                 &dir.component("vae", &["AutoencoderKLQwenImage"])?,
-                device,
+                options.vae_device(),
                 dtypes.vae,
             )?,
             text: {
                 let encoder =
                     dir.component("text_encoder", &["Qwen2_5_VLForConditionalGeneration"])?;
                 let tokenizer = dir.tokenizer("tokenizer")?;
-                let kind = dtypes.text_encoders;
+                let (kind, device) = (dtypes.text_encoders, options.encoder_device());
                 if dir.index.class_name == EDIT_PLUS {
                     let processor = dir.root.join("processor");
                     QwenText::Edit(Box::new(QwenEditPromptEncoder::load(
@@ -87,8 +87,10 @@ impl QwenImagePipeline {
     pub(super) fn conditioning(&self, embeds: Tensor, mask: Tensor) -> TextConditioning {
         let keep = embeds.size()[1].min(self.max_sequence_length as i64);
         let kind = self.transformer.img_in.weight.kind();
-        let mut text = TextConditioning::new(embeds.narrow(1, 0, keep).to_kind(kind), None);
-        text.mask = Some(mask.narrow(1, 0, keep));
+        let device = self.device();
+        let embeds = embeds.narrow(1, 0, keep).to_kind(kind).to_device(device);
+        let mut text = TextConditioning::new(embeds, None);
+        text.mask = Some(mask.narrow(1, 0, keep).to_device(device));
         text
     }
 
@@ -159,12 +161,16 @@ impl FlowPipeline for QwenImagePipeline {
     }
 
     fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(AutoencoderKlQwenImage::to_rgb8(&self.vae.decode(latents)))
+        let decode = |l: &Tensor| AutoencoderKlQwenImage::to_rgb8(&self.vae.decode(l));
+        Ok(run_on(self.vae.store.device(), latents, decode))
     }
 
     fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError> {
-        let pixels = images.permute([0, 3, 1, 2]).to_kind(tch::Kind::Float) / 127.5 - 1.0;
-        Ok(self.vae.encode(&pixels).0.to_kind(tch::Kind::Float))
+        let encode = |i: &Tensor| {
+            let pixels = i.permute([0, 3, 1, 2]).to_kind(tch::Kind::Float) / 127.5 - 1.0;
+            self.vae.encode(&pixels).0.to_kind(tch::Kind::Float)
+        };
+        Ok(run_on(self.vae.store.device(), images, encode))
     }
 
     fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {

@@ -8,7 +8,7 @@ use tch::nn::VarStore;
 use tch::{Device, Tensor};
 
 use super::Sd3Transformer;
-use crate::family::{image_latent_shape, pipeline_parts, FlowPipeline, PipelineOptions};
+use crate::family::{image_latent_shape, pipeline_parts, run_on, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::{clip::ClipTextModel, t5::T5Encoder};
 use crate::tokenizer::TextTokenizer;
@@ -57,7 +57,7 @@ impl Sd3Pipeline {
                 tokenizer: TextTokenizer::load(&dir.tokenizer(tokenizer)?)?,
                 encoder: ClipTextModel::load(
                     &dir.component(encoder, CLIP_CLASSES)?,
-                    device,
+                    options.encoder_device(),
                     dtypes.text_encoders,
                 )?,
             })
@@ -67,7 +67,7 @@ impl Sd3Pipeline {
                 TextTokenizer::load(&dir.tokenizer("tokenizer_3")?)?,
                 T5Encoder::load(
                     &dir.component("text_encoder_3", &["T5EncoderModel"])?,
-                    device,
+                    options.encoder_device(),
                     dtypes.text_encoders,
                 )?,
             ))
@@ -85,7 +85,7 @@ impl Sd3Pipeline {
             vae: if dir.has("vae") {
                 Some(AutoencoderKl::load(
                     &dir.component("vae", &["AutoencoderKL"])?,
-                    device,
+                    options.vae_device(),
                     dtypes.vae,
                 )?)
             } else {
@@ -108,7 +108,7 @@ impl Sd3Pipeline {
     /// Clean latents → u8 RGB images (B × H × W × 3, on the latents' device).
     fn decode_pixels(&self, latents: &Tensor) -> Tensor {
         match &self.vae {
-            Some(vae) => vae.decode_rgb8(latents),
+            Some(vae) => run_on(vae.store.device(), latents, |l| vae.decode_rgb8(l)),
             None => AutoencoderKl::to_rgb8(latents),
         }
     }
@@ -117,7 +117,7 @@ impl Sd3Pipeline {
     /// in [−1, 1] for a pixel-space pipeline. The inverse of [`Self::decode_pixels`].
     fn encode_pixels(&self, images: &Tensor) -> Tensor {
         match &self.vae {
-            Some(vae) => vae.encode_rgb8(images),
+            Some(vae) => run_on(vae.store.device(), images, |i| vae.encode_rgb8(i)),
             None => AutoencoderKl::from_rgb8(images),
         }
     }
@@ -138,19 +138,28 @@ impl Sd3Pipeline {
         let mut states = vec![];
         let mut pooled = vec![];
         for branch in [&self.clip_l, &self.clip_g] {
-            let ids = branch.tokenizer.encode(prompts, clip_length)?.to_device(device);
-            let out = branch.encoder.forward(&ids)?;
-            states.push(out.penultimate_hidden_state);
-            pooled.push(out.text_embeds.ok_or_else(|| {
-                ModelError::Input("SD3 needs CLIPTextModelWithProjection text encoders".into())
-            })?);
+            let ids = branch.tokenizer.encode(prompts, clip_length)?;
+            let out = branch.encoder.forward(&ids.to_device(branch.encoder.store.device()))?;
+            states.push(out.penultimate_hidden_state.to_device(device));
+            pooled.push(
+                out.text_embeds
+                    .ok_or_else(|| {
+                        ModelError::Input(
+                            "SD3 needs CLIPTextModelWithProjection text encoders".into(),
+                        )
+                    })?
+                    .to_device(device),
+            );
         }
         let clip = Tensor::cat(&states, -1).to_kind(kind);
         let joint = self.transformer.config.joint_attention_dim;
         let t5 = match &self.t5 {
             Some((tokenizer, encoder)) => {
-                let ids = tokenizer.encode(prompts, self.t5_max_length)?.to_device(device);
-                encoder.forward(&ids)?.to_kind(kind)
+                let ids = tokenizer.encode(prompts, self.t5_max_length)?;
+                encoder
+                    .forward(&ids.to_device(encoder.store.device()))?
+                    .to_kind(kind)
+                    .to_device(device)
             }
             None => {
                 Tensor::zeros([prompts.len() as i64, clip_length as i64, joint], (kind, device))

@@ -115,7 +115,7 @@ impl WanPipeline {
         let mut text = WanTextEncoder::load(
             &dir.tokenizer("tokenizer")?,
             &dir.component("text_encoder", &["UMT5EncoderModel"])?,
-            device,
+            options.encoder_device(),
             dtypes.text_encoders,
         )?;
         if let Some(n) = options.max_sequence_length {
@@ -123,7 +123,7 @@ impl WanPipeline {
         }
         let vae = AutoencoderKlWan::load(
             &dir.component("vae", &["AutoencoderKLWan"])?,
-            device,
+            options.vae_device(),
             dtypes.vae,
         )?;
         let num_frames = options.num_frames.unwrap_or(DEFAULT_NUM_FRAMES);
@@ -167,10 +167,10 @@ impl WanPipeline {
         let sized = resize(picture, width, height, Filter::Lanczos);
         let pixels = Tensor::from_slice(sized.as_raw())
             .view([1, height as i64, width as i64, 3])
-            .to_device(self.device());
+            .to_device(self.vae.store.device());
         let video = AutoencoderKl::from_rgb8(&pixels).unsqueeze(2);
         let (mean, _) = self.vae.encode_video(&video.to_kind(self.vae.encoder_kind()))?;
-        Ok(mean.to_kind(Kind::Float))
+        Ok(mean.to_kind(Kind::Float).to_device(self.device()))
     }
 
     /// Pixels per latent cell on a side times the transformer's spatial patch: the multiple the
@@ -228,7 +228,7 @@ impl FlowPipeline for WanPipeline {
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
         let (embeds, _) = self.text.encode(prompts)?;
         let kind = self.transformer.first().patch_embedding.0.kind();
-        Ok(TextConditioning::new(embeds.to_kind(kind), None))
+        Ok(TextConditioning::new(embeds.to_kind(kind).to_device(self.device()), None))
     }
 
     /// Wan2.2-TI2V image-to-video: one picture, the first frame of every sample, held as the
@@ -280,11 +280,12 @@ impl FlowPipeline for WanPipeline {
 
     /// The clip's frames side by side: (B, H, T·W, 3).
     fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
-        let video = self.vae.decode_video(latents)?;
+        let video = self.vae.decode_video(&latents.to_device(self.vae.store.device()))?;
         let (b, c, t, h, w) = video.size5()?;
         let frames =
             AutoencoderKl::to_rgb8(&video.permute([0, 2, 1, 3, 4]).reshape([b * t, c, h, w]));
-        Ok(frames.reshape([b, t, h, w, 3]).permute([0, 2, 1, 3, 4]).reshape([b, h, t * w, 3]))
+        let side_by_side = frames.reshape([b, t, h, w, 3]).permute([0, 2, 1, 3, 4]);
+        Ok(side_by_side.reshape([b, h, t * w, 3]).to_device(latents.device()))
     }
 
     /// The inverse of [`Self::decode_rgb8`] at the pipeline's `num_frames`: each row is cut into
@@ -300,8 +301,9 @@ impl FlowPipeline for WanPipeline {
         let frames = images.reshape([b, h, t, tw / t, 3]).permute([0, 2, 1, 3, 4]);
         let pixels = AutoencoderKl::from_rgb8(&frames.reshape([b * t, h, tw / t, 3]));
         let video = pixels.reshape([b, t, 3, h, tw / t]).permute([0, 2, 1, 3, 4]);
-        let (mean, _) = self.vae.encode_video(&video.to_kind(self.vae.encoder_kind()))?;
-        Ok(mean.to_kind(Kind::Float))
+        let video = video.to_kind(self.vae.encoder_kind()).to_device(self.vae.store.device());
+        let (mean, _) = self.vae.encode_video(&video)?;
+        Ok(mean.to_kind(Kind::Float).to_device(images.device()))
     }
 
     fn takes_num_frames(&self) -> bool {

@@ -9,7 +9,7 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use super::ZImageTransformer;
-use crate::family::{image_latent_shape, pipeline_parts, FlowPipeline, PipelineOptions};
+use crate::family::{image_latent_shape, pipeline_parts, run_on, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::qwen3::Qwen3TextEncoder;
 use crate::tokenizer::TextTokenizer;
@@ -111,13 +111,13 @@ impl ZImagePipeline {
             )?,
             vae: AutoencoderKl::load(
                 &dir.component("vae", &["AutoencoderKL"])?,
-                device,
+                options.vae_device(),
                 dtypes.vae,
             )?,
             text: ZImagePromptEncoder::load(
                 &dir.component("text_encoder", TEXT_ENCODER_CLASSES)?,
                 &dir.tokenizer("tokenizer")?,
-                device,
+                options.encoder_device(),
                 dtypes.text_encoders,
             )?,
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
@@ -143,9 +143,9 @@ impl FlowPipeline for ZImagePipeline {
     /// (the transformer takes each row's valid tokens only, as diffusers does).
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
         let (embeds, mask) = self.text.encode(prompts, self.max_sequence_length)?;
-        let kind = self.transformer.x_embedder.weight.kind();
-        let mut text = TextConditioning::new(embeds.to_kind(kind), None);
-        text.mask = Some(mask);
+        let (kind, device) = (self.transformer.x_embedder.weight.kind(), self.device());
+        let mut text = TextConditioning::new(embeds.to_kind(kind).to_device(device), None);
+        text.mask = Some(mask.to_device(device));
         Ok(text)
     }
 
@@ -167,11 +167,11 @@ impl FlowPipeline for ZImagePipeline {
     }
 
     fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(self.vae.decode_rgb8(latents))
+        Ok(run_on(self.vae.store.device(), latents, |l| self.vae.decode_rgb8(l)))
     }
 
     fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(self.vae.encode_rgb8(images))
+        Ok(run_on(self.vae.store.device(), images, |i| self.vae.encode_rgb8(i)))
     }
 
     fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {
