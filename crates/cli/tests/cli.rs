@@ -737,3 +737,35 @@ fn debug_wan_rollout(fixture: &str) {
     assert!(off <= 1, "frames differ by {off} levels");
     assert_eq!(image_size(&dir.join("trajectory_1.png")), (5 * 64, 32));
 }
+
+/// `model.path` as a Hub id: a pipeline in a cache laid out as `huggingface_hub` writes it
+/// (`refs/main` → `snapshots/<commit>`) trains with no network; a missing id is bad input that
+/// says how to download it.
+#[test]
+fn a_hub_id_trains_from_the_local_cache() {
+    let root = scratch("hub");
+    let repo_dir = root.join("hub/models--tiny-org--tiny-sd3");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let snapshot = repo_dir.join("snapshots").join(commit);
+    assert!(flowtune(&["make-tiny", "sd3", &snapshot.display().to_string()]).status.success());
+    std::fs::create_dir_all(repo_dir.join("refs")).unwrap();
+    std::fs::write(repo_dir.join("refs/main"), commit).unwrap();
+    let train = |id: &str| {
+        Command::new(env!("CARGO_BIN_EXE_flowtune"))
+            .args(["train", &repo("examples/flow_grpo_tiny.yaml")])
+            .arg(format!("model.path={id}"))
+            .arg(format!("data.train_files=[{}]", repo("examples/prompts/tiny.txt")))
+            .arg(format!("trainer.output_dir={}", root.join("run").display()))
+            .arg("trainer.total_steps=1")
+            .env("HF_HUB_CACHE", root.join("hub"))
+            .output()
+            .unwrap()
+    };
+    let out = train("tiny-org/tiny-sd3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(root.join("run/lora/pytorch_lora_weights.safetensors").exists());
+    assert_bad_input(
+        &train("tiny-org/missing"),
+        &["tiny-org/missing", "hf download tiny-org/missing"],
+    );
+}

@@ -38,13 +38,14 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
     if gpus == 0 || !(args.gpu_memory > 0.0 && args.gpu_memory.is_finite()) {
         return Err(Failure::input(anyhow::anyhow!("--gpus must be ≥ 1 and --gpu-memory > 0 GiB")));
     }
-    let dir = &recipe.model.path;
-    if dir.as_os_str().is_empty() {
+    if recipe.model.path.as_os_str().is_empty() {
         return Err(Failure::input(anyhow::anyhow!(
             "{}: model.path is not set; point it at a pipeline directory (configs are enough)",
             args.recipe.display()
         )));
     }
+    // A Hub id reads its configs from the local Hugging Face cache, as training does.
+    let dir = &flowtune_models::hub::resolve(&recipe.model.path).map_err(Failure::input)?;
     let pipe = Pipeline::read(dir).map_err(Failure::input)?;
     let setup = setup(&recipe, gpus, args.gpu_memory).map_err(Failure::input)?;
     let p = plan(&pipe, &setup);
