@@ -126,15 +126,14 @@ fn main() -> ExitCode {
     };
     // In a launched job, each rank's errors say which rank it is.
     let who = std::env::var("RANK").map_or(String::new(), |r| format!("rank {r}: "));
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::BadInput(e)) => {
-            eprintln!("{who}error: {}", one_line(&e));
-            ExitCode::from(2)
-        }
-        Err(Failure::Runtime(e)) => {
-            eprintln!("{who}error: {}", one_line(&e));
-            ExitCode::FAILURE
-        }
-    }
+    let (code, e) = match result {
+        Ok(()) => return ExitCode::SUCCESS,
+        Err(Failure::BadInput(e)) => (ExitCode::from(2), e),
+        Err(Failure::Runtime(e)) => (ExitCode::FAILURE, e),
+    };
+    // One write for the whole line: stderr is unbuffered, and the ranks of a job share it, so a
+    // line written in pieces could interleave with another rank's.
+    let line = format!("{who}error: {}\n", one_line(&e));
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+    code
 }
