@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use flowtune_fixtures::scratch;
+use flowtune_plan::GIB;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -197,4 +198,58 @@ fn counts_match_the_weights_of_tiny_pipelines() {
             assert_eq!(v.params, stored_elements(&dir.join(&v.name)), "{args:?} vae");
         }
     }
+}
+
+/// One LoRA step of a Qwen-Image-width transformer (one block, bf16, tiny encoders) on this CPU:
+/// the process's peak resident memory above its baseline before loading (`bench load`'s
+/// `rss_before_bytes`) within 15 % of the planner's total (docs/plan.md "Checked against
+/// measurement"; `scripts/plan_vs_measured.sh` covers every family).
+#[test]
+fn the_plan_of_a_real_width_lora_step_matches_the_measured_peak() {
+    let dir = scratch("plan-measured");
+    let model = dir.join("model");
+    let (m, run) = (model.display().to_string(), dir.join("run").display().to_string());
+    let config = "examples/models/qwen-image/transformer/config.json";
+    stdout(&flowtune(&[
+        "make-tiny",
+        "qwen-image",
+        &m,
+        "--config",
+        config,
+        "--layers",
+        "1",
+        "--dtype",
+        "bf16",
+    ]));
+    let transformer = format!("{m}/transformer");
+    let load = flowtune(&["bench", "load", "--component", &transformer, "--dtype", "bf16"]);
+    let load: serde_json::Value = serde_json::from_str(&stdout(&load)).unwrap();
+    let baseline = load["rss_before_bytes"].as_f64().unwrap();
+    let recipe = "examples/flow_grpo_qwen_image_tiny.yaml";
+    let overrides = [
+        format!("model.path={m}"),
+        "model.dtype=bf16".into(),
+        "model.resolution=64".into(),
+        "trainer.total_steps=1".into(),
+        "trainer.image_freq=0".into(),
+        "trainer.save_freq=0".into(),
+        format!("trainer.output_dir={run}"),
+    ];
+    let mut args = vec!["train", recipe];
+    args.extend(overrides.iter().map(String::as_str));
+    stdout(&flowtune(&args));
+    let metrics = std::fs::read_to_string(dir.join("run/metrics.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+    let measured = last["perf/max_memory_rss_gb"].as_f64().unwrap() * GIB - baseline;
+    args[0] = "plan";
+    let plan = json(&args);
+    let planned = (plan["device_gib"].as_f64().unwrap() + plan["host_gib"].as_f64().unwrap()) * GIB;
+    let error = planned / measured - 1.0;
+    eprintln!(
+        "measured {:.3} GiB, planned {:.3} GiB ({:+.1} %)",
+        measured / GIB,
+        planned / GIB,
+        100.0 * error
+    );
+    assert!(error.abs() <= 0.15, "planned {planned} for {measured} measured");
 }

@@ -98,11 +98,14 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let tokens =
         image_tokens(pipe, setup) + if den.joint_text { text_tokens(den, setup) } else { 0 };
     let sequences = setup.micro_batch * if setup.cfg { 2 } else { 1 };
-    let act = activations(den, tokens, setup.gradient_checkpointing) * sequences as f64;
+    // The constants are bf16 bytes; activations are in the denoiser's dtype (f32: twice).
+    let act = activations(den, tokens, setup.gradient_checkpointing)
+        * sequences as f64
+        * (d as f64 / 2.0);
     let label = if setup.gradient_checkpointing { "checkpointed" } else { "no checkpointing" };
     push(
         format!("activations ({sequences} seq × {tokens} tokens, {label})"),
-        Dtype::Bf16,
+        setup.dtype,
         act as u64,
         Place::Device,
     );
@@ -125,7 +128,7 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     }
 }
 
-/// Activation bytes of one sequence of `s` tokens (large-models.md §2.2): `Σ c·L·S·h` without
+/// Activation bytes (bf16) of one sequence of `s` tokens (large-models.md §2.2): `Σ c·L·S·h` without
 /// checkpointing; `2·L·S·h + 1.5·c·S·h` with per-block checkpointing (block inputs kept, one
 /// block recomputed, c the largest of the blocks).
 pub fn activations(den: &Denoiser, s: u64, checkpointing: bool) -> f64 {

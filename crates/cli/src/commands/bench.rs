@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use flowtune_models::lora::LoraConfig;
-use flowtune_models::{Dtype, ExampleShape, PipelineOptions};
+use flowtune_models::{Dtype, Dtypes, ExampleShape, PipelineOptions};
 use flowtune_rollout::Engine;
-use tch::Device;
+use tch::{Device, Kind};
 
 use crate::device::DeviceArg;
 use crate::Failure;
@@ -48,10 +48,17 @@ pub struct RolloutArgs {
     /// Pixel frames of a video pipeline's samples (Wan: 4k + 1; its default 81 when absent).
     #[arg(long)]
     num_frames: Option<usize>,
+    /// The transformer's dtype (f32 | bf16 | f16); the text encoders and the VAE run in f32.
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    dtype: Dtype,
 }
 
 fn bench_rollout(a: RolloutArgs, device: Device) -> Result<(), Failure> {
-    let options = PipelineOptions { num_frames: a.num_frames, ..PipelineOptions::new(device) };
+    let options = PipelineOptions {
+        num_frames: a.num_frames,
+        dtypes: Dtypes { transformer: a.dtype.kind(), ..Dtypes::all(Kind::Float) },
+        ..PipelineOptions::new(device)
+    };
     let pipe = flowtune_models::load_pipeline(&a.model, &options).map_err(Failure::input)?;
     let sampler = flowtune_sampling::SamplerConfig {
         n: 1,
