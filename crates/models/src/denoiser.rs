@@ -30,6 +30,13 @@ pub trait Denoiser {
         true
     }
 
+    /// Whether CFG runs at `scale`, as the family's diffusers pipeline decides: `scale > 1` by
+    /// default (SD3, Wan's `do_classifier_free_guidance`; FLUX.1's and Qwen-Image's
+    /// `true_cfg_scale > 1`, flowtune always giving a negative prompt); Z-Image overrides it.
+    fn runs_cfg(&self, scale: f64) -> bool {
+        scale > 1.0
+    }
+
     /// The family's CFG combination of f32 velocities: plain `u + g·(c − u)` by default; a family
     /// with "true CFG" and norm rescale (Qwen-Image) overrides it.
     fn combine_guidance(&self, cond: &Tensor, uncond: &Tensor, scale: f64) -> Tensor {

@@ -187,7 +187,7 @@ impl<'a> Engine<'a> {
         }
         let cache = Some(&self.prompts);
         let text = encode_rows(self.pipe, prompts, pictures, &self.latent_shape, cache)?;
-        let guided = self.sampler.guidance_scale > 1.0;
+        let guided = self.pipe.denoiser().runs_cfg(self.sampler.guidance_scale);
         // The negative side sees the same pictures, as in diffusers' edit pipelines.
         let negative = if guided {
             Some(encode_rows(self.pipe, negatives, pictures, &self.latent_shape, cache)?)

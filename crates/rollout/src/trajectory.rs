@@ -11,8 +11,9 @@ use tch::{Kind, Tensor};
 
 use crate::RolloutError;
 
-/// Classifier-free guidance when `scale > 1`, combined as the denoiser's family does
-/// ([`flowtune_models::guided_velocity`]); `scale_2` at a two-expert denoiser's low-noise steps.
+/// Classifier-free guidance where the denoiser's family runs it at `scale`
+/// ([`Denoiser::runs_cfg`]), combined as the family does ([`flowtune_models::guided_velocity`]);
+/// `scale_2` at a two-expert denoiser's low-noise steps.
 pub struct Guidance<'a> {
     pub scale: f64,
     pub scale_2: Option<f64>,
@@ -67,12 +68,13 @@ pub fn sample_trajectory<D: Denoiser + ?Sized>(
         )));
     }
     let device = request.initial.device();
-    let guided = request.guidance.scale > 1.0;
-    let negative = match (guided, request.guidance.negative) {
+    let scale = request.guidance.scale;
+    let negative = match (model.runs_cfg(scale), request.guidance.negative) {
         (true, None) => {
-            return Err(RolloutError::Input(
-                "guidance_scale > 1 needs negative text conditioning".into(),
-            ))
+            return Err(RolloutError::Input(format!(
+                "CFG runs at guidance_scale {scale} for this family and needs negative text \
+                 conditioning"
+            )))
         }
         (true, negative) => negative,
         (false, _) => None,

@@ -8,7 +8,7 @@ mod common;
 
 use flowtune_fixtures::{dir, tensors, Checker, MODEL_RTOL};
 use flowtune_models::PipelineOptions;
-use flowtune_rollout::{encode_rows, Engine, Guidance};
+use flowtune_rollout::{encode_rows, sample_trajectory, Engine, Guidance, TrajectoryRequest};
 use flowtune_sampling::SamplerConfig;
 use tch::{Device, Kind};
 
@@ -64,5 +64,43 @@ fn z_image_rollout_matches_diffusers_loop() {
     let guidance = Guidance { scale: GUIDANCE, scale_2: None, negative: Some(&negative) };
     let out = common::check_trajectory(&mut check, &io, &engine, &text, guidance, &vec![WINDOW; 2]);
     common::check_decoded(&mut check, &io, pipe.as_ref(), &out.final_latents);
+    check.finish();
+}
+
+/// `scripts/reference_interop.py cfg`: `ZImagePipeline.__call__` (4 Euler steps, given latents)
+/// runs CFG whenever `guidance_scale > 0`, so at 0.5 and 1 the guided velocity is used too.
+#[test]
+fn z_image_runs_cfg_above_zero_as_diffusers() {
+    let io = tensors("z_image_cfg_io.safetensors");
+    let pipe = flowtune_models::load_pipeline(
+        &dir().join("z_image_pipeline"),
+        &PipelineOptions::new(Device::Cpu),
+    )
+    .expect("load the tiny pipeline");
+    let prompts = ["a red circle next to a blue square", "a cat on a mat"];
+    let text = encode_rows(pipe.as_ref(), &prompts, &[], &[], None).expect("prompts");
+    let negative = encode_rows(pipe.as_ref(), &[""; 2], &[], &[], None).expect("negative");
+    let mut check = Checker::new("z_image_cfg_io.safetensors");
+    for (scale, key) in [(0.0, "g0p0"), (0.5, "g0p5"), (1.0, "g1p0"), (3.0, "g3p0")] {
+        check.case();
+        assert_eq!(pipe.denoiser().runs_cfg(scale), scale > 0.0);
+        let sampler = SamplerConfig { n: 1, steps: 4, guidance_scale: scale, ..Default::default() };
+        let engine = Engine::new(pipe.as_ref(), &sampler, pipe.latent_shape(16, 24).unwrap(), 0)
+            .expect("engine");
+        let request = TrajectoryRequest {
+            grid: &engine.grid,
+            text: &text,
+            guidance: Guidance { scale, scale_2: None, negative: Some(&negative) },
+            step: sampler.step_params(engine.grid.sigmas[1] as f64),
+            windows: &[0..0, 0..0],
+            initial: &io["input.initial_latents"],
+        };
+        // No SDE window: every step is Euler and the drawn noise unused.
+        let noise = |_| io["input.initial_latents"].zeros_like();
+        let out =
+            tch::no_grad(|| sample_trajectory(pipe.denoiser(), &request, noise)).expect("sampling");
+        let want = &io[&format!("output.final_latents.{key}")];
+        check.close_within(&format!("final_latents at {scale}"), &out.final_latents, want, 1e-5);
+    }
     check.finish();
 }

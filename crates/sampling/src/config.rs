@@ -18,10 +18,11 @@ pub struct SamplerConfig {
     pub steps: usize,
     /// Denoising steps of a validation rollout (η = 0).
     pub eval_steps: usize,
-    /// Classifier-free guidance scale; ≤ 1 disables CFG.
+    /// Classifier-free guidance scale, diffusers' number for the family; whether CFG runs at it
+    /// is the family's rule (`Denoiser::runs_cfg`: `> 1`, Z-Image `> 0`).
     pub guidance_scale: f64,
     /// The CFG scale of the low-noise expert's steps, for two-expert pipelines (Wan2.2-A14B's
-    /// `guidance_scale_2`); `None`: `guidance_scale`. CFG is on when `guidance_scale` > 1.
+    /// `guidance_scale_2`); `None`: `guidance_scale`. Whether CFG runs follows `guidance_scale` alone, as in diffusers.
     pub guidance_scale_2: Option<f64>,
     pub sde_type: SdeType,
     /// Noise level η inside the SDE window.

@@ -144,7 +144,8 @@ pub fn rollout(a: RolloutArgs, device: &DeviceArg) -> Result<(), Failure> {
     };
     let out = tch::no_grad(|| {
         let text = encode(&prompts)?;
-        let negative = (a.guidance > 1.0).then(|| encode(&negatives)).transpose()?;
+        let negative =
+            pipe.denoiser().runs_cfg(a.guidance).then(|| encode(&negatives)).transpose()?;
         let request = TrajectoryRequest {
             grid: &engine.grid,
             text: &text,

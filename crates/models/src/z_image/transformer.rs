@@ -364,8 +364,12 @@ impl Denoiser for ZImageTransformer {
         false
     }
 
-    /// ZImagePipeline's CFG, `c + g·(c − u)`: a recipe's `guidance_scale` is diffusers' number
-    /// (CFG runs for g > 1, as the pipeline's `do_classifier_free_guidance`).
+    /// ZImagePipeline's `do_classifier_free_guidance`: any scale above 0.
+    fn runs_cfg(&self, scale: f64) -> bool {
+        scale > 0.0
+    }
+
+    /// ZImagePipeline's CFG, `c + g·(c − u)`: a recipe's `guidance_scale` is diffusers' number.
     fn combine_guidance(&self, cond: &Tensor, uncond: &Tensor, scale: f64) -> Tensor {
         cond + (cond - uncond) * scale
     }
