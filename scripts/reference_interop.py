@@ -8,6 +8,11 @@ Usage (the project's reference venv: torch, diffusers, transformers, peft):
 cfg: `ZImagePipeline.__call__` on `fixtures/z_image_pipeline` (4 Euler steps, given initial latents, output_type
     "latent") at guidance 0, 0.5, 1 and 3 -> `z_image_cfg_io.safetensors` (`input.initial_latents`,
     `output.final_latents.g<scale with p for .>`). diffusers runs CFG whenever guidance_scale > 0.
+clip: a tiny random `CLIPTextModel` (FLUX.1's `text_encoder`) saved by transformers 5, whose keys lack the
+    `text_model.` prefix -> `clip_text_v5/` and `clip_text_v5_io.safetensors` (`input.input_ids` ->
+    `output.last_hidden_state`, `output.pooler_output`, `output.penultimate_hidden_state`).
+layouts FLOWTUNE: saves a tiny random model of every transformers class a pipeline's text encoder can be with this
+    transformers (5.x), runs `FLOWTUNE debug forward` on each and prints the largest relative difference; writes nothing.
 """
 import os
 import sys
@@ -43,5 +48,77 @@ def cfg(out_dir):
     print(f"wrote {path}")
 
 
+def clip(out_dir):
+    import transformers
+    from safetensors import safe_open
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    assert transformers.__version__.startswith("5."), transformers.__version__
+    torch.manual_seed(3)
+    config = CLIPTextConfig(vocab_size=1000, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                            num_attention_heads=2, max_position_embeddings=16, projection_dim=16,
+                            hidden_act="quick_gelu", bos_token_id=998, eos_token_id=999, pad_token_id=1)
+    model = CLIPTextModel(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    path = os.path.join(out_dir, "clip_text_v5")
+    model.save_pretrained(path)
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        assert not any(k.startswith("text_model.") for k in f.keys()), "expected transformers 5's layout"
+    ids = torch.tensor([[998, 5, 77, 300, 999, 1, 1, 1], [998, 12, 640, 41, 8, 903, 27, 999]])
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+    io = {"input.input_ids": ids, "output.last_hidden_state": out.last_hidden_state,
+          "output.pooler_output": out.pooler_output, "output.penultimate_hidden_state": out.hidden_states[-2]}
+    save_file({k: v.contiguous() for k, v in io.items()}, os.path.join(out_dir, "clip_text_v5_io.safetensors"))
+    print(f"wrote {path}")
+
+
+def layouts(flowtune):
+    import subprocess
+    import tempfile
+
+    import transformers as tf
+    from safetensors.torch import load_file
+
+    clip_cfg = dict(vocab_size=99, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    max_position_embeddings=16, projection_dim=8, bos_token_id=97, eos_token_id=98)
+    t5_cfg = dict(vocab_size=99, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2,
+                  feed_forward_proj="gated-gelu")
+    qwen3_cfg = dict(vocab_size=99, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     num_key_value_heads=1, head_dim=8)
+    cases = [  # (class, config, flowtune's output, transformers' output of (model, ids))
+        (tf.CLIPTextModel, tf.CLIPTextConfig(**clip_cfg), "last_hidden_state", lambda m, i: m(i).last_hidden_state),
+        (tf.CLIPTextModelWithProjection, tf.CLIPTextConfig(**clip_cfg), "text_embeds", lambda m, i: m(i).text_embeds),
+        (tf.T5EncoderModel, tf.T5Config(**t5_cfg), "last_hidden_state", lambda m, i: m(i).last_hidden_state),
+        (tf.UMT5EncoderModel, tf.UMT5Config(**t5_cfg), "last_hidden_state", lambda m, i: m(i).last_hidden_state),
+        (tf.Qwen3Model, tf.Qwen3Config(**qwen3_cfg), "hidden_states_m2",
+         lambda m, i: m(i, output_hidden_states=True).hidden_states[-2]),
+        (tf.Qwen3ForCausalLM, tf.Qwen3Config(**qwen3_cfg), "hidden_states_m2",
+         lambda m, i: m(i, output_hidden_states=True).hidden_states[-2]),
+    ]
+    ids = torch.tensor([[97, 5, 17, 40, 98, 98], [97, 12, 64, 41, 8, 98]])
+    worst = 0.0
+    for cls, config, key, reference in cases:
+        torch.manual_seed(0)
+        model = cls(config).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0, 0.2)
+            want = reference(model, ids)
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(f"{tmp}/model")
+            save_file({"input.input_ids": ids}, f"{tmp}/in.safetensors")
+            subprocess.run([flowtune, "debug", "forward", "--component", f"{tmp}/model", "--inputs",
+                            f"{tmp}/in.safetensors", "--out", f"{tmp}/out.safetensors"], check=True,
+                           stdout=subprocess.DEVNULL)
+            got = load_file(f"{tmp}/out.safetensors")[f"output.{key}"]
+        rel = ((got - want).norm() / want.norm()).item()
+        worst = max(worst, rel)
+        print(f"{cls.__name__} saved by transformers {tf.__version__}: {key} relative difference {rel:.2e}")
+    sys.exit(0 if worst < 1e-5 else 1)
+
+
 if __name__ == "__main__":
-    {"cfg": cfg}[sys.argv[1]](sys.argv[2])
+    {"cfg": cfg, "clip": clip, "layouts": layouts}[sys.argv[1]](sys.argv[2])

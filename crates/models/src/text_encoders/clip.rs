@@ -148,6 +148,16 @@ impl ClipTextTower {
 /// The `architectures` of a text-only CLIP component's `config.json`.
 pub const CLIP_TEXT_ARCHITECTURES: [&str; 2] = ["CLIPTextModel", "CLIPTextModelWithProjection"];
 
+/// The position-id buffer that checkpoints of transformers before 4.31 carry.
+const IGNORED: &[&str] = &["text_model.embeddings.position_ids"];
+/// transformers 5 saves `CLIPTextModel` (FLUX.1's text encoder) without the `text_model.` prefix
+/// (`CLIPTextModelWithProjection` keeps it); transformers loads either layout, and so does this.
+const UNPREFIXED: &[(&str, &str)] = &[
+    ("embeddings.", "text_model.embeddings."),
+    ("encoder.", "text_model.encoder."),
+    ("final_layer_norm.", "text_model.final_layer_norm."),
+];
+
 /// `CLIPTextModel` or `CLIPTextModelWithProjection`: the text tower and the store holding its
 /// weights.
 pub struct ClipTextModel {
@@ -169,8 +179,8 @@ impl ClipTextModel {
         Ok(Self { config: config.clone(), tower, store })
     }
 
-    /// Loads a transformers directory (`config.json` + safetensors); `architectures` in the config
-    /// says whether it has a projection.
+    /// Loads a transformers directory (`config.json` + safetensors) saved by transformers 4 or 5;
+    /// `architectures` in the config says whether it has a projection.
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let path = dir.join("config.json");
         let config: ClipTextConfig = read_config(&path)?;
@@ -190,7 +200,7 @@ impl ClipTextModel {
             }
         };
         let mut model = Self::new(&config, device, kind, projection)?;
-        super::load_frozen(&mut model.store, dir, kind, &[], &[])?;
+        super::load_frozen(&mut model.store, dir, kind, IGNORED, UNPREFIXED)?;
         Ok(model)
     }
 
