@@ -74,6 +74,7 @@ impl WeightsBuilder {
         let adapters =
             self.adapters.map(|(store, switch, config)| Adapters { store, switch, config });
         if let Some(adapters) = &adapters {
+            adapters.config.validate()?;
             base.freeze();
             adapters.initialize(0)?;
         }

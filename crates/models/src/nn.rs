@@ -45,12 +45,12 @@ impl<'a> Scope<'a> {
         let weight = self.var("weight", &[output, input]);
         let bias = bias.then(|| self.var("bias", &[output]));
         let lora = self.lora.as_ref().filter(|l| l.config.targets(&self.name)).map(|l| {
-            let r = l.config.rank;
+            let r = l.config.rank_of(&self.name);
             let (a_path, b_path) = (&l.path / "lora_A", &l.path / "lora_B");
             // Values come from `Adapters::initialize`, seeded and machine-independent.
             let a = a_path.var("weight", &[r, input], Init::Const(0.0));
             let b = b_path.var("weight", &[output, r], Init::Const(0.0));
-            (LoraPair { a, b, scale: l.config.scale() }, l.switch.clone())
+            (LoraPair { a, b, scale: l.config.scale_of(&self.name) }, l.switch.clone())
         });
         Linear { weight, bias, lora }
     }

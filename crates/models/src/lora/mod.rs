@@ -1,5 +1,6 @@
 //! LoRA adapters in the diffusers/PEFT layout: `lora_A` (r × in) and `lora_B` (out × r) beside a
-//! target linear layer, output `W·x + (α/r)·B·A·x`. Adapters live in their own variable store,
+//! target linear layer, output `W·x + s·B·A·x` with PEFT's scale `s = α/r` (`α/√r` with
+//! `use_rslora`), r and α per module from `rank_pattern` / `alpha_pattern`. Adapters live in their own variable store,
 //! so only they are trainable; a shared switch turns them on and off at run time (the model with
 //! adapters off is the KL reference).
 
@@ -7,11 +8,17 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tch::Tensor;
 
 use crate::ModelError;
+
+mod patterns;
+mod peft_config;
+
+pub use peft_config::read_config;
 
 /// Which layers get adapters and how they start.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,6 +30,13 @@ pub struct LoraConfig {
     /// `attn.to_q` and of `to_q`.
     pub target_modules: Vec<String>,
     pub init: LoraInit,
+    /// PEFT's `use_rslora`: scale α/√r instead of α/r.
+    pub use_rslora: bool,
+    /// PEFT's `rank_pattern`: the rank of the modules a key names (see [`patterns`]) instead of
+    /// `rank`.
+    pub rank_pattern: IndexMap<String, i64>,
+    /// PEFT's `alpha_pattern`: the α of the modules a key names instead of `alpha`.
+    pub alpha_pattern: IndexMap<String, f64>,
 }
 
 /// How adapter weights start. B is zero in both, so a fresh adapter leaves the model unchanged.
@@ -107,6 +121,9 @@ impl Default for LoraConfig {
             alpha: 64.0,
             target_modules: SD3_ATTENTION_TARGETS.iter().map(|s| s.to_string()).collect(),
             init: LoraInit::Gaussian,
+            use_rslora: false,
+            rank_pattern: IndexMap::new(),
+            alpha_pattern: IndexMap::new(),
         }
     }
 }
@@ -120,9 +137,38 @@ impl LoraConfig {
             .any(|t| t == ALL_LINEAR || module == t || module.ends_with(&format!(".{t}")))
     }
 
-    /// The output scale α/r.
-    pub fn scale(&self) -> f64 {
-        self.alpha / self.rank as f64
+    /// The rank of the adapter on `module` (dotted name).
+    pub fn rank_of(&self, module: &str) -> i64 {
+        patterns::value_for(&self.rank_pattern, module).unwrap_or(self.rank)
+    }
+
+    /// The α of the adapter on `module`.
+    pub fn alpha_of(&self, module: &str) -> f64 {
+        patterns::value_for(&self.alpha_pattern, module).unwrap_or(self.alpha)
+    }
+
+    /// The output scale of the adapter on `module`, as PEFT computes it: α/r, or α/√r with
+    /// `use_rslora`.
+    pub fn scale_of(&self, module: &str) -> f64 {
+        let (rank, alpha) = (self.rank_of(module) as f64, self.alpha_of(module));
+        if self.use_rslora {
+            alpha / rank.sqrt()
+        } else {
+            alpha / rank
+        }
+    }
+
+    /// Ranks are positive and every pattern key is a regular expression.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let ranks = std::iter::once(("rank".to_string(), self.rank))
+            .chain(self.rank_pattern.iter().map(|(k, &r)| (format!("rank_pattern `{k}`"), r)));
+        for (what, rank) in ranks {
+            if rank < 1 {
+                return Err(ModelError::Input(format!("LoRA {what} is {rank}; it must be ≥ 1")));
+            }
+        }
+        patterns::check(&self.rank_pattern, "rank_pattern")?;
+        patterns::check(&self.alpha_pattern, "alpha_pattern")
     }
 }
 
@@ -165,7 +211,8 @@ impl Adapters {
             let value = if name.ends_with(".lora_A.weight") {
                 let (shape, device) = (var.size(), var.device());
                 match self.config.init {
-                    LoraInit::Gaussian => rng.normal(&shape, device) / self.config.rank as f64,
+                    // PEFT's N(0, 1/r) with the module's own rank.
+                    LoraInit::Gaussian => rng.normal(&shape, device) / shape[0] as f64,
                     // Kaiming-uniform with a = √5: U(±1/√fan_in), as nn.Linear and PEFT.
                     LoraInit::Kaiming => {
                         rng.uniform(&shape, device) * (2.0 / (shape[1] as f64).sqrt())
@@ -180,7 +227,7 @@ impl Adapters {
         Ok(())
     }
 
-    /// Folds the adapters into the base weights, `W ← W + (α/r)·B·A`, and switches them off, so
+    /// Folds the adapters into the base weights, `W ← W + s·B·A`, and switches them off, so
     /// the base model alone computes what base + adapters did (for export).
     pub fn merge_into(&self, base: &VarStore) -> Result<(), ModelError> {
         let adapters = self.store.variables();
@@ -193,7 +240,7 @@ impl Adapters {
                 ModelError::Missing { path: "base model".into(), names: format!("{module}.weight") }
             })?;
             let delta = (b.to_kind(tch::Kind::Float).matmul(&a.to_kind(tch::Kind::Float))
-                * self.config.scale())
+                * self.config.scale_of(module))
             .to_kind(w.kind());
             let _ = w.shallow_clone().f_add_(&delta)?;
         }
@@ -210,12 +257,10 @@ pub struct LoraPair {
     pub scale: f64,
 }
 
-/// The safetensors metadata key diffusers reads the adapter config from.
-const METADATA_KEY: &str = "lora_adapter_metadata";
-
 /// Writes the adapters of `store` as `<component>.<module>.lora_{A,B}.weight` (f32 safetensors),
-/// with diffusers' `lora_adapter_metadata` (`<component>.r`, `.lora_alpha`, `.target_modules`) so
-/// `pipe.load_lora_weights` applies the same α/r. Written to a temporary file, then renamed.
+/// with diffusers' `lora_adapter_metadata` (`<component>.r`, `.lora_alpha`, `.target_modules`,
+/// `.use_rslora`, `.rank_pattern`, `.alpha_pattern`: PEFT's `LoraConfig`) so
+/// `pipe.load_lora_weights` applies the same scales. Written to a temporary file, then renamed.
 pub fn save(
     store: &VarStore,
     config: &LoraConfig,
@@ -248,55 +293,15 @@ pub fn save(
             ))
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
-    let adapter = serde_json::json!({
-        format!("{component}.r"): config.rank,
-        format!("{component}.lora_alpha"): config.alpha,
-        format!("{component}.target_modules"): config.target_modules,
-    });
     let metadata = std::collections::HashMap::from([
         ("format".to_string(), "pt".to_string()),
-        (METADATA_KEY.to_string(), serde_json::to_string_pretty(&adapter).expect("JSON")),
+        (peft_config::METADATA_KEY.to_string(), peft_config::metadata(config, component)),
     ]);
     let tmp = path.with_extension("safetensors.tmp");
     safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(|e| io(&e))?;
     std::fs::rename(&tmp, path).map_err(|e| io(&e))
 }
 
-/// The adapter config of a LoRA file: rank from the tensors, α and targets from diffusers'
-/// metadata when present (else α = r and every adapted module as a target).
-pub fn read_config(path: &Path, component: &str) -> Result<LoraConfig, ModelError> {
-    let format = |message: String| ModelError::Format { path: path.display().to_string(), message };
-    let bytes = std::fs::read(path)
-        .map_err(|e| ModelError::Io { path: path.display().to_string(), message: e.to_string() })?;
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
-        .map_err(|e| format(format!("not a safetensors file: {e}")))?;
-    let tensors =
-        safetensors::SafeTensors::deserialize(&bytes).map_err(|e| format(e.to_string()))?;
-    let prefix = format!("{component}.");
-    let mut rank = None;
-    let mut modules = vec![];
-    for (name, view) in tensors.tensors() {
-        if let Some(module) =
-            name.strip_prefix(&prefix).and_then(|n| n.strip_suffix(".lora_A.weight"))
-        {
-            rank = Some(view.shape()[0] as i64);
-            modules.push(module.to_string());
-        }
-    }
-    let rank = rank.ok_or_else(|| format(format!("no `{prefix}*.lora_A.weight` tensors")))?;
-    let meta: Option<serde_json::Value> = header
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get(METADATA_KEY))
-        .and_then(|raw| serde_json::from_str(raw).ok());
-    let field =
-        |key: &str| meta.as_ref().and_then(|m| m.get(format!("{component}.{key}")).cloned());
-    let alpha = field("lora_alpha").and_then(|v| v.as_f64()).unwrap_or(rank as f64);
-    let target_modules = field("target_modules")
-        .and_then(|v| serde_json::from_value::<Vec<String>>(v).ok())
-        .unwrap_or(modules);
-    Ok(LoraConfig { rank, alpha, target_modules, ..Default::default() })
-}
 /// Reads adapters saved by [`save`] or by diffusers/PEFT into `store`, checking names and shapes.
 /// Keys for other components (another prefix) are ignored.
 pub fn load(store: &mut VarStore, component: &str, path: &Path) -> Result<(), ModelError> {
