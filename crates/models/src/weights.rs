@@ -153,7 +153,7 @@ pub fn load_weights(
                 path: file.display().to_string(),
                 message: format!("tensor {name} has unsupported dtype {:?}", view.dtype()),
             })?;
-            copy_from_map(var, &map, view.data(), &found, kind, SLICE_BYTES)?;
+            copy_from_map(var, &map, view.data(), kind, SLICE_BYTES)?;
         }
     }
     if !remaining.is_empty() {
@@ -169,43 +169,31 @@ pub fn load_weights(
     Ok(())
 }
 
-/// Bytes copied from a mapped file at a time: a larger tensor is copied in slices of whole rows,
-/// each slice's pages handed back before the next is read, so the mapping's resident share stays
-/// about this size however large the tensor (SD3.5's position table is 0.4 GiB in bf16).
+/// Bytes copied from a mapped file at a time: a larger tensor is copied in slices, each slice's
+/// pages handed back before the next is read, so the mapping's resident share stays about this
+/// size however large the tensor (SD3.5's position table is 0.4 GiB in bf16).
 const SLICE_BYTES: usize = 64 << 20;
 
-/// Fills `var` (of `shape`) from `data`, a tensor of `kind` stored in `map`, in slices of whole
-/// rows of at most `slice_bytes` (one row when a row is larger).
+/// Fills `var` from `data`, its elements stored as `kind` in `map`, in slices of at most
+/// `slice_bytes` of the flat element order (one element when an element is larger).
 fn copy_from_map(
     var: &Tensor,
     map: &memmap2::Mmap,
     data: &[u8],
-    shape: &[i64],
     kind: Kind,
     slice_bytes: usize,
 ) -> Result<(), ModelError> {
-    if data.is_empty() {
-        return Ok(()); // no elements
-    }
-    let rows = shape.first().copied().unwrap_or(1).max(1);
-    let row_bytes = data.len() / rows as usize;
-    let per_slice = if shape.is_empty() || row_bytes == 0 {
-        rows
-    } else {
-        (slice_bytes / row_bytes).max(1) as i64
-    };
+    let size = kind.elt_size_in_bytes();
+    let elements = (data.len() / size) as i64;
+    let per_slice = (slice_bytes / size).max(1) as i64;
+    // A variable is created contiguous, so its flat view writes into it.
+    let flat = var.f_view([-1])?;
     let mut start = 0;
-    while start < rows {
-        let n = per_slice.min(rows - start);
-        let bytes = &data[start as usize * row_bytes..(start + n) as usize * row_bytes];
-        let mut part = shape.to_vec();
-        if let Some(first) = part.first_mut() {
-            *first = n;
-        }
-        let source = mapped(bytes, &part, kind)?;
-        let mut target =
-            if shape.is_empty() { var.shallow_clone() } else { var.narrow(0, start, n) };
-        target.f_copy_(&source)?;
+    while start < elements {
+        let n = per_slice.min(elements - start);
+        let bytes = &data[start as usize * size..(start + n) as usize * size];
+        let source = mapped(bytes, &[n], kind)?;
+        flat.narrow(0, start, n).f_copy_(&source)?;
         drop(source);
         release(map, bytes);
         start += n;
@@ -257,8 +245,8 @@ fn list<'a>(names: impl Iterator<Item = &'a str>) -> String {
 mod tests {
     use super::*;
 
-    /// A (7, 3) f32 tensor copied into a bf16 variable two rows at a time, and a scalar, equal
-    /// the tensors converted whole.
+    /// A (7, 3) f32 tensor copied into a bf16 variable five elements at a time, and a scalar,
+    /// equal the tensors converted whole.
     #[test]
     fn slices_of_rows_fill_a_variable_as_one_copy() {
         let dir = tempfile::tempdir().unwrap();
@@ -274,7 +262,7 @@ mod tests {
         for (name, want) in [("m", &matrix), ("s", &scalar)] {
             let view = tensors.tensor(name).unwrap();
             let var = Tensor::zeros(want.size(), (Kind::BFloat16, Device::Cpu));
-            copy_from_map(&var, &map, view.data(), &want.size(), Kind::Float, 2 * 3 * 4).unwrap();
+            copy_from_map(&var, &map, view.data(), Kind::Float, 5 * 4).unwrap();
             assert!(var.equal(&want.to_kind(Kind::BFloat16)), "{name}");
         }
     }
