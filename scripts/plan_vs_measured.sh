@@ -59,7 +59,8 @@ for family in "${families[@]}"; do
         step_m=$(tail -1 "$WORK/run/metrics.jsonl" | jq ".\"perf/max_memory_rss_gb\" * $GIB - $base")
 
         plan=$("$BIN" plan "examples/${RECIPE[$family]}.yaml" "${over[@]}" --json)
-        load_p=$(jq '[.items[] | select(.item | test("^transformer"))] | map(.bytes) | add' <<<"$plan")
+        # `bench load` loads `transformer/`, one expert of Wan2.2-A14B's two.
+        load_p=$(jq '[.items[] | select(.item | test("^transformer( |$)"))] | map(.bytes) | add' <<<"$plan")
         rollout_p=$(jq '[.items[] | select(.item | test("^(transformer|text_encoder|vae)"))]
             | map(.bytes) | add' <<<"$plan")
         step_p=$(jq "(.device_gib + .host_gib) * $GIB" <<<"$plan")
