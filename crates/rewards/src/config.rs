@@ -21,8 +21,8 @@ pub struct RewardFunction {
     pub name: String,
     #[serde(default = "one")]
     pub weight: f64,
-    /// `http`: the scorer's endpoint (`http://host:port/path`); `vlm_judge`: the chat-completions
-    /// endpoint (`http://host:port/v1/chat/completions`).
+    /// `http`: the scorer's endpoint (`http(s)://host:port/path`); `vlm_judge`: the
+    /// chat-completions endpoint (`http(s)://host:port/v1/chat/completions`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     /// `http`, `vlm_judge`: the settings of the client (`vlm_judge` sends one image per request).
@@ -84,11 +84,22 @@ pub struct HttpSettings {
     pub batch_size: usize,
     /// Requests in flight at once.
     pub max_concurrency: usize,
+    /// `https://`: a PEM file of CA certificates to trust besides the bundled and system roots,
+    /// `$SSL_CERT_FILE` and `$REQUESTS_CA_BUNDLE`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self { timeout_s: 60.0, max_retries: 2, backoff_s: 0.5, batch_size: 16, max_concurrency: 4 }
+        Self {
+            timeout_s: 60.0,
+            max_retries: 2,
+            backoff_s: 0.5,
+            batch_size: 16,
+            max_concurrency: 4,
+            ca_file: None,
+        }
     }
 }
 

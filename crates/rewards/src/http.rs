@@ -4,8 +4,9 @@
 //! "data_source", "extra_info"}, …]}`. Response: `{"scores": [number, …]}` with one score per image,
 //! optionally `"extras": {"name": [number, …]}` (logged as `critic/<name>/mean`). Requests carry
 //! at most `batch_size` samples, at most `max_concurrency` run at once, each with a timeout and
-//! bounded retries with doubling backoff. A scorer that stays down, times out or answers anything
-//! else is an error naming the URL and what went wrong.
+//! bounded retries with doubling backoff, over plain HTTP or TLS (`crate::endpoint`). A scorer
+//! that stays down, times out, fails the TLS handshake or answers anything else is an error naming
+//! the URL and what went wrong.
 
 use std::io::Cursor;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
+use crate::endpoint::{check_url, tls_config, tls_failure};
 use crate::{HttpSettings, Reward, RewardError, Sample, Score};
 
 /// A scorer reached over HTTP.
@@ -29,15 +31,15 @@ pub(crate) fn png_base64(image: &crate::RgbImage) -> Result<String, String> {
     Ok(base64::engine::general_purpose::STANDARD.encode(png.into_inner()))
 }
 
-/// Checks the endpoint and client settings of reward `name`; the agent to use.
+/// Checks the endpoint and client settings of reward `name`; the agent to use. `credential` names
+/// the setting that adds an `Authorization` header, if any (see [`check_url`]).
 pub(crate) fn client(
     name: &str,
     url: &str,
     settings: &HttpSettings,
+    credential: Option<&str>,
 ) -> Result<ureq::Agent, RewardError> {
-    if !url.starts_with("http://") {
-        return Err(RewardError::Config(format!("reward `{name}`: url {url:?} must start with http:// (serve the scorer over plain HTTP, e.g. on localhost)")));
-    }
+    let tls = check_url(name, url, credential)?;
     if settings.batch_size == 0
         || settings.max_concurrency == 0
         || !(settings.timeout_s > 0.0 && settings.timeout_s.is_finite())
@@ -47,7 +49,9 @@ pub(crate) fn client(
             "reward `{name}`: batch_size, max_concurrency and timeout_s must be > 0, backoff_s ≥ 0"
         )));
     }
-    Ok(ureq::AgentBuilder::new().timeout(Duration::from_secs_f64(settings.timeout_s)).build())
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs_f64(settings.timeout_s));
+    Ok(if tls { agent.tls_config(tls_config(name, settings.ca_file.as_deref())?) } else { agent }
+        .build())
 }
 
 /// POSTs `body` as JSON with `headers`, retrying connection errors, timeouts and HTTP errors
@@ -72,7 +76,7 @@ pub(crate) fn post_with_retries(
                 let text = response.into_string().unwrap_or_default();
                 format!("HTTP {code}: {}", text.chars().take(200).collect::<String>())
             }
-            Err(e) => e.to_string(),
+            Err(e) => tls_failure(&e).unwrap_or_else(|| e.to_string()),
         };
         if attempt >= settings.max_retries {
             return Err(format!("{error} (after {} attempts)", attempt + 1));
@@ -110,7 +114,7 @@ pub(crate) fn in_waves<T: Sync, R: Send>(
 
 impl HttpReward {
     pub fn new(url: String, settings: HttpSettings) -> Result<Self, RewardError> {
-        let agent = client("http", &url, &settings)?;
+        let agent = client("http", &url, &settings, None)?;
         Ok(Self { url, settings, agent })
     }
 

@@ -7,6 +7,7 @@
 mod brightness;
 mod clip;
 mod config;
+mod endpoint;
 mod frames;
 mod http;
 mod jpeg;

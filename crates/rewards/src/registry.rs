@@ -19,9 +19,9 @@ pub const REWARD_NAMES: [&str; 10] = [
     "aesthetic",
 ];
 
-const HTTP_URL: &str = "`url: http://host:port/path`";
+const HTTP_URL: &str = "`url: http(s)://host:port/path`";
 /// `vlm_judge` needs both, so either missing names both.
-const CHAT: &str = "`url: http://host:port/v1/chat/completions` and `vlm: {model: …}`";
+const CHAT: &str = "`url: http(s)://host:port/v1/chat/completions` and `vlm: {model: …}`";
 const CLIP: &str = "`clip: {model: <CLIPModel folder>}`";
 
 /// The setting `f` needs, or an error saying what to write.

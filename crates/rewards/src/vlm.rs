@@ -50,6 +50,7 @@ pub struct VlmSettings {
     pub max_tokens: u32,
     pub seed: Option<u64>,
     /// The environment variable holding the API key, sent as a bearer token; none by default.
+    /// Refused over plain `http://` unless the host is loopback.
     pub api_key_env: Option<String>,
     /// `score` mode: the judge's scale `[lo, hi]`.
     pub score_range: [f64; 2],
@@ -85,7 +86,8 @@ pub struct VlmJudge {
 impl VlmJudge {
     /// Checks the settings and reads the API key from its environment variable.
     pub fn new(url: String, vlm: VlmSettings, http: HttpSettings) -> Result<Self, RewardError> {
-        let agent = client("vlm_judge", &url, &http)?;
+        let credential = vlm.api_key_env.as_ref().map(|_| "vlm.api_key_env");
+        let agent = client("vlm_judge", &url, &http, credential)?;
         let bad = |m: String| Err(RewardError::Config(format!("reward `vlm_judge`: {m}")));
         if vlm.model.is_empty() {
             return bad("vlm.model is empty; give the served model name".into());

@@ -66,6 +66,7 @@ fn quick() -> HttpSettings {
         backoff_s: 0.05,
         batch_size: 2,
         max_concurrency: 2,
+        ca_file: None,
     }
 }
 

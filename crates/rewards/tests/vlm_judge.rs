@@ -107,6 +107,7 @@ fn quick() -> HttpSettings {
         backoff_s: 0.05,
         batch_size: 1,
         max_concurrency: 2,
+        ca_file: None,
     }
 }
 
@@ -266,6 +267,10 @@ fn recipe_settings_are_checked_when_the_reward_is_built() {
     let missing = json!({"name": "vlm_judge", "url": url,
         "vlm": {"model": "m", "api_key_env": "FLOWTUNE_TEST_NO_SUCH_KEY"}});
     assert!(err(missing).contains("FLOWTUNE_TEST_NO_SUCH_KEY, which is not set"));
+    // A key over plain HTTP to a host that is not loopback: refused before any connection.
+    let remote = json!({"name": "vlm_judge", "url": "http://judge.example:8000/v1/chat/completions",
+        "vlm": {"model": "m", "api_key_env": "FLOWTUNE_TEST_NO_SUCH_KEY"}});
+    assert!(err(remote).contains("vlm.api_key_env would send credentials in the clear"));
     let scale =
         json!({"name": "vlm_judge", "url": url, "vlm": {"model": "m", "score_range": [5, 1]}});
     assert!(err(scale).contains("vlm.score_range [5, 1]"));
