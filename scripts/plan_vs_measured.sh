@@ -10,6 +10,10 @@
 #   scripts/plan_vs_measured.sh [FAMILY…]      # sd3 flux qwen-image z-image wan wan-a14b
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# glibc raises its mmap threshold as large blocks are freed (up to 32 MiB), then keeps freed blocks
+# below it resident: pinned at 128 KiB, a peak measures what the process holds, not what the
+# allocator keeps (FLUX's bf16 step: 0.28 GiB lower).
+export MALLOC_MMAP_THRESHOLD_=131072 MALLOC_TRIM_THRESHOLD_=131072
 BIN=${FLOWTUNE_BIN:-target/release/flowtune}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/plan-vs-measured.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT

@@ -7,14 +7,26 @@ use crate::json::Json;
 use crate::PlanError;
 
 /// What the activation and trajectory formulas need from a denoiser.
+/// The tokens a block runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tokens {
+    /// The whole sequence: image tokens, and the text tokens where text joins it.
+    All,
+    /// Image tokens only (Z-Image's noise refiner).
+    Image,
+    /// Text tokens only (Z-Image's context refiner).
+    Text,
+}
+
 #[derive(Debug, Clone)]
 pub struct Denoiser {
     pub class: String,
     pub inventory: Inventory,
     /// Hidden width h (heads × head_dim).
     pub hidden: u64,
-    /// Blocks by kind: (how many, c = bytes saved per token per hidden unit, large-models.md §2.2).
-    pub blocks: Vec<(u64, f64)>,
+    /// Blocks by kind: (how many, c = bytes saved per token per hidden unit, large-models.md §2.2,
+    /// which tokens they see).
+    pub blocks: Vec<(u64, f64, Tokens)>,
     /// Pixels per token side: VAE factor × patch is applied by the caller; this is the patch.
     pub patch: u64,
     /// Latent frames per token (Wan's temporal patch); 1 for images.
@@ -133,7 +145,8 @@ fn sd3(cfg: &Json) -> Result<Denoiser, PlanError> {
     feed_forward(&mut inv, full, &format!("{b}.ff_context"), h, 4 * h);
     inv.linear(1, "norm_out.linear", h, 2 * h, true);
     inv.linear(1, "proj_out", h, p * p * cout, true);
-    let blocks = vec![(n_dual, c::SD3_DUAL), (layers - n_dual, c::SD3_PLAIN)];
+    let blocks =
+        vec![(n_dual, c::SD3_DUAL, Tokens::All), (layers - n_dual, c::SD3_PLAIN, Tokens::All)];
     Ok(image(cfg, inv, h, blocks, p, joint, cin))
 }
 
@@ -141,7 +154,7 @@ fn image(
     cfg: &Json,
     inventory: Inventory,
     hidden: u64,
-    blocks: Vec<(u64, f64)>,
+    blocks: Vec<(u64, f64, Tokens)>,
     patch: u64,
     text_width: u64,
     in_channels: u64,
@@ -194,7 +207,7 @@ fn flux(cfg: &Json) -> Result<Denoiser, PlanError> {
     inv.add(single * 2 * hd);
     inv.linear(1, "norm_out.linear", h, 2 * h, true);
     inv.linear(1, "proj_out", h, p * p * cout, true);
-    let blocks = vec![(double, c::FLUX_DOUBLE), (single, c::FLUX_SINGLE)];
+    let blocks = vec![(double, c::FLUX_DOUBLE, Tokens::All), (single, c::FLUX_SINGLE, Tokens::All)];
     // Latents are 2×2-packed: 64 channels are 16 latent channels.
     Ok(image(cfg, inv, h, blocks, 2 * p, joint, cin / 4))
 }
@@ -221,7 +234,7 @@ fn qwen_image(cfg: &Json) -> Result<Denoiser, PlanError> {
     feed_forward(&mut inv, layers, &format!("{b}.txt_mlp"), h, 4 * h);
     inv.linear(1, "norm_out.linear", h, 2 * h, true);
     inv.linear(1, "proj_out", h, p * p * cout, true);
-    Ok(image(cfg, inv, h, vec![(layers, c::QWEN_IMAGE)], p, joint, cin / (p * p)))
+    Ok(image(cfg, inv, h, vec![(layers, c::QWEN_IMAGE, Tokens::All)], p, joint, cin / (p * p)))
 }
 
 fn z_image(cfg: &Json) -> Result<Denoiser, PlanError> {
@@ -272,8 +285,13 @@ fn z_image(cfg: &Json) -> Result<Denoiser, PlanError> {
     }
     // The image and caption pad tokens.
     inv.add(2 * dim);
-    let all = layers + 2 * refiners;
-    Ok(image(cfg, inv, dim, vec![(all, c::Z_IMAGE)], patches[0], caption, cin))
+    // The refiners run over one stream each before the main layers join them.
+    let blocks = vec![
+        (layers, c::Z_IMAGE, Tokens::All),
+        (refiners, c::Z_IMAGE, Tokens::Image),
+        (refiners, c::Z_IMAGE, Tokens::Text),
+    ];
+    Ok(image(cfg, inv, dim, blocks, patches[0], caption, cin))
 }
 
 fn qk_norms_z(inv: &mut Inventory, cfg: &Json, count: u64, hd: u64) -> Result<(), PlanError> {
@@ -321,7 +339,7 @@ fn wan(cfg: &Json) -> Result<Denoiser, PlanError> {
     inv.add(2 * h);
     inv.linear(1, "proj_out", h, cout * kernel, true);
     let c = if ffn >= 4 * h { c::WAN_5B } else { c::WAN_A14B };
-    let mut d = image(cfg, inv, h, vec![(layers, c)], patch[1], text, cin);
+    let mut d = image(cfg, inv, h, vec![(layers, c, Tokens::All)], patch[1], text, cin);
     d.temporal_patch = patch[0];
     d.joint_text = false;
     Ok(d)

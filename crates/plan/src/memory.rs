@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::denoisers::Denoiser;
+use crate::denoisers::{Denoiser, Tokens};
 use crate::inventory::lora_targets;
 use crate::{Dtype, Offload, Pipeline, Setup};
 
@@ -95,11 +95,12 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         }
     }
     let den = pipe.denoiser();
-    let tokens =
-        image_tokens(pipe, setup) + if den.joint_text { text_tokens(den, setup) } else { 0 };
+    let (image, text) =
+        (image_tokens(pipe, setup), if den.joint_text { text_tokens(den, setup) } else { 0 });
+    let tokens = image + text;
     let sequences = setup.micro_batch * if setup.cfg { 2 } else { 1 };
     // The constants are bf16 bytes; activations are in the denoiser's dtype (f32: twice).
-    let act = activations(den, tokens, setup.gradient_checkpointing)
+    let act = activations(den, image, text, setup.gradient_checkpointing)
         * sequences as f64
         * (d as f64 / 2.0);
     let label = if setup.gradient_checkpointing { "checkpointed" } else { "no checkpointing" };
@@ -128,17 +129,25 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     }
 }
 
-/// Activation bytes (bf16) of one sequence of `s` tokens (large-models.md §2.2): `Σ c·L·S·h` without
-/// checkpointing; `2·L·S·h + 1.5·c·S·h` with per-block checkpointing (block inputs kept, one
-/// block recomputed, c the largest of the blocks).
-pub fn activations(den: &Denoiser, s: u64, checkpointing: bool) -> f64 {
-    let sh = (s * den.hidden) as f64;
+/// Activation bytes (bf16) of one sequence of `image` and `text` tokens (large-models.md §2.2),
+/// each block over the tokens it sees (S): `Σ c·L·S·h` without checkpointing; `Σ 2·L·S·h +
+/// 1.5·c·S·h` with per-block checkpointing (block inputs kept, the largest block recomputed).
+pub fn activations(den: &Denoiser, image: u64, text: u64, checkpointing: bool) -> f64 {
+    let h = den.hidden as f64;
+    let seen = |tokens: Tokens| {
+        (match tokens {
+            Tokens::All => image + text,
+            Tokens::Image => image,
+            Tokens::Text => text,
+        }) as f64
+    };
     if checkpointing {
-        let layers: u64 = den.blocks.iter().map(|b| b.0).sum();
-        let c = den.blocks.iter().map(|b| b.1).fold(0.0, f64::max);
-        2.0 * layers as f64 * sh + 1.5 * c * sh
+        let kept: f64 = den.blocks.iter().map(|&(l, _, t)| 2.0 * l as f64 * seen(t) * h).sum();
+        let recomputed =
+            den.blocks.iter().map(|&(_, c, t)| 1.5 * c * seen(t) * h).fold(0.0, f64::max);
+        kept + recomputed
     } else {
-        den.blocks.iter().map(|&(l, c)| c * l as f64 * sh).sum()
+        den.blocks.iter().map(|&(l, c, t)| c * l as f64 * seen(t) * h).sum()
     }
 }
 
