@@ -27,6 +27,7 @@ mod update;
 mod validation;
 
 pub use fit::{train, TrainSummary};
+pub use perf::status_bytes;
 
 use std::path::{Path, PathBuf};
 

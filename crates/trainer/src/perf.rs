@@ -96,10 +96,15 @@ pub(crate) fn step_metrics(
 
 /// The peak resident set size of this process in GiB (Linux `VmHWM`), if the system says.
 pub(crate) fn peak_rss_gb() -> Option<f64> {
+    Some(status_bytes("VmHWM:")? as f64 / (1u64 << 30) as f64)
+}
+
+/// A `/proc/self/status` memory field of this process in bytes (`VmRSS:` now, `VmHWM:` at its
+/// peak), where Linux reports it.
+pub fn status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / (1024.0 * 1024.0))
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use std::time::Instant;
 use clap::Args;
 use flowtune_models::weights::checkpoint_files;
 use flowtune_models::Dtype;
+use flowtune_trainer::status_bytes;
 use tch::Device;
 
 use super::bench::parse_dtype;
@@ -22,13 +23,6 @@ pub struct LoadArgs {
     /// f32 | bf16 | f16
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     dtype: Dtype,
-}
-
-/// A `/proc/self/status` field in bytes (`VmRSS`, `VmHWM`), where Linux reports it.
-fn status_bytes(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
 
 pub fn run(a: LoadArgs, device: Device) -> Result<(), Failure> {
