@@ -14,7 +14,8 @@ use serde_yaml::Value;
 use flowtune_models::Dtype;
 
 use crate::{
-    ConfigError, DataSection, Finetune, ModelSection, OldLogProb, Override, TrainerSection,
+    ConfigError, DataSection, Finetune, ModelSection, OldLogProb, Override, Sharding,
+    TrainerSection,
 };
 
 /// A resolved training recipe.
@@ -105,6 +106,15 @@ impl Recipe {
         Ok(recipe)
     }
 
+    /// `trainer.sharding`, or its default for `model.finetune`: the Adam moments under full
+    /// fine-tuning, nothing under LoRA.
+    pub fn sharding(&self) -> Sharding {
+        self.trainer.sharding.unwrap_or(match self.model.finetune {
+            Finetune::Full => Sharding::Optimizer,
+            Finetune::Lora => Sharding::None,
+        })
+    }
+
     /// Cross-checks settings against the registries and their allowed ranges; the error is the
     /// dotted key and what is wrong with its value.
     fn validate(&self) -> Result<(), (String, String)> {
@@ -139,6 +149,15 @@ impl Recipe {
                 "trainer.f32_master_weights".into(),
                 "keeps f32 copies of weights trained in bf16 or f16; it needs model.finetune: \
                  full and model.dtype bf16 or f16 (LoRA adapters are f32 already)"
+                    .into(),
+            ));
+        }
+        if self.trainer.sharding == Some(Sharding::Frozen) && self.model.finetune != Finetune::Lora
+        {
+            return Err((
+                "trainer.sharding".into(),
+                "frozen shards the frozen base weights under LoRA; it needs model.finetune: lora \
+                 (for full fine-tuning use optimizer)"
                     .into(),
             ));
         }

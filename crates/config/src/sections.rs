@@ -205,6 +205,29 @@ pub struct TrainerSection {
     /// updates the copy and the model gets it rounded, so steps smaller than the model dtype's
     /// resolution add up instead of rounding away. Checkpointed beside the Adam moments.
     pub f32_master_weights: bool,
+    /// What is split over the ranks of a job: `none`, `optimizer` (the Adam moments, ZeRO-1) or
+    /// `frozen` (LoRA: each rank keeps 1/N of every transformer block's frozen weights and
+    /// gathers a block just before it runs). Unset: `optimizer` under full fine-tuning, `none`
+    /// under LoRA.
+    pub sharding: Option<Sharding>,
+    /// Sum the gradients of a step's micro-batches and ranks in f64, ranks in rank order, and
+    /// round once: the sum then does not depend on how the rows are split over ranks and
+    /// micro-batches (exact unless the parts differ by more than 2²⁹ in scale), so runs with
+    /// different world sizes train bit for bit alike. Costs an f64 copy of the trained weights
+    /// and, during the reduction, one per rank.
+    pub exact_gradient_sum: bool,
+}
+
+/// `trainer.sharding`: what each rank keeps only a share of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharding {
+    /// Every rank keeps everything.
+    None,
+    /// The Adam moments (and f32 masters) of full fine-tuning (ZeRO-1).
+    Optimizer,
+    /// The frozen base weights of the transformer blocks under LoRA.
+    Frozen,
 }
 
 impl Default for TrainerSection {
@@ -235,6 +258,8 @@ impl Default for TrainerSection {
             gradient_checkpointing: false,
             peak_tflops: None,
             f32_master_weights: false,
+            sharding: None,
+            exact_gradient_sum: false,
         }
     }
 }

@@ -5,12 +5,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 
 use tch::nn::VarStore;
 use tch::{Kind, Tensor};
 
 use crate::lora::{self, Adapters};
 use crate::model_weights::ModelWeights;
+use crate::shard::ShardGroup;
 use crate::weights::{load_weights, LoadOptions};
 use crate::{ModelError, TextConditioning};
 
@@ -195,6 +197,7 @@ pub trait TrainableDenoiser: Denoiser {
 
     /// Folds the adapters into the base weights and switches them off (see [`Adapters::merge_into`]).
     fn merge_lora(&self) -> Result<(), ModelError> {
+        refuse_sharded(self.weights(), "merging the LoRA into the base weights")?;
         self.adapters().ok_or_else(no_adapters)?.merge_into(self.store())
     }
 
@@ -202,6 +205,18 @@ pub trait TrainableDenoiser: Denoiser {
     /// (`trainer.gradient_checkpointing`): less memory, one more block forward per backward.
     fn set_gradient_checkpointing(&self, on: bool) {
         self.weights().checkpointing.set(on);
+    }
+
+    /// Keeps this rank's share of the transformer blocks' frozen base weights only, gathering
+    /// each block over `group` when it runs (LoRA under `trainer.sharding: frozen`).
+    fn shard_blocks(&self, group: Arc<dyn ShardGroup>) -> Result<(), ModelError> {
+        self.weights().shard_blocks(group)
+    }
+
+    /// Bytes of sharded block weights this rank keeps, and of the largest block gathered.
+    fn sharded_bytes(&self) -> Option<(i64, i64)> {
+        let sharded = self.weights().sharded.get()?;
+        Some((sharded.shard_bytes(), sharded.largest_block_bytes()))
     }
 
     /// Turns the adapters on or off (off: the base model, the KL reference).
@@ -236,6 +251,7 @@ pub trait TrainableDenoiser: Denoiser {
 
     /// Writes every base weight (checkpoint names, on the CPU) as one safetensors file.
     fn save_weights(&self, path: &Path) -> Result<(), ModelError> {
+        refuse_sharded(self.weights(), "saving the base weights")?;
         let mut named: Vec<(String, Tensor)> = self
             .store()
             .variables()
@@ -341,5 +357,15 @@ mod tests {
         // Scale 1 is the conditional velocity itself.
         let same = rescaled_guidance(&cond, &uncond, 1.0, &[1]);
         assert!(same.allclose(&cond, 1e-6, 1e-6, false));
+    }
+}
+
+/// Fails on a model whose blocks are sharded: its base weights are not all on this rank.
+fn refuse_sharded(weights: &ModelWeights, what: &str) -> Result<(), ModelError> {
+    match weights.sharded.get() {
+        Some(_) => Err(ModelError::Input(format!(
+            "{what} needs every base weight, but trainer.sharding: frozen keeps 1/N of each block on this rank"
+        ))),
+        None => Ok(()),
     }
 }

@@ -20,6 +20,7 @@ pub mod qwen_image;
 pub mod registry;
 pub mod resize;
 pub mod sd3;
+pub mod shard;
 pub mod text_encoders;
 pub mod tokenizer;
 pub mod vae;

@@ -2,13 +2,16 @@
 //! built with LoRA — its adapters in a store of their own with an on/off switch. A family builds
 //! its module tree from [`WeightsBuilder::root`] and keeps what [`WeightsBuilder::finish`] returns.
 
+use std::cell::OnceCell;
 use std::path::Path;
+use std::sync::Arc;
 
 use tch::nn::VarStore;
 use tch::{Device, Kind};
 
 use crate::lora::{AdapterSwitch, Adapters, LoraConfig};
 use crate::nn::{LoraScope, Scope};
+use crate::shard::{ShardGroup, ShardedBlocks};
 use crate::weights::{checkpoint_files, load_weights, store, LoadOptions};
 use crate::ModelError;
 
@@ -22,22 +25,62 @@ pub struct ModelWeights {
     /// Whether the transformer blocks recompute their activations in backward
     /// ([`crate::denoiser::TrainableDenoiser::set_gradient_checkpointing`]).
     pub checkpointing: std::cell::Cell<bool>,
+    /// The lists of transformer blocks in the module tree (`transformer_blocks`, …).
+    pub blocks: &'static [&'static str],
+    /// The blocks' base weights sharded over the ranks ([`Self::shard_blocks`]).
+    pub sharded: OnceCell<ShardedBlocks>,
 }
 
 impl ModelWeights {
-    /// Runs a transformer block (`block`, borrowing this model's modules) on `inputs`, through
-    /// activation checkpointing when it is switched on and grad is enabled.
+    /// Runs block `index` of the block list `list` (`block`, borrowing this model's modules) on
+    /// `inputs`, through activation checkpointing when it is switched on and grad is enabled.
+    /// Sharded blocks are gathered first and always checkpointed (see [`crate::shard`]).
     pub fn run_block(
         &self,
+        list: &str,
+        index: usize,
         inputs: &[tch::Tensor],
         block: impl Fn(&[tch::Tensor]) -> Vec<tch::Tensor>,
     ) -> Result<Vec<tch::Tensor>, crate::ModelError> {
-        if !self.checkpointing.get() {
-            return Ok(block(inputs));
+        let Some(sharded) = self.sharded.get() else {
+            if !self.checkpointing.get() {
+                return Ok(block(inputs));
+            }
+            // SAFETY: the block borrows the model, which outlives the graphs built from its
+            // outputs: a training step backpropagates or drops them while the pipeline is loaded.
+            return Ok(unsafe { flowtune_recompute::checkpointed(inputs, block) }?);
+        };
+        let name = format!("{list}.{index}");
+        sharded.gather(&name)?;
+        if !flowtune_recompute::grad_enabled() {
+            let out = block(inputs);
+            sharded.release();
+            return Ok(out);
         }
-        // SAFETY: the block borrows the model, which outlives the graphs built from its outputs:
-        // a training step backpropagates or drops them while the pipeline is loaded.
-        Ok(unsafe { flowtune_recompute::checkpointed(inputs, block) }?)
+        let gathered = move |t: &[tch::Tensor]| {
+            // Backward's rerun: a failed gather is a failed collective, which the checkpoint
+            // turns into an error.
+            if let Err(e) = sharded.gather(&name) {
+                panic!("{e}");
+            }
+            let out = block(t);
+            if !flowtune_recompute::grad_enabled() {
+                sharded.release();
+            }
+            out
+        };
+        // SAFETY: as above; the weights `gathered` points at stay until the next block's gather,
+        // after backward has used this block's recomputed graph.
+        Ok(unsafe { flowtune_recompute::checkpointed(inputs, gathered) }?)
+    }
+
+    /// Keeps this rank's share of the blocks' frozen base weights only (LoRA's
+    /// `trainer.sharding: frozen`); each block is gathered when it runs.
+    pub fn shard_blocks(&self, group: Arc<dyn ShardGroup>) -> Result<(), ModelError> {
+        let sharded = ShardedBlocks::new(&self.base, self.blocks, group)?;
+        self.sharded
+            .set(sharded)
+            .map_err(|_| ModelError::Input("the blocks are sharded already".into()))
     }
 }
 
@@ -69,7 +112,9 @@ impl WeightsBuilder {
 
     /// The built weights: with adapters, the base is frozen (only adapters train) and the
     /// adapters start fresh ([`Adapters::initialize`], so the model is unchanged).
-    pub fn finish(self) -> Result<ModelWeights, ModelError> {
+    /// `blocks` names the lists of transformer blocks in the tree (what [`ModelWeights::run_block`]
+    /// runs).
+    pub fn finish(self, blocks: &'static [&'static str]) -> Result<ModelWeights, ModelError> {
         let mut base = self.base;
         let adapters =
             self.adapters.map(|(store, switch, config)| Adapters { store, switch, config });
@@ -78,7 +123,13 @@ impl WeightsBuilder {
             base.freeze();
             adapters.initialize(0)?;
         }
-        Ok(ModelWeights { base, adapters, checkpointing: Default::default() })
+        Ok(ModelWeights {
+            base,
+            adapters,
+            checkpointing: Default::default(),
+            blocks,
+            sharded: OnceCell::new(),
+        })
     }
 }
 

@@ -23,6 +23,12 @@ pub fn recomputed_blocks() -> u64 {
     RECOMPUTED.load(Ordering::Relaxed)
 }
 
+/// Whether autograd records operations on this thread now.
+pub fn grad_enabled() -> bool {
+    // SAFETY: reads libtorch's thread-local grad mode.
+    unsafe { ftr_grad_enabled() != 0 }
+}
+
 /// Drops `t`'s gradient, so `t.grad()` is undefined until a backward pass reaches `t` again
 /// (PyTorch's `zero_grad(set_to_none=True)`; tch's `zero_grad` only fills it with zeros).
 pub fn clear_grad(t: &Tensor) {

@@ -4,9 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
+use flowtune_config::{Recipe, Sharding};
 use flowtune_dist::{Backend, DistEnv, ProcessGroup, ReduceOp};
+use flowtune_models::shard::ShardGroup;
+use flowtune_models::TrainableDenoiser;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
@@ -18,7 +22,7 @@ const BUCKET_ELEMENTS: i64 = 1 << 24;
 
 /// This process among the ranks of a job.
 pub struct Comm {
-    group: Option<ProcessGroup>,
+    group: Option<Arc<ProcessGroup>>,
     /// Where this rank computes, and so where its collectives' tensors live.
     device: Device,
 }
@@ -52,7 +56,7 @@ impl Comm {
                 env.rank, env.world_size, env.master_addr, env.master_port
             ))
         })?;
-        Ok(Self { group: Some(group), device })
+        Ok(Self { group: Some(Arc::new(group)), device })
     }
 
     /// The device this rank computes on.
@@ -61,11 +65,11 @@ impl Comm {
     }
 
     pub fn rank(&self) -> usize {
-        self.group.as_ref().map_or(0, ProcessGroup::rank)
+        self.group.as_ref().map_or(0, |g| g.rank())
     }
 
     pub fn size(&self) -> usize {
-        self.group.as_ref().map_or(1, ProcessGroup::size)
+        self.group.as_ref().map_or(1, |g| g.size())
     }
 
     /// Rank 0, the one that writes files.
@@ -109,26 +113,77 @@ impl Comm {
         Ok(Tensor::cat(&parts, 0))
     }
 
-    /// Sums the gradients of `params` over the ranks, in flat buckets. A parameter without a
-    /// gradient here takes zeros; those without one on any rank are returned (they do not step).
+    /// Under `trainer.sharding: frozen` and several ranks, keeps this rank's share of the
+    /// denoiser's frozen block weights only.
+    pub fn shard_frozen_blocks(
+        &self,
+        recipe: &Recipe,
+        denoiser: &dyn TrainableDenoiser,
+    ) -> Result<(), TrainError> {
+        match &self.group {
+            Some(group) if recipe.sharding() == Sharding::Frozen => {
+                Ok(denoiser.shard_blocks(Arc::new(BlockGroup(group.clone())))?)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Sums the gradients of `params` over the ranks, in flat f32 buckets (a bf16 gradient is
+    /// rounded once, after the sum). A parameter without a gradient here takes zeros; those
+    /// without one on any rank are returned (they do not step).
     pub fn sum_gradients(
         &self,
         params: &BTreeMap<String, Tensor>,
     ) -> Result<BTreeSet<String>, TrainError> {
         let Some(group) = &self.group else { return Ok(BTreeSet::new()) };
-        let defined: Vec<f32> = params.values().map(|p| p.grad().defined() as u8 as f32).collect();
-        let mut had = Tensor::from_slice(&defined).to_device(self.device);
-        group.all_reduce_(&mut had, ReduceOp::Sum)?;
-        let had = Vec::<f32>::try_from(had.to_device(Device::Cpu))?;
-        let missing: Vec<&Tensor> = params.values().filter(|p| !p.grad().defined()).collect();
-        if !missing.is_empty() {
-            // Accumulates zeros into each missing gradient, creating it.
-            let zero: Tensor = missing.iter().map(|p| p.sum(Kind::Float) * 0.0).sum();
-            zero.backward();
-        }
+        let defined: Vec<bool> = params.values().map(|p| p.grad().defined()).collect();
+        let had = self.count_ranks(&defined)?;
+        create_missing_gradients(params);
         let grads: Vec<Tensor> = params.values().map(|p| p.grad()).collect();
-        in_buckets(&grads, |flat| group.all_reduce_(flat, ReduceOp::Sum))?;
-        Ok(params.keys().zip(had).filter(|(_, n)| *n == 0.0).map(|(k, _)| k.clone()).collect())
+        in_buckets(&grads, Some(Kind::Float), |flat| group.all_reduce_(flat, ReduceOp::Sum))?;
+        Ok(params.keys().zip(had).filter(|(_, n)| *n == 0).map(|(k, _)| k.clone()).collect())
+    }
+
+    /// Puts the sum over ranks of `sum` (each rank's gradients in f64, see [`ExactSum`]) into the
+    /// gradients of `params`, adding the ranks in rank order and rounding once. Returns the
+    /// parameters no rank had a gradient for.
+    pub fn sum_exact(
+        &self,
+        params: &BTreeMap<String, Tensor>,
+        sum: ExactSum,
+    ) -> Result<BTreeSet<String>, TrainError> {
+        let had = self.count_ranks(&sum.had)?;
+        let mut flat = sum.flat;
+        if let Some(group) = &self.group {
+            let mut all = Tensor::zeros(
+                [flat.numel() as i64 * group.size() as i64],
+                (Kind::Double, self.device),
+            );
+            group.all_gather_into(&mut all, &flat)?;
+            let rows = all.view([group.size() as i64, -1]);
+            flat = rows.get(0);
+            for r in 1..group.size() as i64 {
+                flat = flat + rows.get(r);
+            }
+        }
+        create_missing_gradients(params);
+        let _guard = tch::no_grad_guard();
+        let mut offset = 0;
+        for p in params.values() {
+            let n = p.numel() as i64;
+            p.grad().copy_(&flat.narrow(0, offset, n).view_as(p));
+            offset += n;
+        }
+        Ok(params.keys().zip(had).filter(|(_, n)| *n == 0).map(|(k, _)| k.clone()).collect())
+    }
+
+    /// For each flag, on how many ranks it holds.
+    fn count_ranks(&self, flags: &[bool]) -> Result<Vec<i64>, TrainError> {
+        let counts: Vec<f32> = flags.iter().map(|&f| f as u8 as f32).collect();
+        let Some(group) = &self.group else { return Ok(flags.iter().map(|&f| f as i64).collect()) };
+        let mut t = Tensor::from_slice(&counts).to_device(self.device);
+        group.all_reduce_(&mut t, ReduceOp::Sum)?;
+        Ok(Vec::<f32>::try_from(t.to_device(Device::Cpu))?.into_iter().map(|n| n as i64).collect())
     }
 
     /// Sends each parameter from the rank that owns it (a sharded optimizer's update) to all.
@@ -145,7 +200,7 @@ impl Comm {
                 .filter(|(n, _)| owners[*n] == root)
                 .map(|(_, p)| p.shallow_clone())
                 .collect();
-            in_buckets(&mine, |flat| group.broadcast_(flat, root))?;
+            in_buckets(&mine, None, |flat| group.broadcast_(flat, root))?;
         }
         Ok(())
     }
@@ -175,19 +230,87 @@ impl Comm {
     }
 }
 
+/// The job's process group as sharded blocks see it.
+struct BlockGroup(Arc<ProcessGroup>);
+
+impl ShardGroup for BlockGroup {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+
+    fn all_gather_into(&self, out: &mut Tensor, shard: &Tensor) -> Result<(), String> {
+        self.0.all_gather_into(out, shard).map_err(|e| e.to_string())
+    }
+}
+
 fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, TrainError> {
     postcard::from_bytes(bytes)
         .map_err(|e| TrainError::Distributed(format!("decoding a gathered value: {e}")))
 }
 
-/// Runs the in-place collective `op` on `tensors` through flat buffers of one kind and at most
-/// [`BUCKET_ELEMENTS`] elements each, and copies the results back.
+/// Gives every parameter without a gradient a zero one (so that every rank reduces the same
+/// tensors).
+fn create_missing_gradients(params: &BTreeMap<String, Tensor>) {
+    let missing: Vec<&Tensor> = params.values().filter(|p| !p.grad().defined()).collect();
+    if !missing.is_empty() {
+        // Accumulates zeros into each missing gradient, creating it.
+        let zero: Tensor = missing.iter().map(|p| p.sum(Kind::Float) * 0.0).sum();
+        zero.backward();
+    }
+}
+
+/// A step's gradients summed in f64 as its micro-batches come ([`ExactSum::absorb`]), to be
+/// reduced over the ranks by [`Comm::sum_exact`]. Adding f32 values in f64 is exact unless they
+/// differ by more than 2²⁹ in scale, so the sum does not depend on the order of its parts.
+pub struct ExactSum {
+    /// Every parameter's gradient sum, flat, in the parameters' order.
+    flat: Tensor,
+    /// Which parameters got a gradient from some micro-batch.
+    had: Vec<bool>,
+}
+
+impl ExactSum {
+    /// Zero sums for `params`.
+    pub fn new(params: &BTreeMap<String, Tensor>) -> Self {
+        let n: i64 = params.values().map(|p| p.numel() as i64).sum();
+        let device = params.values().next().map_or(Device::Cpu, Tensor::device);
+        Self { flat: Tensor::zeros([n], (Kind::Double, device)), had: vec![false; params.len()] }
+    }
+
+    /// Adds the gradients of `params` (one micro-batch's) and drops them.
+    pub fn absorb(&mut self, params: &BTreeMap<String, Tensor>) {
+        let _guard = tch::no_grad_guard();
+        let mut offset = 0;
+        for (i, p) in params.values().enumerate() {
+            let n = p.numel() as i64;
+            let g = p.grad();
+            if g.defined() {
+                let _ =
+                    self.flat.narrow(0, offset, n).f_add_(&g.reshape([-1]).to_kind(Kind::Double));
+                self.had[i] = true;
+                flowtune_recompute::clear_grad(p);
+            }
+            offset += n;
+        }
+    }
+}
+
+/// Runs the in-place collective `op` on `tensors` through flat buffers of at most
+/// [`BUCKET_ELEMENTS`] elements each, in `kind` (None: one bucket per kind of tensor), and copies
+/// the results back (rounded to each tensor's kind).
 fn in_buckets(
     tensors: &[Tensor],
+    kind: Option<Kind>,
     mut op: impl FnMut(&mut Tensor) -> Result<(), flowtune_dist::DistError>,
 ) -> Result<(), TrainError> {
     let mut run = |bucket: &[&Tensor]| -> Result<(), TrainError> {
-        let mut flat = Tensor::cat(&bucket.iter().map(|t| t.reshape([-1])).collect::<Vec<_>>(), 0);
+        let parts: Vec<Tensor> =
+            bucket.iter().map(|t| t.reshape([-1]).to_kind(kind.unwrap_or(t.kind()))).collect();
+        let mut flat = Tensor::cat(&parts, 0);
         op(&mut flat)?;
         let _guard = tch::no_grad_guard();
         let mut offset = 0;
@@ -201,7 +324,7 @@ fn in_buckets(
     let mut bucket: Vec<&Tensor> = vec![];
     let mut size = 0;
     for t in tensors {
-        let same = bucket.first().is_none_or(|b| b.kind() == t.kind());
+        let same = kind.is_some() || bucket.first().is_none_or(|b| b.kind() == t.kind());
         if !bucket.is_empty() && (!same || size + t.numel() as i64 > BUCKET_ELEMENTS) {
             run(&bucket)?;
             (bucket, size) = (vec![], 0);

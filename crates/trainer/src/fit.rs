@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flowtune_config::{Finetune, Recipe, Resume};
+use flowtune_config::{Finetune, Recipe, Resume, Sharding};
 use flowtune_data::PromptDataset;
 use flowtune_models::{Dtypes, FlowPipeline, PipelineOptions};
 use flowtune_objectives::Metrics;
@@ -132,6 +132,8 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     }
 
     pipe.denoiser().set_gradient_checkpointing(t.gradient_checkpointing);
+    comm.shard_frozen_blocks(recipe, pipe.denoiser())?;
+    let sharded = pipe.denoiser().sharded_bytes();
     let params = pipe.denoiser().trainable_parameters();
     let reference =
         Reference::for_recipe(recipe, pipe.as_ref(), algorithm.needs_reference(recipe))?;
@@ -139,8 +141,8 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     // DiffusionNFT's old policy starts as a copy of the trained weights.
     let old = algorithm.keeps_old_policy().then(|| Ema::new(0.0, &params));
     let mut optimizer = AdamW::new(params, t.betas, t.eps, t.weight_decay);
-    if recipe.model.finetune == Finetune::Full && comm.size() > 1 {
-        // Full fine-tuning keeps each rank's share of the Adam moments only (ZeRO-1).
+    if recipe.sharding() == Sharding::Optimizer && comm.size() > 1 {
+        // Each rank keeps its share of the Adam moments only (ZeRO-1).
         optimizer.shard(comm.rank(), comm.size());
     }
     if t.f32_master_weights {
@@ -241,6 +243,10 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         let kind = recipe.model.dtype.kind();
         crate::perf::step_metrics(&perf, elapsed, t.peak_tflops, kind, &mut m);
         m.insert("dist/world_size".into(), world as f64);
+        if let Some((kept, block)) = sharded {
+            m.insert("dist/sharded_weights_gb".into(), kept as f64 / (1u64 << 30) as f64);
+            m.insert("dist/gathered_block_gb".into(), block as f64 / (1u64 << 30) as f64);
+        }
 
         if let Some(log) = log.as_mut() {
             log.log(k, &m)?;

@@ -15,6 +15,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::dist::ExactSum;
 use crate::optim::{AdamW, Ema};
 use crate::run::Run;
 use crate::TrainError;
@@ -108,12 +109,19 @@ pub(crate) fn optimize(
         order.shuffle(&mut ChaCha8Rng::seed_from_u64(crate::seeds::shuffle(recipe.seed, k, epoch)));
         for mb in order.chunks(batching.mini.max(1)) {
             let mine: Vec<usize> = mb.iter().copied().filter(|&i| batching.owned[i]).collect();
+            let mut exact = t.exact_gradient_sum.then(|| ExactSum::new(&learner.optimizer.params));
             for micro in mine.chunks(batching.micro.max(1)) {
                 let share = micro.len() as f64 / mb.len() as f64;
                 means.add_weighted(&micro_step(micro, share)?, micro.len() as f64);
+                if let Some(sum) = exact.as_mut() {
+                    sum.absorb(&learner.optimizer.params);
+                }
             }
             let optimizer = &mut learner.optimizer;
-            let untouched = comm.sum_gradients(&optimizer.params)?;
+            let untouched = match exact {
+                Some(sum) => comm.sum_exact(&optimizer.params, sum)?,
+                None => comm.sum_gradients(&optimizer.params)?,
+            };
             let norm = optimizer.clip_grad_norm(t.max_grad_norm);
             if norm.is_finite() {
                 optimizer.step(lr, &untouched);

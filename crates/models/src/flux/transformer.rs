@@ -78,7 +78,7 @@ impl FluxTransformer {
             norm_out: (&(&root / "norm_out") / "linear").linear(dim, 2 * dim, true),
             proj_out: (&root / "proj_out").linear(dim, c.out_channels(), true),
             config: config.clone(),
-            weights: weights.finish()?,
+            weights: weights.finish(&["transformer_blocks", "single_transformer_blocks"])?,
         })
     }
 
@@ -141,21 +141,29 @@ impl FluxTransformer {
         let text = self.context_embedder.forward(encoder_hidden_states);
         let rope = rotary_tables(&self.config.axes_dims_rope, &Tensor::cat(&[txt_ids, img_ids], 0));
         let (mut image, mut text) = (image, text);
-        for block in &self.transformer_blocks {
+        for (i, block) in self.transformer_blocks.iter().enumerate() {
             let rope = rope.shallow_clone();
-            let out = self.weights.run_block(&[image, text, temb.shallow_clone()], move |t| {
-                let (image, text) = block.forward(&t[0], &t[1], &t[2], &rope);
-                vec![image, text]
-            })?;
+            let out = self.weights.run_block(
+                "transformer_blocks",
+                i,
+                &[image, text, temb.shallow_clone()],
+                move |t| {
+                    let (image, text) = block.forward(&t[0], &t[1], &t[2], &rope);
+                    vec![image, text]
+                },
+            )?;
             [image, text] = <[Tensor; 2]>::try_from(out).expect("a double block returns 2 streams");
         }
         let l = text.size()[1];
         let mut joint = Tensor::cat(&[text, image], 1);
-        for block in &self.single_transformer_blocks {
+        for (i, block) in self.single_transformer_blocks.iter().enumerate() {
             let rope = rope.shallow_clone();
-            let out = self.weights.run_block(&[joint, temb.shallow_clone()], move |t| {
-                vec![block.forward(&t[0], &t[1], &rope)]
-            })?;
+            let out = self.weights.run_block(
+                "single_transformer_blocks",
+                i,
+                &[joint, temb.shallow_clone()],
+                move |t| vec![block.forward(&t[0], &t[1], &rope)],
+            )?;
             [joint] = <[Tensor; 1]>::try_from(out).expect("a single block returns 1 stream");
         }
         let s = joint.size()[1] - l;

@@ -83,7 +83,7 @@ impl QwenImageTransformer {
                 true,
             ),
             config: config.clone(),
-            weights: weights.finish()?,
+            weights: weights.finish(&["transformer_blocks"])?,
         })
     }
 
@@ -142,15 +142,20 @@ impl QwenImageTransformer {
         let temb = self.timestep_embedder.forward(&features);
         let rope = rotary_angles(&self.config.axes_dims_rope, ROPE_THETA, img_shapes, l, device);
         let (mut image, mut text) = (image, text);
-        for block in &self.transformer_blocks {
+        for (i, block) in self.transformer_blocks.iter().enumerate() {
             let (mask, rope) =
                 (attention_mask.as_ref().map(Tensor::shallow_clone), rope.shallow_clone());
             let select = select.as_ref().map(Tensor::shallow_clone);
-            let out = self.weights.run_block(&[image, text, temb.shallow_clone()], move |t| {
-                let (image, text) =
-                    block.forward(&t[0], &t[1], &t[2], mask.as_ref(), &rope, select.as_ref());
-                vec![image, text]
-            })?;
+            let out = self.weights.run_block(
+                "transformer_blocks",
+                i,
+                &[image, text, temb.shallow_clone()],
+                move |t| {
+                    let (image, text) =
+                        block.forward(&t[0], &t[1], &t[2], mask.as_ref(), &rope, select.as_ref());
+                    vec![image, text]
+                },
+            )?;
             [image, text] = <[Tensor; 2]>::try_from(out).expect("a block returns 2 streams");
         }
         let temb = if select.is_some() { temb.chunk(2, 0)[0].shallow_clone() } else { temb };

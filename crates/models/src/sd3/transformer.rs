@@ -88,7 +88,7 @@ impl Sd3Transformer {
                 true,
             ),
             config: config.clone(),
-            weights: weights.finish()?,
+            weights: weights.finish(&["transformer_blocks"])?,
         })
     }
 
@@ -122,12 +122,12 @@ impl Sd3Transformer {
         let mut x = self.pos_embed.forward(hidden_states);
         let temb = self.time_text_embed.forward(timestep, pooled);
         let mut context = Some(self.context_embedder.forward(encoder_hidden_states));
-        for block in &self.transformer_blocks {
+        for (i, block) in self.transformer_blocks.iter().enumerate() {
             let ctx = context.expect("only the last block ends the context stream");
             let inputs = [x, ctx, temb.shallow_clone()];
             let mut out = self
                 .weights
-                .run_block(&inputs, |t| {
+                .run_block("transformer_blocks", i, &inputs, |t| {
                     let (x, c) = block.forward(&t[0], &t[1], &t[2]);
                     std::iter::once(x).chain(c).collect()
                 })?

@@ -161,6 +161,19 @@ impl TrainableDenoiser for WanExperts {
         self.low.set_gradient_checkpointing(on);
     }
 
+    fn shard_blocks(
+        &self,
+        group: std::sync::Arc<dyn crate::shard::ShardGroup>,
+    ) -> Result<(), ModelError> {
+        self.high.shard_blocks(group.clone())?;
+        self.low.shard_blocks(group)
+    }
+
+    fn sharded_bytes(&self) -> Option<(i64, i64)> {
+        let ((a, b), (c, d)) = (self.high.sharded_bytes()?, self.low.sharded_bytes()?);
+        Some((a + c, b.max(d)))
+    }
+
     fn set_adapters_enabled(&self, on: bool) {
         self.high.set_adapters_enabled(on);
         self.low.set_adapters_enabled(on);

@@ -94,7 +94,7 @@ impl WanTransformer {
             proj_out: (&root / "proj_out").linear(dim, c.out_dim() * pt * ph * pw, true),
             scale_shift_table: root.var("scale_shift_table", &[1, 2, dim]),
             config: config.clone(),
-            weights: weights.finish()?,
+            weights: weights.finish(&["blocks"])?,
         })
     }
 
@@ -144,10 +144,10 @@ impl WanTransformer {
         let (l1, l2) = &e.text_embedder;
         let text = l2.forward(&gelu_tanh(&l1.forward(&text.to_kind(kind))));
 
-        for block in &self.blocks {
+        for (i, block) in self.blocks.iter().enumerate() {
             let (cos, sin) = (cos.shallow_clone(), sin.shallow_clone());
             let inputs = [x, modulation.shallow_clone(), text.shallow_clone()];
-            let out = self.weights.run_block(&inputs, move |t| {
+            let out = self.weights.run_block("blocks", i, &inputs, move |t| {
                 vec![block.forward(&t[0], &t[1], &t[2], (&cos, &sin))]
             })?;
             [x] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");

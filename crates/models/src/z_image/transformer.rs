@@ -127,7 +127,7 @@ impl ZImageTransformer {
             context_refiner: stack("context_refiner", c.n_refiner_layers, false),
             layers: stack("layers", c.n_layers, true),
             config: config.clone(),
-            weights: weights.finish()?,
+            weights: weights.finish(&["noise_refiner", "context_refiner", "layers"])?,
         })
     }
 
@@ -180,11 +180,14 @@ impl ZImageTransformer {
         let mut text = self.embed_captions(captions, &caption_lens, longest);
 
         let (image_rot, text_rot) = self.positions(&caption_lens, longest, rows, cols, device);
-        for block in &self.noise_refiner {
+        for (i, block) in self.noise_refiner.iter().enumerate() {
             let rot = image_rot.shallow_clone();
-            let out = self.weights.run_block(&[image, adaln.shallow_clone()], move |t| {
-                vec![block.forward(&t[0], None, &rot, Some(&t[1]))]
-            })?;
+            let out = self.weights.run_block(
+                "noise_refiner",
+                i,
+                &[image, adaln.shallow_clone()],
+                move |t| vec![block.forward(&t[0], None, &rot, Some(&t[1]))],
+            )?;
             [image] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
         let text_keys = (caption_lens.iter().any(|&l| l != longest)).then(|| {
@@ -192,10 +195,10 @@ impl ZImageTransformer {
             Tensor::arange(longest, (Kind::Int64, device)).view([1, longest]).lt_tensor(&lens)
         });
         let text_mask = text_keys.as_ref().map(|k| k.view([b, 1, 1, longest]));
-        for block in &self.context_refiner {
+        for (i, block) in self.context_refiner.iter().enumerate() {
             let (mask, rot) =
                 (text_mask.as_ref().map(Tensor::shallow_clone), text_rot.shallow_clone());
-            let out = self.weights.run_block(&[text], move |t| {
+            let out = self.weights.run_block("context_refiner", i, &[text], move |t| {
                 vec![block.forward(&t[0], mask.as_ref(), &rot, None)]
             })?;
             [text] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
@@ -207,11 +210,14 @@ impl ZImageTransformer {
             let image_keys = Tensor::ones([b, image_len], (Kind::Bool, device));
             Tensor::cat(&[image_keys, k], 1).view([b, 1, 1, image_len + longest])
         });
-        for block in &self.layers {
+        for (i, block) in self.layers.iter().enumerate() {
             let (mask, rot) = (mask.as_ref().map(Tensor::shallow_clone), rot.shallow_clone());
-            let out = self.weights.run_block(&[unified, adaln.shallow_clone()], move |t| {
-                vec![block.forward(&t[0], mask.as_ref(), &rot, Some(&t[1]))]
-            })?;
+            let out = self.weights.run_block(
+                "layers",
+                i,
+                &[unified, adaln.shallow_clone()],
+                move |t| vec![block.forward(&t[0], mask.as_ref(), &rot, Some(&t[1]))],
+            )?;
             [unified] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
         let out = self.final_layer.forward(&unified.narrow(1, 0, n), &adaln);
