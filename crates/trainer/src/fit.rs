@@ -82,6 +82,11 @@ fn check_shares(recipe: &Recipe, comm: &Comm) -> Result<(), TrainError> {
             "data.prompts_per_step {per_step} is less than the {ranks} ranks of this job; every rank needs at least one prompt group per step"
         )));
     }
+    if ranks > 1 && recipe.sharding() == Sharding::Frozen && per_step % ranks != 0 {
+        return Err(TrainError::Invalid(format!(
+            "data.prompts_per_step {per_step} does not divide by the {ranks} ranks of this job; trainer.sharding: frozen gathers each block on all ranks together, so every rank must sample as many prompt groups"
+        )));
+    }
     if ranks > 1 && !recipe.data.drop_last {
         return Err(TrainError::Invalid(format!(
             "data.drop_last: false with {ranks} ranks: an epoch's last, short step could leave a rank without prompts; set data.drop_last: true"
@@ -123,6 +128,13 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     let mut val_records = vec![];
     for f in &recipe.data.val_files {
         val_records.extend(PromptDataset::load(f)?.records);
+    }
+    let ranks = comm.size();
+    if ranks > 1 && recipe.sharding() == Sharding::Frozen && val_records.len() % ranks != 0 {
+        return Err(TrainError::Invalid(format!(
+            "data.val_files hold {} prompts, which do not divide by the {ranks} ranks of this job; trainer.sharding: frozen gathers each block on all ranks together, so every rank must validate as many",
+            val_records.len()
+        )));
     }
     if validating && val_records.is_empty() {
         return Err(TrainError::Invalid(

@@ -9,6 +9,7 @@ use flowtune_models::Denoiser;
 use flowtune_objectives::losses::{kl_to_reference, PolicyBatch, PolicyLoss};
 use flowtune_objectives::{Correction, Metrics};
 use flowtune_rollout::{Engine, RolloutBatch};
+use flowtune_sampling::StepOutput;
 use tch::{Kind, Tensor};
 
 use crate::collect::Collected;
@@ -35,13 +36,26 @@ pub(crate) fn replay_all<D: Denoiser + ?Sized>(
 ) -> Result<OldPolicy, TrainError> {
     tch::no_grad(|| {
         let (mut lp, mut means, mut std, mut dt) = (vec![], vec![], vec![], vec![]);
+        // `rollout.batch_size` rows at a time, as the rollout ran them: the same matmuls give the
+        // same numbers (and a rank's share of a step is not one oversized batch).
+        let n = rows.size()[0];
+        let size = match engine.sampler.batch_size {
+            0 => n,
+            b => b as i64,
+        };
         for j in 0..w {
-            let out = engine.replay_with(model, batch, rows, j)?;
-            lp.push(out.log_prob);
+            let outs = (0..n)
+                .step_by(size.max(1) as usize)
+                .map(|a| engine.replay_with(model, batch, &rows.narrow(0, a, size.min(n - a)), j))
+                .collect::<Result<Vec<_>, _>>()?;
+            let cat = |f: &dyn Fn(&StepOutput) -> Tensor| {
+                Tensor::cat(&outs.iter().map(f).collect::<Vec<_>>(), 0)
+            };
+            lp.push(cat(&|o| o.log_prob.shallow_clone()));
             if keep_means {
-                means.push(out.prev_sample_mean);
-                std.push(out.std_dev_t.reshape([-1]));
-                dt.push(out.sqrt_dt.reshape([-1]));
+                means.push(cat(&|o| o.prev_sample_mean.shallow_clone()));
+                std.push(cat(&|o| o.std_dev_t.reshape([-1])));
+                dt.push(cat(&|o| o.sqrt_dt.reshape([-1])));
             }
         }
         let stack = |v: Vec<Tensor>| (!v.is_empty()).then(|| Tensor::stack(&v, 1));

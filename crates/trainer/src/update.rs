@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use flowtune_config::Recipe;
+use flowtune_config::{Recipe, Sharding};
 use flowtune_objectives::Metrics;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -104,15 +104,31 @@ pub(crate) fn optimize(
     let t = &recipe.trainer;
     let mut means = MetricMeans::default();
     let (mut grad_norms, mut skipped) = (vec![], 0.0);
+    let sharded_blocks = recipe.sharding() == Sharding::Frozen && comm.size() > 1;
+    // What a rank with fewer passes than the others repeats (any unit it holds).
+    let filler: Vec<usize> = batching.owned.iter().position(|&o| o).into_iter().collect();
     for epoch in 0..t.ppo_epochs {
         let mut order: Vec<usize> = (0..batching.items).collect();
         order.shuffle(&mut ChaCha8Rng::seed_from_u64(crate::seeds::shuffle(recipe.seed, k, epoch)));
         for mb in order.chunks(batching.mini.max(1)) {
             let mine: Vec<usize> = mb.iter().copied().filter(|&i| batching.owned[i]).collect();
             let mut exact = t.exact_gradient_sum.then(|| ExactSum::new(&learner.optimizer.params));
-            for micro in mine.chunks(batching.micro.max(1)) {
-                let share = micro.len() as f64 / mb.len() as f64;
-                means.add_weighted(&micro_step(micro, share)?, micro.len() as f64);
+            let micros: Vec<&[usize]> = mine.chunks(batching.micro.max(1)).collect();
+            // Sharded blocks are gathered by every rank together, so every rank runs as many
+            // passes as the busiest one: the others repeat a pass at weight 0 (adding zeros).
+            let passes = match sharded_blocks {
+                true => comm.gather::<usize>(&micros.len())?.into_iter().max().unwrap_or(0),
+                false => micros.len(),
+            };
+            for pass in 0..passes {
+                let (micro, share) = match micros.get(pass) {
+                    Some(micro) => (*micro, micro.len() as f64 / mb.len() as f64),
+                    None => (&filler[..], 0.0),
+                };
+                let metrics = micro_step(micro, share)?;
+                if share > 0.0 {
+                    means.add_weighted(&metrics, micro.len() as f64);
+                }
                 if let Some(sum) = exact.as_mut() {
                     sum.absorb(&learner.optimizer.params);
                 }
