@@ -78,9 +78,14 @@ fn single(recipe: &str, out: &Path, extra: &[&str]) {
 
 /// Two ranks through `flowtune launch`.
 fn two_ranks(recipe: &str, out: &Path, extra: &[&str]) {
+    ranks(2, recipe, out, extra);
+}
+
+/// `n` ranks through `flowtune launch`.
+fn ranks(n: usize, recipe: &str, out: &Path, extra: &[&str]) {
     let mut c = flowtune();
-    c.args(["launch", "--nproc", "2", "--"]).args(train_args(recipe, out, extra));
-    check(c.output().unwrap(), "2-rank run");
+    c.args(["launch", "--nproc", &n.to_string(), "--"]).args(train_args(recipe, out, extra));
+    check(c.output().unwrap(), &format!("{n}-rank run"));
 }
 
 fn metrics(out: &Path) -> Vec<BTreeMap<String, serde_json::Value>> {
@@ -219,6 +224,60 @@ fn a_sharded_optimizer_trains_as_one_and_resumes_with_another_world_size() {
     assert_eq!(&zero | &one, whole, "the shares make up the one-process state");
     single("flow_grpo_tiny.yaml", &split, &[&full[..], &["trainer.total_steps=3"]].concat());
     assert_same_run(&straight, &split, 1..=3);
+}
+
+/// LoRA with every block's frozen weights sharded over 2, 3 and 4 ranks trains bit for bit as one
+/// process with the whole batch (gradients summed exactly), and each rank keeps 1/N of the
+/// blocks' weights; a 4-rank checkpoint resumes at 2 ranks and at 1 as an unbroken run.
+#[test]
+fn sharded_frozen_weights_train_as_one_process_and_resume_at_other_world_sizes() {
+    let dir = scratch("prompts");
+    let prompts = dir.join("twelve.txt");
+    let lines: Vec<String> = (0..12).map(|i| format!("a shape number {i}")).collect();
+    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    let data = format!("data.train_files=[{}]", prompts.display());
+    // 12 prompt groups a step, 2 per optimizer step: every world size gets whole micro-batches,
+    // and with 3 or 4 ranks some own none of a mini-batch (they repeat a pass at weight 0).
+    let common = [
+        SMOOTH,
+        &data,
+        "data.prompts_per_step=12",
+        "trainer.ppo_mini_batch_size=2",
+        "trainer.exact_gradient_sum=true",
+        "trainer.total_steps=2",
+    ];
+    let sharded = [&common[..], &["trainer.sharding=frozen"]].concat();
+    let one = scratch("frozen-one");
+    single("flow_grpo_tiny.yaml", &one, &common);
+    let mut kept = vec![];
+    for n in [2, 3, 4] {
+        let out = scratch(&format!("frozen-{n}"));
+        ranks(n, "flow_grpo_tiny.yaml", &out, &sharded);
+        assert_same_run(&one, &out, 1..=2);
+        assert_eq!(exported(&one), exported(&out), "{n} ranks: the LoRA is not bit-identical");
+        let last = metrics(&out).pop().unwrap();
+        kept.push((n, last["dist/sharded_weights_gb"].as_f64().unwrap()));
+    }
+    // Each rank's slices: the blocks' weights over N, plus at most one element of padding each.
+    let whole = kept[0].1 * 2.0;
+    for (n, gb) in kept {
+        assert!((gb * n as f64 - whole).abs() <= 1e-4 * whole, "{n} ranks keep {gb} GB of {whole}");
+    }
+    // Resume a 4-rank checkpoint at 2 ranks and at 1 for a third step.
+    let straight = scratch("frozen-straight");
+    let three = ["trainer.total_steps=3"];
+    single("flow_grpo_tiny.yaml", &straight, &[&common[..], &three].concat());
+    for (n, name) in [(2, "frozen-resume-2"), (1, "frozen-resume-1")] {
+        let out = scratch(name);
+        ranks(4, "flow_grpo_tiny.yaml", &out, &sharded);
+        let resumed = [&sharded[..], &three].concat();
+        match n {
+            1 => single("flow_grpo_tiny.yaml", &out, &[&common[..], &three].concat()),
+            _ => ranks(n, "flow_grpo_tiny.yaml", &out, &resumed),
+        }
+        assert_same_run(&straight, &out, 1..=3);
+        assert_eq!(exported(&straight), exported(&out), "resumed at {n}: not bit-identical");
+    }
 }
 
 /// Rank 1 is killed after the first checkpoint: rank 0 stops with an error well within the

@@ -59,7 +59,8 @@ pub(crate) fn known_peak_tflops(gpu: &str, kind: Kind) -> Option<f64> {
 
 /// `perf/tflops` (model TFLOP/s of this rank over the step); `perf/mfu` and `perf/mfu/actor`
 /// (the step's and the actor update's TFLOP/s over `peak_tflops`, or the GPU's known peak for
-/// `kind`); `perf/max_memory_rss_gb`, and on a GPU `perf/max_memory_allocated_gb` and
+/// `kind`); `perf/max_memory_rss_gb` and `perf/memory_rss_gb` (resident at the step's end),
+/// and on a GPU `perf/max_memory_allocated_gb` and
 /// `perf/max_memory_reserved_gb` since [`start_step`].
 pub(crate) fn step_metrics(
     start: &StepPerf,
@@ -82,6 +83,9 @@ pub(crate) fn step_metrics(
     }
     if let Some(gb) = peak_rss_gb() {
         m.insert("perf/max_memory_rss_gb".into(), gb);
+    }
+    if let Some(bytes) = status_bytes("VmRSS:") {
+        m.insert("perf/memory_rss_gb".into(), bytes as f64 / (1u64 << 30) as f64);
     }
     let peaks = match start.device {
         Device::Cuda(i) => flowtune_cuda::memory_peaks(i),
