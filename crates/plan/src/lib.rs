@@ -94,4 +94,16 @@ pub struct Setup {
     pub window_steps: u64,
     pub gpus: u64,
     pub gpu_memory_gib: f64,
+    /// `trainer.sharding`, resolved: what each rank keeps only 1/N of.
+    pub sharding: Sharding,
+}
+
+/// What each rank keeps only a share of (`trainer.sharding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharding {
+    None,
+    /// Masters and Adam moments of full fine-tuning (ZeRO-1).
+    Optimizer,
+    /// The frozen block weights of LoRA, one block gathered at a time.
+    Frozen,
 }

@@ -4,7 +4,8 @@ use serde::Serialize;
 
 use crate::denoisers::{Denoiser, Tokens};
 use crate::inventory::lora_targets;
-use crate::{Dtype, Offload, Pipeline, Setup};
+use crate::inventory::Inventory;
+use crate::{Dtype, Offload, Pipeline, Setup, Sharding};
 
 /// Where an item lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -47,10 +48,24 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let n = setup.gpus.max(1);
     let mut params = 0;
     let mut lora = 0;
+    let frozen_shards = !setup.full && setup.sharding == Sharding::Frozen && n > 1;
     for (name, den) in &pipe.denoisers {
         let p = den.inventory.params();
         params += p;
-        push(format!("{name} weights"), setup.dtype, p * d, Place::Device);
+        if frozen_shards {
+            let (blocks, largest) = block_params(&den.inventory);
+            let dt = setup.dtype;
+            push(
+                format!("{name} block weights (1/{n})"),
+                dt,
+                blocks.div_ceil(n) * d,
+                Place::Device,
+            );
+            push(format!("{name} one block gathered"), dt, largest * d, Place::Device);
+            push(format!("{name} other weights"), dt, (p - blocks) * d, Place::Device);
+        } else {
+            push(format!("{name} weights"), setup.dtype, p * d, Place::Device);
+        }
         if den.inventory.buffers > 0 {
             push(format!("{name} buffers"), setup.dtype, den.inventory.buffers * d, Place::Device);
         }
@@ -73,6 +88,7 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     if setup.full {
         push("gradients".into(), setup.dtype, params * d, Place::Device);
         // ZeRO-1: each rank keeps masters and moments of about 1/N of the weights.
+        let n = if setup.sharding == Sharding::Optimizer { n } else { 1 };
         let share = params.div_ceil(n);
         if setup.f32_master_weights && setup.dtype != Dtype::F32 {
             push(format!("f32 master weights (1/{n})"), Dtype::F32, 4 * share, Place::Device);
@@ -100,10 +116,10 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let tokens = image + text;
     let sequences = setup.micro_batch * if setup.cfg { 2 } else { 1 };
     // The constants are bf16 bytes; activations are in the denoiser's dtype (f32: twice).
-    let act = activations(den, image, text, setup.gradient_checkpointing)
-        * sequences as f64
-        * (d as f64 / 2.0);
-    let label = if setup.gradient_checkpointing { "checkpointed" } else { "no checkpointing" };
+    // Sharded blocks always recompute in backward.
+    let checkpointed = setup.gradient_checkpointing || frozen_shards;
+    let act = activations(den, image, text, checkpointed) * sequences as f64 * (d as f64 / 2.0);
+    let label = if checkpointed { "checkpointed" } else { "no checkpointing" };
     push(
         format!("activations ({sequences} seq × {tokens} tokens, {label})"),
         setup.dtype,
@@ -192,4 +208,35 @@ fn trajectory_bytes(pipe: &Pipeline, setup: &Setup) -> u64 {
     let latents = (setup.window_steps + 2) * frames * side * side * channels * 4;
     let text = text_tokens(den, setup) * den.text_width * setup.frozen_dtype.bytes();
     latents + text * if setup.cfg { 2 } else { 1 }
+}
+
+/// The block lists of the module trees the families build (what `trainer.sharding: frozen`
+/// shards).
+const BLOCK_LISTS: [&str; 6] = [
+    "transformer_blocks",
+    "single_transformer_blocks",
+    "blocks",
+    "layers",
+    "noise_refiner",
+    "context_refiner",
+];
+
+/// Linear-layer parameters inside blocks, and those of the largest block (norm scales inside
+/// blocks, under 0.1 % of them, count as other weights).
+fn block_params(inv: &Inventory) -> (u64, u64) {
+    let mut lists: Vec<(&str, u64, u64)> = vec![];
+    for l in &inv.linears {
+        let list = l.name.split('.').next().unwrap_or_default();
+        if !BLOCK_LISTS.contains(&list) {
+            continue;
+        }
+        let params = l.count * l.fan_in * l.fan_out;
+        match lists.iter_mut().find(|(name, ..)| *name == list) {
+            Some(e) => (e.1, e.2) = (e.1 + params, e.2.max(l.count)),
+            None => lists.push((list, params, l.count)),
+        }
+    }
+    let total = lists.iter().map(|e| e.1).sum();
+    let largest = lists.iter().map(|e| e.1.div_ceil(e.2.max(1))).max().unwrap_or(0);
+    (total, largest)
 }

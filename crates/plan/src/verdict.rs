@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::memory::plan;
-use crate::{Offload, Pipeline, Setup, GIB};
+use crate::{Offload, Pipeline, Setup, Sharding, GIB};
 
 /// Share of the device a plan may fill; the other 10 % is the reserve for the CUDA context,
 /// NCCL buffers, cuBLAS workspace and fragmentation (large-models.md §2.1, an assumption).
@@ -33,6 +33,7 @@ enum Change {
     Offload(Offload),
     MicroBatch(u64),
     Gpus(u64),
+    ShardFrozen,
 }
 
 impl Change {
@@ -42,6 +43,7 @@ impl Change {
             Self::Offload(o) => s.offload = o,
             Self::MicroBatch(m) => s.micro_batch = m,
             Self::Gpus(n) => s.gpus = n,
+            Self::ShardFrozen => s.sharding = Sharding::Frozen,
         }
     }
 
@@ -53,6 +55,7 @@ impl Change {
             Self::Offload(_) => "model.offload=encoders_and_vae".into(),
             Self::MicroBatch(m) => format!("trainer.micro_batch_size={m}"),
             Self::Gpus(n) => format!("--gpus {n}"),
+            Self::ShardFrozen => "trainer.sharding=frozen".into(),
         }
     }
 }
@@ -67,7 +70,7 @@ fn with(setup: &Setup, changes: &[Change]) -> Setup {
 }
 
 /// Whether `setup` fits; if not, tries in order checkpointing, offloading the encoders, then the
-/// VAE, halving the micro-batch, and (full fine-tuning, where ZeRO-1 shards masters and Adam
+/// VAE, (LoRA on several GPUs) sharding the frozen blocks, halving the micro-batch, and (full fine-tuning, where ZeRO-1 shards masters and Adam
 /// moments) more GPUs, keeping each change, then drops those the result does not need.
 pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
     let budget = USABLE * setup.gpu_memory_gib;
@@ -92,6 +95,9 @@ pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
         if setup.offload < o {
             changes.push(Change::Offload(o));
         }
+    }
+    if !setup.full && setup.gpus > 1 && setup.sharding != Sharding::Frozen {
+        changes.push(Change::ShardFrozen);
     }
     let mut m = setup.micro_batch;
     while m > 1 {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use flowtune_plan::memory::activations;
-use flowtune_plan::{plan, verdict, Dtype, Offload, Pipeline, Setup, GIB};
+use flowtune_plan::{plan, verdict, Dtype, Offload, Pipeline, Setup, Sharding, GIB};
 
 fn read(name: &str) -> Pipeline {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/models").join(name);
@@ -52,6 +52,7 @@ fn setup(full: bool, gpus: u64) -> Setup {
         window_steps: 2,
         gpus,
         gpu_memory_gib: 80.0,
+        sharding: if full { Sharding::Optimizer } else { Sharding::None },
     }
 }
 

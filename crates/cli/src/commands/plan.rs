@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use flowtune_config::{Finetune, Offload, Recipe};
+use flowtune_config::{Finetune, Offload, Recipe, Sharding};
 use flowtune_models::Dtype;
 use flowtune_objectives::Objective;
 use flowtune_plan::{plan, verdict, Pipeline, Place, Setup, GIB};
@@ -126,6 +126,11 @@ fn setup(recipe: &Recipe, class: &str, gpus: u64, gpu_memory_gib: f64) -> anyhow
         micro_batch: t.micro_batch_size as u64,
         gradient_checkpointing: t.gradient_checkpointing,
         f32_master_weights: t.f32_master_weights,
+        sharding: match recipe.sharding() {
+            Sharding::None => flowtune_plan::Sharding::None,
+            Sharding::Optimizer => flowtune_plan::Sharding::Optimizer,
+            Sharding::Frozen => flowtune_plan::Sharding::Frozen,
+        },
         // As each family's diffusers pipeline decides (`Denoiser::runs_cfg`): Z-Image for every
         // scale above 0, the others above 1.
         cfg: r.guidance_scale > if class == "ZImagePipeline" { 0.0 } else { 1.0 },
