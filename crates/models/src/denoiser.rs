@@ -12,7 +12,7 @@ use tch::{Kind, Tensor};
 
 use crate::lora::{self, Adapters};
 use crate::model_weights::ModelWeights;
-use crate::shard::ShardGroup;
+use crate::shard::{ShardGroup, ShardMode, ShardedBlocks};
 use crate::weights::{load_weights, LoadOptions};
 use crate::{ModelError, TextConditioning};
 
@@ -207,10 +207,15 @@ pub trait TrainableDenoiser: Denoiser {
         self.weights().checkpointing.set(on);
     }
 
-    /// Keeps this rank's share of the transformer blocks' frozen base weights only, gathering
-    /// each block over `group` when it runs (LoRA under `trainer.sharding: frozen`).
-    fn shard_blocks(&self, group: Arc<dyn ShardGroup>) -> Result<(), ModelError> {
-        self.weights().shard_blocks(group)
+    /// Keeps this rank's share of the transformer blocks' base weights only, gathering each block
+    /// over `group` when it runs (`trainer.sharding: frozen` or `full`).
+    fn shard_blocks(&self, group: Arc<dyn ShardGroup>, mode: ShardMode) -> Result<(), ModelError> {
+        self.weights().shard_blocks(group, mode)
+    }
+
+    /// The sharded blocks of a model that has one set of them (not the two-expert Wan).
+    fn sharded(&self) -> Option<&ShardedBlocks> {
+        self.weights().sharded.get()
     }
 
     /// Bytes of sharded block weights this rank keeps, and of the largest block gathered.
@@ -241,11 +246,20 @@ pub trait TrainableDenoiser: Denoiser {
             .collect()
     }
 
-    /// What trains: the adapters when there are some, else every base weight.
+    /// What trains: the adapters when there are some, else every base weight (a sharded block's
+    /// weights as the block's master slice).
     fn trainable_parameters(&self) -> BTreeMap<String, Tensor> {
         match self.adapters() {
             Some(adapters) => adapters.store.variables().into_iter().collect(),
-            None => self.full_parameters(),
+            None => {
+                // Sharded blocks train through their f32 master slices, named by block.
+                let mut params = self.full_parameters();
+                if let Some(sharded) = self.sharded() {
+                    params.retain(|name, _| !sharded.holds(name));
+                    params.extend(sharded.masters());
+                }
+                params
+            }
         }
     }
 

@@ -11,7 +11,7 @@ use tch::{Device, Kind};
 
 use crate::lora::{AdapterSwitch, Adapters, LoraConfig};
 use crate::nn::{LoraScope, Scope};
-use crate::shard::{ShardGroup, ShardedBlocks};
+use crate::shard::{ShardGroup, ShardMode, ShardedBlocks};
 use crate::weights::{checkpoint_files, load_weights, store, LoadOptions};
 use crate::ModelError;
 
@@ -51,21 +51,20 @@ impl ModelWeights {
             return Ok(unsafe { flowtune_recompute::checkpointed(inputs, block) }?);
         };
         let name = format!("{list}.{index}");
-        sharded.gather(&name)?;
         if !flowtune_recompute::grad_enabled() {
+            sharded.gather(&name)?;
             let out = block(inputs);
-            sharded.release();
+            sharded.release()?;
             return Ok(out);
         }
+        // Gathered under no-grad for the forward, and again with grad when backward recomputes
+        // the block; a failed collective panics, which the checkpoint turns into an error.
         let gathered = move |t: &[tch::Tensor]| {
-            // Backward's rerun: a failed gather is a failed collective, which the checkpoint
-            // turns into an error.
-            if let Err(e) = sharded.gather(&name) {
-                panic!("{e}");
-            }
+            let fail = |e: ModelError| panic!("{e}");
+            sharded.gather(&name).unwrap_or_else(fail);
             let out = block(t);
             if !flowtune_recompute::grad_enabled() {
-                sharded.release();
+                sharded.release().unwrap_or_else(fail);
             }
             out
         };
@@ -74,10 +73,14 @@ impl ModelWeights {
         Ok(unsafe { flowtune_recompute::checkpointed(inputs, gathered) }?)
     }
 
-    /// Keeps this rank's share of the blocks' frozen base weights only (LoRA's
-    /// `trainer.sharding: frozen`); each block is gathered when it runs.
-    pub fn shard_blocks(&self, group: Arc<dyn ShardGroup>) -> Result<(), ModelError> {
-        let sharded = ShardedBlocks::new(&self.base, self.blocks, group)?;
+    /// Keeps this rank's share of the blocks' base weights only (`trainer.sharding: frozen` or
+    /// `full`); each block is gathered when it runs.
+    pub fn shard_blocks(
+        &self,
+        group: Arc<dyn ShardGroup>,
+        mode: ShardMode,
+    ) -> Result<(), ModelError> {
+        let sharded = ShardedBlocks::new(&self.base, self.blocks, group, mode)?;
         self.sharded
             .set(sharded)
             .map_err(|_| ModelError::Input("the blocks are sharded already".into()))

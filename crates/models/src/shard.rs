@@ -1,7 +1,13 @@
-//! Frozen weights sharded over the ranks of a job (FSDP's full sharding of parameters that do
-//! not train): each rank keeps 1/N of every transformer block's base weights as one flat slice;
-//! a block's weights are all-gathered just before it runs and dropped when the next block is
-//! gathered, so a rank holds its slices plus one whole block at a time.
+//! Transformer blocks sharded over the ranks of a job (FSDP's full sharding, block by block): each
+//! rank keeps 1/N of every block's weights as one flat slice; a block's weights are all-gathered in
+//! the model's dtype just before it runs and dropped when the next block is gathered, so a rank
+//! holds its slices plus one whole block at a time.
+//!
+//! Two modes. [`ShardMode::Frozen`] (LoRA) keeps the frozen base weights' slices in the model's
+//! dtype. [`ShardMode::Full`] (full fine-tuning) keeps f32 master slices that the optimizer
+//! updates ([`ShardedBlocks::masters`]); the gradients a block's weights collect in backward are
+//! reduce-scattered (summed over the ranks, in f32, or f64 when exact) into a per-slice sum when
+//! the block is dropped, and [`ShardedBlocks::take_gradients`] hands that sum to the masters.
 //!
 //! The module tree keeps its tensors: gathering points each weight at its part of the gathered
 //! buffer, dropping points it at an empty tensor (`Tensor::set_data`, which autograd does not
@@ -9,7 +15,7 @@
 //! sharded blocks always run through activation checkpointing, whose backward recomputes one
 //! block and backpropagates through it before the next block is gathered.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -18,26 +24,50 @@ use tch::{Kind, Tensor};
 
 use crate::ModelError;
 
-/// The collective sharded weights need: the ranks' slices, concatenated in rank order.
+/// The collectives sharded weights need.
 pub trait ShardGroup: Send + Sync {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
     /// `out` = every rank's `shard` concatenated along dim 0, in rank order.
     fn all_gather_into(&self, out: &mut Tensor, shard: &Tensor) -> Result<(), String>;
+    /// `out` = this rank's dim-0 block of `full`, summed over the ranks.
+    fn reduce_scatter_into(&self, out: &mut Tensor, full: &Tensor) -> Result<(), String>;
+}
+
+/// What is sharded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardMode {
+    /// Frozen base weights (LoRA): slices in the model's dtype.
+    Frozen,
+    /// Trained weights: f32 master slices and their summed gradients, in f64 when `exact`.
+    Full { exact: bool },
 }
 
 /// One block's weights.
 struct Unit {
-    /// The block's variables (sharing the model's tensors), by name, and their shapes.
-    params: Vec<(Tensor, Vec<i64>)>,
+    /// The block's variables (sharing the model's tensors), by checkpoint name, and shapes.
+    params: Vec<(String, Tensor, Vec<i64>)>,
     /// This rank's slice of the block's weights, flattened in name order and padded to a
-    /// multiple of the ranks.
+    /// multiple of the ranks: the model's dtype (frozen) or the f32 master (full).
     shard: Tensor,
+    /// The sum of this slice's gradients since the last [`ShardedBlocks::take_gradients`] (full).
+    grad: Option<Tensor>,
+    /// Whether the gathered weights ran under autograd and so may hold gradients (full).
+    recorded: Cell<bool>,
+}
+
+impl Unit {
+    fn numel(&self) -> i64 {
+        self.params.iter().map(|(_, _, s)| s.iter().product::<i64>()).sum()
+    }
 }
 
 /// The sharded blocks of one model.
 pub struct ShardedBlocks {
     group: Arc<dyn ShardGroup>,
+    mode: ShardMode,
+    /// The dtype blocks run in.
+    kind: Kind,
     units: BTreeMap<String, Unit>,
     /// The block whose weights are gathered now.
     gathered: RefCell<Option<String>>,
@@ -59,13 +89,18 @@ pub fn block_of(name: &str, lists: &[&str]) -> Option<String> {
     index.parse::<usize>().ok().map(|i| format!("{list}.{i}"))
 }
 
+fn collective(what: String) -> impl FnOnce(String) -> ModelError {
+    move |e| ModelError::Input(format!("{what}: {e}"))
+}
+
 impl ShardedBlocks {
     /// Keeps this rank's slice of every block in `lists` of `store` and drops the rest of their
-    /// weights (the stores' variables stay, empty until gathered).
+    /// weights (the store's variables stay, empty until gathered).
     pub fn new(
         store: &VarStore,
         lists: &[&str],
         group: Arc<dyn ShardGroup>,
+        mode: ShardMode,
     ) -> Result<Self, ModelError> {
         let mut grouped: BTreeMap<String, Vec<(String, Tensor)>> = BTreeMap::new();
         for (name, var) in store.variables() {
@@ -73,56 +108,80 @@ impl ShardedBlocks {
                 grouped.entry(block).or_default().push((name, var));
             }
         }
-        if grouped.is_empty() {
+        let Some(kind) = grouped.values().flatten().map(|(_, v)| v.kind()).next() else {
             return Err(ModelError::Input(format!("no weights under {lists:?} to shard")));
-        }
-        let (rank, world) = (group.rank() as i64, group.size() as i64);
+        };
+        let mut sharded =
+            Self { group, mode, kind, units: BTreeMap::new(), gathered: RefCell::new(None) };
         let _guard = tch::no_grad_guard();
-        let mut units = BTreeMap::new();
         for (block, mut vars) in grouped {
             vars.sort_by(|a, b| a.0.cmp(&b.0));
-            let kinds: Vec<Kind> = vars.iter().map(|(_, v)| v.kind()).collect();
-            if kinds.iter().any(|k| *k != kinds[0]) {
-                let message = format!("{block} mixes weight kinds {kinds:?}; sharding needs one");
+            if let Some((name, v)) = vars.iter().find(|(_, v)| v.kind() != kind) {
+                let message = format!("{name} is {:?}, the other block weights {kind:?}; sharding needs one dtype", v.kind());
                 return Err(ModelError::Input(message));
             }
             let flat =
                 Tensor::cat(&vars.iter().map(|(_, v)| v.reshape([-1])).collect::<Vec<_>>(), 0);
-            let per_rank = (flat.numel() as i64 + world - 1) / world;
-            let start = (rank * per_rank).min(flat.numel() as i64);
-            let end = ((rank + 1) * per_rank).min(flat.numel() as i64);
-            let shard = Tensor::zeros([per_rank], (flat.kind(), flat.device()));
-            shard.narrow(0, 0, end - start).copy_(&flat.narrow(0, start, end - start));
-            let params: Vec<(Tensor, Vec<i64>)> = vars
+            let shard = sharded.slice(&flat);
+            let (shard, grad) = match mode {
+                ShardMode::Frozen => (shard, None),
+                ShardMode::Full { exact } => {
+                    let acc = if exact { Kind::Double } else { Kind::Float };
+                    let grad = shard.zeros_like().to_kind(acc);
+                    (shard.to_kind(Kind::Float).set_requires_grad(true), Some(grad))
+                }
+            };
+            let params = vars
                 .into_iter()
-                .map(|(_, mut v)| {
+                .map(|(name, mut v)| {
                     let shape = v.size();
                     v.set_data(&empty_like(&v));
-                    (v, shape)
+                    (name, v, shape)
                 })
                 .collect();
-            units.insert(block, Unit { params, shard });
+            let unit = Unit { params, shard, grad, recorded: Cell::new(false) };
+            sharded.units.insert(block, unit);
         }
-        Ok(Self { group, units, gathered: RefCell::new(None) })
+        Ok(sharded)
+    }
+
+    /// This rank's padded slice of a block's flat values.
+    fn slice(&self, flat: &Tensor) -> Tensor {
+        let (rank, world) = (self.group.rank() as i64, self.group.size() as i64);
+        let n = flat.numel() as i64;
+        let per_rank = (n + world - 1) / world;
+        let (start, end) = ((rank * per_rank).min(n), ((rank + 1) * per_rank).min(n));
+        let shard = Tensor::zeros([per_rank], (flat.kind(), flat.device()));
+        shard.narrow(0, 0, end - start).copy_(&flat.narrow(0, start, end - start));
+        shard
+    }
+
+    /// Every rank's slices of `block` put together: the block's flat values.
+    fn whole(&self, block: &str, shard: &Tensor) -> Result<Tensor, ModelError> {
+        let world = self.group.size() as i64;
+        let mut whole =
+            Tensor::empty([shard.numel() as i64 * world], (shard.kind(), shard.device()));
+        self.group
+            .all_gather_into(&mut whole, shard)
+            .map_err(collective(format!("gathering the weights of {block}")))?;
+        Ok(whole)
     }
 
     /// Makes `block`'s weights whole (dropping the block gathered before, if another); a block
     /// that is not sharded is left alone.
     pub fn gather(&self, block: &str) -> Result<(), ModelError> {
         let Some(unit) = self.units.get(block) else { return Ok(()) };
+        if flowtune_recompute::grad_enabled() {
+            unit.recorded.set(matches!(self.mode, ShardMode::Full { .. }));
+        }
         if self.gathered.borrow().as_deref() == Some(block) {
             return Ok(());
         }
-        self.release();
-        let (shard, world) = (&unit.shard, self.group.size() as i64);
-        let mut whole =
-            Tensor::empty([shard.numel() as i64 * world], (shard.kind(), shard.device()));
-        self.group
-            .all_gather_into(&mut whole, shard)
-            .map_err(|e| ModelError::Input(format!("gathering the weights of {block}: {e}")))?;
+        self.release()?;
         let _guard = tch::no_grad_guard();
+        let whole = self.whole(block, &unit.shard.detach().to_kind(self.kind))?;
         let mut offset = 0;
-        for (var, shape) in &unit.params {
+        for (_, var, shape) in &unit.params {
             let n: i64 = shape.iter().product();
             var.shallow_clone().set_data(&whole.narrow(0, offset, n).view(shape.as_slice()));
             offset += n;
@@ -131,31 +190,118 @@ impl ShardedBlocks {
         Ok(())
     }
 
-    /// Drops the gathered block's weights, if any.
-    pub fn release(&self) {
-        let Some(block) = self.gathered.borrow_mut().take() else { return };
-        for (var, _) in &self.units[&block].params {
+    /// Drops the gathered block's weights, if any, first summing the gradients they collected
+    /// over the ranks into this rank's slice (full).
+    pub fn release(&self) -> Result<(), ModelError> {
+        let Some(block) = self.gathered.borrow_mut().take() else { return Ok(()) };
+        let unit = &self.units[&block];
+        let _guard = tch::no_grad_guard();
+        if let (true, Some(acc)) = (unit.recorded.replace(false), &unit.grad) {
+            let grads: Vec<Tensor> = unit
+                .params
+                .iter()
+                .map(|(_, var, shape)| {
+                    let g = var.grad();
+                    let g = if g.defined() { g } else { Tensor::zeros(shape.as_slice(), (acc.kind(), acc.device())) };
+                    flowtune_recompute::clear_grad(var);
+                    g.reshape([-1]).to_kind(acc.kind())
+                })
+                .collect();
+            let full = Tensor::zeros([acc.numel() as i64 * self.group.size() as i64], (acc.kind(), acc.device()));
+            full.narrow(0, 0, unit.numel()).copy_(&Tensor::cat(&grads, 0));
+            let mut summed = acc.zeros_like();
+            self.group
+                .reduce_scatter_into(&mut summed, &full)
+                .map_err(collective(format!("summing the gradients of {block}")))?;
+            let _ = acc.shallow_clone().f_add_(&summed)?;
+        }
+        for (_, var, _) in &unit.params {
             var.shallow_clone().set_data(&empty_like(var));
         }
+        Ok(())
+    }
+
+    /// The f32 master slices the optimizer trains, by block name (full).
+    pub fn masters(&self) -> BTreeMap<String, Tensor> {
+        match self.mode {
+            ShardMode::Full { .. } => {
+                self.units.iter().map(|(b, u)| (b.clone(), u.shard.shallow_clone())).collect()
+            }
+            ShardMode::Frozen => BTreeMap::new(),
+        }
+    }
+
+    /// Drops the gathered block (summing its gradients), then adds every slice's summed gradients
+    /// to its master's gradient (rounded to f32 once) and starts the sums again (full).
+    pub fn take_gradients(&self) -> Result<(), ModelError> {
+        self.release()?;
+        for unit in self.units.values() {
+            let Some(acc) = &unit.grad else { continue };
+            // d/dm Σ m·g = g: autograd puts the sum in the master's gradient, as it would its own.
+            let g = acc.to_kind(Kind::Float);
+            tch::with_grad(|| (&unit.shard * g).sum(Kind::Float).backward());
+            let _ = acc.shallow_clone().f_zero_()?;
+        }
+        Ok(())
+    }
+
+    /// Every rank's slices of `shards` (one tensor per block, as [`Self::masters`] names them),
+    /// gathered and cut into the block weights they hold, by checkpoint name, in `kind`.
+    pub fn unshard(
+        &self,
+        shards: &BTreeMap<String, Tensor>,
+        kind: Kind,
+    ) -> Result<Vec<(String, Tensor)>, ModelError> {
+        let _guard = tch::no_grad_guard();
+        let mut named = vec![];
+        for (block, unit) in &self.units {
+            let whole = self.whole(block, &shards[block].detach().contiguous())?;
+            let mut offset = 0;
+            for (name, _, shape) in &unit.params {
+                let n: i64 = shape.iter().product();
+                let t = whole.narrow(0, offset, n).view(shape.as_slice()).to_kind(kind);
+                named.push((name.clone(), t));
+                offset += n;
+            }
+        }
+        Ok(named)
+    }
+
+    /// This rank's slice of each block from whole block weights by checkpoint name (the inverse
+    /// of [`Self::unshard`]); `None` when `named` lacks one of a block's weights.
+    pub fn reshard(&self, named: &BTreeMap<String, Tensor>) -> Option<BTreeMap<String, Tensor>> {
+        let _guard = tch::no_grad_guard();
+        self.units
+            .iter()
+            .map(|(block, unit)| {
+                let parts = unit
+                    .params
+                    .iter()
+                    .map(|(name, ..)| Some(named.get(name)?.reshape([-1]).to_kind(Kind::Float)))
+                    .collect::<Option<Vec<_>>>()?;
+                Some((block.clone(), self.slice(&Tensor::cat(&parts, 0))))
+            })
+            .collect()
+    }
+
+    /// Whether `name` is a weight inside a sharded block.
+    pub fn holds(&self, name: &str) -> bool {
+        self.units.values().any(|u| u.params.iter().any(|(n, ..)| n == name))
     }
 
     /// Bytes of block weights this rank keeps between blocks (its slices).
     pub fn shard_bytes(&self) -> i64 {
-        self.units
-            .values()
-            .map(|u| u.shard.numel() as i64 * u.shard.kind().elt_size_in_bytes() as i64)
-            .sum()
+        self.units.values().map(|u| u.shard.numel() as i64 * bytes(u.shard.kind())).sum()
     }
 
     /// Bytes of the largest block, gathered.
     pub fn largest_block_bytes(&self) -> i64 {
-        let world = self.group.size() as i64;
-        self.units
-            .values()
-            .map(|u| u.shard.numel() as i64 * world * u.shard.kind().elt_size_in_bytes() as i64)
-            .max()
-            .unwrap_or(0)
+        self.units.values().map(|u| u.numel() * bytes(self.kind)).max().unwrap_or(0)
     }
+}
+
+fn bytes(kind: Kind) -> i64 {
+    kind.elt_size_in_bytes() as i64
 }
 
 /// A tensor of no elements with `t`'s kind and device.
@@ -170,15 +316,16 @@ mod tests {
     #[test]
     fn weights_belong_to_their_block() {
         let lists = ["transformer_blocks", "single_transformer_blocks"];
+        let block = |n| block_of(n, &lists);
         assert_eq!(
-            block_of("transformer_blocks.12.attn.to_q.weight", &lists).as_deref(),
+            block("transformer_blocks.12.attn.to_q.weight").as_deref(),
             Some("transformer_blocks.12")
         );
         assert_eq!(
-            block_of("single_transformer_blocks.0.proj_out.bias", &lists).as_deref(),
+            block("single_transformer_blocks.0.proj_out.bias").as_deref(),
             Some("single_transformer_blocks.0")
         );
-        assert_eq!(block_of("transformer_blocks_extra.1.w", &lists), None);
-        assert_eq!(block_of("proj_out.weight", &lists), None);
+        assert_eq!(block("transformer_blocks_extra.1.w"), None);
+        assert_eq!(block("proj_out.weight"), None);
     }
 }

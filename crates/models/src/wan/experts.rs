@@ -164,9 +164,15 @@ impl TrainableDenoiser for WanExperts {
     fn shard_blocks(
         &self,
         group: std::sync::Arc<dyn crate::shard::ShardGroup>,
+        mode: crate::shard::ShardMode,
     ) -> Result<(), ModelError> {
-        self.high.shard_blocks(group.clone())?;
-        self.low.shard_blocks(group)
+        if mode != crate::shard::ShardMode::Frozen {
+            let message = "trainer.sharding: full is not built for the two-expert Wan2.2 yet; \
+                           use optimizer (ZeRO-1)";
+            return Err(ModelError::Input(message.into()));
+        }
+        self.high.shard_blocks(group.clone(), mode)?;
+        self.low.shard_blocks(group, mode)
     }
 
     fn sharded_bytes(&self) -> Option<(i64, i64)> {
