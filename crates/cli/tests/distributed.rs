@@ -224,6 +224,24 @@ fn a_sharded_optimizer_trains_as_one_and_resumes_with_another_world_size() {
 /// blocks' weights; a 4-rank checkpoint resumes at 2 ranks and at 1 as an unbroken run.
 #[test]
 fn sharded_frozen_weights_train_as_one_process_and_resume_at_other_world_sizes() {
+    check_sharding("frozen", &[], &["trainer.sharding=frozen"]);
+}
+
+/// Full fine-tuning with every block's weights, gradients and moments sharded over 2, 3 and 4
+/// ranks trains bit for bit as one process that recomputes its blocks' activations as sharded
+/// blocks do (checkpointing changes the order in which a shared input's gradient is summed), and
+/// a 4-rank checkpoint resumes at 2 ranks and at 1 as an unbroken run. The checkpoint holds
+/// whole weights by name, as one process's does.
+#[test]
+fn fully_sharded_weights_train_as_one_process_and_resume_at_other_world_sizes() {
+    let full = ["model.finetune=full", "trainer.lr=1e-4", "trainer.gradient_checkpointing=true"];
+    check_sharding("full", &full, &["trainer.sharding=full"]);
+}
+
+/// One process and `sharding` at 2, 3 and 4 ranks train alike for 2 steps; 4-rank checkpoints
+/// resume at 2 ranks and at 1 for a third step as an unbroken one-process run. `base` applies to
+/// every run.
+fn check_sharding(name: &str, base: &[&str], sharding: &[&str]) {
     let dir = scratch("prompts");
     let prompts = dir.join("twelve.txt");
     let lines: Vec<String> = (0..12).map(|i| format!("a shape number {i}")).collect();
@@ -231,23 +249,19 @@ fn sharded_frozen_weights_train_as_one_process_and_resume_at_other_world_sizes()
     let data = format!("data.train_files=[{}]", prompts.display());
     // 12 prompt groups a step, 2 per optimizer step: every world size gets whole micro-batches,
     // and with 3 or 4 ranks some own none of a mini-batch (they repeat a pass at weight 0).
-    let common = [
-        SMOOTH,
-        &data,
-        "data.prompts_per_step=12",
-        "trainer.ppo_mini_batch_size=2",
-        "trainer.exact_gradient_sum=true",
-        "trainer.total_steps=2",
-    ];
-    let sharded = [&common[..], &["trainer.sharding=frozen"]].concat();
-    let one = scratch("frozen-one");
-    single("flow_grpo_tiny.yaml", &one, &common);
+    let common =
+        [&[SMOOTH, &data, "data.prompts_per_step=12", "trainer.ppo_mini_batch_size=2"], base]
+            .concat();
+    let two = [&common[..], &["trainer.total_steps=2"]].concat();
+    let sharded = [&two[..], sharding].concat();
+    let one = scratch(&format!("{name}-one"));
+    single("flow_grpo_tiny.yaml", &one, &two);
     let mut kept = vec![];
     for n in [2, 3, 4] {
-        let out = scratch(&format!("frozen-{n}"));
+        let out = scratch(&format!("{name}-{n}"));
         ranks(n, "flow_grpo_tiny.yaml", &out, &sharded);
         assert_same_run(&one, &out, 1..=2);
-        assert_eq!(exported(&one), exported(&out), "{n} ranks: the LoRA is not bit-identical");
+        assert_eq!(exported(&one), exported(&out), "{n} ranks: the weights are not bit-identical");
         let last = metrics(&out).pop().unwrap();
         kept.push((n, last["dist/sharded_weights_gb"].as_f64().unwrap()));
     }
@@ -257,16 +271,15 @@ fn sharded_frozen_weights_train_as_one_process_and_resume_at_other_world_sizes()
         assert!((gb * n as f64 - whole).abs() <= 1e-4 * whole, "{n} ranks keep {gb} GB of {whole}");
     }
     // Resume a 4-rank checkpoint at 2 ranks and at 1 for a third step.
-    let straight = scratch("frozen-straight");
-    let three = ["trainer.total_steps=3"];
-    single("flow_grpo_tiny.yaml", &straight, &[&common[..], &three].concat());
-    for (n, name) in [(2, "frozen-resume-2"), (1, "frozen-resume-1")] {
-        let out = scratch(name);
+    let straight = scratch(&format!("{name}-straight"));
+    let three = [&common[..], &["trainer.total_steps=3"]].concat();
+    single("flow_grpo_tiny.yaml", &straight, &three);
+    for n in [2, 1] {
+        let out = scratch(&format!("{name}-resume-{n}"));
         ranks(4, "flow_grpo_tiny.yaml", &out, &sharded);
-        let resumed = [&sharded[..], &three].concat();
         match n {
-            1 => single("flow_grpo_tiny.yaml", &out, &[&common[..], &three].concat()),
-            _ => ranks(n, "flow_grpo_tiny.yaml", &out, &resumed),
+            1 => single("flow_grpo_tiny.yaml", &out, &three),
+            _ => ranks(n, "flow_grpo_tiny.yaml", &out, &[&three[..], sharding].concat()),
         }
         assert_same_run(&straight, &out, 1..=3);
         assert_eq!(exported(&straight), exported(&out), "resumed at {n}: not bit-identical");

@@ -152,12 +152,20 @@ impl Recipe {
                     .into(),
             ));
         }
+        if self.trainer.sharding == Some(Sharding::Full) && self.model.finetune != Finetune::Full {
+            return Err((
+                "trainer.sharding".into(),
+                "full shards the trained weights of full fine-tuning; it needs model.finetune: \
+                 full (for LoRA use frozen)"
+                    .into(),
+            ));
+        }
         if self.trainer.sharding == Some(Sharding::Frozen) && self.model.finetune != Finetune::Lora
         {
             return Err((
                 "trainer.sharding".into(),
                 "frozen shards the frozen base weights under LoRA; it needs model.finetune: lora \
-                 (for full fine-tuning use optimizer)"
+                 (for full fine-tuning use optimizer or full)"
                     .into(),
             ));
         }

@@ -205,9 +205,10 @@ pub struct TrainerSection {
     /// updates the copy and the model gets it rounded, so steps smaller than the model dtype's
     /// resolution add up instead of rounding away. Checkpointed beside the Adam moments.
     pub f32_master_weights: bool,
-    /// What is split over the ranks of a job: `none`, `optimizer` (the Adam moments, ZeRO-1) or
+    /// What is split over the ranks of a job: `none`, `optimizer` (the Adam moments, ZeRO-1),
     /// `frozen` (LoRA: each rank keeps 1/N of every transformer block's frozen weights and
-    /// gathers a block just before it runs). Unset: `optimizer` under full fine-tuning, `none`
+    /// gathers a block just before it runs) or `full` (full fine-tuning: the blocks' weights,
+    /// gradients and moments in 1/N slices). Unset: `optimizer` under full fine-tuning, `none`
     /// under LoRA.
     pub sharding: Option<Sharding>,
     /// Sum the gradients of a step's micro-batches and ranks in f64, ranks in rank order, and
@@ -228,6 +229,9 @@ pub enum Sharding {
     Optimizer,
     /// The frozen base weights of the transformer blocks under LoRA.
     Frozen,
+    /// Full fine-tuning: the transformer blocks' weights as f32 master slices, their gradients
+    /// and Adam moments (FSDP's full sharding).
+    Full,
 }
 
 impl Default for TrainerSection {

@@ -265,20 +265,63 @@ pub trait TrainableDenoiser: Denoiser {
 
     /// Writes every base weight (checkpoint names, on the CPU) as one safetensors file.
     fn save_weights(&self, path: &Path) -> Result<(), ModelError> {
-        refuse_sharded(self.weights(), "saving the base weights")?;
+        Ok(Tensor::write_safetensors(&self.named_weights()?, path)?)
+    }
+
+    /// Every base weight by checkpoint name, on the CPU, in name order. With trained sharded
+    /// blocks, their slices are gathered from every rank (so every rank must call it).
+    fn named_weights(&self) -> Result<Vec<(String, Tensor)>, ModelError> {
+        let sharded = self.sharded();
+        if sharded.is_some_and(|s| !s.trains()) {
+            refuse_sharded(self.weights(), "saving the base weights")?;
+        }
         let mut named: Vec<(String, Tensor)> = self
             .store()
             .variables()
             .into_iter()
+            .filter(|(n, _)| !sharded.is_some_and(|s| s.holds(n)))
             .map(|(n, t)| (n, t.detach().to_device(tch::Device::Cpu)))
             .collect();
+        if let Some(sharded) = sharded {
+            let blocks = sharded.unshard(&sharded.masters(), sharded.kind())?;
+            named.extend(blocks.into_iter().map(|(n, t)| (n, t.to_device(tch::Device::Cpu))));
+        }
         named.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(Tensor::write_safetensors(&named, path)?)
+        Ok(named)
     }
 
-    /// Reads base weights saved by [`Self::save_weights`] (names and shapes checked).
+    /// Reads base weights saved by [`Self::save_weights`] (names and shapes checked); trained
+    /// sharded blocks take this rank's slices of theirs.
     fn load_weights_file(&mut self, path: &Path) -> Result<(), ModelError> {
-        load_weights(&mut self.weights_mut().base, &[path.to_path_buf()], LoadOptions::default())
+        let Some(sharded) = self.sharded() else {
+            let files = [path.to_path_buf()];
+            return load_weights(&mut self.weights_mut().base, &files, LoadOptions::default());
+        };
+        let named: BTreeMap<String, Tensor> = Tensor::read_safetensors(path)?.into_iter().collect();
+        let missing =
+            |name: String| ModelError::Missing { path: path.display().to_string(), names: name };
+        let slices =
+            sharded.reshard(&named).ok_or_else(|| missing("a sharded block's weight".into()))?;
+        let _guard = tch::no_grad_guard();
+        for (block, master) in sharded.masters() {
+            master.shallow_clone().copy_(&slices[&block]);
+        }
+        for (name, var) in self.store().variables() {
+            if sharded.holds(&name) {
+                continue;
+            }
+            let saved = named.get(&name).ok_or_else(|| missing(name.clone()))?;
+            if saved.size() != var.size() {
+                return Err(ModelError::Shape {
+                    path: path.display().to_string(),
+                    name,
+                    expected: var.size(),
+                    found: saved.size(),
+                });
+            }
+            var.shallow_clone().copy_(saved);
+        }
+        Ok(())
     }
 
     /// The reference implementation's forward on its own argument names (`hidden_states`,

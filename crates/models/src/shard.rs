@@ -117,7 +117,10 @@ impl ShardedBlocks {
         for (block, mut vars) in grouped {
             vars.sort_by(|a, b| a.0.cmp(&b.0));
             if let Some((name, v)) = vars.iter().find(|(_, v)| v.kind() != kind) {
-                let message = format!("{name} is {:?}, the other block weights {kind:?}; sharding needs one dtype", v.kind());
+                let message = format!(
+                    "{name} is {:?}, the other block weights {kind:?}; sharding needs one dtype",
+                    v.kind()
+                );
                 return Err(ModelError::Input(message));
             }
             let flat =
@@ -202,12 +205,19 @@ impl ShardedBlocks {
                 .iter()
                 .map(|(_, var, shape)| {
                     let g = var.grad();
-                    let g = if g.defined() { g } else { Tensor::zeros(shape.as_slice(), (acc.kind(), acc.device())) };
+                    let g = if g.defined() {
+                        g
+                    } else {
+                        Tensor::zeros(shape.as_slice(), (acc.kind(), acc.device()))
+                    };
                     flowtune_recompute::clear_grad(var);
                     g.reshape([-1]).to_kind(acc.kind())
                 })
                 .collect();
-            let full = Tensor::zeros([acc.numel() as i64 * self.group.size() as i64], (acc.kind(), acc.device()));
+            let full = Tensor::zeros(
+                [acc.numel() as i64 * self.group.size() as i64],
+                (acc.kind(), acc.device()),
+            );
             full.narrow(0, 0, unit.numel()).copy_(&Tensor::cat(&grads, 0));
             let mut summed = acc.zeros_like();
             self.group
@@ -282,6 +292,16 @@ impl ShardedBlocks {
                 Some((block.clone(), self.slice(&Tensor::cat(&parts, 0))))
             })
             .collect()
+    }
+
+    /// Whether the slices are trained weights (full), not frozen ones.
+    pub fn trains(&self) -> bool {
+        matches!(self.mode, ShardMode::Full { .. })
+    }
+
+    /// The dtype blocks run in.
+    pub fn kind(&self) -> Kind {
+        self.kind
     }
 
     /// Whether `name` is a weight inside a sharded block.

@@ -96,6 +96,8 @@ pub struct Setup {
     pub gpu_memory_gib: f64,
     /// `trainer.sharding`, resolved: what each rank keeps only 1/N of.
     pub sharding: Sharding,
+    /// `trainer.exact_gradient_sum`: sharded blocks' gradient sums in f64.
+    pub exact_gradient_sum: bool,
 }
 
 /// What each rank keeps only a share of (`trainer.sharding`).
@@ -106,4 +108,6 @@ pub enum Sharding {
     Optimizer,
     /// The frozen block weights of LoRA, one block gathered at a time.
     Frozen,
+    /// Full fine-tuning: block weights as f32 master slices, their gradient sums and moments.
+    Full,
 }

@@ -49,10 +49,21 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let mut params = 0;
     let mut lora = 0;
     let frozen_shards = !setup.full && setup.sharding == Sharding::Frozen && n > 1;
+    let full_shards = setup.full && setup.sharding == Sharding::Full && n > 1;
+    // Under full sharding: (block parameters, largest block) summed over the denoisers.
+    let (mut sharded, mut largest_block) = (0, 0);
     for (name, den) in &pipe.denoisers {
         let p = den.inventory.params();
         params += p;
-        if frozen_shards {
+        if full_shards {
+            let (blocks, largest) = block_params(&den.inventory);
+            (sharded, largest_block) = (sharded + blocks, largest_block.max(largest));
+            let f32 = Dtype::F32;
+            let slices = format!("{name} block weights, f32 masters (1/{n})");
+            push(slices, f32, blocks.div_ceil(n) * 4, Place::Device);
+            push(format!("{name} one block gathered"), setup.dtype, largest * d, Place::Device);
+            push(format!("{name} other weights"), setup.dtype, (p - blocks) * d, Place::Device);
+        } else if frozen_shards {
             let (blocks, largest) = block_params(&den.inventory);
             let dt = setup.dtype;
             push(
@@ -85,7 +96,32 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         let place = host_if(setup.offload == Offload::EncodersAndVae);
         push(format!("{} ({})", v.name, v.class), frozen, v.params * frozen.bytes(), place);
     }
-    if setup.full {
+    if full_shards {
+        let (whole, share) = (params - sharded, sharded.div_ceil(n));
+        let acc = if setup.exact_gradient_sum { 8 } else { 4 };
+        push(format!("block gradient sums (1/{n})"), Dtype::F32, acc * share, Place::Device);
+        push("one block's gradients".into(), setup.dtype, largest_block * d, Place::Device);
+        push("other gradients".into(), setup.dtype, whole * d, Place::Device);
+        push(
+            format!("Adam moments (blocks 1/{n})"),
+            Dtype::F32,
+            8 * (share + whole),
+            Place::Device,
+        );
+        if setup.reference_copy {
+            let bytes = (share + largest_block + whole) * d;
+            push(format!("reference copy (blocks 1/{n})"), setup.dtype, bytes, Place::Device);
+        }
+        if setup.weight_copies > 0 {
+            let bytes = setup.weight_copies * (4 * share + whole * d);
+            push(
+                format!("EMA / old-policy copies (blocks 1/{n})"),
+                Dtype::F32,
+                bytes,
+                Place::Device,
+            );
+        }
+    } else if setup.full {
         push("gradients".into(), setup.dtype, params * d, Place::Device);
         // ZeRO-1: each rank keeps masters and moments of about 1/N of the weights.
         let n = if setup.sharding == Sharding::Optimizer { n } else { 1 };
@@ -117,7 +153,7 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let sequences = setup.micro_batch * if setup.cfg { 2 } else { 1 };
     // The constants are bf16 bytes; activations are in the denoiser's dtype (f32: twice).
     // Sharded blocks always recompute in backward.
-    let checkpointed = setup.gradient_checkpointing || frozen_shards;
+    let checkpointed = setup.gradient_checkpointing || frozen_shards || full_shards;
     let act = activations(den, image, text, checkpointed) * sequences as f64 * (d as f64 / 2.0);
     let label = if checkpointed { "checkpointed" } else { "no checkpointing" };
     push(

@@ -34,6 +34,7 @@ enum Change {
     MicroBatch(u64),
     Gpus(u64),
     ShardFrozen,
+    ShardFull,
 }
 
 impl Change {
@@ -44,6 +45,7 @@ impl Change {
             Self::MicroBatch(m) => s.micro_batch = m,
             Self::Gpus(n) => s.gpus = n,
             Self::ShardFrozen => s.sharding = Sharding::Frozen,
+            Self::ShardFull => s.sharding = Sharding::Full,
         }
     }
 
@@ -56,6 +58,7 @@ impl Change {
             Self::MicroBatch(m) => format!("trainer.micro_batch_size={m}"),
             Self::Gpus(n) => format!("--gpus {n}"),
             Self::ShardFrozen => "trainer.sharding=frozen".into(),
+            Self::ShardFull => "trainer.sharding=full".into(),
         }
     }
 }
@@ -99,6 +102,9 @@ pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
     if !setup.full && setup.gpus > 1 && setup.sharding != Sharding::Frozen {
         changes.push(Change::ShardFrozen);
     }
+    if setup.full && setup.sharding != Sharding::Full {
+        changes.push(Change::ShardFull);
+    }
     let mut m = setup.micro_batch;
     while m > 1 {
         m /= 2;
@@ -113,11 +119,14 @@ pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
         }
     }
     let Some(last) = (1..=changes.len()).find(|&k| fits(&with(setup, &changes[..k]))) else {
-        let more =
-            if setup.full { format!(" or up to {MAX_GPUS} GPUs of ZeRO-1") } else { String::new() };
+        let more = if setup.full {
+            format!(" or full sharding over up to {MAX_GPUS} GPUs")
+        } else {
+            String::new()
+        };
         let m = format!(
             "does not fit ({now:.1} GiB > {budget:.1}), nor with checkpointing, offload, \
-             micro-batch 1{more}: needs sharding (FSDP, not yet built)"
+             sharding, micro-batch 1{more}: needs CPU offload of the shards (not built yet)"
         );
         return verdict(false, vec![], None, m);
     };

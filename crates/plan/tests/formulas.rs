@@ -53,6 +53,7 @@ fn setup(full: bool, gpus: u64) -> Setup {
         gpus,
         gpu_memory_gib: 80.0,
         sharding: if full { Sharding::Optimizer } else { Sharding::None },
+        exact_gradient_sum: false,
     }
 }
 

@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use flowtune_data::LoaderState;
+use flowtune_models::shard::ShardedBlocks;
 use flowtune_models::TrainableDenoiser;
 use serde::{Deserialize, Serialize};
-use tch::Tensor;
+use tch::{Device, Kind, Tensor};
 
 use crate::dist::Comm;
 use crate::optim::Ema;
@@ -60,8 +61,13 @@ pub(crate) fn save(
         std::fs::create_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
     }
     comm.barrier()?;
+    // Trained sharded blocks: gathered from every rank and saved by weight name, as unsharded.
+    let blocks = match model.sharded().filter(|s| s.trains()) {
+        Some(blocks) => Some(gather_blocks(blocks, model, learner)?),
+        None => None,
+    };
     let moments = |named: &mut Vec<(String, Tensor)>| {
-        for (name, t) in optimizer.exp_avg.iter() {
+        for (name, t) in optimizer.exp_avg.iter().filter(|(n, _)| !optimizer.local.contains(*n)) {
             named.push((format!("exp_avg.{name}"), t.shallow_clone()));
             named.push((format!("exp_avg_sq.{name}"), optimizer.exp_avg_sq[name].shallow_clone()));
         }
@@ -79,15 +85,18 @@ pub(crate) fn save(
         comm.barrier()?;
         return Ok(dir);
     }
-    if model.adapters().is_some() {
-        model.save_lora(&tmp.join(ADAPTERS))?;
-    } else {
-        model.save_weights(&tmp.join(WEIGHTS))?;
-    }
     let mut named: Vec<(String, Tensor)> = vec![];
+    match (model.adapters().is_some(), blocks) {
+        (true, _) => model.save_lora(&tmp.join(ADAPTERS))?,
+        (false, None) => model.save_weights(&tmp.join(WEIGHTS))?,
+        (false, Some((weights, state))) => {
+            Tensor::write_safetensors(&weights, tmp.join(WEIGHTS))?;
+            named.extend(state);
+        }
+    }
     moments(&mut named);
     for (prefix, shadow) in shadows(learner) {
-        for (name, t) in &shadow.shadow {
+        for (name, t) in shadow.shadow.iter().filter(|(n, _)| !optimizer.local.contains(*n)) {
             named.push((format!("{prefix}.{name}"), t.shallow_clone()));
         }
     }
@@ -119,6 +128,47 @@ pub(crate) fn save(
     }
     comm.barrier()?;
     Ok(dir)
+}
+
+/// The weights of a model with trained sharded blocks, and the blocks' Adam moments, f32
+/// masters (of a model in another dtype) and shadows, gathered from every rank by weight name.
+type Gathered = (Vec<(String, Tensor)>, Vec<(String, Tensor)>);
+
+fn gather_blocks(
+    blocks: &ShardedBlocks,
+    model: &dyn TrainableDenoiser,
+    learner: &Learner,
+) -> Result<Gathered, TrainError> {
+    let optimizer = &learner.optimizer;
+    let slices = |m: &BTreeMap<String, Tensor>| -> BTreeMap<String, Tensor> {
+        let local = m.iter().filter(|(n, _)| optimizer.local.contains(*n));
+        local.map(|(n, t)| (n.clone(), t.shallow_clone())).collect()
+    };
+    let mut parts = vec![("exp_avg", slices(&optimizer.exp_avg))];
+    parts.push(("exp_avg_sq", slices(&optimizer.exp_avg_sq)));
+    if blocks.kind() != Kind::Float {
+        parts.push(("master", blocks.masters()));
+    }
+    parts.extend(shadows(learner).map(|(prefix, shadow)| (prefix, slices(&shadow.shadow))));
+    let mut state = vec![];
+    for (prefix, part) in parts {
+        for (name, t) in blocks.unshard(&part, Kind::Float)? {
+            state.push((format!("{prefix}.{name}"), t.to_device(Device::Cpu)));
+        }
+    }
+    Ok((model.named_weights()?, state))
+}
+
+/// This rank's slices of the blocks' entries `prefix.<weight>` of `saved`, by block.
+fn block_slices(
+    blocks: &ShardedBlocks,
+    saved: &BTreeMap<String, Tensor>,
+    prefix: &str,
+) -> Option<BTreeMap<String, Tensor>> {
+    let named = saved.iter().filter_map(|(n, t)| {
+        Some((n.strip_prefix(prefix)?.strip_prefix('.')?.to_string(), t.shallow_clone()))
+    });
+    blocks.reshard(&named.collect())
 }
 
 /// Complete checkpoints under `root` as (step, directory), oldest first.
@@ -176,7 +226,7 @@ pub(crate) fn load(
         saved.extend(Tensor::read_safetensors(&file)?);
     }
     let _guard = tch::no_grad_guard();
-    for (name, m) in optimizer.exp_avg.iter() {
+    for (name, m) in optimizer.exp_avg.iter().filter(|(n, _)| !optimizer.local.contains(*n)) {
         let (sm, sv) =
             (saved.get(&format!("exp_avg.{name}")), saved.get(&format!("exp_avg_sq.{name}")));
         let (Some(sm), Some(sv)) = (sm, sv) else {
@@ -194,8 +244,37 @@ pub(crate) fn load(
         master.shallow_clone().copy_(value);
     }
     optimizer.steps = state.optimizer_steps;
+    if let Some(blocks) = model.sharded().filter(|s| s.trains()) {
+        let missing = |what: &str| {
+            TrainError::Invalid(format!(
+                "{}: no {what} for a sharded block's weight in {OPTIMIZER}",
+                dir.display()
+            ))
+        };
+        for (prefix, moments) in
+            [("exp_avg", &optimizer.exp_avg), ("exp_avg_sq", &optimizer.exp_avg_sq)]
+        {
+            for (block, t) in block_slices(blocks, &saved, prefix).ok_or_else(|| missing(prefix))? {
+                moments[&block].shallow_clone().copy_(&t);
+            }
+        }
+        // A checkpoint of a model in f32, or without masters, leaves the masters at the weights.
+        if let Some(masters) = block_slices(blocks, &saved, "master") {
+            for (block, master) in blocks.masters() {
+                master.shallow_clone().copy_(&masters[&block]);
+            }
+        }
+    }
     for (prefix, shadow) in shadows(learner) {
-        for (name, value) in &shadow.shadow {
+        if let Some(blocks) = model.sharded().filter(|s| s.trains()) {
+            let slices = block_slices(blocks, &saved, prefix).unwrap_or_else(|| blocks.masters());
+            for (block, t) in slices {
+                shadow.shadow[&block].shallow_clone().copy_(&t);
+            }
+        }
+        for (name, value) in
+            shadow.shadow.iter().filter(|(n, _)| !learner.optimizer.local.contains(*n))
+        {
             // A checkpoint from a run without this shadow starts it at the loaded weights.
             let saved = saved.get(&format!("{prefix}.{name}"));
             value.shallow_clone().copy_(saved.unwrap_or(&learner.optimizer.params[name]));

@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use flowtune_config::{Recipe, Sharding};
 use flowtune_dist::{Backend, DistEnv, ProcessGroup, ReduceOp};
-use flowtune_models::shard::ShardGroup;
+use flowtune_models::shard::{ShardGroup, ShardMode};
 use flowtune_models::TrainableDenoiser;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
+use crate::reference::Reference;
 use crate::TrainError;
 
 /// Gradients are summed in flat buffers of at most this many elements.
@@ -113,19 +114,41 @@ impl Comm {
         Ok(Tensor::cat(&parts, 0))
     }
 
-    /// Under `trainer.sharding: frozen` and several ranks, keeps this rank's share of the
-    /// denoiser's frozen block weights only.
-    pub fn shard_frozen_blocks(
+    /// Whether this job shards the transformer blocks (`trainer.sharding: frozen` or `full`
+    /// over several ranks).
+    pub fn shards_blocks(&self, recipe: &Recipe) -> bool {
+        self.size() > 1 && matches!(recipe.sharding(), Sharding::Frozen | Sharding::Full)
+    }
+
+    /// When this job shards the blocks, keeps this rank's share of the denoiser's block weights
+    /// only (and of a frozen reference copy's).
+    pub(crate) fn shard_blocks(
         &self,
         recipe: &Recipe,
         denoiser: &dyn TrainableDenoiser,
+        reference: Option<&Reference>,
     ) -> Result<(), TrainError> {
-        match &self.group {
-            Some(group) if recipe.sharding() == Sharding::Frozen => {
-                Ok(denoiser.shard_blocks(Arc::new(BlockGroup(group.clone())))?)
-            }
-            _ => Ok(()),
+        let Some(group) = self.group.as_ref().filter(|_| self.shards_blocks(recipe)) else {
+            return Ok(());
+        };
+        let group: Arc<dyn ShardGroup> = Arc::new(BlockGroup(group.clone()));
+        let mode = match recipe.sharding() {
+            Sharding::Full => ShardMode::Full { exact: recipe.trainer.exact_gradient_sum },
+            _ => ShardMode::Frozen,
+        };
+        denoiser.shard_blocks(group.clone(), mode)?;
+        if let Some(Reference::Frozen(copy)) = reference {
+            copy.shard_blocks(group, ShardMode::Frozen)?;
         }
+        Ok(())
+    }
+
+    /// `x` summed over the ranks.
+    pub fn sum_f64(&self, x: f64) -> Result<f64, TrainError> {
+        let Some(group) = &self.group else { return Ok(x) };
+        let mut t = Tensor::from_slice(&[x]).to_device(self.device);
+        group.all_reduce_(&mut t, ReduceOp::Sum)?;
+        Ok(t.double_value(&[0]))
     }
 
     /// Sums the gradients of `params` over the ranks, in flat f32 buckets (a bf16 gradient is
@@ -244,6 +267,10 @@ impl ShardGroup for BlockGroup {
 
     fn all_gather_into(&self, out: &mut Tensor, shard: &Tensor) -> Result<(), String> {
         self.0.all_gather_into(out, shard).map_err(|e| e.to_string())
+    }
+
+    fn reduce_scatter_into(&self, out: &mut Tensor, full: &Tensor) -> Result<(), String> {
+        self.0.reduce_scatter_into(out, full, ReduceOp::Sum).map_err(|e| e.to_string())
     }
 }
 

@@ -82,9 +82,10 @@ fn check_shares(recipe: &Recipe, comm: &Comm) -> Result<(), TrainError> {
             "data.prompts_per_step {per_step} is less than the {ranks} ranks of this job; every rank needs at least one prompt group per step"
         )));
     }
-    if ranks > 1 && recipe.sharding() == Sharding::Frozen && per_step % ranks != 0 {
+    if comm.shards_blocks(recipe) && per_step % ranks != 0 {
         return Err(TrainError::Invalid(format!(
-            "data.prompts_per_step {per_step} does not divide by the {ranks} ranks of this job; trainer.sharding: frozen gathers each block on all ranks together, so every rank must sample as many prompt groups"
+            "data.prompts_per_step {per_step} does not divide by the {ranks} ranks of this job; trainer.sharding: {} gathers each block on all ranks together, so every rank must sample as many prompt groups",
+            sharding_name(recipe)
         )));
     }
     if ranks > 1 && !recipe.data.drop_last {
@@ -93,6 +94,14 @@ fn check_shares(recipe: &Recipe, comm: &Comm) -> Result<(), TrainError> {
         )));
     }
     Ok(())
+}
+
+/// `trainer.sharding` as the recipe would spell it.
+fn sharding_name(recipe: &Recipe) -> String {
+    serde_json::to_value(recipe.sharding())
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
 }
 
 /// Runs `recipe` on `device` until `trainer.total_steps`, resuming as `trainer.resume` says. In a
@@ -130,10 +139,11 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         val_records.extend(PromptDataset::load(f)?.records);
     }
     let ranks = comm.size();
-    if ranks > 1 && recipe.sharding() == Sharding::Frozen && val_records.len() % ranks != 0 {
+    if comm.shards_blocks(recipe) && val_records.len() % ranks != 0 {
         return Err(TrainError::Invalid(format!(
-            "data.val_files hold {} prompts, which do not divide by the {ranks} ranks of this job; trainer.sharding: frozen gathers each block on all ranks together, so every rank must validate as many",
-            val_records.len()
+            "data.val_files hold {} prompts, which do not divide by the {ranks} ranks of this job; trainer.sharding: {} gathers each block on all ranks together, so every rank must validate as many",
+            val_records.len(),
+            sharding_name(recipe)
         )));
     }
     if validating && val_records.is_empty() {
@@ -144,15 +154,18 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     }
 
     pipe.denoiser().set_gradient_checkpointing(t.gradient_checkpointing);
-    comm.shard_frozen_blocks(recipe, pipe.denoiser())?;
-    let sharded = pipe.denoiser().sharded_bytes();
-    let params = pipe.denoiser().trainable_parameters();
     let reference =
         Reference::for_recipe(recipe, pipe.as_ref(), algorithm.needs_reference(recipe))?;
+    comm.shard_blocks(recipe, pipe.denoiser(), reference.as_ref())?;
+    let sharded = pipe.denoiser().sharded_bytes();
+    let params = pipe.denoiser().trainable_parameters();
     let ema = t.ema_decay.map(|d| Ema::new(d, &params));
     // DiffusionNFT's old policy starts as a copy of the trained weights.
     let old = algorithm.keeps_old_policy().then(|| Ema::new(0.0, &params));
     let mut optimizer = AdamW::new(params, t.betas, t.eps, t.weight_decay);
+    if let Some(blocks) = pipe.denoiser().sharded().filter(|s| s.trains()) {
+        optimizer.local = blocks.masters().into_keys().collect();
+    }
     if recipe.sharding() == Sharding::Optimizer && comm.size() > 1 {
         // Each rank keeps its share of the Adam moments only (ZeRO-1).
         optimizer.shard(comm.rank(), comm.size());
@@ -295,7 +308,8 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
 /// Writes the trained weights for use outside flowtune: the LoRA in the diffusers/PEFT layout
 /// (`lora/pytorch_lora_weights.safetensors`), or after full fine-tuning a diffusers
 /// `transformer/` folder to put in place of the pipeline's. `ema` names the EMA variant. Only the
-/// writing rank (`write`) writes; every rank returns the path.
+/// writing rank (`write`) writes; every rank calls it (sharded blocks are gathered) and returns
+/// the path.
 fn export_weights(
     pipe: &dyn FlowPipeline,
     out_dir: &Path,
@@ -311,16 +325,24 @@ fn export_weights(
         (false, true) => (out_dir.join("ema_transformer"), "diffusion_pytorch_model.safetensors"),
     };
     let path = dir.join(file);
+    // Trained sharded blocks are gathered from every rank.
+    let gathered = !lora && model.sharded().is_some();
+    if !write && !gathered {
+        return Ok(path);
+    }
+    let named = if lora { None } else { Some(model.named_weights()?) };
     if !write {
         return Ok(path);
     }
     std::fs::create_dir_all(&dir).map_err(|e| TrainError::io(&dir, e))?;
-    if lora {
-        model.save_lora(&path)?;
-    } else {
-        model.save_weights(&path)?;
-        let config = pipe.denoiser_dir().join("config.json");
-        std::fs::copy(&config, dir.join("config.json")).map_err(|e| TrainError::io(&config, e))?;
+    match named {
+        None => model.save_lora(&path)?,
+        Some(named) => {
+            tch::Tensor::write_safetensors(&named, &path)?;
+            let config = pipe.denoiser_dir().join("config.json");
+            let copied = std::fs::copy(&config, dir.join("config.json"));
+            copied.map_err(|e| TrainError::io(&config, e))?;
+        }
     }
     Ok(path)
 }

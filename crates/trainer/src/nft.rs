@@ -72,7 +72,7 @@ pub(crate) fn nft_step(
     let params =
         learner.optimizer.params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
     let mut old = learner.old.take().expect("diffusion_nft keeps an old policy");
-    let result = optimize(learner, run, batching, k, lr, |micro, scale| {
+    let result = optimize(learner, run, batching, k, lr, |micro, scale, backward| {
         // `micro` holds step-wide positions; this rank's tensors start at `c.owned.start`.
         let idx = micro.iter().map(|&i| (i - c.owned.start) as i64).collect::<Vec<_>>();
         let idx = Tensor::from_slice(&idx).to_device(device);
@@ -120,7 +120,7 @@ pub(crate) fn nft_step(
             let total = finite_loss(&out.loss, k, &format!("nft timestep slot {j}"))?;
             means.add(&out.metrics);
             means.add(&Metrics::from([("actor/loss".to_string(), total)]));
-            (out.loss * (scale / slots as f64)).backward();
+            backward.run(&(out.loss * (scale / slots as f64)))?;
         }
         Ok(means.means())
     });

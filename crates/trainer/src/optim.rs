@@ -22,6 +22,10 @@ pub struct AdamW {
     /// f32 copies of the non-f32 parameters this rank updates (`trainer.f32_master_weights`):
     /// the update is applied to them and the parameters take their rounding.
     pub master: BTreeMap<String, Tensor>,
+    /// Parameters that are this rank's slice of sharded blocks (`trainer.sharding: full`):
+    /// their gradients are summed over the ranks already, and the ranks' slices together make
+    /// the gradient norm.
+    pub local: BTreeSet<String>,
 }
 
 impl AdamW {
@@ -44,6 +48,7 @@ impl AdamW {
             weight_decay,
             owners: None,
             master: BTreeMap::new(),
+            local: BTreeSet::new(),
         }
     }
 
@@ -78,19 +83,38 @@ impl AdamW {
 
     /// L2 norm of all gradients (0 for parameters without one).
     pub fn grad_norm(&self) -> f64 {
-        let sq: f64 = self
-            .params
-            .values()
-            .map(|p| p.grad())
-            .filter(|g| g.defined())
-            .map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]))
-            .sum();
-        sq.sqrt()
+        let (whole, local) = self.grad_squares();
+        (whole + local).sqrt()
+    }
+
+    /// Sums of squared gradients: of the parameters every rank holds whole, and of this rank's
+    /// slices ([`Self::local`]).
+    pub fn grad_squares(&self) -> (f64, f64) {
+        let (mut whole, mut local) = (0.0, 0.0);
+        for (name, p) in &self.params {
+            let g = p.grad();
+            if g.defined() {
+                let sq = g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]);
+                *if self.local.contains(name) { &mut local } else { &mut whole } += sq;
+            }
+        }
+        (whole, local)
+    }
+
+    /// The parameters every rank holds whole (those whose gradients the ranks sum).
+    pub fn whole_params(&self) -> BTreeMap<String, Tensor> {
+        let whole = self.params.iter().filter(|(n, _)| !self.local.contains(*n));
+        whole.map(|(n, p)| (n.clone(), p.shallow_clone())).collect()
     }
 
     /// Scales gradients so their total norm is at most `max_norm`; returns the norm before.
     pub fn clip_grad_norm(&self, max_norm: f64) -> f64 {
-        let norm = self.grad_norm();
+        self.clip_to(self.grad_norm(), max_norm)
+    }
+
+    /// Scales gradients whose total norm is `norm` so that it is at most `max_norm`; returns
+    /// `norm`.
+    pub fn clip_to(&self, norm: f64, max_norm: f64) -> f64 {
         if norm.is_finite() && norm > max_norm {
             let scale = max_norm / (norm + 1e-6);
             for g in self.params.values().map(|p| p.grad()).filter(|g| g.defined()) {

@@ -14,7 +14,7 @@ use tch::{Kind, Tensor};
 
 use crate::collect::Collected;
 use crate::run::Run;
-use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
+use crate::update::{finite_loss, optimize, Backward, Batching, Learner, MetricMeans};
 use crate::TrainError;
 
 /// Old-policy quantities of every (row, window step): log-probs and transition means.
@@ -151,8 +151,8 @@ pub(crate) fn policy_step(
         first: c.owned.start,
     };
     let batching = Batching::groups(recipe, c.rewards.len(), c.owned.clone());
-    m.extend(optimize(learner, run, batching, k, lr, |micro, scale| {
-        inputs.micro_step(run, micro, scale / w as f64, k)
+    m.extend(optimize(learner, run, batching, k, lr, |micro, scale, backward| {
+        inputs.micro_step(run, micro, scale / w as f64, k, backward)
     })?);
     update.finish(m);
     Ok(())
@@ -184,6 +184,7 @@ impl Inputs<'_> {
         micro: &[usize],
         scale: f64,
         k: u64,
+        backward: &Backward,
     ) -> Result<Metrics, TrainError> {
         let recipe = run.recipe;
         let device = self.rows.device();
@@ -223,7 +224,7 @@ impl Inputs<'_> {
             }
             let total = finite_loss(&loss, k, &format!("window step {j}"))?;
             means.add(&Metrics::from([("actor/loss".to_string(), total)]));
-            (loss * scale).backward();
+            backward.run(&(loss * scale))?;
         }
         Ok(means.means())
     }

@@ -203,7 +203,7 @@ fn update(
         mini: t.ppo_mini_batch_size,
         micro: (t.micro_batch_size / 2).max(1),
     };
-    m.extend(optimize(learner, run, batching, k, lr, |micro, scale| {
+    m.extend(optimize(learner, run, batching, k, lr, |micro, scale, backward| {
         let rows: Vec<i64> =
             micro.iter().map(|&p| local[p] as i64).flat_map(|p| [2 * p, 2 * p + 1]).collect();
         let idx = Tensor::from_slice(&rows).to_device(device);
@@ -221,7 +221,7 @@ fn update(
             recipe.actor.dpo_beta,
         )?;
         let total = finite_loss(&out.loss, k, "dpo")?;
-        (out.loss * scale).backward();
+        backward.run(&(out.loss * scale))?;
         let mut metrics = out.metrics;
         metrics.insert("actor/loss".into(), total);
         Ok(metrics)

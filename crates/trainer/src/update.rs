@@ -5,15 +5,18 @@
 //! draws the same mini-batches of the whole step and trains the units it holds, so the update is
 //! the one a single process would make on the whole batch.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use flowtune_config::{Recipe, Sharding};
+use flowtune_config::Recipe;
+use flowtune_models::shard::ShardedBlocks;
 use flowtune_objectives::Metrics;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+use tch::Tensor;
 
 use crate::dist::ExactSum;
 use crate::optim::{AdamW, Ema};
@@ -89,8 +92,9 @@ impl Batching {
 }
 
 /// Runs `trainer.ppo_epochs` passes over `batching.items` units at training step `k`.
-/// `micro_step(units, scale)` computes the losses of some of this rank's units (indices into the
-/// whole step), backpropagates each times `scale`, and returns its metrics. Returns the means over
+/// `micro_step(units, scale, backward)` computes the losses of some of this rank's units (indices
+/// into the whole step), backpropagates each times `scale` through `backward`, and returns its
+/// metrics. Returns the means over
 /// all ranks plus `actor/grad_norm` and `actor/skipped_steps`.
 pub(crate) fn optimize(
     learner: &mut Learner,
@@ -98,13 +102,14 @@ pub(crate) fn optimize(
     batching: Batching,
     k: u64,
     lr: f64,
-    mut micro_step: impl FnMut(&[usize], f64) -> Result<Metrics, TrainError>,
+    mut micro_step: impl FnMut(&[usize], f64, &Backward) -> Result<Metrics, TrainError>,
 ) -> Result<Metrics, TrainError> {
     let (recipe, comm) = (run.recipe, &run.comm);
     let t = &recipe.trainer;
     let mut means = MetricMeans::default();
     let (mut grad_norms, mut skipped) = (vec![], 0.0);
-    let sharded_blocks = recipe.sharding() == Sharding::Frozen && comm.size() > 1;
+    let sharded_blocks = comm.shards_blocks(recipe);
+    let trained_blocks = run.engine.pipe.denoiser().sharded().filter(|s| s.trains());
     // What a rank with fewer passes than the others repeats (any unit it holds).
     let filler: Vec<usize> = batching.owned.iter().position(|&o| o).into_iter().collect();
     for epoch in 0..t.ppo_epochs {
@@ -112,7 +117,12 @@ pub(crate) fn optimize(
         order.shuffle(&mut ChaCha8Rng::seed_from_u64(crate::seeds::shuffle(recipe.seed, k, epoch)));
         for mb in order.chunks(batching.mini.max(1)) {
             let mine: Vec<usize> = mb.iter().copied().filter(|&i| batching.owned[i]).collect();
-            let mut exact = t.exact_gradient_sum.then(|| ExactSum::new(&learner.optimizer.params));
+            let whole = learner.optimizer.whole_params();
+            let backward = Backward {
+                blocks: trained_blocks,
+                exact: RefCell::new(t.exact_gradient_sum.then(|| ExactSum::new(&whole))),
+                whole: &whole,
+            };
             let micros: Vec<&[usize]> = mine.chunks(batching.micro.max(1)).collect();
             // Sharded blocks are gathered by every rank together, so every rank runs as many
             // passes as the busiest one: the others repeat a pass at weight 0 (adding zeros).
@@ -125,20 +135,22 @@ pub(crate) fn optimize(
                     Some(micro) => (*micro, micro.len() as f64 / mb.len() as f64),
                     None => (&filler[..], 0.0),
                 };
-                let metrics = micro_step(micro, share)?;
+                let metrics = micro_step(micro, share, &backward)?;
                 if share > 0.0 {
                     means.add_weighted(&metrics, micro.len() as f64);
                 }
-                if let Some(sum) = exact.as_mut() {
-                    sum.absorb(&learner.optimizer.params);
-                }
+            }
+            if let Some(blocks) = trained_blocks {
+                blocks.take_gradients()?;
             }
             let optimizer = &mut learner.optimizer;
-            let untouched = match exact {
-                Some(sum) => comm.sum_exact(&optimizer.params, sum)?,
-                None => comm.sum_gradients(&optimizer.params)?,
+            let untouched = match backward.exact.into_inner() {
+                Some(sum) => comm.sum_exact(&whole, sum)?,
+                None => comm.sum_gradients(&whole)?,
             };
-            let norm = optimizer.clip_grad_norm(t.max_grad_norm);
+            let (whole_sq, local_sq) = optimizer.grad_squares();
+            let local_sq = if optimizer.local.is_empty() { 0.0 } else { comm.sum_f64(local_sq)? };
+            let norm = optimizer.clip_to((whole_sq + local_sq).sqrt(), t.max_grad_norm);
             if norm.is_finite() {
                 optimizer.step(lr, &untouched);
                 if let Some(owners) = &optimizer.owners {
@@ -163,6 +175,29 @@ pub(crate) fn optimize(
     m.insert("actor/grad_norm".into(), mean_norm);
     m.insert("actor/skipped_steps".into(), skipped);
     Ok(m)
+}
+
+/// How a micro-step backpropagates a loss: autograd's backward, then (trained sharded blocks) the
+/// last block's gradients summed over the ranks into its slice, then (`exact_gradient_sum`) the
+/// gradients moved into the f64 sum. Summing every backward's gradients in f64 makes the sum the
+/// same however the rows and the blocks' gradients are split.
+pub(crate) struct Backward<'a> {
+    blocks: Option<&'a ShardedBlocks>,
+    exact: RefCell<Option<ExactSum>>,
+    whole: &'a BTreeMap<String, Tensor>,
+}
+
+impl Backward<'_> {
+    pub fn run(&self, loss: &Tensor) -> Result<(), TrainError> {
+        loss.backward();
+        if let Some(blocks) = self.blocks {
+            blocks.release()?;
+        }
+        if let Some(sum) = self.exact.borrow_mut().as_mut() {
+            sum.absorb(self.whole);
+        }
+        Ok(())
+    }
 }
 
 /// Fails on a non-finite loss before it reaches the weights; returns its value.

@@ -130,7 +130,9 @@ fn setup(recipe: &Recipe, class: &str, gpus: u64, gpu_memory_gib: f64) -> anyhow
             Sharding::None => flowtune_plan::Sharding::None,
             Sharding::Optimizer => flowtune_plan::Sharding::Optimizer,
             Sharding::Frozen => flowtune_plan::Sharding::Frozen,
+            Sharding::Full => flowtune_plan::Sharding::Full,
         },
+        exact_gradient_sum: t.exact_gradient_sum,
         // As each family's diffusers pipeline decides (`Denoiser::runs_cfg`): Z-Image for every
         // scale above 0, the others above 1.
         cfg: r.guidance_scale > if class == "ZImagePipeline" { 0.0 } else { 1.0 },
