@@ -56,6 +56,9 @@ pub enum ModelError {
     Shape { path: String, name: String, expected: Vec<i64>, found: Vec<i64> },
     #[error("{0}")]
     Input(String),
+    /// A collective of sharded weights failed: another rank stopped, hung or cannot be reached.
+    #[error("distributed: {0} (a rank of this job stopped, hung or cannot be reached; the newest complete checkpoint stays loadable: rerun with trainer.resume: auto)")]
+    Collective(String),
     #[error(transparent)]
     Torch(#[from] tch::TchError),
     #[error(transparent)]

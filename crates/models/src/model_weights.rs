@@ -58,19 +58,28 @@ impl ModelWeights {
             return Ok(out);
         }
         // Gathered under no-grad for the forward, and again with grad when backward recomputes
-        // the block; a failed collective panics, which the checkpoint turns into an error.
+        // the block. A failed collective is kept and the block returns nothing, which fails the
+        // forward here or autograd's backward (see [`ShardedBlocks::take_failure`]).
         let gathered = move |t: &[tch::Tensor]| {
-            let fail = |e: ModelError| panic!("{e}");
-            sharded.gather(&name).unwrap_or_else(fail);
+            if let Err(e) = sharded.gather(&name) {
+                sharded.fail(e);
+                return vec![];
+            }
             let out = block(t);
             if !flowtune_recompute::grad_enabled() {
-                sharded.release().unwrap_or_else(fail);
+                if let Err(e) = sharded.release() {
+                    sharded.fail(e);
+                }
             }
             out
         };
         // SAFETY: as above; the weights `gathered` points at stay until the next block's gather,
         // after backward has used this block's recomputed graph.
-        Ok(unsafe { flowtune_recompute::checkpointed(inputs, gathered) }?)
+        let out = unsafe { flowtune_recompute::checkpointed(inputs, gathered) };
+        match sharded.take_failure() {
+            Some(e) => Err(e),
+            None => Ok(out?),
+        }
     }
 
     /// Keeps this rank's share of the blocks' base weights only (`trainer.sharding: frozen` or

@@ -71,6 +71,8 @@ pub struct ShardedBlocks {
     units: BTreeMap<String, Unit>,
     /// The block whose weights are gathered now.
     gathered: RefCell<Option<String>>,
+    /// A collective that failed where no error could be returned (inside autograd's backward).
+    failure: RefCell<Option<ModelError>>,
 }
 
 impl std::fmt::Debug for ShardedBlocks {
@@ -90,7 +92,7 @@ pub fn block_of(name: &str, lists: &[&str]) -> Option<String> {
 }
 
 fn collective(what: String) -> impl FnOnce(String) -> ModelError {
-    move |e| ModelError::Input(format!("{what}: {e}"))
+    move |e| ModelError::Collective(format!("{what}: {e}"))
 }
 
 impl ShardedBlocks {
@@ -111,8 +113,14 @@ impl ShardedBlocks {
         let Some(kind) = grouped.values().flatten().map(|(_, v)| v.kind()).next() else {
             return Err(ModelError::Input(format!("no weights under {lists:?} to shard")));
         };
-        let mut sharded =
-            Self { group, mode, kind, units: BTreeMap::new(), gathered: RefCell::new(None) };
+        let mut sharded = Self {
+            group,
+            mode,
+            kind,
+            units: BTreeMap::new(),
+            gathered: RefCell::new(None),
+            failure: RefCell::new(None),
+        };
         let _guard = tch::no_grad_guard();
         for (block, mut vars) in grouped {
             vars.sort_by(|a, b| a.0.cmp(&b.0));
@@ -229,6 +237,16 @@ impl ShardedBlocks {
             var.shallow_clone().set_data(&empty_like(var));
         }
         Ok(())
+    }
+
+    /// Keeps `error` for [`Self::take_failure`] (a failure inside a checkpointed block).
+    pub fn fail(&self, error: ModelError) {
+        self.failure.borrow_mut().get_or_insert(error);
+    }
+
+    /// The failure kept by [`Self::fail`], if any.
+    pub fn take_failure(&self) -> Option<ModelError> {
+        self.failure.borrow_mut().take()
     }
 
     /// The f32 master slices the optimizer trains, by block name (full).

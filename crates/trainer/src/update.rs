@@ -109,7 +109,8 @@ pub(crate) fn optimize(
     let mut means = MetricMeans::default();
     let (mut grad_norms, mut skipped) = (vec![], 0.0);
     let sharded_blocks = comm.shards_blocks(recipe);
-    let trained_blocks = run.engine.pipe.denoiser().sharded().filter(|s| s.trains());
+    let blocks = run.engine.pipe.denoiser().sharded();
+    let trained_blocks = blocks.filter(|s| s.trains());
     // What a rank with fewer passes than the others repeats (any unit it holds).
     let filler: Vec<usize> = batching.owned.iter().position(|&o| o).into_iter().collect();
     for epoch in 0..t.ppo_epochs {
@@ -119,7 +120,7 @@ pub(crate) fn optimize(
             let mine: Vec<usize> = mb.iter().copied().filter(|&i| batching.owned[i]).collect();
             let whole = learner.optimizer.whole_params();
             let backward = Backward {
-                blocks: trained_blocks,
+                blocks,
                 exact: RefCell::new(t.exact_gradient_sum.then(|| ExactSum::new(&whole))),
                 whole: &whole,
             };
@@ -189,8 +190,13 @@ pub(crate) struct Backward<'a> {
 
 impl Backward<'_> {
     pub fn run(&self, loss: &Tensor) -> Result<(), TrainError> {
-        loss.backward();
-        if let Some(blocks) = self.blocks {
+        let done = loss.f_backward();
+        // A sharded block's collective that failed inside backward says why.
+        if let Some(e) = self.blocks.and_then(ShardedBlocks::take_failure) {
+            return Err(e.into());
+        }
+        done?;
+        if let Some(blocks) = self.blocks.filter(|b| b.trains()) {
             blocks.release()?;
         }
         if let Some(sum) = self.exact.borrow_mut().as_mut() {
