@@ -47,6 +47,7 @@ const BUILT_IN: &[&Family] = &[
     &crate::qwen_image::FAMILY,
     &crate::z_image::FAMILY,
     &crate::flux::FAMILY,
+    &crate::flux2::FAMILY,
     &crate::wan::FAMILY,
 ];
 
