@@ -24,6 +24,7 @@ import sys
 import tempfile
 
 import numpy as np
+import PIL.Image
 import torch
 from safetensors.torch import save_file
 
@@ -137,14 +138,30 @@ def pipeline_case(pipeline_dir, out):
 
     x = torch.randn(b, channels, h // f, w // f, generator=g)
     io["input.initial_latents"] = x
-    for key, p in [("", pipe), ("distilled_", distilled(pipeline_dir))]:
+    # Two reference pictures whose sides are not multiples of the token side (they are cropped).
+    refs = [torch.randint(0, 256, (70, 101, 3), generator=g, dtype=torch.uint8),
+            torch.randint(0, 256, (66, 64, 3), generator=g, dtype=torch.uint8)]
+    pictures = [PIL.Image.fromarray(r.numpy()) for r in refs]
+    for i, r in enumerate(refs):
+        io[f"input.reference_{i}"] = r
+    with torch.no_grad():
+        sized = []
+        for img in pictures:
+            pipe.image_processor.check_image_input(img)
+            cw, ch = (img.width // f) * f, (img.height // f) * f
+            sized.append(pipe.image_processor.preprocess(img, height=ch, width=cw, resize_mode="crop"))
+        tokens, ids = pipe.prepare_image_latents(images=sized, batch_size=1, generator=None, device="cpu",
+                                                 dtype=torch.float32)
+        io["output.reference_tokens"], io["output.reference_ids"] = tokens, ids
+    runs = [("", pipe, None), ("distilled_", distilled(pipeline_dir), None), ("reference_", pipe, pictures)]
+    for key, p, image in runs:
         final = {}
 
         def keep(pipe_, i, t, kwargs):
             final["latents"] = kwargs["latents"]
             return {}
 
-        image = p(prompt=list(PROMPTS), height=h, width=w, num_inference_steps=s["steps"],
+        image = p(image=image, prompt=list(PROMPTS), height=h, width=w, num_inference_steps=s["steps"],
                   guidance_scale=s["guidance_scale"], latents=x.clone(), max_sequence_length=n_len, output_type="np",
                   callback_on_step_end=keep).images
         packed = final["latents"]

@@ -142,6 +142,33 @@ fn vae_matches_the_pipeline() {
     check.finish();
 }
 
+/// The fixture's reference picture `i` (H, W, 3).
+fn reference_picture(io: &HashMap<String, Tensor>, i: usize) -> image::RgbImage {
+    let t = &io[&format!("input.reference_{i}")];
+    let (h, w) = (t.size()[0] as u32, t.size()[1] as u32);
+    image::RgbImage::from_raw(w, h, Vec::<u8>::try_from(t.flatten(0, -1)).unwrap()).unwrap()
+}
+
+/// Two reference pictures, centre-cropped to the token side, encoded and laid out after each
+/// other with their time coordinates, as `prepare_image_latents` does; every row shares them.
+#[test]
+fn reference_images_match_the_pipeline() {
+    let io = tensors("flux2_klein_pipeline_io.safetensors");
+    let pipe = tiny_pipeline();
+    let pictures = [reference_picture(&io, 0), reference_picture(&io, 1)];
+    let mut check = Checker::new("flux2_klein_pipeline_io.safetensors reference images");
+    check.case();
+    let (tokens, ids) =
+        tch::no_grad(|| flowtune_models::flux2::reference_tokens(&pipe.vae, &pictures)).unwrap();
+    check.close_within("reference_tokens", &tokens, &io["output.reference_tokens"], MODEL_RTOL);
+    assert!(ids.to_kind(Kind::Float).equal(&io["output.reference_ids"].to_kind(Kind::Float)));
+    let text = tch::no_grad(|| pipe.encode_prompts_with_pictures(&["a", "b"], &pictures, &[]))
+        .expect("encode");
+    assert_eq!(text.extras[REFERENCE_TOKENS].size()[0], 2, "one copy per row");
+    assert!(text.extras[REFERENCE_IDS].get(1).equal(&ids.get(0)));
+    check.finish();
+}
+
 /// A scratch copy of the tiny pipeline with `edit` applied to its `model_index.json`.
 fn edited_index(label: &str, edit: impl Fn(&mut serde_json::Value)) -> flowtune_fixtures::Scratch {
     let src = dir().join("flux2_klein_pipeline");
@@ -172,13 +199,13 @@ fn unsupported_parts_are_refused_by_name() {
     assert!(err.contains("Flux2Pipeline") && err.contains("Mistral3"), "{err}");
 
     let pipe = tiny_pipeline();
-    let picture = image::RgbImage::new(32, 32);
+    let picture = image::RgbImage::new(80, 9);
     let err = pipe
-        .encode_prompts_with_pictures(&["a cat"], &[picture], &[32, 2, 2])
+        .encode_prompts_with_pictures(&["a cat"], &[picture], &[32, 8, 12])
         .err()
-        .expect("reference images")
+        .expect("a sliver of a picture")
         .to_string();
-    assert!(err.contains("Flux2KleinPipeline") && err.contains("condition pictures"), "{err}");
+    assert!(err.contains("reference picture 0 is 80×9") && err.contains("at least 64"), "{err}");
 
     let src = dir().join("flux2_klein_pipeline/vae");
     let tmp = flowtune_fixtures::scratch("flux2-vae");

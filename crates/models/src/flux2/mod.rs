@@ -1,11 +1,12 @@
 //! FLUX.2 [klein] (`Flux2KleinPipeline`: a double- then single-stream MMDiT with shared
-//! modulations, a Qwen3 text encoder, `AutoencoderKLFlux2`) in the diffusers layout,
-//! text-to-image. FLUX.2 [dev] (`Flux2Pipeline`, Mistral3) is refused by name.
+//! modulations, a Qwen3 text encoder, `AutoencoderKLFlux2`) in the diffusers layout, from text
+//! and from reference images. FLUX.2 [dev] (`Flux2Pipeline`, Mistral3) is refused by name.
 
 mod block;
 mod config;
 mod family;
 mod pipeline;
+mod reference;
 mod tiny;
 mod transformer;
 mod vae;
@@ -13,6 +14,7 @@ mod vae;
 pub use config::{Flux2TransformerConfig, AXES};
 pub use family::FAMILY;
 pub use pipeline::{Flux2Pipeline, Flux2PromptEncoder, CHAT_TEMPLATE, TEXT_LAYERS};
+pub use reference::reference_tokens;
 pub use tiny::{write_tiny_flux2, TinyFlux2Spec};
 pub use transformer::{grid_ids, text_ids, Flux2Transformer, REFERENCE_IDS, REFERENCE_TOKENS};
 pub use vae::{Flux2Vae, Flux2VaeConfig};

@@ -1,15 +1,17 @@
 //! The FLUX.2 [klein] pipeline: a diffusers `Flux2KleinPipeline` directory loaded as components,
 //! and its prompt encoding (Qwen3 chat template without thinking, padded to
-//! `max_sequence_length`, hidden states of three layers side by side), latent layout and schedule.
+//! `max_sequence_length`, hidden states of three layers side by side), reference images, latent
+//! layout and schedule.
 //! `Flux2Pipeline` ([dev], a Mistral3 text encoder) is refused by name.
 
 use std::path::Path;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
+use image::RgbImage;
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 
-use super::{Flux2Transformer, Flux2Vae};
+use super::{reference_tokens, Flux2Transformer, Flux2Vae, REFERENCE_IDS, REFERENCE_TOKENS};
 use crate::family::{image_latent_shape, pipeline_parts, run_on, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::qwen3::Qwen3TextEncoder;
@@ -149,6 +151,26 @@ impl FlowPipeline for Flux2Pipeline {
         let embeds = self.text.encode(prompts, self.max_sequence_length)?;
         let kind = self.transformer.x_embedder.weight.kind();
         Ok(TextConditioning::new(embeds.to_kind(kind).to_device(self.device()), None))
+    }
+
+    /// The prompts with every row sharing the reference `pictures` (the pipeline's `image`):
+    /// their tokens and ids ride as the [`REFERENCE_TOKENS`] and [`REFERENCE_IDS`] extras.
+    fn encode_prompts_with_pictures(
+        &self,
+        prompts: &[&str],
+        pictures: &[RgbImage],
+        _latent_shape: &[i64],
+    ) -> Result<TextConditioning, ModelError> {
+        let mut text = self.encode_prompts(prompts)?;
+        if pictures.is_empty() {
+            return Ok(text);
+        }
+        let (tokens, ids) = reference_tokens(&self.vae, pictures)?;
+        let rows = prompts.len() as i64;
+        let device = self.device();
+        text.extras.insert(REFERENCE_TOKENS.into(), tokens.to_device(device).repeat([rows, 1, 1]));
+        text.extras.insert(REFERENCE_IDS.into(), ids.to_device(device).repeat([rows, 1, 1]));
+        Ok(text)
     }
 
     /// `[4·C, H/2f, W/2f]` (2×2 patches of the VAE latent, f the VAE factor: 8 released); sides

@@ -279,8 +279,17 @@ impl Denoiser for Flux2Transformer {
         if let (Some(refs), Some(ref_ids)) =
             (text.extras.get(REFERENCE_TOKENS), text.extras.get(REFERENCE_IDS))
         {
+            // One rotary table serves the batch: every row's reference grid must be the same.
+            let first = ref_ids.get(0);
+            if b > 1 && ref_ids.eq_tensor(&first.unsqueeze(0)).all().int64_value(&[]) == 0 {
+                return Err(ModelError::Input(
+                    "rows of one batch have reference images of different token grids; give one \
+                     batch pictures of one size"
+                        .into(),
+                ));
+            }
             tokens = Tensor::cat(&[tokens, refs.to_kind(kind)], 1);
-            ids = Tensor::cat(&[ids, ref_ids.get(0)], 0);
+            ids = Tensor::cat(&[ids, first], 0);
         }
         let out = self.forward(
             &tokens,
