@@ -61,3 +61,24 @@ pub fn reference_tokens(
     }
     Ok((Tensor::cat(&tokens, 1), Tensor::cat(&ids, 0).unsqueeze(0)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sizes as the pipeline computes them: `int(side · √(1024² / area))` above 1024² pixels,
+    /// then floored to the token side and centre-cropped.
+    #[test]
+    fn large_pictures_are_brought_to_the_target_area_then_cropped() {
+        let picture = RgbImage::from_fn(2048, 1000, |x, y| image::Rgb([x as u8, y as u8, 7]));
+        // scale √(1048576 / 2048000) = 0.71554…: 1465 × 715, cropped to 1456 × 704.
+        assert_eq!(sized(&picture, 0, 16).unwrap().dimensions(), (1456, 704));
+        let small = RgbImage::from_fn(101, 70, |x, y| image::Rgb([x as u8, y as u8, 7]));
+        let cropped = sized(&small, 0, 4).unwrap();
+        assert_eq!(cropped.dimensions(), (100, 68));
+        // Offsets (101 − 100)/2 = 0 and (70 − 68)/2 = 1.
+        assert_eq!(cropped.get_pixel(0, 0), small.get_pixel(0, 1));
+        let err = sized(&RgbImage::new(600, 64), 2, 16).unwrap_err().to_string();
+        assert!(err.contains("reference picture 2 is 600×64"), "{err}");
+    }
+}
