@@ -198,6 +198,28 @@ fn unsupported_parts_are_refused_by_name() {
     let err = flowtune_models::load_pipeline(&dev, &options).err().expect("[dev]").to_string();
     assert!(err.contains("Flux2Pipeline") && err.contains("Mistral3"), "{err}");
 
+    let shallow = edited_index("flux2-shallow", |_| {});
+    let encoder = dir().join("flux2_klein_pipeline/text_encoder");
+    std::fs::remove_file(shallow.join("text_encoder")).unwrap();
+    std::fs::create_dir(shallow.join("text_encoder")).unwrap();
+    // The first 20 layers of the tiny encoder.
+    let weights = "model.safetensors";
+    let mut tensors = Tensor::read_safetensors(encoder.join(weights)).unwrap();
+    tensors.retain(|(name, _)| {
+        name.strip_prefix("layers.")
+            .and_then(|rest| rest.split('.').next()?.parse::<usize>().ok())
+            .is_none_or(|layer| layer < 20)
+    });
+    Tensor::write_safetensors(&tensors, shallow.join("text_encoder").join(weights)).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(encoder.join("config.json")).unwrap())
+            .unwrap();
+    config["num_hidden_layers"] = serde_json::json!(20);
+    std::fs::write(shallow.join("text_encoder/config.json"), config.to_string()).unwrap();
+    let err =
+        flowtune_models::load_pipeline(&shallow, &options).err().expect("shallow").to_string();
+    assert!(err.contains("text_encoder/config.json") && err.contains("20 layers"), "{err}");
+
     let pipe = tiny_pipeline();
     let picture = image::RgbImage::new(80, 9);
     let err = pipe

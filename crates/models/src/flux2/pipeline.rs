@@ -110,6 +110,14 @@ impl Flux2Pipeline {
         let encoder_dir = dir.component("text_encoder", TEXT_ENCODER_CLASSES)?;
         let encoder =
             Qwen3TextEncoder::load(&encoder_dir, options.encoder_device(), dtypes.text_encoders)?;
+        let deepest = TEXT_LAYERS[TEXT_LAYERS.len() - 1];
+        if encoder.num_layers() < deepest {
+            return Err(ModelError::Input(format!(
+                "{}: {} layers; the pipeline reads the hidden states of layers {TEXT_LAYERS:?}",
+                encoder_dir.join("config.json").display(),
+                encoder.num_layers()
+            )));
+        }
         let width = TEXT_LAYERS.len() as i64 * encoder.hidden_size();
         if width != transformer.config.joint_attention_dim {
             return Err(ModelError::Input(format!(

@@ -131,6 +131,11 @@ impl Qwen3TextEncoder {
         self.decoder.shape.hidden_size
     }
 
+    /// Decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.decoder.shape.num_hidden_layers
+    }
+
     /// transformers' `hidden_states[-2]` with `output_hidden_states=True` (B, L, hidden_size) for
     /// `input_ids` (B, L) and `attention_mask` (B, L) of ones and zeros (padding), at positions
     /// 0‥L: the embeddings after all layers but the last, without the final norm.
