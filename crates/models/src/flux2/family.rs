@@ -17,7 +17,11 @@ pub const FAMILY: Family = Family {
              4-axis rotary positions; one token per 2×2 latent patch)",
         ),
         ("vae", "AutoencoderKLFlux2 (quant convs, 2×2 patches normalised by its batch norm)"),
-        ("text_encoder", "Qwen3ForCausalLM / Qwen3Model (hidden states 9, 18, 27 side by side)"),
+        (
+            "text_encoder",
+            "Qwen3ForCausalLM / Qwen3Model (hidden states 9, 18, 27 side by side); [dev]'s \
+             Mistral3ForConditionalGeneration is refused",
+        ),
         ("tokenizer", "Qwen2 BPE (tokenizer.json, or vocab.json + merges.txt)"),
         ("scheduler", "FlowMatchEulerDiscreteScheduler (linspace sigmas, empirical μ)"),
     ],
