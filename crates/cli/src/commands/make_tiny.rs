@@ -112,10 +112,10 @@ pub struct Flux2Args {
     out: Out,
     #[command(flatten)]
     real: RealWidth,
-    /// Double-stream blocks (`--config`'s single-stream count is kept).
+    /// Double-stream blocks (with `--config` too).
     #[arg(long, default_value_t = 1)]
     layers: usize,
-    /// Single-stream blocks.
+    /// Single-stream blocks (with `--config` too).
     #[arg(long, default_value_t = 2)]
     single_layers: usize,
     #[arg(long, default_value_t = 2)]
@@ -286,9 +286,9 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 axes_dims_rope: vec![a.head_dim / 4; 4],
                 distilled: a.distilled,
                 dtype: a.real.dtype.kind(),
-                transformer: a
-                    .real
-                    .read(read_config::<Flux2TransformerConfig>, |c| c.num_layers = a.layers)?,
+                transformer: a.real.read(read_config::<Flux2TransformerConfig>, |c| {
+                    (c.num_layers, c.num_single_layers) = (a.layers, a.single_layers)
+                })?,
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_flux2(dir, &spec))
