@@ -206,7 +206,7 @@ fn unsupported_parts_are_refused_by_name() {
     let weights = "model.safetensors";
     let mut tensors = Tensor::read_safetensors(encoder.join(weights)).unwrap();
     tensors.retain(|(name, _)| {
-        name.strip_prefix("layers.")
+        name.strip_prefix("model.layers.")
             .and_then(|rest| rest.split('.').next()?.parse::<usize>().ok())
             .is_none_or(|layer| layer < 20)
     });

@@ -82,7 +82,7 @@ pub fn write_tiny_flux2(dir: &Path, spec: &TinyFlux2Spec) -> Result<(), ModelErr
     let hidden_size =
         spec.transformer.as_ref().map_or(spec.text.hidden_size, |t| t.joint_attention_dim / layers);
     let text = DecoderShape { hidden_size, ..spec.text.clone() };
-    let text = write_qwen3(dir, &text, spec.bpe_vocab_size, &mut rng)?;
+    let text = write_qwen3(dir, &text, spec.bpe_vocab_size, true, &mut rng)?;
 
     let vae = write_flux2_vae(&dir.join("vae"), spec, &mut rng)?;
 
@@ -125,7 +125,7 @@ pub fn write_tiny_flux2(dir: &Path, spec: &TinyFlux2Spec) -> Result<(), ModelErr
             "_diffusers_version": DIFFUSERS_VERSION,
             "is_distilled": spec.distilled,
             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-            "text_encoder": ["transformers", "Qwen3Model"],
+            "text_encoder": ["transformers", "Qwen3ForCausalLM"],
             "tokenizer": ["transformers", "Qwen2Tokenizer"],
             "transformer": ["diffusers", "Flux2Transformer2DModel"],
             "vae": ["diffusers", "AutoencoderKLFlux2"]
