@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MODEL_RTOL};
 use flowtune_models::flux::GUIDANCE;
 use flowtune_models::flux2::{
-    Flux2Pipeline, Flux2Transformer, FLUX2_TARGETS, REFERENCE_IDS, REFERENCE_TOKENS,
+    Flux2KleinPipeline, Flux2Transformer, FLUX2_TARGETS, REFERENCE_IDS, REFERENCE_TOKENS,
 };
 use flowtune_models::{Denoiser, FlowPipeline, PipelineOptions, TextConditioning};
 use tch::{Device, Kind, Tensor};
@@ -89,10 +89,10 @@ fn velocity_takes_latents_reference_tokens_and_guidance() {
     }
 }
 
-fn tiny_pipeline() -> Flux2Pipeline {
+fn tiny_pipeline() -> Flux2KleinPipeline {
     let options =
         PipelineOptions { max_sequence_length: Some(48), ..PipelineOptions::new(Device::Cpu) };
-    Flux2Pipeline::load(&dir().join("flux2_klein_pipeline"), &options).expect("load")
+    Flux2KleinPipeline::load(&dir().join("flux2_klein_pipeline"), &options).expect("load")
 }
 
 /// Prompts of different lengths (one truncated) and the empty negative prompt in the chat

@@ -1,6 +1,6 @@
 //! FLUX.2's registry entry.
 
-use super::{write_tiny_flux2, Flux2Pipeline, Flux2Transformer, TinyFlux2Spec};
+use super::{write_tiny_flux2, Flux2KleinPipeline, Flux2Transformer, TinyFlux2Spec};
 use crate::registry::Family;
 
 /// FLUX.2 [klein] (`Flux2KleinPipeline`); FLUX.2 [dev] (`Flux2Pipeline`) is recognised and
@@ -25,7 +25,7 @@ pub const FAMILY: Family = Family {
         ("tokenizer", "Qwen2 BPE (tokenizer.json, or vocab.json + merges.txt)"),
         ("scheduler", "FlowMatchEulerDiscreteScheduler (linspace sigmas, empirical μ)"),
     ],
-    load: |dir, options| Ok(Box::new(Flux2Pipeline::open(dir.clone(), options)?)),
+    load: |dir, options| Ok(Box::new(Flux2KleinPipeline::open(dir.clone(), options)?)),
     load_denoiser: |dir, device, kind, lora| {
         Ok(Box::new(Flux2Transformer::load(dir, device, kind, lora)?))
     },

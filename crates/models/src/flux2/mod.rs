@@ -13,7 +13,7 @@ mod vae;
 
 pub use config::{Flux2TransformerConfig, AXES};
 pub use family::FAMILY;
-pub use pipeline::{Flux2Pipeline, Flux2PromptEncoder, CHAT_TEMPLATE, TEXT_LAYERS};
+pub use pipeline::{Flux2KleinPipeline, Flux2PromptEncoder, CHAT_TEMPLATE, TEXT_LAYERS};
 pub use reference::reference_tokens;
 pub use tiny::{write_tiny_flux2, TinyFlux2Spec};
 pub use transformer::{grid_ids, text_ids, Flux2Transformer, REFERENCE_IDS, REFERENCE_TOKENS};

@@ -70,7 +70,7 @@ impl Flux2PromptEncoder {
 }
 
 /// Every component of a FLUX.2 [klein] pipeline.
-pub struct Flux2Pipeline {
+pub struct Flux2KleinPipeline {
     pub dir: PipelineDir,
     pub transformer: Flux2Transformer,
     pub vae: Flux2Vae,
@@ -80,7 +80,7 @@ pub struct Flux2Pipeline {
     pub max_sequence_length: usize,
 }
 
-impl Flux2Pipeline {
+impl Flux2KleinPipeline {
     /// Loads the `Flux2KleinPipeline` directory at `path`.
     pub fn load(path: &Path, options: &PipelineOptions) -> Result<Self, ModelError> {
         Self::open(PipelineDir::open(path)?, options)
@@ -147,7 +147,7 @@ impl Flux2Pipeline {
     }
 }
 
-impl FlowPipeline for Flux2Pipeline {
+impl FlowPipeline for Flux2KleinPipeline {
     pipeline_parts!();
 
     fn device(&self) -> Device {
