@@ -36,6 +36,37 @@ pub struct Flux2PromptEncoder {
 }
 
 impl Flux2PromptEncoder {
+    /// Loads `text_encoder/` and `tokenizer/` of `dir`; an encoder without layer 27, or whose
+    /// stacked states are not `joint_attention_dim` wide, is refused naming its `config.json`.
+    pub fn load(
+        dir: &PipelineDir,
+        options: &PipelineOptions,
+        joint_attention_dim: i64,
+    ) -> Result<Self, ModelError> {
+        let encoder_dir = dir.component("text_encoder", TEXT_ENCODER_CLASSES)?;
+        let config = encoder_dir.join("config.json");
+        let kind = options.dtypes.text_encoders;
+        let encoder = Qwen3TextEncoder::load(&encoder_dir, options.encoder_device(), kind)?;
+        let (layers, hidden) = (encoder.num_layers(), encoder.hidden_size());
+        if layers < TEXT_LAYERS[TEXT_LAYERS.len() - 1] {
+            return Err(ModelError::Input(format!(
+                "{}: {layers} layers; the pipeline reads the hidden states of layers \
+                 {TEXT_LAYERS:?}",
+                config.display()
+            )));
+        }
+        let width = TEXT_LAYERS.len() as i64 * hidden;
+        if width != joint_attention_dim {
+            return Err(ModelError::Input(format!(
+                "{}: {} Qwen3 layers of width {hidden} give {width} channels; the transformer's \
+                 joint_attention_dim is {joint_attention_dim}",
+                config.display(),
+                TEXT_LAYERS.len()
+            )));
+        }
+        Ok(Self { encoder, tokenizer: TextTokenizer::load(&dir.tokenizer("tokenizer")?)? })
+    }
+
     /// Token ids and mask (B, `length`) of `prompts` in the chat template, truncated and
     /// right-padded to `length`.
     pub fn tokenize(
@@ -107,38 +138,14 @@ impl Flux2KleinPipeline {
             options.lora.as_ref(),
         )?;
         transformer.config.is_distilled = raw["is_distilled"].as_bool().unwrap_or(false);
-        let encoder_dir = dir.component("text_encoder", TEXT_ENCODER_CLASSES)?;
-        let encoder =
-            Qwen3TextEncoder::load(&encoder_dir, options.encoder_device(), dtypes.text_encoders)?;
-        let deepest = TEXT_LAYERS[TEXT_LAYERS.len() - 1];
-        if encoder.num_layers() < deepest {
-            return Err(ModelError::Input(format!(
-                "{}: {} layers; the pipeline reads the hidden states of layers {TEXT_LAYERS:?}",
-                encoder_dir.join("config.json").display(),
-                encoder.num_layers()
-            )));
-        }
-        let width = TEXT_LAYERS.len() as i64 * encoder.hidden_size();
-        if width != transformer.config.joint_attention_dim {
-            return Err(ModelError::Input(format!(
-                "{}: {} Qwen3 layers of width {} give {width} channels; the transformer's \
-                 joint_attention_dim is {}",
-                encoder_dir.join("config.json").display(),
-                TEXT_LAYERS.len(),
-                encoder.hidden_size(),
-                transformer.config.joint_attention_dim
-            )));
-        }
+        let text = Flux2PromptEncoder::load(&dir, options, transformer.config.joint_attention_dim)?;
         Ok(Self {
             vae: Flux2Vae::load(
                 &dir.component("vae", &["AutoencoderKLFlux2"])?,
                 options.vae_device(),
                 dtypes.vae,
             )?,
-            text: Flux2PromptEncoder {
-                encoder,
-                tokenizer: TextTokenizer::load(&dir.tokenizer("tokenizer")?)?,
-            },
+            text,
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
             max_sequence_length: options.max_sequence_length.unwrap_or(MAX_SEQUENCE_LENGTH),
             transformer,
