@@ -1,6 +1,6 @@
 """The PyTorch-eager anchor for `flowtune bench transformer`: the same shapes and weights in diffusers
-(SD3Transformer2DModel, QwenImageTransformer2DModel, ZImageTransformer2DModel, FluxTransformer2DModel or
-WanTransformer3DModel; --latent is the unpacked latent side, --frames the latent frames of a video transformer). For Z-Image, give flowtune the same adapters: `flowtune bench transformer ... --lora-targets
+(SD3Transformer2DModel, QwenImageTransformer2DModel, ZImageTransformer2DModel, FluxTransformer2DModel,
+Flux2Transformer2DModel or WanTransformer3DModel; --latent is the unpacked latent side, --frames the latent frames of a video transformer). For Z-Image, give flowtune the same adapters: `flowtune bench transformer ... --lora-targets
 to_q,to_k,to_v,to_out.0,feed_forward.w1,feed_forward.w2,feed_forward.w3`.
 
 Usage (needs `pip install torch diffusers peft`):
@@ -14,6 +14,7 @@ import json
 import os
 
 from diffusers import (
+    Flux2Transformer2DModel,
     FluxTransformer2DModel,
     QwenImageTransformer2DModel,
     SD3Transformer2DModel,
@@ -24,6 +25,8 @@ from peft import LoraConfig
 
 TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
 WAN_TARGETS = [f"attn{i}.{p}" for i in (1, 2) for p in ("to_q", "to_k", "to_v", "to_out.0")] + ["ffn.net.0.proj", "ffn.net.2"]
+FLUX2_TARGETS = TARGETS + ["attn.to_qkv_mlp_proj", "ff.linear_in", "ff.linear_out", "ff_context.linear_in",
+                           "ff_context.linear_out"]
 Z_IMAGE_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"]
 
 
@@ -92,6 +95,19 @@ def main():
             guidance=torch.full((a.batch,), 3.5) if c.guidance_embeds else None,
             return_dict=False,
         )
+    elif cls == "Flux2Transformer2DModel":
+        model = Flux2Transformer2DModel.from_pretrained(a.dir).eval()
+        c = model.config
+        side = a.latent // 2  # one token per 2 x 2 patch of the VAE latent
+        args = dict(
+            hidden_states=torch.randn(a.batch, side * side, c.in_channels),
+            encoder_hidden_states=torch.randn(a.batch, a.text_len, c.joint_attention_dim),
+            timestep=torch.full((a.batch,), 0.5),
+            img_ids=torch.cartesian_prod(torch.arange(1), torch.arange(side), torch.arange(side), torch.arange(1)),
+            txt_ids=torch.cartesian_prod(torch.arange(1), torch.arange(1), torch.arange(1), torch.arange(a.text_len)),
+            guidance=torch.full((a.batch,), 4.0) if c.guidance_embeds else None,
+            return_dict=False,
+        )
     else:
         model = SD3Transformer2DModel.from_pretrained(a.dir).eval()
         c = model.config
@@ -104,7 +120,8 @@ def main():
         )
     with torch.no_grad():
         fwd = timed(a.iters, lambda: model(**args))
-    targets = {"ZImageTransformer2DModel": Z_IMAGE_TARGETS, "WanTransformer3DModel": WAN_TARGETS}.get(cls, TARGETS)
+    targets = {"ZImageTransformer2DModel": Z_IMAGE_TARGETS, "WanTransformer3DModel": WAN_TARGETS,
+               "Flux2Transformer2DModel": FLUX2_TARGETS}.get(cls, TARGETS)
     model.add_adapter(LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, target_modules=targets, init_lora_weights="gaussian"))
     for n, p in model.named_parameters():
         p.requires_grad_("lora_" in n)
@@ -118,7 +135,7 @@ def main():
         pt, ph, pw = c.patch_size
         tokens = a.batch * (a.frames // pt) * (a.latent // ph) * (a.latent // pw)
     else:
-        patch = 2 if cls == "FluxTransformer2DModel" else getattr(c, "patch_size", 2)
+        patch = 2 if cls in ("FluxTransformer2DModel", "Flux2Transformer2DModel") else getattr(c, "patch_size", 2)
         tokens = a.batch * (a.latent // patch) ** 2
     print(f"diffusers threads {torch.get_num_threads()}")
     print(f"forward:               {fwd * 1e3:8.1f} ms  {tokens / fwd:10.0f} image tokens/s")

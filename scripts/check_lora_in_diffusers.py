@@ -1,11 +1,14 @@
 """Check that a LoRA written by flowtune gives the same transformer output in diffusers.
 
-Usage (needs `pip install torch diffusers transformers peft`), for SD3, Qwen-Image, Z-Image, FLUX.1 or Wan:
-    flowtune make-tiny sd3 /tmp/tiny            # or: make-tiny qwen-image | z-image | flux [--schnell] | wan [--wan21]
+Usage (needs `pip install torch diffusers transformers peft`), for SD3, Qwen-Image, Z-Image, FLUX.1, FLUX.2 or Wan:
+    flowtune make-tiny sd3 /tmp/tiny            # or: make-tiny qwen-image | z-image | flux [--schnell] | flux2 | wan [--wan21]
     flowtune debug make-lora --component /tmp/tiny/transformer --out /tmp/lora.safetensors
     # Z-Image's layers: --target-modules to_q,to_k,to_v,to_out.0,feed_forward.w1,feed_forward.w2,feed_forward.w3
     # FLUX.1's targets: --target-modules attn.to_q,attn.to_k,attn.to_v,attn.to_out.0,attn.add_q_proj,\
     #   attn.add_k_proj,attn.add_v_proj,attn.to_add_out,proj_mlp,proj_out
+    # FLUX.2's targets: --target-modules attn.to_q,attn.to_k,attn.to_v,attn.to_out.0,attn.add_q_proj,\
+    #   attn.add_k_proj,attn.add_v_proj,attn.to_add_out,attn.to_qkv_mlp_proj,ff.linear_in,ff.linear_out,\
+    #   ff_context.linear_in,ff_context.linear_out
     # Wan's targets: --target-modules attn1.to_q,attn1.to_k,attn1.to_v,attn1.to_out.0,attn2.to_q,attn2.to_k,\
     #   attn2.to_v,attn2.to_out.0,ffn.net.0.proj,ffn.net.2
     python scripts/check_lora_in_diffusers.py /tmp/tiny /tmp/lora.safetensors target/release/flowtune
@@ -67,6 +70,20 @@ def example_inputs(cls, c, g):
         }
         if c.guidance_embeds:
             inputs["input.guidance"] = torch.tensor([3.5, 2.0])
+        return inputs
+    if cls == "Flux2Transformer2DModel":
+        # 3 × 4 latent tokens with their (0, row, column, 0) ids; text ids (0, 0, 0, index); [dev]'s guidance.
+        inputs = {
+            "input.hidden_states": torch.randn(2, 12, c.in_channels, generator=g),
+            "input.encoder_hidden_states": torch.randn(2, 9, c.joint_attention_dim, generator=g),
+            "input.timestep": torch.tensor([0.999, 0.3125]),
+            "input.img_ids": torch.cartesian_prod(torch.arange(1), torch.arange(3), torch.arange(4),
+                                                  torch.arange(1)).float(),
+            "input.txt_ids": torch.cartesian_prod(torch.arange(1), torch.arange(1), torch.arange(1),
+                                                  torch.arange(9)).float(),
+        }
+        if c.guidance_embeds:
+            inputs["input.guidance"] = torch.tensor([4.0, 2.0])
         return inputs
     if cls == "WanTransformer3DModel":
         # 2 latent frames of 4 × 6 cells; the second prompt zero-padded after 5 of its 9 tokens.

@@ -177,6 +177,12 @@ fn debug_forward_runs_wan() {
     check_forward_with_lora("wan_ti2v_tiny", "6");
 }
 
+/// FLUX.2's transformer runs with its LoRA on the [klein] fixture (reference-image tokens).
+#[test]
+fn debug_forward_runs_flux2() {
+    check_forward_with_lora("flux2_klein_tiny", "8");
+}
+
 /// `bench transformer` and `bench rollout` time video clips (the report names the latent and
 /// pixel frames); a picture transformer refuses `--frames`.
 #[test]

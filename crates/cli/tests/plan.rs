@@ -168,10 +168,11 @@ fn stored_elements(dir: &Path) -> u64 {
 #[test]
 fn counts_match_the_weights_of_tiny_pipelines() {
     let root = scratch("plan-tiny");
-    let families: [&[&str]; 8] = [
+    let families: [&[&str]; 9] = [
         &["sd3", "--dual-attention-layers", "0", "--qk-norm"],
         &["sd3"],
         &["flux"],
+        &["flux2"],
         &["qwen-image"],
         &["z-image"],
         &["wan"],
@@ -195,7 +196,8 @@ fn counts_match_the_weights_of_tiny_pipelines() {
             assert_eq!(t.params, stored_elements(&dir.join(&t.name)), "{args:?} {}", t.name);
         }
         if let Some((v, _)) = &pipe.vae {
-            assert_eq!(v.params, stored_elements(&dir.join(&v.name)), "{args:?} vae");
+            let stored = stored_elements(&dir.join(&v.name));
+            assert_eq!(v.params + pipe.vae.as_ref().unwrap().1.buffers, stored, "{args:?} vae");
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod denoiser;
 pub mod family;
 pub mod flops;
 pub mod flux;
+pub mod flux2;
 pub mod hub;
 pub mod lora;
 pub mod model_weights;

@@ -47,6 +47,7 @@ const BUILT_IN: &[&Family] = &[
     &crate::qwen_image::FAMILY,
     &crate::z_image::FAMILY,
     &crate::flux::FAMILY,
+    &crate::flux2::FAMILY,
     &crate::wan::FAMILY,
 ];
 
@@ -154,6 +155,10 @@ mod tests {
         assert_eq!(family_named("sd3").unwrap().denoiser_class, "SD3Transformer2DModel");
         assert_eq!(family_of("FluxPipeline").unwrap().name, "flux");
         assert_eq!(family_of("WanPipeline").unwrap().name, "wan");
+        // FLUX.2 [dev] is recognised so that its loader can refuse it by name.
+        for class in ["Flux2KleinPipeline", "Flux2Pipeline"] {
+            assert_eq!(family_of(class).unwrap().name, "flux2");
+        }
         let err = family_of("WanImageToVideoPipeline").unwrap_err().to_string();
         assert!(
             err.contains(

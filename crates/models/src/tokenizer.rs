@@ -202,6 +202,16 @@ impl TextTokenizer {
 
     /// Token ids (B, `length`) of `texts`, truncated and padded to exactly `length`.
     pub fn encode(&self, texts: &[&str], length: usize) -> Result<Tensor, ModelError> {
+        Ok(self.encode_with_mask(texts, length)?.0)
+    }
+
+    /// Token ids and attention mask (B, `length`) of `texts`, truncated and padded to exactly
+    /// `length` (transformers' `padding="max_length", truncation=True`).
+    pub fn encode_with_mask(
+        &self,
+        texts: &[&str],
+        length: usize,
+    ) -> Result<(Tensor, Tensor), ModelError> {
         let mut tok = self.inner.clone();
         tok.with_truncation(Some(TruncationParams { max_length: length, ..Default::default() }))
             .map_err(|e| ModelError::Input(format!("tokenizer truncation: {e}")))?;
@@ -214,9 +224,13 @@ impl TextTokenizer {
         let encodings = tok
             .encode_batch(texts.to_vec(), true)
             .map_err(|e| ModelError::Input(format!("tokenizing prompts: {e}")))?;
-        let ids: Vec<i64> =
-            encodings.iter().flat_map(|e| e.get_ids().iter().map(|&i| i as i64)).collect();
-        Ok(Tensor::from_slice(&ids).view([texts.len() as i64, length as i64]))
+        let flat = |f: fn(&tokenizers::Encoding) -> &[u32]| -> Vec<i64> {
+            encodings.iter().flat_map(|e| f(e).iter().map(|&i| i as i64)).collect()
+        };
+        let shape = [texts.len() as i64, length as i64];
+        let ids = Tensor::from_slice(&flat(|e| e.get_ids())).view(shape);
+        let mask = Tensor::from_slice(&flat(|e| e.get_attention_mask())).view(shape);
+        Ok((ids, mask))
     }
 }
 

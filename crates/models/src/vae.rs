@@ -1,5 +1,6 @@
 //! `AutoencoderKL` in the SD3 layout: encoder and decoder of ResNet blocks with a single-head
-//! attention mid block; latents are `(z − shift_factor)·scaling_factor`.
+//! attention mid block, optional 1×1 quant convs around the latent (FLUX.2's); latents are
+//! `(z − shift_factor)·scaling_factor`.
 
 use std::path::Path;
 
@@ -63,9 +64,6 @@ impl VaeConfig {
     fn validate(&self) -> Result<(), String> {
         if self.act_fn != "silu" {
             return Err(format!("act_fn `{}` is not supported; expected silu", self.act_fn));
-        }
-        if self.use_quant_conv || self.use_post_quant_conv {
-            return Err("quant convs are not supported (the SD3 VAE has none)".into());
         }
         let n = self.block_out_channels.len();
         if n == 0 || self.down_block_types.len() != n || self.up_block_types.len() != n {
@@ -181,6 +179,10 @@ pub struct AutoencoderKl {
     pub config: VaeConfig,
     pub encoder: Encoder,
     pub decoder: Decoder,
+    /// 1×1 conv on the posterior moments (`use_quant_conv`).
+    quant_conv: Option<Conv2d>,
+    /// 1×1 conv on the latent before the decoder (`use_post_quant_conv`).
+    post_quant_conv: Option<Conv2d>,
     pub store: VarStore,
 }
 
@@ -256,7 +258,14 @@ impl AutoencoderKl {
             conv_norm_out: GroupNorm::new(&(&dec / "conv_norm_out"), g, ch[0], EPS),
             conv_out: (&dec / "conv_out").conv2d(ch[0], config.out_channels, 3, 1, 1),
         };
-        Ok(Self { config: config.clone(), encoder, decoder, store })
+        let latent = config.latent_channels;
+        let quant_conv = config
+            .use_quant_conv
+            .then(|| (&root / "quant_conv").conv2d(2 * latent, 2 * latent, 1, 1, 0));
+        let post_quant_conv = config
+            .use_post_quant_conv
+            .then(|| (&root / "post_quant_conv").conv2d(latent, latent, 1, 1, 0));
+        Ok(Self { config: config.clone(), encoder, decoder, quant_conv, post_quant_conv, store })
     }
 
     /// Loads a diffusers `vae/` directory, frozen.
@@ -275,6 +284,10 @@ impl AutoencoderKl {
     /// Images in [−1, 1] (B, 3, H, W) from diffusion latents: `decode(z/scaling + shift)`.
     pub fn decode(&self, latents: &Tensor) -> Tensor {
         let z = latents / self.config.scaling_factor + self.config.shift_factor.unwrap_or(0.0);
+        let z = match &self.post_quant_conv {
+            Some(conv) => conv.forward(&z),
+            None => z,
+        };
         let d = &self.decoder;
         let mut x = d.mid_block.forward(&d.conv_in.forward(&z));
         for level in &d.up_blocks {
@@ -303,6 +316,10 @@ impl AutoencoderKl {
             }
         }
         let moments = e.conv_out.forward(&e.conv_norm_out.forward(&e.mid_block.forward(&x)).silu());
+        let moments = match &self.quant_conv {
+            Some(conv) => conv.forward(&moments),
+            None => moments,
+        };
         let parts = moments.chunk(2, 1);
         let mean =
             (&parts[0] - self.config.shift_factor.unwrap_or(0.0)) * self.config.scaling_factor;

@@ -58,6 +58,7 @@ pub fn denoiser(cfg: &Json) -> Result<Denoiser, PlanError> {
     match class.as_str() {
         "SD3Transformer2DModel" => sd3(cfg),
         "FluxTransformer2DModel" => flux(cfg),
+        "Flux2Transformer2DModel" => flux2(cfg),
         "QwenImageTransformer2DModel" => qwen_image(cfg),
         "ZImageTransformer2DModel" => z_image(cfg),
         "WanTransformer3DModel" => wan(cfg),
@@ -65,7 +66,8 @@ pub fn denoiser(cfg: &Json) -> Result<Denoiser, PlanError> {
             "_class_name",
             format!(
                 "`{other}` is not a denoiser the planner knows; known: SD3Transformer2DModel, \
-                 FluxTransformer2DModel, QwenImageTransformer2DModel, ZImageTransformer2DModel, \
+                 FluxTransformer2DModel, Flux2Transformer2DModel, QwenImageTransformer2DModel, \
+                 ZImageTransformer2DModel, \
                  WanTransformer3DModel"
             ),
         )),
@@ -209,6 +211,54 @@ fn flux(cfg: &Json) -> Result<Denoiser, PlanError> {
     inv.linear(1, "proj_out", h, p * p * cout, true);
     let blocks = vec![(double, c::FLUX_DOUBLE, Tokens::All), (single, c::FLUX_SINGLE, Tokens::All)];
     // Latents are 2×2-packed: 64 channels are 16 latent channels.
+    Ok(image(cfg, inv, h, blocks, 2 * p, joint, cin / 4))
+}
+
+/// FLUX.2: no biases, modulations shared by all blocks, SwiGLU feed-forwards of width
+/// `mlp_ratio · h`, the single blocks' projections fused. Its block constants are FLUX.1's
+/// (not measured for FLUX.2).
+fn flux2(cfg: &Json) -> Result<Denoiser, PlanError> {
+    let (double, single) =
+        (cfg.int("num_layers", Some(8))?, cfg.int("num_single_layers", Some(48))?);
+    let hd = cfg.int("attention_head_dim", Some(128))?;
+    let h = cfg.int("num_attention_heads", Some(48))? * hd;
+    let (p, cin) = (cfg.int("patch_size", Some(1))?, cfg.int("in_channels", Some(128))?);
+    let cout = cfg.int("out_channels", Some(cin))?;
+    let joint = cfg.int("joint_attention_dim", Some(15360))?;
+    let t = cfg.int("timestep_guidance_channels", Some(256))?;
+    let ratio = cfg.get("mlp_ratio").and_then(|v| v.as_f64()).unwrap_or(3.0);
+    let m = (h as f64 * ratio) as u64;
+    let mut inv = Inventory::default();
+    let mut embedder = |name: &str| {
+        inv.linear(1, &format!("time_guidance_embed.{name}.linear_1"), t, h, false);
+        inv.linear(1, &format!("time_guidance_embed.{name}.linear_2"), h, h, false);
+    };
+    embedder("timestep_embedder");
+    if cfg.boolean("guidance_embeds", true)? {
+        embedder("guidance_embedder");
+    }
+    inv.linear(1, "double_stream_modulation_img.linear", h, 6 * h, false);
+    inv.linear(1, "double_stream_modulation_txt.linear", h, 6 * h, false);
+    inv.linear(1, "single_stream_modulation.linear", h, 3 * h, false);
+    inv.linear(1, "x_embedder", cin, h, false);
+    inv.linear(1, "context_embedder", joint, h, false);
+    let b = "transformer_blocks.0";
+    for n in SELF.iter().chain(&JOINT) {
+        inv.linear(double, &format!("{b}.attn.{n}"), h, h, false);
+    }
+    for ff in ["ff", "ff_context"] {
+        inv.linear(double, &format!("{b}.{ff}.linear_in"), h, 2 * m, false);
+        inv.linear(double, &format!("{b}.{ff}.linear_out"), m, h, false);
+    }
+    inv.add(double * 4 * hd);
+    let s = "single_transformer_blocks.0";
+    inv.linear(single, &format!("{s}.attn.to_qkv_mlp_proj"), h, 3 * h + 2 * m, false);
+    inv.linear(single, &format!("{s}.attn.to_out"), h + m, h, false);
+    inv.add(single * 2 * hd);
+    inv.linear(1, "norm_out.linear", h, 2 * h, false);
+    inv.linear(1, "proj_out", h, p * p * cout, false);
+    let blocks = vec![(double, c::FLUX_DOUBLE, Tokens::All), (single, c::FLUX_SINGLE, Tokens::All)];
+    // A token is a 2×2 patch of the VAE latent: 128 channels are 32 latent channels.
     Ok(image(cfg, inv, h, blocks, 2 * p, joint, cin / 4))
 }
 

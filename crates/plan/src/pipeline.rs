@@ -25,6 +25,8 @@ pub struct Frozen {
 pub struct Pipeline {
     /// `model_index.json`'s `_class_name`.
     pub class: String,
+    /// `model_index.json`'s `is_distilled` (a step-distilled FLUX.2 [klein] runs no CFG).
+    pub distilled: bool,
     /// The denoisers by folder (`transformer`, and Wan2.2-A14B's `transformer_2`).
     pub denoisers: Vec<(String, Denoiser)>,
     pub text_encoders: Vec<Frozen>,
@@ -39,7 +41,9 @@ impl Pipeline {
             .string("_class_name")
             .ok_or_else(|| index.bad("_class_name", "missing"))?
             .to_string();
-        let mut pipeline = Self { class, denoisers: vec![], text_encoders: vec![], vae: None };
+        let distilled = index.boolean("is_distilled", false)?;
+        let mut pipeline =
+            Self { class, distilled, denoisers: vec![], text_encoders: vec![], vae: None };
         for name in COMPONENTS {
             // Components are `[library, class]` pairs; `[null, null]` marks an absent one.
             let Some(class) = index

@@ -10,6 +10,8 @@ use crate::PlanError;
 #[derive(Debug, Clone)]
 pub struct Vae {
     pub params: u64,
+    /// Elements of its buffers (FLUX.2's batch-norm statistics).
+    pub buffers: u64,
     /// Latent channels.
     pub channels: u64,
     /// Pixels per latent pixel, per side.
@@ -21,12 +23,18 @@ pub struct Vae {
 pub fn vae(cfg: &Json, class: &str) -> Result<Vae, PlanError> {
     match class {
         "AutoencoderKL" => kl(cfg),
+        // FLUX.2's: an AutoencoderKL whose batch norm over 2×2 patches has buffers only (running
+        // mean and variance, the batch count).
+        "AutoencoderKLFlux2" => {
+            let v = kl(cfg)?;
+            Ok(Vae { buffers: 2 * 4 * v.channels + 1, ..v })
+        }
         "AutoencoderKLWan" | "AutoencoderKLQwenImage" => wan(cfg),
         other => Err(cfg.bad(
             "_class_name",
             format!(
                 "`{other}` is not a VAE the planner knows; known: AutoencoderKL, \
-                 AutoencoderKLQwenImage, AutoencoderKLWan"
+                 AutoencoderKLFlux2, AutoencoderKLQwenImage, AutoencoderKLWan"
             ),
         )),
     }
@@ -75,7 +83,8 @@ fn kl(cfg: &Json) -> Result<Vae, PlanError> {
     let quant = if cfg.boolean("use_quant_conv", true)? { conv(2 * z, 2 * z, 1, 2) } else { 0 };
     let post = if cfg.boolean("use_post_quant_conv", true)? { conv(z, z, 1, 2) } else { 0 };
     let spatial = 1 << (ch.len() - 1);
-    Ok(Vae { params: encoder + decoder + quant + post, channels: z, spatial, temporal: 1 })
+    let params = encoder + decoder + quant + post;
+    Ok(Vae { params, buffers: 0, channels: z, spatial, temporal: 1 })
 }
 
 /// Wan's causal 3-D VAE (Wan2.1 and Qwen-Image; Wan2.2's residual variant with
@@ -129,5 +138,5 @@ fn wan(cfg: &Json) -> Result<Vae, PlanError> {
     let quant = conv(2 * z, 2 * z, 1, 3) + conv(z, z, 1, 3);
     let spatial = cfg.int("scale_factor_spatial", Some(1 << (mult.len() - 1)))?;
     let temporal = cfg.int("scale_factor_temporal", Some(4))?;
-    Ok(Vae { params: encoder + decoder + quant, channels: z, spatial, temporal })
+    Ok(Vae { params: encoder + decoder + quant, buffers: 0, channels: z, spatial, temporal })
 }

@@ -59,6 +59,18 @@ fn flux_dev() {
 }
 
 #[test]
+fn flux2_klein_base_4b() {
+    check(
+        "flux.2-klein-base-4b",
+        &[
+            ("transformer", 3_875_544_576, 0),
+            ("text_encoder", 4_022_468_096, 0),
+            ("vae", 84_046_115, 0),
+        ],
+    );
+}
+
+#[test]
 fn qwen_image() {
     check(
         "qwen-image",
@@ -140,6 +152,16 @@ fn lora_counts() {
     // The note counts the single blocks' `proj_out` only; the suffix match (flowtune's and
     // PEFT's) also adapts the top-level `proj_out` (3072 → 64): 64 · (3072 + 64) more.
     assert_eq!(lora("flux.1-dev", &flux), 261_488_640 + 64 * (3072 + 64));
+    // FLUX.2's recipe targets, counted on the diffusers model's linears.
+    let mut flux2: Vec<&str> = attn.iter().chain(&joint).copied().collect();
+    flux2.extend([
+        "attn.to_qkv_mlp_proj",
+        "ff.linear_in",
+        "ff.linear_out",
+        "ff_context.linear_in",
+        "ff_context.linear_out",
+    ]);
+    assert_eq!(lora("flux.2-klein-base-4b", &flux2), 76_677_120);
     let wan = [
         "attn1.to_q",
         "attn1.to_k",

@@ -93,6 +93,8 @@ pub enum Pipeline {
     QwenImage,
     /// Z-Image: explicit sigmas from `torch.linspace(1, 1/N, N)` (f32), then the config's shift.
     ZImage,
+    /// FLUX.2: as Flux, with the empirical μ of the image token count and the step count.
+    Flux2,
     /// Wan: UniPC's flow sigmas, `linspace(1, 1/T, N+1)[:-1]` shifted by `flow_shift` in f64,
     /// σ₀ lowered by 1e-6 when it is 1; timesteps are `σ·T` truncated to integers, as WanPipeline
     /// feeds its transformer.
@@ -101,7 +103,7 @@ pub enum Pipeline {
 
 impl Pipeline {
     /// Every pipeline name, for error messages and `--help`.
-    pub const NAMES: [&'static str; 5] = ["sd3", "flux", "qwen_image", "z_image", "wan"];
+    pub const NAMES: [&'static str; 6] = ["sd3", "flux", "qwen_image", "z_image", "flux2", "wan"];
 
     /// Parses a pipeline name as written in recipes and on the command line.
     pub fn parse(name: &str) -> Result<Self, SamplingError> {
@@ -110,6 +112,7 @@ impl Pipeline {
             "flux" => Ok(Self::Flux),
             "qwen_image" => Ok(Self::QwenImage),
             "z_image" => Ok(Self::ZImage),
+            "flux2" => Ok(Self::Flux2),
             "wan" => Ok(Self::Wan),
             _ => Err(SamplingError::UnknownChoice {
                 what: "pipeline",
@@ -284,6 +287,20 @@ impl Arith {
     }
 }
 
+/// FLUX.2's `compute_empirical_mu`: μ fitted to the image token count and the step count (f64).
+fn empirical_mu(image_seq_len: u64, steps: usize) -> f64 {
+    let (a1, b1) = (8.73809524e-05, 1.89833333);
+    let (a2, b2) = (0.00016927, 0.45666666);
+    let seq = image_seq_len as f64;
+    if image_seq_len > 4300 {
+        return a2 * seq + b2;
+    }
+    let (m_200, m_10) = (a2 * seq + b2, a1 * seq + b1);
+    let a = (m_200 - m_10) / 190.0;
+    let b = m_200 - 200.0 * a;
+    a * steps as f64 + b
+}
+
 /// numpy's `linspace(start, stop, num)` in f64, bit for bit.
 fn linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
     if num == 1 {
@@ -342,7 +359,10 @@ impl SigmaGrid {
                         .into(),
                 )
             })?;
-            Some(config.mu_for(seq))
+            Some(match request.pipeline {
+                Pipeline::Flux2 => empirical_mu(seq, steps),
+                _ => config.mu_for(seq),
+            })
         } else {
             None
         };

@@ -1,9 +1,10 @@
-//! `flowtune make-tiny sd3|shapes|qwen-image|z-image|flux|wan DIR`: a random-initialised pipeline in the diffusers layout.
+//! `flowtune make-tiny sd3|shapes|qwen-image|z-image|flux|flux2|wan DIR`: a random-initialised pipeline in the diffusers layout.
 
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use flowtune_models::flux::{write_tiny_flux, FluxTransformerConfig, TinyFluxSpec};
+use flowtune_models::flux2::{write_tiny_flux2, Flux2TransformerConfig, TinyFlux2Spec};
 use flowtune_models::qwen_image::{
     write_tiny_qwen_image, QwenImageTransformerConfig, TinyQwenImageSpec,
 };
@@ -32,6 +33,10 @@ pub enum MakeTiny {
     /// A FluxPipeline (FLUX.1 [dev], or [schnell]): transformer, VAE, CLIPTextModel, T5,
     /// tokenizers, scheduler; diffusers loads and runs it.
     Flux(FluxArgs),
+    /// A Flux2KleinPipeline (FLUX.2 [klein]): transformer, VAE (AutoencoderKLFlux2), a 27-layer
+    /// Qwen3 text encoder, a small Qwen2 BPE tokenizer with a Qwen3 chat template, scheduler;
+    /// diffusers loads and runs it.
+    Flux2(Flux2Args),
     /// A WanPipeline (Wan2.2-TI2V-style: residual VAE with 2×2 pixel patches, per-token
     /// timesteps; or Wan2.1-style): transformer, AutoencoderKLWan, UMT5 text encoder, T5
     /// tokenizer, UniPC scheduler; diffusers loads and runs it.
@@ -99,6 +104,28 @@ pub struct ZImageArgs {
     /// Attention heads (the rotary axes split the head width 1:1.5:1.5).
     #[arg(long, default_value_t = 2)]
     heads: i64,
+}
+
+#[derive(Args)]
+pub struct Flux2Args {
+    #[command(flatten)]
+    out: Out,
+    #[command(flatten)]
+    real: RealWidth,
+    /// Double-stream blocks (with `--config` too).
+    #[arg(long, default_value_t = 1)]
+    layers: usize,
+    /// Single-stream blocks (with `--config` too).
+    #[arg(long, default_value_t = 2)]
+    single_layers: usize,
+    #[arg(long, default_value_t = 2)]
+    heads: i64,
+    /// Width of one head (a multiple of 8: four equal rotary axes).
+    #[arg(long, default_value_t = 16)]
+    head_dim: i64,
+    /// A step-distilled [klein] (`is_distilled`: no CFG).
+    #[arg(long)]
+    distilled: bool,
 }
 
 #[derive(Args)]
@@ -248,6 +275,23 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_z_image(dir, &spec))
+        }
+        MakeTiny::Flux2(a) => {
+            let spec = TinyFlux2Spec {
+                seed: a.out.seed,
+                layers: a.layers,
+                single_layers: a.single_layers,
+                heads: a.heads,
+                head_dim: a.head_dim,
+                axes_dims_rope: vec![a.head_dim / 4; 4],
+                distilled: a.distilled,
+                dtype: a.real.dtype.kind(),
+                transformer: a.real.read(read_config::<Flux2TransformerConfig>, |c| {
+                    (c.num_layers, c.num_single_layers) = (a.layers, a.single_layers)
+                })?,
+                ..Default::default()
+            };
+            a.out.write(|dir| write_tiny_flux2(dir, &spec))
         }
         MakeTiny::QwenImage(a) => {
             let frame = (a.head_dim / 8) * 2;

@@ -47,7 +47,7 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
     // A Hub id reads its configs from the local Hugging Face cache, as training does.
     let dir = &flowtune_models::hub::resolve(&recipe.model.path).map_err(Failure::input)?;
     let pipe = Pipeline::read(dir).map_err(Failure::input)?;
-    let setup = setup(&recipe, &pipe.class, gpus, args.gpu_memory).map_err(Failure::input)?;
+    let setup = setup(&recipe, &pipe, gpus, args.gpu_memory).map_err(Failure::input)?;
     let p = plan(&pipe, &setup);
     let v = verdict(&pipe, &setup);
     if args.json {
@@ -95,7 +95,12 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
 }
 
 /// The planner's view of a recipe on `gpus` ranks.
-fn setup(recipe: &Recipe, class: &str, gpus: u64, gpu_memory_gib: f64) -> anyhow::Result<Setup> {
+fn setup(
+    recipe: &Recipe,
+    pipe: &Pipeline,
+    gpus: u64,
+    gpu_memory_gib: f64,
+) -> anyhow::Result<Setup> {
     let dtype = |d: Dtype| match d {
         Dtype::F32 => flowtune_plan::Dtype::F32,
         Dtype::Bf16 => flowtune_plan::Dtype::Bf16,
@@ -134,8 +139,9 @@ fn setup(recipe: &Recipe, class: &str, gpus: u64, gpu_memory_gib: f64) -> anyhow
         },
         exact_gradient_sum: t.exact_gradient_sum,
         // As each family's diffusers pipeline decides (`Denoiser::runs_cfg`): Z-Image for every
-        // scale above 0, the others above 1.
-        cfg: r.guidance_scale > if class == "ZImagePipeline" { 0.0 } else { 1.0 },
+        // scale above 0, a step-distilled FLUX.2 [klein] never, the others above 1.
+        cfg: !pipe.distilled
+            && r.guidance_scale > if pipe.class == "ZImagePipeline" { 0.0 } else { 1.0 },
         reference_copy: reference,
         weight_copies: u64::from(t.ema_decay.is_some()) + u64::from(old_policy),
         prompts_per_step: recipe.data.prompts_per_step as u64,

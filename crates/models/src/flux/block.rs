@@ -19,9 +19,15 @@ pub struct Projections {
 }
 
 impl Projections {
-    /// `names`: the projections' and the norms' names under `scope`.
-    fn new(scope: &Scope<'_>, names: [&str; 5], dim: i64, head_dim: i64) -> Self {
-        let linear = |name: &str| (scope / name).linear(dim, dim, true);
+    /// `names`: the projections' and the norms' names under `scope`; FLUX.2's have no biases.
+    pub(crate) fn new(
+        scope: &Scope<'_>,
+        names: [&str; 5],
+        dim: i64,
+        head_dim: i64,
+        bias: bool,
+    ) -> Self {
+        let linear = |name: &str| (scope / name).linear(dim, dim, bias);
         let norm = |name: &str| RmsNorm::new(&(scope / name), head_dim, EPS);
         Self {
             q: linear(names[0]),
@@ -33,7 +39,7 @@ impl Projections {
     }
 
     /// (B, S, D) → normed queries, normed keys, values, each (B, S, H, d).
-    fn heads(&self, x: &Tensor, heads: i64) -> [Tensor; 3] {
+    pub(crate) fn heads(&self, x: &Tensor, heads: i64) -> [Tensor; 3] {
         let (b, s) = (x.size()[0], x.size()[1]);
         let split = |p: &Linear| p.forward(x).view([b, s, heads, -1]);
         [self.norm_q.forward(&split(&self.q)), self.norm_k.forward(&split(&self.k)), split(&self.v)]
@@ -41,7 +47,7 @@ impl Projections {
 }
 
 /// Attention over (B, S, H, d) heads with rotary positions on queries and keys → (B, S, H·d).
-fn rotary_attention(q: &Tensor, k: &Tensor, v: &Tensor, rope: &RotaryTables) -> Tensor {
+pub(crate) fn rotary_attention(q: &Tensor, k: &Tensor, v: &Tensor, rope: &RotaryTables) -> Tensor {
     let (q, k) = (apply_rotary(q, rope), apply_rotary(k, rope));
     let out =
         attention(&q.transpose(1, 2), &k.transpose(1, 2), &v.transpose(1, 2), None, false, None);
@@ -50,7 +56,7 @@ fn rotary_attention(q: &Tensor, k: &Tensor, v: &Tensor, rope: &RotaryTables) -> 
 }
 
 /// `x·(1 + scale) + shift` with (B, D) parameters.
-fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Tensor {
+pub(crate) fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Tensor {
     x * (scale.unsqueeze(1) + 1.0) + shift.unsqueeze(1)
 }
 
@@ -81,12 +87,14 @@ impl FluxTransformerBlock {
                 ["to_q", "to_k", "to_v", "norm_q", "norm_k"],
                 dim,
                 head_dim,
+                true,
             ),
             text: Projections::new(
                 &attn,
                 ["add_q_proj", "add_k_proj", "add_v_proj", "norm_added_q", "norm_added_k"],
                 dim,
                 head_dim,
+                true,
             ),
             to_out: (&(&attn / "to_out") / 0).linear(dim, dim, true),
             to_add_out: (&attn / "to_add_out").linear(dim, dim, true),
@@ -152,6 +160,7 @@ impl FluxSingleTransformerBlock {
                 ["to_q", "to_k", "to_v", "norm_q", "norm_k"],
                 dim,
                 head_dim,
+                true,
             ),
             proj_mlp: (scope / "proj_mlp").linear(dim, mlp, true),
             proj_out: (scope / "proj_out").linear(dim + mlp, dim, true),

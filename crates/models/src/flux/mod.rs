@@ -1,11 +1,11 @@
 //! FLUX.1 [dev] and [schnell] (double- then single-stream MMDiT, CLIP-L pooled + T5-XXL text,
 //! AutoencoderKL with scaling and shift factors) in the diffusers layout.
 
-mod block;
+pub(crate) mod block;
 mod config;
 mod family;
 mod pipeline;
-mod rope;
+pub(crate) mod rope;
 pub(crate) mod tiny;
 mod transformer;
 

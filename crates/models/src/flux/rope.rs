@@ -4,8 +4,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-/// The rotary base of every axis.
-const THETA: f64 = 10_000.0;
+/// FLUX.1's rotary base of every axis.
+pub const THETA: f64 = 10_000.0;
 
 /// Cosine and sine tables (S, head_dim / 2) in f32, text tokens first.
 pub struct RotaryTables {
@@ -29,16 +29,16 @@ pub fn position_ids(text_len: i64, rows: i64, cols: i64, device: Device) -> Tens
     Tensor::cat(&[Tensor::zeros([text_len, 3], opts), image], 0)
 }
 
-/// The tables for position ids (S, 3): angles `position · θ^(−2i/d)` per axis in f64, as
-/// diffusers computes them, cosines and sines cast to f32.
-pub fn rotary_tables(axes: &[i64; 3], ids: &Tensor) -> RotaryTables {
+/// The tables for position ids (S, axes): angles `position · θ^(−2i/d)` per axis in f64, as
+/// diffusers computes them, cosines and sines cast to f32 (FLUX.2 has four axes and θ 2000).
+pub fn rotary_tables(axes: &[i64], theta: f64, ids: &Tensor) -> RotaryTables {
     let parts: Vec<Tensor> = axes
         .iter()
         .enumerate()
         .map(|(axis, &dim)| {
             let opts = (Kind::Double, ids.device());
             let exponents = Tensor::arange_start_step(0, dim, 2, opts) / dim as f64;
-            let inv = Tensor::from(THETA).to_device(ids.device()).pow(&exponents).reciprocal();
+            let inv = Tensor::from(theta).to_device(ids.device()).pow(&exponents).reciprocal();
             let pos = ids.select(1, axis as i64).to_kind(Kind::Float).to_kind(Kind::Double);
             pos.unsqueeze(1) * inv.unsqueeze(0)
         })

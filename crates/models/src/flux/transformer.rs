@@ -9,7 +9,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::block::{FluxSingleTransformerBlock, FluxTransformerBlock};
 use super::config::FluxTransformerConfig;
-use super::rope::{position_ids, rotary_tables};
+use super::rope::{position_ids, rotary_tables, THETA};
 use crate::denoiser::{
     weights_and_frozen_copy, Denoiser, ExampleInputs, ExampleShape, TrainableDenoiser,
 };
@@ -139,7 +139,8 @@ impl FluxTransformer {
         }
         let temb = temb + self.text_embedder.forward(pooled_projections);
         let text = self.context_embedder.forward(encoder_hidden_states);
-        let rope = rotary_tables(&self.config.axes_dims_rope, &Tensor::cat(&[txt_ids, img_ids], 0));
+        let ids = Tensor::cat(&[txt_ids, img_ids], 0);
+        let rope = rotary_tables(&self.config.axes_dims_rope, THETA, &ids);
         let (mut image, mut text) = (image, text);
         for (i, block) in self.transformer_blocks.iter().enumerate() {
             let rope = rope.shallow_clone();

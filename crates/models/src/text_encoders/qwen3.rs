@@ -131,6 +131,11 @@ impl Qwen3TextEncoder {
         self.decoder.shape.hidden_size
     }
 
+    /// Decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.decoder.shape.num_hidden_layers
+    }
+
     /// transformers' `hidden_states[-2]` with `output_hidden_states=True` (B, L, hidden_size) for
     /// `input_ids` (B, L) and `attention_mask` (B, L) of ones and zeros (padding), at positions
     /// 0‥L: the embeddings after all layers but the last, without the final norm.
@@ -139,6 +144,19 @@ impl Qwen3TextEncoder {
         input_ids: &Tensor,
         attention_mask: &Tensor,
     ) -> Result<Tensor, ModelError> {
+        let depth = self.decoder.shape.num_hidden_layers.saturating_sub(1);
+        let mut states = self.hidden_states(input_ids, attention_mask, &[depth])?;
+        Ok(states.pop().expect("one state"))
+    }
+
+    /// transformers' `hidden_states[k]` for each `k` of `layers` (ascending, at most the layer
+    /// count; the last layer's is after the final norm), as [`Self::penultimate`] takes its inputs.
+    pub fn hidden_states(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        layers: &[usize],
+    ) -> Result<Vec<Tensor>, ModelError> {
         let (b, l) = input_ids.size2()?;
         if attention_mask.size() != [b, l] {
             return Err(ModelError::Input(format!(
@@ -148,9 +166,26 @@ impl Qwen3TextEncoder {
             )));
         }
         let shape = &self.decoder.shape;
+        let count = shape.num_hidden_layers;
+        if layers.windows(2).any(|w| w[1] <= w[0]) || layers.iter().any(|&k| k > count) {
+            return Err(ModelError::Input(format!(
+                "Qwen3 hidden state layers {layers:?}: expected ascending indices up to the \
+                 encoder's {count} layers"
+            )));
+        }
         let positions = text_positions(b, l, input_ids.device());
-        let depth = shape.num_hidden_layers.saturating_sub(1);
         let x = self.decoder.embed(input_ids);
-        Ok(self.decoder.run(x, attention_mask, &positions, &[shape.head_dim / 2], depth)?)
+        let mut states = self.decoder.run_states(
+            x,
+            attention_mask,
+            &positions,
+            &[shape.head_dim / 2],
+            layers,
+        )?;
+        if layers.last() == Some(&count) {
+            let last = states.pop().expect("the last layer's state");
+            states.push(self.decoder.final_norm(&last));
+        }
+        Ok(states)
     }
 }

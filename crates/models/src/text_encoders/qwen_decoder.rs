@@ -123,12 +123,26 @@ impl QwenDecoder {
     /// causal mask and `attention_mask` (B, L) (1 = token, 0 = padding); no final norm.
     pub fn run(
         &self,
-        mut x: Tensor,
+        x: Tensor,
         attention_mask: &Tensor,
         positions: &Tensor,
         section: &[i64],
         depth: usize,
     ) -> Result<Tensor, tch::TchError> {
+        let mut states = self.run_states(x, attention_mask, positions, section, &[depth])?;
+        Ok(states.pop().expect("one state per depth"))
+    }
+
+    /// As [`Self::run`], the states after each of `depths` layers (ascending; 0 is the
+    /// embeddings), up to the deepest one: transformers' `hidden_states[k]` below the last layer.
+    pub fn run_states(
+        &self,
+        mut x: Tensor,
+        attention_mask: &Tensor,
+        positions: &Tensor,
+        section: &[i64],
+        depths: &[usize],
+    ) -> Result<Vec<Tensor>, tch::TchError> {
         let (b, l) = attention_mask.size2()?;
         let device = x.device();
         let (cos, sin) = self.rotary(positions, section);
@@ -142,7 +156,12 @@ impl QwenDecoder {
             let rotated = Tensor::cat(&[-t.narrow(3, half, half), t.narrow(3, 0, half)], 3);
             t * &cos + rotated * &sin
         };
-        for layer in &self.layers[..depth] {
+        let deepest = depths.iter().copied().max().unwrap_or(0);
+        let mut states = vec![];
+        for (done, layer) in self.layers[..deepest].iter().enumerate() {
+            if depths.contains(&done) {
+                states.push(x.shallow_clone());
+            }
             let h = layer.input_layernorm.forward(&x);
             let split = |t: Tensor, n: i64, norm: Option<&RmsNorm>| {
                 let t = t.view([b, l, n, -1]);
@@ -166,6 +185,9 @@ impl QwenDecoder {
             let gated = layer.gate_proj.forward(&h).silu() * layer.up_proj.forward(&h);
             x = &x + layer.down_proj.forward(&gated);
         }
-        Ok(x)
+        if depths.contains(&deepest) {
+            states.push(x);
+        }
+        Ok(states)
     }
 }

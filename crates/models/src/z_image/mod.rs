@@ -6,12 +6,12 @@ mod config;
 mod family;
 mod pipeline;
 mod rope;
-mod tiny;
+pub(crate) mod tiny;
 mod transformer;
 
 pub use config::ZImageTransformerConfig;
 pub use family::FAMILY;
-pub use pipeline::{ZImagePipeline, ZImagePromptEncoder, CHAT_TEMPLATE};
+pub use pipeline::{ZImagePipeline, ZImagePromptEncoder, CHAT_TEMPLATE, TEXT_ENCODER_CLASSES};
 pub use tiny::{write_tiny_z_image, TinyZImageSpec};
 pub use transformer::{valid_tokens, ZImageTransformer, SEQ_MULTI_OF};
 

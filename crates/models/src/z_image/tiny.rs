@@ -5,7 +5,7 @@ use std::path::Path;
 
 use flowtune_sampling::SampleRng;
 use serde_json::json;
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
 use super::{ZImageTransformer, ZImageTransformerConfig};
 use crate::flux::tiny::write_flux_vae;
@@ -81,27 +81,9 @@ impl Default for TinyZImageSpec {
 /// Writes the pipeline into `dir` (created if missing).
 pub fn write_tiny_z_image(dir: &Path, spec: &TinyZImageSpec) -> Result<(), ModelError> {
     let mut rng = SampleRng::new(spec.seed);
-    let tokenizer = dir.join("tokenizer");
-    let base_vocab = write_tokenizer(&tokenizer, spec.bpe_vocab_size)?;
-    let config_file = tokenizer.join("tokenizer_config.json");
-    let mut tokenizer_config: serde_json::Value = read_config(&config_file)?;
-    tokenizer_config["chat_template"] = json!(QWEN3_CHAT_TEMPLATE);
-    write_json(&config_file, &tokenizer_config)?;
-
     let hidden_size = spec.transformer.as_ref().map_or(spec.text.hidden_size, |t| t.cap_feat_dim);
-    let text = DecoderShape {
-        vocab_size: (base_vocab + ADDED_TOKENS.len()) as i64,
-        hidden_size,
-        ..spec.text.clone()
-    };
-    let encoder = Qwen3TextEncoder::new(&text, Device::Cpu, Kind::Float);
-    randomize(&encoder.store, &mut rng, WeightInit::Normal(0.1))?;
-    write_component(
-        &dir.join("text_encoder"),
-        &encoder.store,
-        "model.safetensors",
-        &qwen3_config(&text, base_vocab),
-    )?;
+    let text = DecoderShape { hidden_size, ..spec.text.clone() };
+    let text = write_qwen3(dir, &text, spec.bpe_vocab_size, false, &mut rng)?;
 
     let vae_config =
         write_flux_vae(&dir.join("vae"), &spec.vae_channels, &mut rng, WeightInit::Normal(0.1))?;
@@ -145,6 +127,46 @@ pub fn write_tiny_z_image(dir: &Path, spec: &TinyZImageSpec) -> Result<(), Model
             "vae": ["diffusers", "AutoencoderKL"],
         }),
     )
+}
+
+/// A Qwen2 tokenizer (`tokenizer/`, with Qwen3's chat template) and a random `Qwen3Model` of
+/// `text`'s sizes (`text_encoder/`) in `dir`, or with `causal` a `Qwen3ForCausalLM` (keys under
+/// `model.`, an untied zero `lm_head`); returns the shape with the tokenizer's vocabulary.
+pub(crate) fn write_qwen3(
+    dir: &Path,
+    text: &DecoderShape,
+    bpe_vocab_size: usize,
+    causal: bool,
+    rng: &mut SampleRng,
+) -> Result<DecoderShape, ModelError> {
+    let tokenizer = dir.join("tokenizer");
+    let base_vocab = write_tokenizer(&tokenizer, bpe_vocab_size)?;
+    let config_file = tokenizer.join("tokenizer_config.json");
+    let mut tokenizer_config: serde_json::Value = read_config(&config_file)?;
+    tokenizer_config["chat_template"] = json!(QWEN3_CHAT_TEMPLATE);
+    write_json(&config_file, &tokenizer_config)?;
+    let text =
+        DecoderShape { vocab_size: (base_vocab + ADDED_TOKENS.len()) as i64, ..text.clone() };
+    let encoder = Qwen3TextEncoder::new(&text, Device::Cpu, Kind::Float);
+    randomize(&encoder.store, rng, WeightInit::Normal(0.1))?;
+    let out = dir.join("text_encoder");
+    let mut config = qwen3_config(&text, base_vocab);
+    write_component(&out, &encoder.store, "model.safetensors", &config)?;
+    if causal {
+        let file = out.join("model.safetensors");
+        let mut tensors: Vec<(String, Tensor)> = Tensor::read_safetensors(&file)?
+            .into_iter()
+            .map(|(name, t)| (format!("model.{name}"), t))
+            .collect();
+        tensors.push((
+            "lm_head.weight".into(),
+            Tensor::zeros([text.vocab_size, text.hidden_size], (Kind::Float, Device::Cpu)),
+        ));
+        Tensor::write_safetensors(&tensors, &file)?;
+        config["architectures"] = json!(["Qwen3ForCausalLM"]);
+        write_json(&out.join("config.json"), &config)?;
+    }
+    Ok(text)
 }
 
 /// `config.json` of a `Qwen3Model`.
