@@ -177,6 +177,7 @@ impl Recipe {
                     return fail("rollout.sde_window_size", format!("{name} trains an SDE window and takes ODE steps outside it; set rollout.sde_window_size ≥ 1"));
                 }
             }
+            Objective::Gardo => self.check_gardo()?,
             Objective::Dpo | Objective::Nft if self.rollout_correction.enabled() => {
                 return fail("rollout_correction", format!("{name} trains on clean samples, not on rollout log-probs; turn rollout_is / rollout_rs off"));
             }
@@ -197,6 +198,36 @@ impl Recipe {
                 "data.preference_files",
                 format!("preference pairs train only algorithm: dpo, not {name}"),
             );
+        }
+        Ok(())
+    }
+
+    /// GARDO's needs: SDE rollouts, its own KL (not `use_kl_loss`), a diversity model and at least
+    /// one proxy reward among the reward functions.
+    fn check_gardo(&self) -> Result<(), (String, String)> {
+        let a = &self.actor;
+        let fail = |key: &str, message: &str| Err((key.to_string(), message.to_string()));
+        if self.rollout.noise_level == 0.0 {
+            return fail("rollout.noise_level", "0 leaves gardo no stochastic step to train; set it > 0 (e.g. 0.7)");
+        }
+        if self.rollout_correction.enabled() {
+            return fail("rollout_correction", "gardo does not weigh rollout log-probs; turn rollout_is / rollout_rs off");
+        }
+        if a.use_kl_loss {
+            return fail("actor.use_kl_loss", "gardo has its own gated KL to its anchor (weight actor.kl_loss_coef); set use_kl_loss: false");
+        }
+        if a.gardo_features.is_none() {
+            return fail("actor.gardo_features", "gardo needs a transformers CLIPModel folder whose image embeddings measure diversity");
+        }
+        if a.gardo_proxy_rewards.is_empty() {
+            return fail("actor.gardo_proxy_rewards", "gardo gates its KL by how a sample's trained-reward rank departs from its proxy rewards' ranks; name at least one of reward.functions (weight 0 keeps it out of the trained reward)");
+        }
+        let names: Vec<&str> = self.reward.functions.iter().map(|f| f.name.as_str()).collect();
+        if let Some(missing) = a.gardo_proxy_rewards.iter().find(|p| !names.contains(&p.as_str())) {
+            return Err((
+                "actor.gardo_proxy_rewards".into(),
+                format!("`{missing}` is not one of reward.functions ({})", names.join(", ")),
+            ));
         }
         Ok(())
     }

@@ -24,6 +24,8 @@ pub enum Objective {
     Dpo,
     /// DiffusionNFT on noised clean samples.
     Nft,
+    /// GARDO: a diversity-shaped, std-weighted clipped ratio and a gated KL to a resettable anchor.
+    Gardo,
 }
 
 /// One registered algorithm.
@@ -79,6 +81,12 @@ pub const ALGORITHMS: &[Algorithm] = &[
         objective: Objective::Nft,
         rollout: RolloutNeed::Any,
         summary: "DiffusionNFT: forward-process positive/negative velocity loss, ODE rollouts",
+    },
+    Algorithm {
+        name: "gardo",
+        objective: Objective::Gardo,
+        rollout: RolloutNeed::Any,
+        summary: "GARDO: Flow-GRPO with diversity-shaped advantages and a gated KL to a resettable anchor",
     },
 ];
 

@@ -42,6 +42,7 @@ pub(crate) fn for_objective(objective: Objective) -> Box<dyn Algorithm> {
         Objective::Policy(loss) => Box::new(PolicyGradient(loss)),
         Objective::Dpo => Box::new(Dpo),
         Objective::Nft => Box::new(Nft),
+        Objective::Gardo => Box::new(Gardo::default()),
     }
 }
 
@@ -138,6 +139,49 @@ impl Algorithm for Nft {
         let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, k, m))?;
         run.status("update");
         crate::nft::nft_step(run, learner, &c, k, lr, m)?;
+        Ok(c.batch.images.len())
+    }
+}
+
+/// GARDO: Flow-GRPO's rollout and ratio, diversity-shaped advantages and a gated KL to an anchor
+/// copy of the weights (kept as the learner's old policy) that is reset when it falls behind.
+#[derive(Default)]
+struct Gardo {
+    /// The diversity model, loaded at the first step.
+    features: std::cell::OnceCell<crate::diversity::DiversityFeatures>,
+}
+
+impl Algorithm for Gardo {
+    fn needs_reference(&self, _: &Recipe) -> bool {
+        false
+    }
+
+    fn keeps_old_policy(&self) -> bool {
+        true
+    }
+
+    fn step(
+        &self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError> {
+        let features = match self.features.get() {
+            Some(f) => f,
+            None => {
+                let dir = run.recipe.actor.gardo_features.as_ref().ok_or_else(|| {
+                    TrainError::Invalid("actor.gardo_features: gardo needs a CLIP model".into())
+                })?;
+                let loaded = crate::diversity::DiversityFeatures::load(dir, run.comm.device())?;
+                self.features.get_or_init(|| loaded)
+            }
+        };
+        let c = collect(run, prompts(source)?, k, m)?;
+        run.status("update");
+        crate::gardo::gardo_step(run, learner, features, &c, k, lr, m)?;
         Ok(c.batch.images.len())
     }
 }

@@ -30,6 +30,9 @@ pub struct LoopState {
     /// killed between the save and the log line still has its line restored on resume.
     #[serde(default)]
     pub metrics: serde_json::Value,
+    /// GARDO's gate and anchor-reset state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gardo: Option<crate::gardo::GardoState>,
 }
 
 const ADAPTERS: &str = "adapters.safetensors";
@@ -194,6 +197,7 @@ pub(crate) fn load(
         master.shallow_clone().copy_(value);
     }
     optimizer.steps = state.optimizer_steps;
+    learner.gardo = state.gardo.clone();
     for (prefix, shadow) in shadows(learner) {
         for (name, value) in &shadow.shadow {
             // A checkpoint from a run without this shadow starts it at the loaded weights.

@@ -146,7 +146,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     if t.f32_master_weights {
         optimizer.keep_f32_masters();
     }
-    let mut learner = Learner { ema, old, optimizer };
+    let mut learner = Learner { ema, old, optimizer, gardo: None };
     let mut start = 0;
     let mut saved_line = serde_json::Value::Null;
     if let Some(dir) = resume_from(&t.resume, &ckpt_root)? {
@@ -230,6 +230,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
                 loader: source.loader().state,
                 optimizer_steps: learner.optimizer.steps,
                 metrics: metric_line(k, &m),
+                gardo: learner.gardo.clone(),
             };
             checkpoint::save(&ckpt_root, pipe.denoiser(), &learner, &state, t.keep_last, comm)?;
         }

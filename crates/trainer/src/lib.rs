@@ -1,6 +1,6 @@
 //! The online RL training loop (`flowtune train`): each step is rollout → rewards → the
 //! algorithm's update (policy gradient: old log-probs → reference → advantages → clipped update;
-//! Diffusion-DPO on pairs; DiffusionNFT on clean samples) → checkpoint, each under a named timer,
+//! Diffusion-DPO on pairs; DiffusionNFT on clean samples; GARDO's gated policy gradient) → checkpoint, each under a named timer,
 //! with the metric names of the reference framework. It knows model families only through the
 //! `flowtune-models` traits, and algorithms through [`algorithm::Algorithm`].
 
@@ -8,7 +8,9 @@ mod algorithm;
 pub mod checkpoint;
 mod collect;
 pub mod dist;
+mod diversity;
 mod fit;
+mod gardo;
 pub mod images;
 mod logging;
 mod nft;

@@ -106,9 +106,11 @@ fn setup(recipe: &Recipe, class: &str, gpus: u64, gpu_memory_gib: f64) -> anyhow
     // As the trainer decides (`Reference::for_recipe`, `Algorithm::keeps_old_policy`).
     let reference = match objective {
         Objective::Policy(_) => recipe.actor.use_kl_loss,
+        // GARDO's KL anchor is a weight copy, counted below.
+        Objective::Gardo => false,
         _ => true,
     };
-    let old_policy = matches!(objective, Objective::Nft);
+    let old_policy = matches!(objective, Objective::Nft | Objective::Gardo);
     Ok(Setup {
         full: m.finetune == Finetune::Full,
         dtype: dtype(m.dtype),

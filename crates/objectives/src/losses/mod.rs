@@ -2,6 +2,7 @@
 //! outputs) and the metrics the reference framework logs under the same names.
 
 mod dpo;
+mod gardo;
 mod nft;
 mod policy;
 
@@ -13,6 +14,7 @@ use tch::{Kind, Tensor};
 use crate::ObjectiveError;
 
 pub use dpo::{dpo_loss, DpoBatch};
+pub use gardo::{gardo_loss, GardoBatch};
 pub use nft::{nft_loss, reward_probability, NftBatch, OldPolicyDecay, RewardMode};
 pub use policy::{kl_to_reference, PolicyBatch, PolicyLoss};
 
@@ -56,6 +58,15 @@ pub struct LossConfig {
     pub old_policy_decay: OldPolicyDecay,
     /// DiffusionNFT: refresh the old adapter every this many training steps.
     pub old_policy_update_interval: u64,
+    /// GARDO: a step whose mean gated KL exceeds this resets the anchor before the next step.
+    pub gardo_kl_threshold: f64,
+    /// GARDO: the anchor is reset at the latest after this many steps.
+    pub gardo_reset_interval: u64,
+    /// GARDO: the reward functions (by name) whose ranks, against the trained reward's, measure
+    /// each sample's uncertainty; give them weight 0 to keep them out of the trained reward.
+    pub gardo_proxy_rewards: Vec<String>,
+    /// GARDO: a transformers `CLIPModel` folder whose image embeddings measure diversity.
+    pub gardo_features: Option<std::path::PathBuf>,
 }
 
 impl Default for LossConfig {
@@ -74,6 +85,10 @@ impl Default for LossConfig {
             timestep_fraction: 1.0,
             old_policy_decay: OldPolicyDecay::LinearTo0_5,
             old_policy_update_interval: 1,
+            gardo_kl_threshold: 3e-4,
+            gardo_reset_interval: 15,
+            gardo_proxy_rewards: vec![],
+            gardo_features: None,
         }
     }
 }
@@ -96,6 +111,7 @@ impl LossConfig {
             ("kl_loss_coef", self.kl_loss_coef),
             ("kl_mask_threshold", self.kl_mask_threshold),
             ("ref_kl_coef", self.ref_kl_coef),
+            ("gardo_kl_threshold", self.gardo_kl_threshold),
         ];
         for (key, value) in non_negative {
             if !(value >= 0.0 && value.is_finite()) {

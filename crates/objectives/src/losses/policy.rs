@@ -160,7 +160,7 @@ fn broadcast_rows(like: &Tensor) -> Vec<i64> {
 }
 
 /// Per row `max(−A·ρ, −A·clamp(ρ, 1−ε, 1+ε))` with `A` clamped to ±`adv_clip_max`.
-fn clipped(ratio: &Tensor, advantages: &Tensor, config: &LossConfig) -> Tensor {
+pub(super) fn clipped(ratio: &Tensor, advantages: &Tensor, config: &LossConfig) -> Tensor {
     let a = advantages.clamp(-config.adv_clip_max, config.adv_clip_max);
     let eps = config.clip_ratio;
     let unclipped = -(&a * ratio);
@@ -186,7 +186,7 @@ impl PolicyBatch<'_> {
     }
 }
 
-fn ratio_metrics(metrics: &mut Metrics, ratio: &Tensor, eps: f64) -> Result<(), ObjectiveError> {
+pub(super) fn ratio_metrics(metrics: &mut Metrics, ratio: &Tensor, eps: f64) -> Result<(), ObjectiveError> {
     let r = ratio.detach();
     metrics.insert("actor/pg_clipfrac".into(), fraction(&(&r - 1.0).abs().gt(eps))?);
     metrics.insert("actor/pg_clipfrac_higher".into(), fraction(&r.gt(1.0 + eps))?);
