@@ -186,7 +186,11 @@ impl PolicyBatch<'_> {
     }
 }
 
-pub(super) fn ratio_metrics(metrics: &mut Metrics, ratio: &Tensor, eps: f64) -> Result<(), ObjectiveError> {
+pub(super) fn ratio_metrics(
+    metrics: &mut Metrics,
+    ratio: &Tensor,
+    eps: f64,
+) -> Result<(), ObjectiveError> {
     let r = ratio.detach();
     metrics.insert("actor/pg_clipfrac".into(), fraction(&(&r - 1.0).abs().gt(eps))?);
     metrics.insert("actor/pg_clipfrac_higher".into(), fraction(&r.gt(1.0 + eps))?);
