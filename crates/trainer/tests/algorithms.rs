@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{load_recipe, lora_moved, pipeline, root, scratch, tensors};
+use common::{gardo_overrides, load_recipe, lora_moved, pipeline, root, scratch, tensors};
 use flowtune_fixtures::Scratch;
 use flowtune_models::PipelineOptions;
 use flowtune_objectives::Metrics;
@@ -157,17 +157,65 @@ fn diffusion_nft_resumes_to_the_same_weights() {
     assert!(a.iter().all(|(k, t)| t.equal(&b[k])), "the old adapter and loader state carry over");
 }
 
+#[test]
+fn gardo_is_on_policy_and_resets_its_anchor() {
+    let mut extra = gardo_overrides("brightness");
+    extra.push("actor.gardo_reset_interval=1".into());
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let (summary, out) = run("gardo_tiny.yaml", "gardo", 3, &extra);
+    let first = &summary.metrics[0];
+    has(
+        first,
+        &["actor/kl_perc", "actor/gated_fraction", "critic/diversity/mean", "actor/kl_loss"],
+    );
+    assert!((first["actor/ratio_mean"] - 1.0).abs() <= 1e-6, "on-policy at step 1: {first:?}");
+    assert!(first["rollout_corr/logprob_abs_diff_max"] <= 1e-5);
+    // The anchor starts as the policy: no KL before the first update.
+    assert_eq!(first["actor/kl_loss"], 0.0);
+    // Reset interval 1: the anchor is set again before step 3 (3 − 1 − 0 > 1), to the weights
+    // after step 2.
+    let resets: Vec<f64> = summary.metrics.iter().map(|m| m["actor/ref_reset"]).collect();
+    assert_eq!(resets, [0.0, 0.0, 1.0]);
+    // A gated sample is pulled towards the lagging anchor at step 2, not after the reset.
+    let kl: Vec<f64> = summary.metrics.iter().map(|m| m["actor/kl_loss"]).collect();
+    assert!(summary.metrics[1]["actor/gated_fraction"] > 0.0 && kl[1] > 0.0, "{kl:?}");
+    assert_eq!(kl[2], 0.0);
+    let ckpt = |k: u64| out.join(format!("checkpoints/step_{k:06}"));
+    let anchor = |k: u64| tensors(&ckpt(k).join("optimizer.safetensors"));
+    let (before, after) = (anchor(2), anchor(3));
+    let policy2 = tensors(&ckpt(2).join("adapters.safetensors"));
+    for (key, t) in &policy2 {
+        let name = format!("old.{}", key.trim_start_matches("transformer."));
+        assert!(after[&name].equal(t), "{name}: the anchor after the reset is step 2's policy");
+        if key.contains("lora_B") {
+            assert_eq!(before[&name].abs().max().double_value(&[]), 0.0, "{name}: still the start");
+        }
+    }
+}
+
 /// Every tiny recipe in bf16 (transformer, text encoders and VAE; the LoRA and Adam state stay
 /// f32): finite metrics, a LoRA that moves, and, for the policy-gradient recipes, a ratio within 1e-2 of
 /// 1 at step 1 (bf16 replays round differently from the rollout's batch; f32 gives 1e-6).
 #[test]
 fn every_tiny_recipe_trains_in_bf16() {
     let bf16 = ["model.dtype=bf16", "model.frozen_dtype=bf16"];
-    for algorithm in
-        ["flow_grpo", "mix_grpo", "dance_grpo", "grpo_guard", "flow_dppo", "dpo", "diffusion_nft"]
-    {
+    let gardo = gardo_overrides("jpeg_incompressibility");
+    for algorithm in [
+        "flow_grpo",
+        "mix_grpo",
+        "dance_grpo",
+        "grpo_guard",
+        "flow_dppo",
+        "dpo",
+        "diffusion_nft",
+        "gardo",
+    ] {
         let file = format!("{algorithm}_tiny.yaml");
-        let (summary, _out) = run(&file, &format!("bf16-{algorithm}"), 2, &bf16);
+        let mut extra: Vec<&str> = bf16.to_vec();
+        if algorithm == "gardo" {
+            extra.extend(gardo.iter().map(String::as_str));
+        }
+        let (summary, _out) = run(&file, &format!("bf16-{algorithm}"), 2, &extra);
         if let Some(ratio) = summary.metrics[0].get("actor/ratio_mean") {
             assert!((ratio - 1.0).abs() <= 1e-2, "{algorithm}: ratio {ratio} at step 1");
         }

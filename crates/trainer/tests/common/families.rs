@@ -12,13 +12,14 @@ use tch::Device;
 use super::{lora_moved, root, scratch, tensors};
 
 /// The algorithms' tiny recipes run after the family's own (Flow-GRPO) tiny recipe.
-const OTHER_TINY_RECIPES: [&str; 6] = [
+const OTHER_TINY_RECIPES: [&str; 7] = [
     "mix_grpo_tiny.yaml",
     "grpo_guard_tiny.yaml",
     "dance_grpo_tiny.yaml",
     "flow_dppo_tiny.yaml",
     "dpo_tiny.yaml",
     "diffusion_nft_tiny.yaml",
+    "gardo_tiny.yaml",
 ];
 
 /// `examples/<file>` on `pipeline` with the LoRA targets of `examples/<family_recipe>` and the
@@ -44,6 +45,9 @@ fn recipe(
         "trainer.save_freq=1".into(),
         format!("trainer.resume={resume}"),
     ];
+    if file.starts_with("gardo") {
+        overrides.extend(super::gardo_overrides("jpeg_incompressibility"));
+    }
     overrides.extend(extra.iter().map(|o| o.to_string()));
     Recipe::load(&root().join("examples").join(file), &overrides).expect("recipe")
 }
