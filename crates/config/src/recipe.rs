@@ -208,10 +208,16 @@ impl Recipe {
         let a = &self.actor;
         let fail = |key: &str, message: &str| Err((key.to_string(), message.to_string()));
         if self.rollout.noise_level == 0.0 {
-            return fail("rollout.noise_level", "0 leaves gardo no stochastic step to train; set it > 0 (e.g. 0.7)");
+            return fail(
+                "rollout.noise_level",
+                "0 leaves gardo no stochastic step to train; set it > 0 (e.g. 0.7)",
+            );
         }
         if self.rollout_correction.enabled() {
-            return fail("rollout_correction", "gardo does not weigh rollout log-probs; turn rollout_is / rollout_rs off");
+            return fail(
+                "rollout_correction",
+                "gardo does not weigh rollout log-probs; turn rollout_is / rollout_rs off",
+            );
         }
         if a.use_kl_loss {
             return fail("actor.use_kl_loss", "gardo has its own gated KL to its anchor (weight actor.kl_loss_coef); set use_kl_loss: false");
@@ -384,5 +390,25 @@ mod tests {
         assert!(load("algorithm: diffusion_nft\nrollout:\n  noise_level: 0\n", &[]).is_ok());
         let err = load("rollout:\n  noise_level: 0\n", &[]).unwrap_err();
         assert!(err.contains("rollout.noise_level"), "{err}");
+    }
+
+    #[test]
+    fn gardo_needs_features_and_a_proxy_among_the_rewards() {
+        let gardo = "algorithm: gardo\nactor:\n  gardo_features: clip\n  gardo_proxy_rewards: [aesthetic]\nreward:\n  functions:\n    - name: brightness\n    - name: aesthetic\n      weight: 0\n      clip: {model: clip, head: h}\n";
+        assert!(load(gardo, &[]).is_ok());
+        let err = load("algorithm: gardo\n", &[]).unwrap_err();
+        assert!(err.contains("actor.gardo_features"), "{err}");
+        let err = load(gardo, &["actor.gardo_proxy_rewards=[]"]).unwrap_err();
+        assert!(
+            err.contains("actor.gardo_proxy_rewards") && err.contains("reward.functions"),
+            "{err}"
+        );
+        let err = load(gardo, &["actor.gardo_proxy_rewards=[pickscore]"]).unwrap_err();
+        assert!(
+            err.contains("`pickscore` is not one of reward.functions (brightness, aesthetic)"),
+            "{err}"
+        );
+        let err = load(gardo, &["actor.use_kl_loss=true"]).unwrap_err();
+        assert!(err.contains("actor.use_kl_loss"), "{err}");
     }
 }
