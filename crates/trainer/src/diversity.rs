@@ -42,7 +42,8 @@ impl DiversityFeatures {
                 .map(|i| (i.height() as usize, i.width() as usize, i.as_raw().as_slice()))
                 .collect();
             let pixels = self.processor.pixel_values(&raw, self.device)?;
-            let embeds = self.model.image_embeds(&pixels)?.to_kind(Kind::Float).to_device(Device::Cpu);
+            let embeds =
+                self.model.image_embeds(&pixels)?.to_kind(Kind::Float).to_device(Device::Cpu);
             out.extend(Vec::<Vec<f32>>::try_from(&embeds)?);
         }
         Ok(out)
