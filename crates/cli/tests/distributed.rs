@@ -188,6 +188,27 @@ fn two_ranks_train_as_one_process_with_the_whole_batch() {
     }
 }
 
+/// GARDO over two ranks: features, uncertainty ranks and the gate over the whole step, the anchor
+/// reset before step 3 (interval 1), every step as one process.
+#[test]
+fn two_ranks_train_gardo_as_one_process() {
+    let clip = root().join("crates/rewards/tests/fixtures/clip");
+    let (model, head) = (clip.join("clip_tiny"), clip.join("aesthetic_head.safetensors"));
+    let features = format!("actor.gardo_features={}", model.display());
+    let rewards = format!(
+        "reward.functions=[{{name: brightness}}, {{name: aesthetic, weight: 0, clip: {{model: {}, head: {}, device: cpu}}}}]",
+        model.display(),
+        head.display()
+    );
+    let extra = ["trainer.total_steps=3", "actor.gardo_reset_interval=1", &features, &rewards];
+    let (a, b) = (scratch("one-gardo"), scratch("two-gardo"));
+    single("gardo_tiny.yaml", &a, &extra);
+    two_ranks("gardo_tiny.yaml", &b, &extra);
+    assert_same_run(&a, &b, 1..=3);
+    let gated: f64 = metrics(&a).iter().map(|l| l["actor/gated_fraction"].as_f64().unwrap()).sum();
+    assert!(gated > 0.0, "no sample was gated, so the KL path went unchecked");
+}
+
 /// Two ranks resume a one-rank checkpoint and train step 3 as the one-rank run does.
 #[test]
 fn two_ranks_resume_a_one_rank_run() {
