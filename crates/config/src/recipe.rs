@@ -178,6 +178,7 @@ impl Recipe {
                 }
             }
             Objective::Gardo => self.check_gardo()?,
+            Objective::Dgpo => self.check_dgpo()?,
             Objective::Dpo | Objective::Nft if self.rollout_correction.enabled() => {
                 return fail("rollout_correction", format!("{name} trains on clean samples, not on rollout log-probs; turn rollout_is / rollout_rs off"));
             }
@@ -198,6 +199,31 @@ impl Recipe {
                 "data.preference_files",
                 format!("preference pairs train only algorithm: dpo, not {name}"),
             );
+        }
+        Ok(())
+    }
+
+    /// DGPO's needs: ODE rollouts, groups of at least two, and whole groups in every micro-batch.
+    fn check_dgpo(&self) -> Result<(), (String, String)> {
+        let (n, micro) = (self.rollout.n, self.trainer.micro_batch_size);
+        let fail = |key: &str, message: String| Err((key.to_string(), message));
+        if self.rollout.noise_level != 0.0 {
+            return fail("rollout.noise_level", format!("{} is not allowed; dgpo samples with the ODE sampler, set rollout.noise_level: 0", self.rollout.noise_level));
+        }
+        if n < 2 {
+            return fail(
+                "rollout.n",
+                "dgpo compares the samples of a prompt group; set rollout.n ≥ 2".into(),
+            );
+        }
+        if micro % n != 0 {
+            return fail("trainer.micro_batch_size", format!("{micro} is not a multiple of rollout.n {n}; dgpo scores each prompt group as a whole, so every group must sit in one micro-batch on one rank"));
+        }
+        if self.rollout_correction.enabled() {
+            return fail("rollout_correction", "dgpo trains on clean samples, not on rollout log-probs; turn rollout_is / rollout_rs off".into());
+        }
+        if self.actor.use_kl_loss {
+            return fail("actor.use_kl_loss", "dgpo regularises with actor.ref_kl_coef (velocity MSE to the reference); set use_kl_loss: false".into());
         }
         Ok(())
     }

@@ -24,6 +24,8 @@ pub enum Objective {
     Dpo,
     /// DiffusionNFT on noised clean samples.
     Nft,
+    /// DGPO: group-weighted flow-matching errors of re-noised clean samples.
+    Dgpo,
     /// GARDO: a diversity-shaped, std-weighted clipped ratio and a gated KL to a resettable anchor.
     Gardo,
 }
@@ -81,6 +83,12 @@ pub const ALGORITHMS: &[Algorithm] = &[
         objective: Objective::Nft,
         rollout: RolloutNeed::Any,
         summary: "DiffusionNFT: forward-process positive/negative velocity loss, ODE rollouts",
+    },
+    Algorithm {
+        name: "dgpo",
+        objective: Objective::Dgpo,
+        rollout: RolloutNeed::Any,
+        summary: "DGPO: ODE rollouts, group-level preference weights on forward-process errors",
     },
     Algorithm {
         name: "gardo",

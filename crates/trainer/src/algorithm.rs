@@ -42,6 +42,7 @@ pub(crate) fn for_objective(objective: Objective) -> Box<dyn Algorithm> {
         Objective::Policy(loss) => Box::new(PolicyGradient(loss)),
         Objective::Dpo => Box::new(Dpo),
         Objective::Nft => Box::new(Nft),
+        Objective::Dgpo => Box::new(Dgpo),
         Objective::Gardo => Box::new(Gardo::default()),
     }
 }
@@ -139,6 +140,37 @@ impl Algorithm for Nft {
         let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, k, m))?;
         run.status("update");
         crate::nft::nft_step(run, learner, &c, k, lr, m)?;
+        Ok(c.batch.images.len())
+    }
+}
+
+/// DGPO: the old policy samples with the ODE sampler; whole groups train on their re-noised
+/// samples.
+struct Dgpo;
+
+impl Algorithm for Dgpo {
+    fn needs_reference(&self, _: &Recipe) -> bool {
+        true
+    }
+
+    fn keeps_old_policy(&self) -> bool {
+        true
+    }
+
+    fn step(
+        &self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError> {
+        let loader = prompts(source)?;
+        let old = learner.old.as_mut().expect("dgpo keeps an old policy");
+        let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, k, m))?;
+        run.status("update");
+        crate::dgpo::dgpo_step(run, learner, &c, k, lr, m)?;
         Ok(c.batch.images.len())
     }
 }

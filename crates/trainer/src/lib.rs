@@ -1,12 +1,13 @@
 //! The online RL training loop (`flowtune train`): each step is rollout → rewards → the
 //! algorithm's update (policy gradient: old log-probs → reference → advantages → clipped update;
-//! Diffusion-DPO on pairs; DiffusionNFT on clean samples; GARDO's gated policy gradient) → checkpoint, each under a named timer,
+//! Diffusion-DPO on pairs; DiffusionNFT and DGPO on clean samples; GARDO's gated policy gradient) → checkpoint, each under a named timer,
 //! with the metric names of the reference framework. It knows model families only through the
 //! `flowtune-models` traits, and algorithms through [`algorithm::Algorithm`].
 
 mod algorithm;
 pub mod checkpoint;
 mod collect;
+mod dgpo;
 pub mod dist;
 mod diversity;
 mod fit;

@@ -110,7 +110,7 @@ fn setup(recipe: &Recipe, class: &str, gpus: u64, gpu_memory_gib: f64) -> anyhow
         Objective::Gardo => false,
         _ => true,
     };
-    let old_policy = matches!(objective, Objective::Nft | Objective::Gardo);
+    let old_policy = matches!(objective, Objective::Nft | Objective::Dgpo | Objective::Gardo);
     Ok(Setup {
         full: m.finetune == Finetune::Full,
         dtype: dtype(m.dtype),

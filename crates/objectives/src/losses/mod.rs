@@ -1,6 +1,7 @@
 //! Losses of every algorithm, each returning the loss tensor (differentiable w.r.t. the policy's
 //! outputs) and the metrics the reference framework logs under the same names.
 
+mod dgpo;
 mod dpo;
 mod gardo;
 mod nft;
@@ -13,6 +14,7 @@ use tch::{Kind, Tensor};
 
 use crate::ObjectiveError;
 
+pub use dgpo::{dgpo_loss, DgpoBatch, DgpoSettings};
 pub use dpo::{dpo_loss, DpoBatch};
 pub use gardo::{gardo_loss, GardoBatch};
 pub use nft::{nft_loss, reward_probability, NftBatch, OldPolicyDecay, RewardMode};
@@ -58,6 +60,16 @@ pub struct LossConfig {
     pub old_policy_decay: OldPolicyDecay,
     /// DiffusionNFT: refresh the old adapter every this many training steps.
     pub old_policy_update_interval: u64,
+    /// DGPO: β of the group preference score.
+    pub dgpo_beta: f64,
+    /// DGPO: ε_c of the old-policy ratio (0: no clip).
+    pub dgpo_clip_range: f64,
+    /// DGPO: the rollout-schedule indices `[start, end)` trained timesteps are drawn from; unset:
+    /// the whole schedule.
+    pub train_timestep_range: Option<[usize; 2]>,
+    /// DGPO: how many timesteps are drawn per step (shared by the batch); unset:
+    /// `max(1, ⌊range·timestep_fraction⌋)`.
+    pub train_timestep_count: Option<usize>,
     /// GARDO: a step whose mean gated KL exceeds this resets the anchor before the next step.
     pub gardo_kl_threshold: f64,
     /// GARDO: the anchor is reset at the latest after this many steps.
@@ -85,6 +97,10 @@ impl Default for LossConfig {
             timestep_fraction: 1.0,
             old_policy_decay: OldPolicyDecay::LinearTo0_5,
             old_policy_update_interval: 1,
+            dgpo_beta: 100.0,
+            dgpo_clip_range: 0.01,
+            train_timestep_range: None,
+            train_timestep_count: None,
             gardo_kl_threshold: 3e-4,
             gardo_reset_interval: 15,
             gardo_proxy_rewards: vec![],
@@ -101,6 +117,7 @@ impl LossConfig {
             ("adv_clip_max", self.adv_clip_max),
             ("dpo_beta", self.dpo_beta),
             ("mix_beta", self.mix_beta),
+            ("dgpo_beta", self.dgpo_beta),
         ];
         for (key, value) in positive {
             if !(value > 0.0 && value.is_finite()) {
@@ -112,6 +129,7 @@ impl LossConfig {
             ("kl_mask_threshold", self.kl_mask_threshold),
             ("ref_kl_coef", self.ref_kl_coef),
             ("gardo_kl_threshold", self.gardo_kl_threshold),
+            ("dgpo_clip_range", self.dgpo_clip_range),
         ];
         for (key, value) in non_negative {
             if !(value >= 0.0 && value.is_finite()) {
@@ -124,6 +142,18 @@ impl LossConfig {
                 self.timestep_fraction,
                 "in (0, 1]",
             ));
+        }
+        if let Some([start, end]) = self.train_timestep_range {
+            if start >= end {
+                return Err(ObjectiveError::invalid(
+                    "train_timestep_range",
+                    format!("[{start}, {end}]"),
+                    "[start, end) with start < end",
+                ));
+            }
+        }
+        if self.train_timestep_count == Some(0) {
+            return Err(ObjectiveError::invalid("train_timestep_count", 0, "≥ 1"));
         }
         if self.old_policy_update_interval == 0 {
             return Err(ObjectiveError::invalid("old_policy_update_interval", 0, "≥ 1"));
