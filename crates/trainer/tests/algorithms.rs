@@ -193,6 +193,71 @@ fn gardo_is_on_policy_and_resets_its_anchor() {
     }
 }
 
+#[test]
+fn dgpo_weighs_whole_groups_and_its_old_adapter_follows() {
+    // Smooth rewards: the two samples of a prompt differ, so every group has a signal.
+    let (summary, out) =
+        run("dgpo_tiny.yaml", "dgpo", 2, &["reward.functions=[{name: brightness}]"]);
+    let first = &summary.metrics[0];
+    has(first, &["actor/dsm_loss", "actor/group_weight_mean", "actor/clip_frac", "actor/kl_loss"]);
+    // Before the first update policy = old = reference: every group score is 0, so every weight
+    // is σ(0) = ½, the trust region holds and the reference MSE is 0.
+    assert!((first["actor/group_weight_mean"] - 0.5).abs() < 1e-6, "{first:?}");
+    assert!(first["actor/group_weight_dev"] < 1e-6, "{first:?}");
+    assert_eq!(first["actor/clip_frac"], 0.0);
+    assert!(first["actor/kl_loss"].abs() < 1e-12, "{first:?}");
+    // linear_to_0_3: d = 0.001·k, so the old adapter lags θ after step 2.
+    assert!((summary.metrics[1]["actor/old_policy_decay"] - 0.002).abs() < 1e-12);
+    let ckpt = out.join("checkpoints/step_000002");
+    let (state, lora) =
+        (tensors(&ckpt.join("optimizer.safetensors")), tensors(&ckpt.join("adapters.safetensors")));
+    let lags = lora
+        .iter()
+        .any(|(k, t)| !state[&format!("old.{}", k.trim_start_matches("transformer."))].equal(t));
+    assert!(lags, "the old adapter lags θ");
+}
+
+/// GARDO (gate history, anchor and its pending reset) and DGPO (old adapter, shared timesteps
+/// and group noise) resume to the same weights and metrics as a straight run.
+#[test]
+fn gardo_and_dgpo_resume_bit_for_bit() {
+    let gardo = gardo_overrides("brightness");
+    for (file, extra) in [("gardo_tiny.yaml", gardo), ("dgpo_tiny.yaml", vec![])] {
+        let steps = |out: &std::path::Path, n: u64| {
+            let mut overrides =
+                vec![format!("trainer.total_steps={n}"), "trainer.save_freq=1".into()];
+            overrides.extend(extra.iter().cloned());
+            // GARDO: the anchor is reset before step 3, so the resumed step reads its saved state.
+            overrides.push("actor.gardo_reset_interval=1".into());
+            let recipe = load_recipe(file, out, &overrides).unwrap();
+            train(&recipe, Device::Cpu).expect("train")
+        };
+        let straight = scratch(&format!("{file}-straight"));
+        let whole = steps(&straight, 3);
+        let resumed = scratch(&format!("{file}-resumed"));
+        steps(&resumed, 2);
+        let again = steps(&resumed, 3);
+        assert_eq!(again.steps_run, 1, "{file}: resumed from step 2");
+        let (a, b) = (tensors(&whole.export), tensors(&again.export));
+        assert!(a.iter().all(|(k, t)| t.equal(&b[k])), "{file}: the same weights");
+        common::assert_same_metrics(&format!("{file}: "), &whole.metrics[2], &again.metrics[0]);
+    }
+}
+
+#[test]
+fn dgpo_refuses_a_micro_batch_that_splits_a_group() {
+    let err = load_recipe(
+        "dgpo_tiny.yaml",
+        &scratch("dgpo-split"),
+        &["trainer.micro_batch_size=3".into()],
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("trainer.micro_batch_size") && err.contains("multiple of rollout.n 2"),
+        "{err}"
+    );
+}
+
 /// Every tiny recipe in bf16 (transformer, text encoders and VAE; the LoRA and Adam state stay
 /// f32): finite metrics, a LoRA that moves, and, for the policy-gradient recipes, a ratio within 1e-2 of
 /// 1 at step 1 (bf16 replays round differently from the rollout's batch; f32 gives 1e-6).
@@ -209,6 +274,7 @@ fn every_tiny_recipe_trains_in_bf16() {
         "dpo",
         "diffusion_nft",
         "gardo",
+        "dgpo",
     ] {
         let file = format!("{algorithm}_tiny.yaml");
         let mut extra: Vec<&str> = bf16.to_vec();

@@ -12,7 +12,7 @@ use tch::Device;
 use super::{lora_moved, root, scratch, tensors};
 
 /// The algorithms' tiny recipes run after the family's own (Flow-GRPO) tiny recipe.
-const OTHER_TINY_RECIPES: [&str; 7] = [
+const OTHER_TINY_RECIPES: [&str; 8] = [
     "mix_grpo_tiny.yaml",
     "grpo_guard_tiny.yaml",
     "dance_grpo_tiny.yaml",
@@ -20,6 +20,7 @@ const OTHER_TINY_RECIPES: [&str; 7] = [
     "dpo_tiny.yaml",
     "diffusion_nft_tiny.yaml",
     "gardo_tiny.yaml",
+    "dgpo_tiny.yaml",
 ];
 
 /// `examples/<file>` on `pipeline` with the LoRA targets of `examples/<family_recipe>` and the
