@@ -437,4 +437,16 @@ mod tests {
         let err = load(gardo, &["actor.use_kl_loss=true"]).unwrap_err();
         assert!(err.contains("actor.use_kl_loss"), "{err}");
     }
+
+    #[test]
+    fn dgpo_needs_ode_rollouts_and_whole_groups_per_micro_batch() {
+        let dgpo = "algorithm: dgpo\nrollout:\n  n: 4\n  noise_level: 0\ntrainer:\n  micro_batch_size: 8\n";
+        assert!(load(dgpo, &[]).is_ok());
+        let err = load(dgpo, &["trainer.micro_batch_size=6"]).unwrap_err();
+        assert!(err.contains("trainer.micro_batch_size") && err.contains("rollout.n 4"), "{err}");
+        let err = load(dgpo, &["rollout.noise_level=0.7"]).unwrap_err();
+        assert!(err.contains("rollout.noise_level"), "{err}");
+        let err = load(dgpo, &["actor.train_timestep_range=[3, 3]"]).unwrap_err();
+        assert!(err.contains("actor.train_timestep_range"), "{err}");
+    }
 }
