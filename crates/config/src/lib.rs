@@ -9,7 +9,8 @@ mod sections;
 pub use overrides::Override;
 pub use recipe::Recipe;
 pub use sections::{
-    DataSection, Finetune, LrSchedule, ModelSection, Offload, OldLogProb, Resume, TrainerSection,
+    DataSection, Finetune, LrSchedule, ModelSection, Offload, OldLogProb, Resume, TeacherSection,
+    TrainerSection,
 };
 
 /// Why a recipe could not be resolved.

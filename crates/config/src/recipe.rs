@@ -179,6 +179,12 @@ impl Recipe {
             }
             Objective::Gardo => self.check_gardo()?,
             Objective::Dgpo => self.check_dgpo()?,
+            Objective::Distill if self.rollout.noise_level == 0.0 => {
+                return fail(
+                    "rollout.noise_level",
+                    format!("0 leaves {name} no stochastic step to distil; set it > 0 (e.g. 0.7)"),
+                );
+            }
             Objective::Dpo | Objective::Nft if self.rollout_correction.enabled() => {
                 return fail("rollout_correction", format!("{name} trains on clean samples, not on rollout log-probs; turn rollout_is / rollout_rs off"));
             }
@@ -194,11 +200,48 @@ impl Recipe {
             }
             _ => {}
         }
+        self.check_teachers(objective)?;
         if !self.data.preference_files.is_empty() && objective != Objective::Dpo {
             return fail(
                 "data.preference_files",
                 format!("preference pairs train only algorithm: dpo, not {name}"),
             );
+        }
+        Ok(())
+    }
+
+    /// Teachers go with distillation: `diffusion_opd`, or `actor.use_distill_loss` on a
+    /// policy-gradient algorithm; each needs at least one teacher, and no teacher stays unused.
+    fn check_teachers(&self, objective: Objective) -> Result<(), (String, String)> {
+        let m = &self.model;
+        let fail = |key: &str, message: &str| Err((key.to_string(), message.to_string()));
+        if m.teacher_path.is_some() && !m.teachers.is_empty() {
+            return fail(
+                "model.teachers",
+                "set model.teacher_path (one teacher) or model.teachers (several), not both",
+            );
+        }
+        let teachers = m.all_teachers();
+        let distils = objective == Objective::Distill || self.actor.use_distill_loss;
+        if self.actor.use_distill_loss && !matches!(objective, Objective::Policy(_)) {
+            return fail("actor.use_distill_loss", "adds the distillation KL to a policy-gradient loss (flow_grpo, …); use algorithm: diffusion_opd for distillation alone");
+        }
+        if distils && teachers.is_empty() {
+            return fail(
+                "model.teacher_path",
+                "distillation needs a frozen teacher: set model.teacher_path or model.teachers",
+            );
+        }
+        if !distils && !teachers.is_empty() {
+            return fail("model.teacher_path", "a teacher is set but nothing distils; use algorithm: diffusion_opd or actor.use_distill_loss: true");
+        }
+        for (i, t) in teachers.iter().enumerate() {
+            if !(t.weight > 0.0 && t.weight.is_finite()) {
+                return Err((
+                    format!("model.teachers[{i}].weight"),
+                    format!("{} is not allowed; expected a finite number > 0", t.weight),
+                ));
+            }
         }
         Ok(())
     }

@@ -24,6 +24,8 @@ pub enum Objective {
     Dpo,
     /// DiffusionNFT on noised clean samples.
     Nft,
+    /// DiffusionOPD: the KL of each recorded SDE step to frozen teachers', no reward in the loss.
+    Distill,
     /// DGPO: group-weighted flow-matching errors of re-noised clean samples.
     Dgpo,
     /// GARDO: a diversity-shaped, std-weighted clipped ratio and a gated KL to a resettable anchor.
@@ -83,6 +85,12 @@ pub const ALGORITHMS: &[Algorithm] = &[
         objective: Objective::Nft,
         rollout: RolloutNeed::Any,
         summary: "DiffusionNFT: forward-process positive/negative velocity loss, ODE rollouts",
+    },
+    Algorithm {
+        name: "diffusion_opd",
+        objective: Objective::Distill,
+        rollout: RolloutNeed::Any,
+        summary: "DiffusionOPD: on-policy distillation, the student's SDE steps scored by frozen teachers",
     },
     Algorithm {
         name: "dgpo",

@@ -39,7 +39,8 @@ pub(crate) trait Algorithm {
 /// The step of a registered objective.
 pub(crate) fn for_objective(objective: Objective) -> Box<dyn Algorithm> {
     match objective {
-        Objective::Policy(loss) => Box::new(PolicyGradient(loss)),
+        Objective::Policy(loss) => Box::new(PolicyGradient(Some(loss))),
+        Objective::Distill => Box::new(PolicyGradient(None)),
         Objective::Dpo => Box::new(Dpo),
         Objective::Nft => Box::new(Nft),
         Objective::Dgpo => Box::new(Dgpo),
@@ -57,8 +58,9 @@ fn prompts(source: &mut Source) -> Result<&mut PromptLoader, TrainError> {
     }
 }
 
-/// Flow-GRPO and its family: SDE rollouts, group advantages, a clipped step-ratio loss.
-struct PolicyGradient(PolicyLoss);
+/// Flow-GRPO and its family: SDE rollouts, group advantages, a clipped step-ratio loss; with no
+/// loss, DiffusionOPD's distillation alone.
+struct PolicyGradient(Option<PolicyLoss>);
 
 impl Algorithm for PolicyGradient {
     fn needs_reference(&self, recipe: &Recipe) -> bool {

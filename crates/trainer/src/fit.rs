@@ -113,8 +113,9 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io(out_dir, e))?;
     let ckpt_root = out_dir.join("checkpoints");
 
-    let mut pipe =
-        flowtune_models::load_pipeline(&recipe.model.path, &pipeline_options(recipe, device))?;
+    let options = pipeline_options(recipe, device);
+    let mut pipe = flowtune_models::load_pipeline(&recipe.model.path, &options)?;
+    let teachers = crate::teacher::load(recipe, &options, pipe.as_ref())?;
     let latent_shape = pipe
         .latent_shape(recipe.model.resolution, recipe.model.resolution)
         .map_err(|e| TrainError::Invalid(format!("model.resolution {e}")))?;
@@ -169,6 +170,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         engine: Engine::new(pipe.as_ref(), &recipe.rollout, latent_shape, recipe.seed)?,
         reference,
         scorers,
+        teachers,
         bar,
         comm,
     };

@@ -25,6 +25,7 @@ mod run;
 mod scoring;
 mod seeds;
 mod source;
+mod teacher;
 pub mod tensorboard;
 mod update;
 mod validation;

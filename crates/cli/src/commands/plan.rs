@@ -105,7 +105,7 @@ fn setup(recipe: &Recipe, class: &str, gpus: u64, gpu_memory_gib: f64) -> anyhow
     let objective = flowtune_objectives::algorithm(&recipe.algorithm)?.objective;
     // As the trainer decides (`Reference::for_recipe`, `Algorithm::keeps_old_policy`).
     let reference = match objective {
-        Objective::Policy(_) => recipe.actor.use_kl_loss,
+        Objective::Policy(_) | Objective::Distill => recipe.actor.use_kl_loss,
         // GARDO's KL anchor is a weight copy, counted below.
         Objective::Gardo => false,
         _ => true,

@@ -18,7 +18,7 @@ pub use dgpo::{dgpo_loss, DgpoBatch, DgpoSettings};
 pub use dpo::{dpo_loss, DpoBatch};
 pub use gardo::{gardo_loss, GardoBatch};
 pub use nft::{nft_loss, reward_probability, NftBatch, OldPolicyDecay, RewardMode};
-pub use policy::{kl_to_reference, PolicyBatch, PolicyLoss};
+pub use policy::{distill_kl, kl_to_reference, PolicyBatch, PolicyLoss};
 
 /// Named scalar metrics of one loss evaluation (`actor/pg_clipfrac`, …).
 pub type Metrics = BTreeMap<String, f64>;
@@ -60,6 +60,11 @@ pub struct LossConfig {
     pub old_policy_decay: OldPolicyDecay,
     /// DiffusionNFT: refresh the old adapter every this many training steps.
     pub old_policy_update_interval: u64,
+    /// Add the on-policy distillation KL to the teachers (`model.teacher_path` / `model.teachers`)
+    /// to a policy-gradient loss.
+    pub use_distill_loss: bool,
+    /// Weight of the distillation KL when `use_distill_loss`.
+    pub distill_loss_coef: f64,
     /// DGPO: β of the group preference score.
     pub dgpo_beta: f64,
     /// DGPO: ε_c of the old-policy ratio (0: no clip).
@@ -97,6 +102,8 @@ impl Default for LossConfig {
             timestep_fraction: 1.0,
             old_policy_decay: OldPolicyDecay::LinearTo0_5,
             old_policy_update_interval: 1,
+            use_distill_loss: false,
+            distill_loss_coef: 1.0,
             dgpo_beta: 100.0,
             dgpo_clip_range: 0.01,
             train_timestep_range: None,
@@ -130,6 +137,7 @@ impl LossConfig {
             ("ref_kl_coef", self.ref_kl_coef),
             ("gardo_kl_threshold", self.gardo_kl_threshold),
             ("dgpo_clip_range", self.dgpo_clip_range),
+            ("distill_loss_coef", self.distill_loss_coef),
         ];
         for (key, value) in non_negative {
             if !(value >= 0.0 && value.is_finite()) {
