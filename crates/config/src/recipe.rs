@@ -482,6 +482,28 @@ mod tests {
     }
 
     #[test]
+    fn teachers_go_with_distillation() {
+        let opd = "algorithm: diffusion_opd\nmodel:\n  teacher_path: t\n";
+        assert!(load(opd, &[]).is_ok());
+        let many = [
+            "model.teacher_path=null",
+            "model.teachers=[{path: a, data_source: ocr}, {path: b, weight: 2}]",
+        ];
+        let r = load(opd, &many).unwrap();
+        assert_eq!(r.model.all_teachers().len(), 2);
+        let err = load(opd, &["model.teachers=[{path: a}]"]).unwrap_err();
+        assert!(err.contains("not both"), "{err}");
+        let err = load("algorithm: diffusion_opd\n", &[]).unwrap_err();
+        assert!(err.contains("model.teacher_path"), "{err}");
+        let err = load("model:\n  teacher_path: t\n", &[]).unwrap_err();
+        assert!(err.contains("nothing distils"), "{err}");
+        assert!(load("model:\n  teacher_path: t\nactor:\n  use_distill_loss: true\n", &[]).is_ok());
+        let err = load(opd, &["model.teacher_path=null", "model.teachers=[{path: a, weight: 0}]"])
+            .unwrap_err();
+        assert!(err.contains("model.teachers[0].weight"), "{err}");
+    }
+
+    #[test]
     fn dgpo_needs_ode_rollouts_and_whole_groups_per_micro_batch() {
         let dgpo = "algorithm: dgpo\nrollout:\n  n: 4\n  noise_level: 0\ntrainer:\n  micro_batch_size: 8\n";
         assert!(load(dgpo, &[]).is_ok());

@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{gardo_overrides, load_recipe, lora_moved, pipeline, root, scratch, tensors};
+use common::{
+    gardo_overrides, load_recipe, lora_moved, pipeline, root, scratch, teacher_pipeline, tensors,
+};
 use flowtune_fixtures::Scratch;
 use flowtune_models::PipelineOptions;
 use flowtune_objectives::Metrics;
@@ -256,6 +258,70 @@ fn dgpo_refuses_a_micro_batch_that_splits_a_group() {
         err.contains("trainer.micro_batch_size") && err.contains("multiple of rollout.n 2"),
         "{err}"
     );
+}
+
+#[test]
+fn diffusion_opd_distils_from_its_teachers() {
+    let teacher = format!("model.teacher_path={}", teacher_pipeline().display());
+    let (summary, _out) = run("diffusion_opd_tiny.yaml", "opd", 2, &[&teacher]);
+    let first = &summary.metrics[0];
+    has(first, &["actor/distill_kl_loss", "timing_s/teacher", "critic/rewards/mean"]);
+    // Other weights: a positive KL at step 1; no policy-gradient term.
+    assert!(first["actor/distill_kl_loss"] > 0.0 && !first.contains_key("actor/pg_loss"));
+    assert!(first["rollout_corr/logprob_abs_diff_max"] <= 1e-5, "on-policy at step 1");
+    let kl = first["actor/distill_kl_loss"];
+    // Several teachers: a prompt goes to the first whose data_source filter takes it, and its
+    // KL counts with that teacher's weight. The student's base model as teacher gives 0.
+    let student = pipeline().display().to_string();
+    let other = teacher_pipeline().display().to_string();
+    for (teachers, want) in [
+        (format!("[{{path: {other}, data_source: ocr}}, {{path: {student}}}]"), 0.0),
+        (
+            format!("[{{path: {student}, data_source: ocr}}, {{path: {other}, weight: 2}}]"),
+            2.0 * kl,
+        ),
+    ] {
+        // (A zero KL leaves the LoRA where it was, so not through `run`.)
+        let many = [
+            "trainer.total_steps=1".into(),
+            "model.teacher_path=null".into(),
+            format!("model.teachers={teachers}"),
+        ];
+        let recipe = load_recipe("diffusion_opd_tiny.yaml", &scratch("opd-many"), &many).unwrap();
+        let summary = train(&recipe, Device::Cpu).unwrap();
+        let got = summary.metrics[0]["actor/distill_kl_loss"];
+        assert!((got - want).abs() <= 1e-6 * want.abs() + 1e-12, "{teachers}: {got} vs {want}");
+    }
+    let recipe = load_recipe(
+        "diffusion_opd_tiny.yaml",
+        &scratch("opd-unrouted"),
+        &[
+            "model.teacher_path=null".into(),
+            format!("model.teachers=[{{path: {other}, data_source: ocr}}]"),
+        ],
+    )
+    .unwrap();
+    let err = train(&recipe, Device::Cpu).unwrap_err().to_string();
+    assert!(err.contains("no teacher takes prompts of data_source `tiny`"), "{err}");
+}
+
+#[test]
+fn a_policy_gradient_loss_adds_the_distillation_kl() {
+    let teacher = format!("model.teacher_path={}", teacher_pipeline().display());
+    let extra = [teacher.as_str(), "actor.use_distill_loss=true", "actor.distill_loss_coef=0.5"];
+    let (summary, _out) = run("flow_grpo_tiny.yaml", "grpo-opd", 2, &extra);
+    let first = &summary.metrics[0];
+    assert!((first["actor/ratio_mean"] - 1.0).abs() <= 1e-6, "on-policy at step 1: {first:?}");
+    // actor/loss = pg + 0.5·KL (no reference KL here), step by step.
+    let want = first["actor/pg_loss"] + 0.5 * first["actor/distill_kl_loss"];
+    assert!((first["actor/loss"] - want).abs() <= 1e-6 * want.abs().max(1e-6), "{first:?}");
+    let err = load_recipe(
+        "flow_grpo_tiny.yaml",
+        &scratch("grpo-no-teacher"),
+        &["actor.use_distill_loss=true".into()],
+    )
+    .unwrap_err();
+    assert!(err.contains("model.teacher_path"), "{err}");
 }
 
 /// Every tiny recipe in bf16 (transformer, text encoders and VAE; the LoRA and Adam state stay

@@ -96,3 +96,14 @@ pub fn gardo_overrides(trained: &str) -> Vec<String> {
         ),
     ]
 }
+
+/// A second tiny SD3 pipeline with other random weights: DiffusionOPD's teacher.
+pub fn teacher_pipeline() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = flowtune_fixtures::shared!("train-teacher");
+        let family = flowtune_models::family_named("sd3").expect("sd3 is built in");
+        (family.write_tiny)(&d, 7).expect("make-tiny");
+        d
+    })
+}
