@@ -331,6 +331,7 @@ fn a_policy_gradient_loss_adds_the_distillation_kl() {
 fn every_tiny_recipe_trains_in_bf16() {
     let bf16 = ["model.dtype=bf16", "model.frozen_dtype=bf16"];
     let gardo = gardo_overrides("jpeg_incompressibility");
+    let teacher = format!("model.teacher_path={}", teacher_pipeline().display());
     for algorithm in [
         "flow_grpo",
         "mix_grpo",
@@ -341,11 +342,15 @@ fn every_tiny_recipe_trains_in_bf16() {
         "diffusion_nft",
         "gardo",
         "dgpo",
+        "diffusion_opd",
     ] {
         let file = format!("{algorithm}_tiny.yaml");
         let mut extra: Vec<&str> = bf16.to_vec();
         if algorithm == "gardo" {
             extra.extend(gardo.iter().map(String::as_str));
+        }
+        if algorithm == "diffusion_opd" {
+            extra.push(&teacher);
         }
         let (summary, _out) = run(&file, &format!("bf16-{algorithm}"), 2, &extra);
         if let Some(ratio) = summary.metrics[0].get("actor/ratio_mean") {
