@@ -245,6 +245,26 @@ fn two_ranks_train_dgpo_as_one_process() {
     assert_same_run_with(&a, &b, 1..=2, &loose);
 }
 
+/// DiffusionOPD over two ranks: each rank's teacher replays its own rows, every step as one
+/// process; two teachers split by prompt source.
+#[test]
+fn two_ranks_distil_as_one_process() {
+    let teacher = flowtune_fixtures::shared!("teacher");
+    let out = flowtune().args(["make-tiny", "sd3", "--seed", "7"]).arg(&teacher).output().unwrap();
+    check(out, "make-tiny teacher");
+    let teachers = format!(
+        "model.teachers=[{{path: {}, data_source: nothing}}, {{path: {}, weight: 0.5}}]",
+        pipeline().display(),
+        teacher.display()
+    );
+    let extra = ["trainer.total_steps=2", "model.teacher_path=null", &teachers, SMOOTH];
+    let (a, b) = (scratch("one-opd"), scratch("two-opd"));
+    single("diffusion_opd_tiny.yaml", &a, &extra);
+    two_ranks("diffusion_opd_tiny.yaml", &b, &extra);
+    assert_same_run(&a, &b, 1..=2);
+    assert!(metrics(&a)[0]["actor/distill_kl_loss"].as_f64().unwrap() > 0.0);
+}
+
 /// Two ranks resume a one-rank checkpoint and train step 3 as the one-rank run does.
 #[test]
 fn two_ranks_resume_a_one_rank_run() {
