@@ -219,12 +219,17 @@ fn dgpo_weighs_whole_groups_and_its_old_adapter_follows() {
     assert!(lags, "the old adapter lags θ");
 }
 
-/// GARDO (gate history, anchor and its pending reset) and DGPO (old adapter, shared timesteps
-/// and group noise) resume to the same weights and metrics as a straight run.
+/// GARDO (gate history, anchor and its pending reset), DGPO (old adapter, shared timesteps and
+/// group noise) and DiffusionOPD resume to the same weights and metrics as a straight run.
 #[test]
-fn gardo_and_dgpo_resume_bit_for_bit() {
+fn gardo_dgpo_and_diffusion_opd_resume_bit_for_bit() {
     let gardo = gardo_overrides("brightness");
-    for (file, extra) in [("gardo_tiny.yaml", gardo), ("dgpo_tiny.yaml", vec![])] {
+    let teacher = vec![format!("model.teacher_path={}", teacher_pipeline().display())];
+    for (file, extra) in [
+        ("gardo_tiny.yaml", gardo),
+        ("dgpo_tiny.yaml", vec![]),
+        ("diffusion_opd_tiny.yaml", teacher),
+    ] {
         let steps = |out: &std::path::Path, n: u64| {
             let mut overrides =
                 vec![format!("trainer.total_steps={n}"), "trainer.save_freq=1".into()];
