@@ -203,7 +203,7 @@ impl Inputs<'_> {
                 (pick(&self.old.means), pick(&self.old.std), pick(&self.old.sqrt_dt));
             let weights = self.correction.map(|c| at(&c.weights, j));
             let keep = self.correction.map(|c| at(&c.keep, j));
-            let mut loss = Tensor::zeros([], (tch::Kind::Float, device));
+            let mut loss = Tensor::zeros([], (Kind::Float, device));
             if let Some(kind) = self.loss {
                 let pg = kind.compute(
                     &PolicyBatch {
