@@ -107,6 +107,17 @@ fn close(a: f64, b: f64) -> bool {
 /// gradient summed in another order can cancel more in one small tensor) and the grid of the
 /// first step's samples (within one level of 255 in under 0.1% of the values).
 fn assert_same_run(a: &Path, b: &Path, steps: std::ops::RangeInclusive<u64>) {
+    assert_same_run_with(a, b, steps, &[]);
+}
+
+/// As [`assert_same_run`], with the metrics starting with each `loose` prefix compared at its own
+/// relative tolerance.
+fn assert_same_run_with(
+    a: &Path,
+    b: &Path,
+    steps: std::ops::RangeInclusive<u64>,
+    loose: &[(&str, f64)],
+) {
     let (ma, mb) = (metrics(a), metrics(b));
     let mut compared = 0;
     for k in steps {
@@ -120,7 +131,11 @@ fn assert_same_run(a: &Path, b: &Path, steps: std::ops::RangeInclusive<u64>) {
             }
             let vb = lb.get(key).unwrap_or_else(|| panic!("step {k}: {key} missing from {b:?}"));
             let (x, y) = (va.as_f64().unwrap_or(f64::NAN), vb.as_f64().unwrap_or(f64::NAN));
-            assert!(close(x, y) || (x.is_nan() && y.is_nan()), "step {k} {key}: {x} vs {y}");
+            let same = match loose.iter().find(|(p, _)| key.starts_with(p)) {
+                Some((_, rtol)) => (x - y).abs() <= rtol * x.abs().max(y.abs()),
+                None => close(x, y),
+            };
+            assert!(same || (x.is_nan() && y.is_nan()), "step {k} {key}: {x} vs {y}");
             compared += 1;
         }
     }
@@ -184,6 +199,70 @@ fn two_ranks_train_as_one_process_with_the_whole_batch() {
         assert!(metrics(&b).iter().all(|l| l["dist/world_size"] == 2.0));
         eprintln!("{recipe}: 2 ranks × 1 prompt group = 1 process × 2 groups");
     }
+}
+
+/// GARDO over two ranks: features, uncertainty ranks and the gate over the whole step, the anchor
+/// reset before step 3 (interval 1), every step as one process.
+#[test]
+fn two_ranks_train_gardo_as_one_process() {
+    let clip = root().join("crates/rewards/tests/fixtures/clip");
+    let (model, head) = (clip.join("clip_tiny"), clip.join("aesthetic_head.safetensors"));
+    let features = format!("actor.gardo_features={}", model.display());
+    let rewards = format!(
+        "reward.functions=[{{name: brightness}}, {{name: aesthetic, weight: 0, clip: {{model: {}, head: {}, device: cpu}}}}]",
+        model.display(),
+        head.display()
+    );
+    let extra = ["trainer.total_steps=3", "actor.gardo_reset_interval=1", &features, &rewards];
+    let (a, b) = (scratch("one-gardo"), scratch("two-gardo"));
+    single("gardo_tiny.yaml", &a, &extra);
+    two_ranks("gardo_tiny.yaml", &b, &extra);
+    assert_same_run(&a, &b, 1..=3);
+    let gated: f64 = metrics(&a).iter().map(|l| l["actor/gated_fraction"].as_f64().unwrap()).sum();
+    assert!(gated > 0.0, "no sample was gated, so the KL path went unchecked");
+}
+
+/// DGPO over two ranks, each training its own whole prompt group per pass: shared timesteps,
+/// group noise and group weights as one process, every step.
+#[test]
+fn two_ranks_train_dgpo_as_one_process() {
+    // One whole group (rollout.n = 2) per micro-batch in both layouts.
+    let extra = ["trainer.total_steps=2", "trainer.micro_batch_size=2", SMOOTH];
+    let (a, b) = (scratch("one-dgpo"), scratch("two-dgpo"));
+    single("dgpo_tiny.yaml", &a, &extra);
+    two_ranks("dgpo_tiny.yaml", &b, &extra);
+    // Step 2 samples with the old adapter, whose weights differ between the layouts in the last
+    // bits (about 1e-8): a few pixels land on the other level, which moves the group-normalised
+    // advantages by up to about 2e-4 of themselves. The group score β·Σ A·(d − d_ref) multiplies
+    // that by a difference of near-equal errors, so the policy term and the weights' spread
+    // around ½ follow to about 1e-3. Everything else, the weights included, stays at 1e-5.
+    let loose = [
+        ("critic/advantages/", 1e-3),
+        ("actor/group_weight_dev", 3e-3),
+        ("actor/policy_loss", 3e-3),
+        ("actor/loss", 3e-3),
+    ];
+    assert_same_run_with(&a, &b, 1..=2, &loose);
+}
+
+/// DiffusionOPD over two ranks: each rank's teacher replays its own rows, every step as one
+/// process; two teachers split by prompt source.
+#[test]
+fn two_ranks_distil_as_one_process() {
+    let teacher = flowtune_fixtures::shared!("teacher");
+    let out = flowtune().args(["make-tiny", "sd3", "--seed", "7"]).arg(&teacher).output().unwrap();
+    check(out, "make-tiny teacher");
+    let teachers = format!(
+        "model.teachers=[{{path: {}, data_source: nothing}}, {{path: {}, weight: 0.5}}]",
+        pipeline().display(),
+        teacher.display()
+    );
+    let extra = ["trainer.total_steps=2", "model.teacher_path=null", &teachers, SMOOTH];
+    let (a, b) = (scratch("one-opd"), scratch("two-opd"));
+    single("diffusion_opd_tiny.yaml", &a, &extra);
+    two_ranks("diffusion_opd_tiny.yaml", &b, &extra);
+    assert_same_run(&a, &b, 1..=2);
+    assert!(metrics(&a)[0]["actor/distill_kl_loss"].as_f64().unwrap() > 0.0);
 }
 
 /// Two ranks resume a one-rank checkpoint and train step 3 as the one-rank run does.

@@ -204,6 +204,14 @@ impl Recipe {
                     return fail("rollout.sde_window_size", format!("{name} trains an SDE window and takes ODE steps outside it; set rollout.sde_window_size ≥ 1"));
                 }
             }
+            Objective::Gardo => self.check_gardo()?,
+            Objective::Dgpo => self.check_dgpo()?,
+            Objective::Distill if self.rollout.noise_level == 0.0 => {
+                return fail(
+                    "rollout.noise_level",
+                    format!("0 leaves {name} no stochastic step to distil; set it > 0 (e.g. 0.7)"),
+                );
+            }
             Objective::Dpo | Objective::Nft if self.rollout_correction.enabled() => {
                 return fail("rollout_correction", format!("{name} trains on clean samples, not on rollout log-probs; turn rollout_is / rollout_rs off"));
             }
@@ -219,11 +227,109 @@ impl Recipe {
             }
             _ => {}
         }
+        self.check_teachers(objective)?;
         if !self.data.preference_files.is_empty() && objective != Objective::Dpo {
             return fail(
                 "data.preference_files",
                 format!("preference pairs train only algorithm: dpo, not {name}"),
             );
+        }
+        Ok(())
+    }
+
+    /// Teachers go with distillation: `diffusion_opd`, or `actor.use_distill_loss` on a
+    /// policy-gradient algorithm; each needs at least one teacher, and no teacher stays unused.
+    fn check_teachers(&self, objective: Objective) -> Result<(), (String, String)> {
+        let m = &self.model;
+        let fail = |key: &str, message: &str| Err((key.to_string(), message.to_string()));
+        if m.teacher_path.is_some() && !m.teachers.is_empty() {
+            return fail(
+                "model.teachers",
+                "set model.teacher_path (one teacher) or model.teachers (several), not both",
+            );
+        }
+        let teachers = m.all_teachers();
+        let distils = objective == Objective::Distill || self.actor.use_distill_loss;
+        if self.actor.use_distill_loss && !matches!(objective, Objective::Policy(_)) {
+            return fail("actor.use_distill_loss", "adds the distillation KL to a policy-gradient loss (flow_grpo, …); use algorithm: diffusion_opd for distillation alone");
+        }
+        if distils && teachers.is_empty() {
+            return fail(
+                "model.teacher_path",
+                "distillation needs a frozen teacher: set model.teacher_path or model.teachers",
+            );
+        }
+        if !distils && !teachers.is_empty() {
+            return fail("model.teacher_path", "a teacher is set but nothing distils; use algorithm: diffusion_opd or actor.use_distill_loss: true");
+        }
+        for (i, t) in teachers.iter().enumerate() {
+            if !(t.weight > 0.0 && t.weight.is_finite()) {
+                return Err((
+                    format!("model.teachers[{i}].weight"),
+                    format!("{} is not allowed; expected a finite number > 0", t.weight),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// DGPO's needs: ODE rollouts, groups of at least two, and whole groups in every micro-batch.
+    fn check_dgpo(&self) -> Result<(), (String, String)> {
+        let (n, micro) = (self.rollout.n, self.trainer.micro_batch_size);
+        let fail = |key: &str, message: String| Err((key.to_string(), message));
+        if self.rollout.noise_level != 0.0 {
+            return fail("rollout.noise_level", format!("{} is not allowed; dgpo samples with the ODE sampler, set rollout.noise_level: 0", self.rollout.noise_level));
+        }
+        if n < 2 {
+            return fail(
+                "rollout.n",
+                "dgpo compares the samples of a prompt group; set rollout.n ≥ 2".into(),
+            );
+        }
+        if micro % n != 0 {
+            return fail("trainer.micro_batch_size", format!("{micro} is not a multiple of rollout.n {n}; dgpo scores each prompt group as a whole, so every group must sit in one micro-batch on one rank"));
+        }
+        if self.rollout_correction.enabled() {
+            return fail("rollout_correction", "dgpo trains on clean samples, not on rollout log-probs; turn rollout_is / rollout_rs off".into());
+        }
+        if self.actor.use_kl_loss {
+            return fail("actor.use_kl_loss", "dgpo regularises with actor.ref_kl_coef (velocity MSE to the reference); set use_kl_loss: false".into());
+        }
+        Ok(())
+    }
+
+    /// GARDO's needs: SDE rollouts, its own KL (not `use_kl_loss`), a diversity model and at least
+    /// one proxy reward among the reward functions.
+    fn check_gardo(&self) -> Result<(), (String, String)> {
+        let a = &self.actor;
+        let fail = |key: &str, message: &str| Err((key.to_string(), message.to_string()));
+        if self.rollout.noise_level == 0.0 {
+            return fail(
+                "rollout.noise_level",
+                "0 leaves gardo no stochastic step to train; set it > 0 (e.g. 0.7)",
+            );
+        }
+        if self.rollout_correction.enabled() {
+            return fail(
+                "rollout_correction",
+                "gardo does not weigh rollout log-probs; turn rollout_is / rollout_rs off",
+            );
+        }
+        if a.use_kl_loss {
+            return fail("actor.use_kl_loss", "gardo has its own gated KL to its anchor (weight actor.kl_loss_coef); set use_kl_loss: false");
+        }
+        if a.gardo_features.is_none() {
+            return fail("actor.gardo_features", "gardo needs a transformers CLIPModel folder whose image embeddings measure diversity");
+        }
+        if a.gardo_proxy_rewards.is_empty() {
+            return fail("actor.gardo_proxy_rewards", "gardo gates its KL by how a sample's trained-reward rank departs from its proxy rewards' ranks; name at least one of reward.functions (weight 0 keeps it out of the trained reward)");
+        }
+        let names: Vec<&str> = self.reward.functions.iter().map(|f| f.name.as_str()).collect();
+        if let Some(missing) = a.gardo_proxy_rewards.iter().find(|p| !names.contains(&p.as_str())) {
+            return Err((
+                "actor.gardo_proxy_rewards".into(),
+                format!("`{missing}` is not one of reward.functions ({})", names.join(", ")),
+            ));
         }
         Ok(())
     }
@@ -380,5 +486,59 @@ mod tests {
         assert!(load("algorithm: diffusion_nft\nrollout:\n  noise_level: 0\n", &[]).is_ok());
         let err = load("rollout:\n  noise_level: 0\n", &[]).unwrap_err();
         assert!(err.contains("rollout.noise_level"), "{err}");
+    }
+
+    #[test]
+    fn gardo_needs_features_and_a_proxy_among_the_rewards() {
+        let gardo = "algorithm: gardo\nactor:\n  gardo_features: clip\n  gardo_proxy_rewards: [aesthetic]\nreward:\n  functions:\n    - name: brightness\n    - name: aesthetic\n      weight: 0\n      clip: {model: clip, head: h}\n";
+        assert!(load(gardo, &[]).is_ok());
+        let err = load("algorithm: gardo\n", &[]).unwrap_err();
+        assert!(err.contains("actor.gardo_features"), "{err}");
+        let err = load(gardo, &["actor.gardo_proxy_rewards=[]"]).unwrap_err();
+        assert!(
+            err.contains("actor.gardo_proxy_rewards") && err.contains("reward.functions"),
+            "{err}"
+        );
+        let err = load(gardo, &["actor.gardo_proxy_rewards=[pickscore]"]).unwrap_err();
+        assert!(
+            err.contains("`pickscore` is not one of reward.functions (brightness, aesthetic)"),
+            "{err}"
+        );
+        let err = load(gardo, &["actor.use_kl_loss=true"]).unwrap_err();
+        assert!(err.contains("actor.use_kl_loss"), "{err}");
+    }
+
+    #[test]
+    fn teachers_go_with_distillation() {
+        let opd = "algorithm: diffusion_opd\nmodel:\n  teacher_path: t\n";
+        assert!(load(opd, &[]).is_ok());
+        let many = [
+            "model.teacher_path=null",
+            "model.teachers=[{path: a, data_source: ocr}, {path: b, weight: 2}]",
+        ];
+        let r = load(opd, &many).unwrap();
+        assert_eq!(r.model.all_teachers().len(), 2);
+        let err = load(opd, &["model.teachers=[{path: a}]"]).unwrap_err();
+        assert!(err.contains("not both"), "{err}");
+        let err = load("algorithm: diffusion_opd\n", &[]).unwrap_err();
+        assert!(err.contains("model.teacher_path"), "{err}");
+        let err = load("model:\n  teacher_path: t\n", &[]).unwrap_err();
+        assert!(err.contains("nothing distils"), "{err}");
+        assert!(load("model:\n  teacher_path: t\nactor:\n  use_distill_loss: true\n", &[]).is_ok());
+        let err = load(opd, &["model.teacher_path=null", "model.teachers=[{path: a, weight: 0}]"])
+            .unwrap_err();
+        assert!(err.contains("model.teachers[0].weight"), "{err}");
+    }
+
+    #[test]
+    fn dgpo_needs_ode_rollouts_and_whole_groups_per_micro_batch() {
+        let dgpo = "algorithm: dgpo\nrollout:\n  n: 4\n  noise_level: 0\ntrainer:\n  micro_batch_size: 8\n";
+        assert!(load(dgpo, &[]).is_ok());
+        let err = load(dgpo, &["trainer.micro_batch_size=6"]).unwrap_err();
+        assert!(err.contains("trainer.micro_batch_size") && err.contains("rollout.n 4"), "{err}");
+        let err = load(dgpo, &["rollout.noise_level=0.7"]).unwrap_err();
+        assert!(err.contains("rollout.noise_level"), "{err}");
+        let err = load(dgpo, &["actor.train_timestep_range=[3, 3]"]).unwrap_err();
+        assert!(err.contains("actor.train_timestep_range"), "{err}");
     }
 }

@@ -33,6 +33,41 @@ pub struct ModelSection {
     /// Which frozen components live off the training device: `none`, `encoders` (text encoders)
     /// or `encoders_and_vae`.
     pub offload: Offload,
+    /// On-policy distillation: a frozen teacher pipeline of the same family and scheduler.
+    pub teacher_path: Option<PathBuf>,
+    /// On-policy distillation from several teachers, each scoring the prompts its filter selects.
+    pub teachers: Vec<TeacherSection>,
+}
+
+/// One frozen teacher of `model.teachers`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeacherSection {
+    /// A diffusers pipeline directory of the student's family, with the same scheduler.
+    pub path: PathBuf,
+    /// The prompts it scores: those whose `data_source` equals this; unset: every prompt no
+    /// earlier teacher took.
+    #[serde(default)]
+    pub data_source: Option<String>,
+    /// Its distillation term's weight.
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl ModelSection {
+    /// The teachers: `teachers`, or `teacher_path` as one teacher of every prompt.
+    pub fn all_teachers(&self) -> Vec<TeacherSection> {
+        match &self.teacher_path {
+            Some(path) => {
+                vec![TeacherSection { path: path.clone(), data_source: None, weight: 1.0 }]
+            }
+            None => self.teachers.clone(),
+        }
+    }
 }
 
 impl Default for ModelSection {
@@ -48,6 +83,8 @@ impl Default for ModelSection {
             resolution: 512,
             num_frames: None,
             offload: Offload::None,
+            teacher_path: None,
+            teachers: vec![],
         }
     }
 }

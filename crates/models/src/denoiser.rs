@@ -392,6 +392,16 @@ macro_rules! weights_and_frozen_copy {
 }
 pub(crate) use weights_and_frozen_copy;
 
+/// Fails on a model whose blocks are sharded: its base weights are not all on this rank.
+fn refuse_sharded(weights: &ModelWeights, what: &str) -> Result<(), ModelError> {
+    match weights.sharded.get() {
+        Some(_) => Err(ModelError::Input(format!(
+            "{what} needs every base weight, but trainer.sharding: frozen keeps 1/N of each block on this rank"
+        ))),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -414,15 +424,5 @@ mod tests {
         // Scale 1 is the conditional velocity itself.
         let same = rescaled_guidance(&cond, &uncond, 1.0, &[1]);
         assert!(same.allclose(&cond, 1e-6, 1e-6, false));
-    }
-}
-
-/// Fails on a model whose blocks are sharded: its base weights are not all on this rank.
-fn refuse_sharded(weights: &ModelWeights, what: &str) -> Result<(), ModelError> {
-    match weights.sharded.get() {
-        Some(_) => Err(ModelError::Input(format!(
-            "{what} needs every base weight, but trainer.sharding: frozen keeps 1/N of each block on this rank"
-        ))),
-        None => Ok(()),
     }
 }

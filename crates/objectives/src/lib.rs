@@ -1,9 +1,10 @@
-//! What RL post-training optimises: group advantages ([`advantages`]), the losses of every
+//! What RL post-training optimises: group advantages ([`advantages`]; GARDO's in [`gardo`]), the losses of every
 //! algorithm ([`losses`]), rollout correction ([`correction`]) and the registry that maps a recipe's `algorithm:` to them
 //! ([`registry`]). Pure functions of tensors; the trainer supplies the forwards.
 
 pub mod advantages;
 pub mod correction;
+pub mod gardo;
 pub mod losses;
 pub mod registry;
 

@@ -24,6 +24,12 @@ pub enum Objective {
     Dpo,
     /// DiffusionNFT on noised clean samples.
     Nft,
+    /// DiffusionOPD: the KL of each recorded SDE step to frozen teachers', no reward in the loss.
+    Distill,
+    /// DGPO: group-weighted flow-matching errors of re-noised clean samples.
+    Dgpo,
+    /// GARDO: a diversity-shaped, std-weighted clipped ratio and a gated KL to a resettable anchor.
+    Gardo,
 }
 
 /// One registered algorithm.
@@ -79,6 +85,24 @@ pub const ALGORITHMS: &[Algorithm] = &[
         objective: Objective::Nft,
         rollout: RolloutNeed::Any,
         summary: "DiffusionNFT: forward-process positive/negative velocity loss, ODE rollouts",
+    },
+    Algorithm {
+        name: "diffusion_opd",
+        objective: Objective::Distill,
+        rollout: RolloutNeed::Any,
+        summary: "DiffusionOPD: on-policy distillation, the student's SDE steps scored by frozen teachers",
+    },
+    Algorithm {
+        name: "dgpo",
+        objective: Objective::Dgpo,
+        rollout: RolloutNeed::Any,
+        summary: "DGPO: ODE rollouts, group-level preference weights on forward-process errors",
+    },
+    Algorithm {
+        name: "gardo",
+        objective: Objective::Gardo,
+        rollout: RolloutNeed::Any,
+        summary: "GARDO: Flow-GRPO with diversity-shaped advantages and a gated KL to a resettable anchor",
     },
 ];
 

@@ -39,9 +39,12 @@ pub(crate) trait Algorithm {
 /// The step of a registered objective.
 pub(crate) fn for_objective(objective: Objective) -> Box<dyn Algorithm> {
     match objective {
-        Objective::Policy(loss) => Box::new(PolicyGradient(loss)),
+        Objective::Policy(loss) => Box::new(PolicyGradient(Some(loss))),
+        Objective::Distill => Box::new(PolicyGradient(None)),
         Objective::Dpo => Box::new(Dpo),
         Objective::Nft => Box::new(Nft),
+        Objective::Dgpo => Box::new(Dgpo),
+        Objective::Gardo => Box::new(Gardo::default()),
     }
 }
 
@@ -55,8 +58,9 @@ fn prompts(source: &mut Source) -> Result<&mut PromptLoader, TrainError> {
     }
 }
 
-/// Flow-GRPO and its family: SDE rollouts, group advantages, a clipped step-ratio loss.
-struct PolicyGradient(PolicyLoss);
+/// Flow-GRPO and its family: SDE rollouts, group advantages, a clipped step-ratio loss; with no
+/// loss, DiffusionOPD's distillation alone.
+struct PolicyGradient(Option<PolicyLoss>);
 
 impl Algorithm for PolicyGradient {
     fn needs_reference(&self, recipe: &Recipe) -> bool {
@@ -138,6 +142,80 @@ impl Algorithm for Nft {
         let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, k, m))?;
         run.status("update");
         crate::nft::nft_step(run, learner, &c, k, lr, m)?;
+        Ok(c.batch.images.len())
+    }
+}
+
+/// DGPO: the old policy samples with the ODE sampler; whole groups train on their re-noised
+/// samples.
+struct Dgpo;
+
+impl Algorithm for Dgpo {
+    fn needs_reference(&self, _: &Recipe) -> bool {
+        true
+    }
+
+    fn keeps_old_policy(&self) -> bool {
+        true
+    }
+
+    fn step(
+        &self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError> {
+        let loader = prompts(source)?;
+        let old = learner.old.as_mut().expect("dgpo keeps an old policy");
+        let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, k, m))?;
+        run.status("update");
+        crate::dgpo::dgpo_step(run, learner, &c, k, lr, m)?;
+        Ok(c.batch.images.len())
+    }
+}
+
+/// GARDO: Flow-GRPO's rollout and ratio, diversity-shaped advantages and a gated KL to an anchor
+/// copy of the weights (kept as the learner's old policy) that is reset when it falls behind.
+#[derive(Default)]
+struct Gardo {
+    /// The diversity model, loaded at the first step.
+    features: std::cell::OnceCell<crate::diversity::DiversityFeatures>,
+}
+
+impl Algorithm for Gardo {
+    fn needs_reference(&self, _: &Recipe) -> bool {
+        false
+    }
+
+    fn keeps_old_policy(&self) -> bool {
+        true
+    }
+
+    fn step(
+        &self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError> {
+        let features = match self.features.get() {
+            Some(f) => f,
+            None => {
+                let dir = run.recipe.actor.gardo_features.as_ref().ok_or_else(|| {
+                    TrainError::Invalid("actor.gardo_features: gardo needs a CLIP model".into())
+                })?;
+                let loaded = crate::diversity::DiversityFeatures::load(dir, run.comm.device())?;
+                self.features.get_or_init(|| loaded)
+            }
+        };
+        let c = collect(run, prompts(source)?, k, m)?;
+        run.status("update");
+        crate::gardo::gardo_step(run, learner, features, &c, k, lr, m)?;
         Ok(c.batch.images.len())
     }
 }

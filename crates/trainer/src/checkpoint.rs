@@ -31,6 +31,9 @@ pub struct LoopState {
     /// killed between the save and the log line still has its line restored on resume.
     #[serde(default)]
     pub metrics: serde_json::Value,
+    /// GARDO's gate and anchor-reset state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gardo: Option<crate::gardo::GardoState>,
 }
 
 const ADAPTERS: &str = "adapters.safetensors";
@@ -265,6 +268,7 @@ pub(crate) fn load(
             }
         }
     }
+    learner.gardo = state.gardo.clone();
     for (prefix, shadow) in shadows(learner) {
         if let Some(blocks) = model.sharded().filter(|s| s.trains()) {
             let slices = block_slices(blocks, &saved, prefix).unwrap_or_else(|| blocks.masters());

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use flowtune_data::{PromptLoader, PromptRecord};
 use flowtune_objectives::Metrics;
-use flowtune_rewards::ScoredBatch;
+use flowtune_rewards::{SampleScores, ScoredBatch};
 use flowtune_rollout::RolloutBatch;
 use tch::Tensor;
 
@@ -27,6 +27,10 @@ pub(crate) struct Collected {
     /// The rewards and group ids (one uid per prompt) of the whole step's rows with a reward.
     pub rewards: Vec<f32>,
     pub uids: Vec<String>,
+    /// What each scorer gave those rows.
+    pub details: Vec<SampleScores>,
+    /// Their prompts' `data_source`.
+    pub sources: Vec<String>,
     /// Which of those (positions into `rewards`) are this rank's `kept` rows, in order.
     pub owned: Range<usize>,
 }
@@ -127,11 +131,13 @@ pub(crate) fn collect(
     }
     let rewards: Vec<f32> = kept.iter().map(|&i| scores.totals[i].unwrap() as f32).collect();
     let uids = kept.iter().map(|&i| rows[i].uid.clone()).collect();
+    let details = kept.iter().map(|&i| scores.details[i].clone()).collect();
+    let sources = kept.iter().map(|&i| records[i].data_source.clone()).collect();
     stats("critic/rewards", &rewards.iter().map(|&r| r as f64).collect::<Vec<_>>(), m);
     let device = batch.trajectory.final_latents.device();
     let first = kept.partition_point(|&i| i < local.start);
     let owned = first..kept.partition_point(|&i| i < local.end);
     let mine: Vec<i64> = kept[owned.clone()].iter().map(|&i| (i - local.start) as i64).collect();
     let kept = Tensor::from_slice(&mine).to_device(device);
-    Ok(Collected { batch, kept, rewards, uids, owned })
+    Ok(Collected { batch, kept, rewards, uids, details, sources, owned })
 }

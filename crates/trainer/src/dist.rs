@@ -186,7 +186,7 @@ impl Comm {
             let rows = all.view([group.size() as i64, -1]);
             flat = rows.get(0);
             for r in 1..group.size() as i64 {
-                flat = flat + rows.get(r);
+                flat += rows.get(r);
             }
         }
         create_missing_gradients(params);

@@ -127,8 +127,9 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io(out_dir, e))?;
     let ckpt_root = out_dir.join("checkpoints");
 
-    let mut pipe =
-        flowtune_models::load_pipeline(&recipe.model.path, &pipeline_options(recipe, device))?;
+    let options = pipeline_options(recipe, device);
+    let mut pipe = flowtune_models::load_pipeline(&recipe.model.path, &options)?;
+    let teachers = crate::teacher::load(recipe, &options, pipe.as_ref())?;
     let latent_shape = pipe
         .latent_shape(recipe.model.resolution, recipe.model.resolution)
         .map_err(|e| TrainError::Invalid(format!("model.resolution {e}")))?;
@@ -173,7 +174,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     if t.f32_master_weights {
         optimizer.keep_f32_masters();
     }
-    let mut learner = Learner { ema, old, optimizer };
+    let mut learner = Learner { ema, old, optimizer, gardo: None };
     let mut start = 0;
     let mut saved_line = serde_json::Value::Null;
     if let Some(dir) = resume_from(&t.resume, &ckpt_root)? {
@@ -196,6 +197,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         engine: Engine::new(pipe.as_ref(), &recipe.rollout, latent_shape, recipe.seed)?,
         reference,
         scorers,
+        teachers,
         bar,
         comm,
     };
@@ -257,6 +259,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
                 loader: source.loader().state,
                 optimizer_steps: learner.optimizer.steps,
                 metrics: metric_line(k, &m),
+                gardo: learner.gardo.clone(),
             };
             checkpoint::save(&ckpt_root, pipe.denoiser(), &learner, &state, t.keep_last, comm)?;
         }

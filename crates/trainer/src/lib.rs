@@ -1,14 +1,17 @@
 //! The online RL training loop (`flowtune train`): each step is rollout → rewards → the
 //! algorithm's update (policy gradient: old log-probs → reference → advantages → clipped update;
-//! Diffusion-DPO on pairs; DiffusionNFT on clean samples) → checkpoint, each under a named timer,
+//! Diffusion-DPO on pairs; DiffusionNFT and DGPO on clean samples; GARDO's gated policy gradient) → checkpoint, each under a named timer,
 //! with the metric names of the reference framework. It knows model families only through the
 //! `flowtune-models` traits, and algorithms through [`algorithm::Algorithm`].
 
 mod algorithm;
 pub mod checkpoint;
 mod collect;
+mod dgpo;
 pub mod dist;
+mod diversity;
 mod fit;
+mod gardo;
 pub mod images;
 mod logging;
 mod nft;
@@ -22,6 +25,7 @@ mod run;
 mod scoring;
 mod seeds;
 mod source;
+mod teacher;
 pub mod tensorboard;
 mod update;
 mod validation;

@@ -1,12 +1,13 @@
 //! The second half of a policy-gradient step (flow_grpo, dance_grpo, mix_grpo, grpo_guard,
-//! flow_dppo): old log-probs (recomputed or the rollout's), reference means for the KL term, group
-//! advantages, rollout correction, then the clipped update over every trained window step.
+//! flow_dppo) and of on-policy distillation (diffusion_opd): old log-probs (recomputed or the
+//! rollout's), reference means for the KL term, the teachers' means for the distillation KL, group
+//! advantages, rollout correction, then the update over every trained window step.
 
 use std::time::Instant;
 
 use flowtune_config::OldLogProb;
 use flowtune_models::Denoiser;
-use flowtune_objectives::losses::{kl_to_reference, PolicyBatch, PolicyLoss};
+use flowtune_objectives::losses::{distill_kl, kl_to_reference, PolicyBatch, PolicyLoss};
 use flowtune_objectives::{Correction, Metrics};
 use flowtune_rollout::{Engine, RolloutBatch};
 use flowtune_sampling::StepOutput;
@@ -14,6 +15,7 @@ use tch::{Kind, Tensor};
 
 use crate::collect::Collected;
 use crate::run::Run;
+use crate::teacher::TeacherMeans;
 use crate::update::{finite_loss, optimize, Backward, Batching, Learner, MetricMeans};
 use crate::TrainError;
 
@@ -68,11 +70,12 @@ pub(crate) fn replay_all<D: Denoiser + ?Sized>(
     })
 }
 
-/// Old log-probs, reference, advantages and the update of training step `k`.
+/// Old log-probs, reference, teachers, advantages and the update of training step `k`; without a
+/// policy loss (`diffusion_opd`) the update minimises the distillation KL alone.
 pub(crate) fn policy_step(
     run: &Run<'_>,
     learner: &mut Learner,
-    loss_kind: PolicyLoss,
+    loss_kind: Option<PolicyLoss>,
     c: &Collected,
     k: u64,
     lr: f64,
@@ -88,7 +91,8 @@ pub(crate) fn policy_step(
     let timer = Instant::now();
     let old = match recipe.trainer.old_log_prob {
         OldLogProb::Recompute => {
-            let old = replay_all(engine, model, batch, &c.kept, w, loss_kind.needs_means())?;
+            let means = loss_kind.is_some_and(PolicyLoss::needs_means);
+            let old = replay_all(engine, model, batch, &c.kept, w, means)?;
             let drift = comm.gather_rows(&(&old.log_probs - &rollout_lp).abs())?;
             m.insert(
                 "rollout_corr/logprob_abs_diff_mean".into(),
@@ -131,6 +135,17 @@ pub(crate) fn policy_step(
     };
     m.insert("timing_s/ref".into(), timer.elapsed().as_secs_f64());
 
+    // teacher
+    let timer = Instant::now();
+    let distils = loss_kind.is_none() || recipe.actor.use_distill_loss;
+    let teacher = if distils {
+        let sources = &c.sources[c.owned.clone()];
+        Some(crate::teacher::teacher_means(&run.teachers, engine, batch, &c.kept, sources, w)?)
+    } else {
+        None
+    };
+    m.insert("timing_s/teacher".into(), timer.elapsed().as_secs_f64());
+
     // adv
     let timer = Instant::now();
     let advantages = c.advantages(w as usize, &recipe.advantage, m)?;
@@ -144,6 +159,7 @@ pub(crate) fn policy_step(
         rows: &c.kept,
         old: &old,
         reference: reference.as_ref(),
+        teacher: teacher.as_ref(),
         correction: correction.as_ref(),
         advantages: &advantages,
         loss: loss_kind,
@@ -166,10 +182,12 @@ struct Inputs<'a> {
     rows: &'a Tensor,
     old: &'a OldPolicy,
     reference: Option<&'a OldPolicy>,
+    teacher: Option<&'a TeacherMeans>,
     correction: Option<&'a Correction>,
     /// (kept rows, W)
     advantages: &'a Tensor,
-    loss: PolicyLoss,
+    /// None: distillation alone.
+    loss: Option<PolicyLoss>,
     window: i64,
     /// The step-wide position of this rank's first kept row.
     first: usize,
@@ -200,22 +218,34 @@ impl Inputs<'_> {
                 (pick(&self.old.means), pick(&self.old.std), pick(&self.old.sqrt_dt));
             let weights = self.correction.map(|c| at(&c.weights, j));
             let keep = self.correction.map(|c| at(&c.keep, j));
-            let pg = self.loss.compute(
-                &PolicyBatch {
-                    log_prob: &out.log_prob,
-                    old_log_prob: &at(&self.old.log_probs, j),
-                    advantages: &at(self.advantages, j),
-                    prev_sample_mean: Some(&out.prev_sample_mean),
-                    old_prev_sample_mean: old_mean.as_ref(),
-                    std_dev_t: old_std.as_ref().or(Some(&out.std_dev_t)),
-                    sqrt_dt: old_dt.as_ref().or(Some(&out.sqrt_dt)),
-                    weights: weights.as_ref(),
-                    keep: keep.as_ref(),
-                },
-                &recipe.actor,
-            )?;
-            means.add(&pg.metrics);
-            let mut loss = pg.loss;
+            let mut loss = Tensor::zeros([], (Kind::Float, device));
+            if let Some(kind) = self.loss {
+                let pg = kind.compute(
+                    &PolicyBatch {
+                        log_prob: &out.log_prob,
+                        old_log_prob: &at(&self.old.log_probs, j),
+                        advantages: &at(self.advantages, j),
+                        prev_sample_mean: Some(&out.prev_sample_mean),
+                        old_prev_sample_mean: old_mean.as_ref(),
+                        std_dev_t: old_std.as_ref().or(Some(&out.std_dev_t)),
+                        sqrt_dt: old_dt.as_ref().or(Some(&out.sqrt_dt)),
+                        weights: weights.as_ref(),
+                        keep: keep.as_ref(),
+                    },
+                    &recipe.actor,
+                )?;
+                means.add(&pg.metrics);
+                loss = pg.loss;
+            }
+            if let Some(t) = self.teacher {
+                let teacher_mean = at(&t.means, j);
+                let w = t.weights.index_select(0, &local);
+                let kl =
+                    distill_kl(&out.prev_sample_mean, &teacher_mean, &out.std_dev_t, Some(&w))?;
+                means.add(&kl.metrics);
+                let coef = if self.loss.is_some() { recipe.actor.distill_loss_coef } else { 1.0 };
+                loss += kl.loss * coef;
+            }
             if let Some(r) = self.reference {
                 let ref_mean = at(r.means.as_ref().expect("reference means are kept"), j);
                 let kl = kl_to_reference(&out.prev_sample_mean, &ref_mean, &out.std_dev_t)?;

@@ -7,6 +7,8 @@ pub(crate) const VALIDATION: u64 = 42;
 pub(crate) const NFT_SALT: u64 = 0x004E_4654;
 /// Diffusion-DPO's pair noise and noise levels.
 pub(crate) const DPO_SALT: u64 = 0xD90;
+/// DGPO's shared timesteps and group noise.
+pub(crate) const DGPO_SALT: u64 = 0xD690;
 
 /// The mini-batch shuffle of epoch `epoch` at training step `k`.
 pub(crate) fn shuffle(seed: u64, k: u64, epoch: usize) -> u64 {

@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{load_recipe, lora_moved, pipeline, root, scratch, tensors};
+use common::{
+    gardo_overrides, load_recipe, lora_moved, pipeline, root, scratch, teacher_pipeline, tensors,
+};
 use flowtune_fixtures::Scratch;
 use flowtune_models::PipelineOptions;
 use flowtune_objectives::Metrics;
@@ -157,17 +159,205 @@ fn diffusion_nft_resumes_to_the_same_weights() {
     assert!(a.iter().all(|(k, t)| t.equal(&b[k])), "the old adapter and loader state carry over");
 }
 
+#[test]
+fn gardo_is_on_policy_and_resets_its_anchor() {
+    let mut extra = gardo_overrides("brightness");
+    extra.push("actor.gardo_reset_interval=1".into());
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let (summary, out) = run("gardo_tiny.yaml", "gardo", 3, &extra);
+    let first = &summary.metrics[0];
+    has(
+        first,
+        &["actor/kl_perc", "actor/gated_fraction", "critic/diversity/mean", "actor/kl_loss"],
+    );
+    assert!((first["actor/ratio_mean"] - 1.0).abs() <= 1e-6, "on-policy at step 1: {first:?}");
+    assert!(first["rollout_corr/logprob_abs_diff_max"] <= 1e-5);
+    // The anchor starts as the policy: no KL before the first update.
+    assert_eq!(first["actor/kl_loss"], 0.0);
+    // Reset interval 1: the anchor is set again before step 3 (3 − 1 − 0 > 1), to the weights
+    // after step 2.
+    let resets: Vec<f64> = summary.metrics.iter().map(|m| m["actor/ref_reset"]).collect();
+    assert_eq!(resets, [0.0, 0.0, 1.0]);
+    // A gated sample is pulled towards the lagging anchor at step 2, not after the reset.
+    let kl: Vec<f64> = summary.metrics.iter().map(|m| m["actor/kl_loss"]).collect();
+    assert!(summary.metrics[1]["actor/gated_fraction"] > 0.0 && kl[1] > 0.0, "{kl:?}");
+    assert_eq!(kl[2], 0.0);
+    let ckpt = |k: u64| out.join(format!("checkpoints/step_{k:06}"));
+    let anchor = |k: u64| tensors(&ckpt(k).join("optimizer.safetensors"));
+    let (before, after) = (anchor(2), anchor(3));
+    let policy2 = tensors(&ckpt(2).join("adapters.safetensors"));
+    for (key, t) in &policy2 {
+        let name = format!("old.{}", key.trim_start_matches("transformer."));
+        assert!(after[&name].equal(t), "{name}: the anchor after the reset is step 2's policy");
+        if key.contains("lora_B") {
+            assert_eq!(before[&name].abs().max().double_value(&[]), 0.0, "{name}: still the start");
+        }
+    }
+}
+
+#[test]
+fn dgpo_weighs_whole_groups_and_its_old_adapter_follows() {
+    // Smooth rewards: the two samples of a prompt differ, so every group has a signal.
+    let (summary, out) =
+        run("dgpo_tiny.yaml", "dgpo", 2, &["reward.functions=[{name: brightness}]"]);
+    let first = &summary.metrics[0];
+    has(first, &["actor/dsm_loss", "actor/group_weight_mean", "actor/clip_frac", "actor/kl_loss"]);
+    // Before the first update policy = old = reference: every group score is 0, so every weight
+    // is σ(0) = ½, the trust region holds and the reference MSE is 0.
+    assert!((first["actor/group_weight_mean"] - 0.5).abs() < 1e-6, "{first:?}");
+    assert!(first["actor/group_weight_dev"] < 1e-6, "{first:?}");
+    assert_eq!(first["actor/clip_frac"], 0.0);
+    assert!(first["actor/kl_loss"].abs() < 1e-12, "{first:?}");
+    // linear_to_0_3: d = 0.001·k, so the old adapter lags θ after step 2.
+    assert!((summary.metrics[1]["actor/old_policy_decay"] - 0.002).abs() < 1e-12);
+    let ckpt = out.join("checkpoints/step_000002");
+    let (state, lora) =
+        (tensors(&ckpt.join("optimizer.safetensors")), tensors(&ckpt.join("adapters.safetensors")));
+    let lags = lora
+        .iter()
+        .any(|(k, t)| !state[&format!("old.{}", k.trim_start_matches("transformer."))].equal(t));
+    assert!(lags, "the old adapter lags θ");
+}
+
+/// GARDO (gate history, anchor and its pending reset), DGPO (old adapter, shared timesteps and
+/// group noise) and DiffusionOPD resume to the same weights and metrics as a straight run.
+#[test]
+fn gardo_dgpo_and_diffusion_opd_resume_bit_for_bit() {
+    let gardo = gardo_overrides("brightness");
+    let teacher = vec![format!("model.teacher_path={}", teacher_pipeline().display())];
+    for (file, extra) in [
+        ("gardo_tiny.yaml", gardo),
+        ("dgpo_tiny.yaml", vec![]),
+        ("diffusion_opd_tiny.yaml", teacher),
+    ] {
+        let steps = |out: &std::path::Path, n: u64| {
+            let mut overrides =
+                vec![format!("trainer.total_steps={n}"), "trainer.save_freq=1".into()];
+            overrides.extend(extra.iter().cloned());
+            // GARDO: the anchor is reset before step 3, so the resumed step reads its saved state.
+            overrides.push("actor.gardo_reset_interval=1".into());
+            let recipe = load_recipe(file, out, &overrides).unwrap();
+            train(&recipe, Device::Cpu).expect("train")
+        };
+        let straight = scratch(&format!("{file}-straight"));
+        let whole = steps(&straight, 3);
+        let resumed = scratch(&format!("{file}-resumed"));
+        steps(&resumed, 2);
+        let again = steps(&resumed, 3);
+        assert_eq!(again.steps_run, 1, "{file}: resumed from step 2");
+        let (a, b) = (tensors(&whole.export), tensors(&again.export));
+        assert!(a.iter().all(|(k, t)| t.equal(&b[k])), "{file}: the same weights");
+        common::assert_same_metrics(&format!("{file}: "), &whole.metrics[2], &again.metrics[0]);
+    }
+}
+
+#[test]
+fn dgpo_refuses_a_micro_batch_that_splits_a_group() {
+    let err = load_recipe(
+        "dgpo_tiny.yaml",
+        &scratch("dgpo-split"),
+        &["trainer.micro_batch_size=3".into()],
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("trainer.micro_batch_size") && err.contains("multiple of rollout.n 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn diffusion_opd_distils_from_its_teachers() {
+    let teacher = format!("model.teacher_path={}", teacher_pipeline().display());
+    let (summary, _out) = run("diffusion_opd_tiny.yaml", "opd", 2, &[&teacher]);
+    let first = &summary.metrics[0];
+    has(first, &["actor/distill_kl_loss", "timing_s/teacher", "critic/rewards/mean"]);
+    // Other weights: a positive KL at step 1; no policy-gradient term.
+    assert!(first["actor/distill_kl_loss"] > 0.0 && !first.contains_key("actor/pg_loss"));
+    assert!(first["rollout_corr/logprob_abs_diff_max"] <= 1e-5, "on-policy at step 1");
+    let kl = first["actor/distill_kl_loss"];
+    // Several teachers: a prompt goes to the first whose data_source filter takes it, and its
+    // KL counts with that teacher's weight. The student's base model as teacher gives 0.
+    let student = pipeline().display().to_string();
+    let other = teacher_pipeline().display().to_string();
+    for (teachers, want) in [
+        (format!("[{{path: {other}, data_source: ocr}}, {{path: {student}}}]"), 0.0),
+        (
+            format!("[{{path: {student}, data_source: ocr}}, {{path: {other}, weight: 2}}]"),
+            2.0 * kl,
+        ),
+    ] {
+        // (A zero KL leaves the LoRA where it was, so not through `run`.)
+        let many = [
+            "trainer.total_steps=1".into(),
+            "model.teacher_path=null".into(),
+            format!("model.teachers={teachers}"),
+        ];
+        let recipe = load_recipe("diffusion_opd_tiny.yaml", &scratch("opd-many"), &many).unwrap();
+        let summary = train(&recipe, Device::Cpu).unwrap();
+        let got = summary.metrics[0]["actor/distill_kl_loss"];
+        assert!((got - want).abs() <= 1e-6 * want.abs() + 1e-12, "{teachers}: {got} vs {want}");
+    }
+    let recipe = load_recipe(
+        "diffusion_opd_tiny.yaml",
+        &scratch("opd-unrouted"),
+        &[
+            "model.teacher_path=null".into(),
+            format!("model.teachers=[{{path: {other}, data_source: ocr}}]"),
+        ],
+    )
+    .unwrap();
+    let err = train(&recipe, Device::Cpu).unwrap_err().to_string();
+    assert!(err.contains("no teacher takes prompts of data_source `tiny`"), "{err}");
+}
+
+#[test]
+fn a_policy_gradient_loss_adds_the_distillation_kl() {
+    let teacher = format!("model.teacher_path={}", teacher_pipeline().display());
+    let extra = [teacher.as_str(), "actor.use_distill_loss=true", "actor.distill_loss_coef=0.5"];
+    let (summary, _out) = run("flow_grpo_tiny.yaml", "grpo-opd", 2, &extra);
+    let first = &summary.metrics[0];
+    assert!((first["actor/ratio_mean"] - 1.0).abs() <= 1e-6, "on-policy at step 1: {first:?}");
+    // actor/loss = pg + 0.5·KL (no reference KL here), step by step.
+    let want = first["actor/pg_loss"] + 0.5 * first["actor/distill_kl_loss"];
+    assert!((first["actor/loss"] - want).abs() <= 1e-6 * want.abs().max(1e-6), "{first:?}");
+    let err = load_recipe(
+        "flow_grpo_tiny.yaml",
+        &scratch("grpo-no-teacher"),
+        &["actor.use_distill_loss=true".into()],
+    )
+    .unwrap_err();
+    assert!(err.contains("model.teacher_path"), "{err}");
+}
+
 /// Every tiny recipe in bf16 (transformer, text encoders and VAE; the LoRA and Adam state stay
 /// f32): finite metrics, a LoRA that moves, and, for the policy-gradient recipes, a ratio within 1e-2 of
 /// 1 at step 1 (bf16 replays round differently from the rollout's batch; f32 gives 1e-6).
 #[test]
 fn every_tiny_recipe_trains_in_bf16() {
     let bf16 = ["model.dtype=bf16", "model.frozen_dtype=bf16"];
-    for algorithm in
-        ["flow_grpo", "mix_grpo", "dance_grpo", "grpo_guard", "flow_dppo", "dpo", "diffusion_nft"]
-    {
+    let gardo = gardo_overrides("jpeg_incompressibility");
+    let teacher = format!("model.teacher_path={}", teacher_pipeline().display());
+    for algorithm in [
+        "flow_grpo",
+        "mix_grpo",
+        "dance_grpo",
+        "grpo_guard",
+        "flow_dppo",
+        "dpo",
+        "diffusion_nft",
+        "gardo",
+        "dgpo",
+        "diffusion_opd",
+    ] {
         let file = format!("{algorithm}_tiny.yaml");
-        let (summary, _out) = run(&file, &format!("bf16-{algorithm}"), 2, &bf16);
+        let mut extra: Vec<&str> = bf16.to_vec();
+        if algorithm == "gardo" {
+            extra.extend(gardo.iter().map(String::as_str));
+        }
+        if algorithm == "diffusion_opd" {
+            extra.push(&teacher);
+        }
+        let (summary, _out) = run(&file, &format!("bf16-{algorithm}"), 2, &extra);
         if let Some(ratio) = summary.metrics[0].get("actor/ratio_mean") {
             assert!((ratio - 1.0).abs() <= 1e-2, "{algorithm}: ratio {ratio} at step 1");
         }

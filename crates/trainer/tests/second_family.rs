@@ -55,7 +55,8 @@ impl MlpDenoiser {
         let (c, h) = (config.channels, config.hidden);
         let net0 = (&net / 0).linear(c + TEXT + 1, h, true);
         let net2 = (&net / 2).linear(h, c, true);
-        let weights = weights.finish().expect("adapters");
+        // No transformer blocks: nothing to shard.
+        let weights = weights.finish(&[]).expect("adapters");
         // Base weights from the config's seed, in name order.
         let mut rng = SampleRng::new(config.seed);
         let mut vars: Vec<(String, Tensor)> = weights.base.variables().into_iter().collect();

@@ -110,10 +110,12 @@ fn setup(
     let objective = flowtune_objectives::algorithm(&recipe.algorithm)?.objective;
     // As the trainer decides (`Reference::for_recipe`, `Algorithm::keeps_old_policy`).
     let reference = match objective {
-        Objective::Policy(_) => recipe.actor.use_kl_loss,
+        Objective::Policy(_) | Objective::Distill => recipe.actor.use_kl_loss,
+        // GARDO's KL anchor is a weight copy, counted below.
+        Objective::Gardo => false,
         _ => true,
     };
-    let old_policy = matches!(objective, Objective::Nft);
+    let old_policy = matches!(objective, Objective::Nft | Objective::Dgpo | Objective::Gardo);
     Ok(Setup {
         full: m.finetune == Finetune::Full,
         dtype: dtype(m.dtype),

@@ -112,7 +112,7 @@ impl Flux2Transformer {
             norm_out: (&(&root / "norm_out") / "linear").linear(dim, 2 * dim, false),
             proj_out: (&root / "proj_out").linear(dim, c.out_channels(), false),
             config: config.clone(),
-            weights: weights.finish()?,
+            weights: weights.finish(&["transformer_blocks", "single_transformer_blocks"])?,
         })
     }
 
@@ -172,10 +172,10 @@ impl Flux2Transformer {
         let ids = Tensor::cat(&[txt_ids, img_ids], 0);
         let rope = rotary_tables(&self.config.axes_dims_rope, self.config.rope_theta, &ids);
         let (mut image, mut text) = (image, text);
-        for block in &self.transformer_blocks {
+        for (i, block) in self.transformer_blocks.iter().enumerate() {
             let rope = rope.shallow_clone();
             let inputs = [image, text, mod_image.shallow_clone(), mod_text.shallow_clone()];
-            let out = self.weights.run_block(&inputs, move |t| {
+            let out = self.weights.run_block("transformer_blocks", i, &inputs, move |t| {
                 let (image, text) = block.forward(&t[0], &t[1], &t[2], &t[3], &rope);
                 vec![image, text]
             })?;
@@ -183,11 +183,14 @@ impl Flux2Transformer {
         }
         let l = text.size()[1];
         let mut joint = Tensor::cat(&[text, image], 1);
-        for block in &self.single_transformer_blocks {
+        for (i, block) in self.single_transformer_blocks.iter().enumerate() {
             let rope = rope.shallow_clone();
-            let out = self.weights.run_block(&[joint, mod_single.shallow_clone()], move |t| {
-                vec![block.forward(&t[0], &t[1], &rope)]
-            })?;
+            let out = self.weights.run_block(
+                "single_transformer_blocks",
+                i,
+                &[joint, mod_single.shallow_clone()],
+                move |t| vec![block.forward(&t[0], &t[1], &rope)],
+            )?;
             [joint] = <[Tensor; 1]>::try_from(out).expect("a single block returns 1 stream");
         }
         let image = joint.narrow(1, l, joint.size()[1] - l);

@@ -1,7 +1,9 @@
 //! Losses of every algorithm, each returning the loss tensor (differentiable w.r.t. the policy's
 //! outputs) and the metrics the reference framework logs under the same names.
 
+mod dgpo;
 mod dpo;
+mod gardo;
 mod nft;
 mod policy;
 
@@ -12,9 +14,11 @@ use tch::{Kind, Tensor};
 
 use crate::ObjectiveError;
 
+pub use dgpo::{dgpo_loss, DgpoBatch, DgpoSettings};
 pub use dpo::{dpo_loss, DpoBatch};
+pub use gardo::{gardo_loss, GardoBatch};
 pub use nft::{nft_loss, reward_probability, NftBatch, OldPolicyDecay, RewardMode};
-pub use policy::{kl_to_reference, PolicyBatch, PolicyLoss};
+pub use policy::{distill_kl, kl_to_reference, PolicyBatch, PolicyLoss};
 
 /// Named scalar metrics of one loss evaluation (`actor/pg_clipfrac`, …).
 pub type Metrics = BTreeMap<String, f64>;
@@ -56,6 +60,30 @@ pub struct LossConfig {
     pub old_policy_decay: OldPolicyDecay,
     /// DiffusionNFT: refresh the old adapter every this many training steps.
     pub old_policy_update_interval: u64,
+    /// Add the on-policy distillation KL to the teachers (`model.teacher_path` / `model.teachers`)
+    /// to a policy-gradient loss.
+    pub use_distill_loss: bool,
+    /// Weight of the distillation KL when `use_distill_loss`.
+    pub distill_loss_coef: f64,
+    /// DGPO: β of the group preference score.
+    pub dgpo_beta: f64,
+    /// DGPO: ε_c of the old-policy ratio (0: no clip).
+    pub dgpo_clip_range: f64,
+    /// DGPO: the rollout-schedule indices `[start, end)` trained timesteps are drawn from; unset:
+    /// the whole schedule.
+    pub train_timestep_range: Option<[usize; 2]>,
+    /// DGPO: how many timesteps are drawn per step (shared by the batch); unset:
+    /// `max(1, ⌊range·timestep_fraction⌋)`.
+    pub train_timestep_count: Option<usize>,
+    /// GARDO: a step whose mean gated KL exceeds this resets the anchor before the next step.
+    pub gardo_kl_threshold: f64,
+    /// GARDO: the anchor is reset at the latest after this many steps.
+    pub gardo_reset_interval: u64,
+    /// GARDO: the reward functions (by name) whose ranks, against the trained reward's, measure
+    /// each sample's uncertainty; give them weight 0 to keep them out of the trained reward.
+    pub gardo_proxy_rewards: Vec<String>,
+    /// GARDO: a transformers `CLIPModel` folder whose image embeddings measure diversity.
+    pub gardo_features: Option<std::path::PathBuf>,
 }
 
 impl Default for LossConfig {
@@ -74,6 +102,16 @@ impl Default for LossConfig {
             timestep_fraction: 1.0,
             old_policy_decay: OldPolicyDecay::LinearTo0_5,
             old_policy_update_interval: 1,
+            use_distill_loss: false,
+            distill_loss_coef: 1.0,
+            dgpo_beta: 100.0,
+            dgpo_clip_range: 0.01,
+            train_timestep_range: None,
+            train_timestep_count: None,
+            gardo_kl_threshold: 3e-4,
+            gardo_reset_interval: 15,
+            gardo_proxy_rewards: vec![],
+            gardo_features: None,
         }
     }
 }
@@ -86,6 +124,7 @@ impl LossConfig {
             ("adv_clip_max", self.adv_clip_max),
             ("dpo_beta", self.dpo_beta),
             ("mix_beta", self.mix_beta),
+            ("dgpo_beta", self.dgpo_beta),
         ];
         for (key, value) in positive {
             if !(value > 0.0 && value.is_finite()) {
@@ -96,6 +135,9 @@ impl LossConfig {
             ("kl_loss_coef", self.kl_loss_coef),
             ("kl_mask_threshold", self.kl_mask_threshold),
             ("ref_kl_coef", self.ref_kl_coef),
+            ("gardo_kl_threshold", self.gardo_kl_threshold),
+            ("dgpo_clip_range", self.dgpo_clip_range),
+            ("distill_loss_coef", self.distill_loss_coef),
         ];
         for (key, value) in non_negative {
             if !(value >= 0.0 && value.is_finite()) {
@@ -108,6 +150,18 @@ impl LossConfig {
                 self.timestep_fraction,
                 "in (0, 1]",
             ));
+        }
+        if let Some([start, end]) = self.train_timestep_range {
+            if start >= end {
+                return Err(ObjectiveError::invalid(
+                    "train_timestep_range",
+                    format!("[{start}, {end}]"),
+                    "[start, end) with start < end",
+                ));
+            }
+        }
+        if self.train_timestep_count == Some(0) {
+            return Err(ObjectiveError::invalid("train_timestep_count", 0, "≥ 1"));
         }
         if self.old_policy_update_interval == 0 {
             return Err(ObjectiveError::invalid("old_policy_update_interval", 0, "≥ 1"));

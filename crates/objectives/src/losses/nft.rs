@@ -114,6 +114,9 @@ pub enum OldPolicyDecay {
     /// (75, 0.0075, 0.999).
     #[serde(rename = "delayed_linear_to_0_999")]
     DelayedLinearTo0_999,
+    /// (0, 0.001, 0.3): DGPO's reference EMA.
+    #[serde(rename = "linear_to_0_3")]
+    LinearTo0_3,
 }
 
 impl OldPolicyDecay {
@@ -123,6 +126,7 @@ impl OldPolicyDecay {
             Self::Copy => (0, 0.0, 0.0),
             Self::LinearTo0_5 => (0, 0.001, 0.5),
             Self::DelayedLinearTo0_999 => (75, 0.0075, 0.999),
+            Self::LinearTo0_3 => (0, 0.001, 0.3),
         }
     }
 
@@ -168,6 +172,9 @@ mod tests {
         assert_eq!(OldPolicyDecay::DelayedLinearTo0_999.decay(74), 0.0);
         assert!((OldPolicyDecay::DelayedLinearTo0_999.decay(175) - 0.75).abs() < 1e-12);
         assert_eq!(OldPolicyDecay::DelayedLinearTo0_999.decay(100_000), 0.999);
+        let dgpo: Vec<f64> =
+            [0, 100, 300, 1000].map(|k| OldPolicyDecay::LinearTo0_3.decay(k)).into();
+        assert_eq!(dgpo, [0.0, 0.1, 0.3, 0.3]);
     }
 
     #[test]

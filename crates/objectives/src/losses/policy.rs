@@ -160,7 +160,7 @@ fn broadcast_rows(like: &Tensor) -> Vec<i64> {
 }
 
 /// Per row `max(−A·ρ, −A·clamp(ρ, 1−ε, 1+ε))` with `A` clamped to ±`adv_clip_max`.
-fn clipped(ratio: &Tensor, advantages: &Tensor, config: &LossConfig) -> Tensor {
+pub(super) fn clipped(ratio: &Tensor, advantages: &Tensor, config: &LossConfig) -> Tensor {
     let a = advantages.clamp(-config.adv_clip_max, config.adv_clip_max);
     let eps = config.clip_ratio;
     let unclipped = -(&a * ratio);
@@ -186,7 +186,11 @@ impl PolicyBatch<'_> {
     }
 }
 
-fn ratio_metrics(metrics: &mut Metrics, ratio: &Tensor, eps: f64) -> Result<(), ObjectiveError> {
+pub(super) fn ratio_metrics(
+    metrics: &mut Metrics,
+    ratio: &Tensor,
+    eps: f64,
+) -> Result<(), ObjectiveError> {
     let r = ratio.detach();
     metrics.insert("actor/pg_clipfrac".into(), fraction(&(&r - 1.0).abs().gt(eps))?);
     metrics.insert("actor/pg_clipfrac_higher".into(), fraction(&r.gt(1.0 + eps))?);
@@ -214,6 +218,31 @@ pub fn kl_to_reference(
         mean_elems(&(prev_sample_mean - ref_prev_sample_mean).square()) / (2.0 * s.square());
     let loss = per_row.mean(Kind::Float);
     let metrics = Metrics::from([("actor/kl_loss".to_string(), scalar(&loss)?)]);
+    Ok(LossOutput { loss, metrics })
+}
+
+/// On-policy distillation (DiffusionOPD's `distill_kl`): the KL of the policy step to a teacher's
+/// step on the same recorded state, `mean_b(w_b·mean_elems((μ_θ − μ_T)²) / (2·s_b²))` with `w` the
+/// routed teacher's weight (1 when none). Metric `actor/distill_kl_loss`.
+pub fn distill_kl(
+    prev_sample_mean: &Tensor,
+    teacher_prev_sample_mean: &Tensor,
+    std_dev_t: &Tensor,
+    weights: Option<&Tensor>,
+) -> Result<LossOutput, ObjectiveError> {
+    let kl = kl_to_reference(prev_sample_mean, teacher_prev_sample_mean, std_dev_t)?;
+    let loss = match weights {
+        None => kl.loss,
+        Some(w) => {
+            let b = super::batch_rows(prev_sample_mean, "prev_sample_mean")?;
+            let s = rows(std_dev_t, b, "std_dev_t")?;
+            let per_row: Tensor =
+                mean_elems(&(prev_sample_mean - teacher_prev_sample_mean).square())
+                    / (2.0 * s.square());
+            (per_row * rows(w, b, "weights")?.detach()).mean(Kind::Float)
+        }
+    };
+    let metrics = Metrics::from([("actor/distill_kl_loss".to_string(), scalar(&loss)?)]);
     Ok(LossOutput { loss, metrics })
 }
 

@@ -12,22 +12,27 @@ use tch::Device;
 use super::{lora_moved, root, scratch, tensors};
 
 /// The algorithms' tiny recipes run after the family's own (Flow-GRPO) tiny recipe.
-const OTHER_TINY_RECIPES: [&str; 6] = [
+const OTHER_TINY_RECIPES: [&str; 9] = [
     "mix_grpo_tiny.yaml",
     "grpo_guard_tiny.yaml",
     "dance_grpo_tiny.yaml",
     "flow_dppo_tiny.yaml",
     "dpo_tiny.yaml",
     "diffusion_nft_tiny.yaml",
+    "gardo_tiny.yaml",
+    "dgpo_tiny.yaml",
+    "diffusion_opd_tiny.yaml",
 ];
 
 /// `examples/<file>` on `pipeline` with the LoRA targets of `examples/<family_recipe>` and the
 /// family's `extra` overrides.
+#[allow(clippy::too_many_arguments)]
 fn recipe(
     file: &str,
     family_recipe: &str,
     extra: &[&str],
     pipeline: &Path,
+    teacher: &Path,
     out: &Path,
     steps: u64,
     resume: &str,
@@ -44,6 +49,12 @@ fn recipe(
         "trainer.save_freq=1".into(),
         format!("trainer.resume={resume}"),
     ];
+    if file.starts_with("gardo") {
+        overrides.extend(super::gardo_overrides("jpeg_incompressibility"));
+    }
+    if file.starts_with("diffusion_opd") {
+        overrides.push(format!("model.teacher_path={}", teacher.display()));
+    }
     overrides.extend(extra.iter().map(|o| o.to_string()));
     Recipe::load(&root().join("examples").join(file), &overrides).expect("recipe")
 }
@@ -61,10 +72,13 @@ pub fn every_algorithm_trains_and_resumes(
     let pipeline = scratch(&format!("{label}-pipeline"));
     let writer = flowtune_models::family_named(family).expect("a built-in family");
     (writer.write_tiny)(&pipeline, 5).expect("make-tiny");
+    // DiffusionOPD's teacher: the same family with other random weights.
+    let teacher = scratch(&format!("{label}-teacher"));
+    (writer.write_tiny)(&teacher, 6).expect("make-tiny");
     for file in std::iter::once(family_recipe).chain(OTHER_TINY_RECIPES) {
         let run = |out: &Path, steps: u64, resume: &str| {
-            train(&recipe(file, family_recipe, extra, &pipeline, out, steps, resume), Device::Cpu)
-                .unwrap_or_else(|e| panic!("{file}: {e}"))
+            let r = recipe(file, family_recipe, extra, &pipeline, &teacher, out, steps, resume);
+            train(&r, Device::Cpu).unwrap_or_else(|e| panic!("{file}: {e}"))
         };
         let name = file.trim_end_matches(".yaml");
         let out = scratch(&format!("{label}-{name}"));

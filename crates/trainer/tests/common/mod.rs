@@ -81,3 +81,29 @@ pub fn assert_same_metrics(
         assert!(a == &b || (a.is_nan() && b.is_nan()), "{what}{key}: {a} vs {b} resumed");
     }
 }
+
+/// GARDO's tiny recipe with its CLIP paths made absolute (tests run outside the repository root):
+/// the trained reward `trained` and the weight-0 `aesthetic` proxy on the tiny CLIP model.
+pub fn gardo_overrides(trained: &str) -> Vec<String> {
+    let clip = root().join("crates/rewards/tests/fixtures/clip");
+    let (model, head) = (clip.join("clip_tiny"), clip.join("aesthetic_head.safetensors"));
+    vec![
+        format!("actor.gardo_features={}", model.display()),
+        format!(
+            "reward.functions=[{{name: {trained}}}, {{name: aesthetic, weight: 0, clip: {{model: {}, head: {}, device: cpu}}}}]",
+            model.display(),
+            head.display()
+        ),
+    ]
+}
+
+/// A second tiny SD3 pipeline with other random weights: DiffusionOPD's teacher.
+pub fn teacher_pipeline() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = flowtune_fixtures::shared!("train-teacher");
+        let family = flowtune_models::family_named("sd3").expect("sd3 is built in");
+        (family.write_tiny)(&d, 7).expect("make-tiny");
+        d
+    })
+}

@@ -1,0 +1,172 @@
+//! A DGPO step: the rollout (sampled by the old adapter with the ODE sampler, see `algorithm`)
+//! gives clean final latents and group advantages; timesteps are drawn once per step for the
+//! whole batch, each group is re-noised with one noise per timestep, and whole groups are trained
+//! together (a micro-batch never splits a group); then the old adapter follows the trained one.
+
+use std::collections::HashMap;
+
+use flowtune_models::velocity_at_sigma;
+use flowtune_objectives::losses::{dgpo_loss, DgpoBatch, DgpoSettings};
+use flowtune_objectives::Metrics;
+use flowtune_sampling::{per_row, row_seed, SampleRng};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use tch::Tensor;
+
+use crate::collect::Collected;
+use crate::run::Run;
+use crate::seeds::DGPO_SALT;
+use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
+use crate::TrainError;
+
+/// The rollout-schedule indices every sample trains at this step: `count` of `range`, drawn
+/// without replacement from the run's seed and the step.
+pub(crate) fn shared_timesteps(range: [usize; 2], count: usize, seed: u64, k: u64) -> Vec<usize> {
+    let mut all: Vec<usize> = (range[0]..range[1]).collect();
+    all.shuffle(&mut ChaCha8Rng::seed_from_u64(row_seed(seed ^ DGPO_SALT, k, u64::MAX >> 2)));
+    all.truncate(count.clamp(1, range[1] - range[0]));
+    all
+}
+
+/// The step-wide rows of each prompt group, groups numbered by first appearance.
+fn groups_of(uids: &[String]) -> Vec<Vec<usize>> {
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    let mut groups: Vec<Vec<usize>> = vec![];
+    for (i, uid) in uids.iter().enumerate() {
+        let g = *index.entry(uid).or_insert_with(|| {
+            groups.push(vec![]);
+            groups.len() - 1
+        });
+        groups[g].push(i);
+    }
+    groups
+}
+
+/// Advantages, the DGPO update and the old-adapter refresh of training step `k`.
+pub(crate) fn dgpo_step(
+    run: &Run<'_>,
+    learner: &mut Learner,
+    c: &Collected,
+    k: u64,
+    lr: f64,
+    m: &mut Metrics,
+) -> Result<(), TrainError> {
+    let (recipe, engine) = (run.recipe, &run.engine);
+    let actor = &recipe.actor;
+    let model = engine.pipe.denoiser();
+    let reference = run.reference.as_ref().expect("dgpo always has a reference");
+    let device = c.kept.device();
+
+    let timer = std::time::Instant::now();
+    let advantages = c.advantages(1, &recipe.advantage, m)?.select(1, 0);
+    m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+
+    let update = crate::perf::ActorUpdate::start();
+    let x0 = c.batch.trajectory.final_latents.index_select(0, &c.kept);
+    let text = c.batch.text.rows(&c.kept);
+    let grid = &engine.grid.timesteps;
+    let range = actor.train_timestep_range.unwrap_or([0, grid.len()]);
+    if range[1] > grid.len() {
+        return Err(TrainError::Invalid(format!(
+            "actor.train_timestep_range [{}, {}] reaches past the {} rollout steps",
+            range[0],
+            range[1],
+            grid.len()
+        )));
+    }
+    let span = range[1] - range[0];
+    let count = actor
+        .train_timestep_count
+        .unwrap_or(((span as f64 * actor.timestep_fraction) as usize).max(1));
+    let slots = shared_timesteps(range, count, recipe.seed, k);
+    let groups = groups_of(&c.uids);
+    let owned: Vec<bool> = groups.iter().map(|g| c.owned.contains(&g[0])).collect();
+    let t = &recipe.trainer;
+    let batching = Batching {
+        items: groups.len(),
+        owned,
+        mini: t.ppo_mini_batch_size,
+        micro: (t.micro_batch_size / recipe.rollout.n).max(1),
+    };
+    let settings = DgpoSettings {
+        beta: actor.dgpo_beta,
+        clip_range: actor.dgpo_clip_range,
+        ref_kl_coef: actor.ref_kl_coef,
+        adv_clip_max: actor.adv_clip_max,
+    };
+    let params =
+        learner.optimizer.params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
+    let mut old = learner.old.take().expect("dgpo keeps an old policy");
+    let result = optimize(learner, run, batching, k, lr, |micro, scale, backward| {
+        // This rank's rows of the micro-batch's groups, and each row's group within it.
+        let (mut local, mut member_of) = (vec![], vec![]);
+        for (n, &g) in micro.iter().enumerate() {
+            for &i in &groups[g] {
+                local.push((i - c.owned.start) as i64);
+                member_of.push(n as i64);
+            }
+        }
+        let idx = Tensor::from_slice(&local).to_device(device);
+        let member_of = Tensor::from_slice(&member_of).to_device(device);
+        let (x0, text, a) =
+            (x0.index_select(0, &idx), text.rows(&idx), advantages.index_select(0, &idx));
+        let mut means = MetricMeans::default();
+        for (j, &slot) in slots.iter().enumerate() {
+            let sigma = Tensor::full(
+                [local.len() as i64],
+                (grid[slot] / 1000.0) as f64,
+                (x0.kind(), device),
+            );
+            let mut one = x0.size();
+            one[0] = 1;
+            let noise = Tensor::cat(
+                &micro
+                    .iter()
+                    .map(|&g| {
+                        let stream =
+                            row_seed(recipe.seed ^ DGPO_SALT, k, (g * slots.len() + j) as u64);
+                        let n = SampleRng::new(stream).normal(&one, device);
+                        n.repeat_interleave_self_int(groups[g].len() as i64, 0, None)
+                    })
+                    .collect::<Vec<_>>(),
+                0,
+            );
+            let s = per_row(&sigma, &x0);
+            let xt = (1.0 - &s) * &x0 + &s * &noise;
+            let old_pred = tch::no_grad(|| {
+                old.with_swapped(&params, || velocity_at_sigma(model, &xt, &sigma, &text))
+            })?;
+            let ref_pred = tch::no_grad(|| {
+                reference.run(model, |net| velocity_at_sigma(net, &xt, &sigma, &text))
+            })?;
+            let policy_pred = velocity_at_sigma(model, &xt, &sigma, &text)?;
+            let out = dgpo_loss(
+                &DgpoBatch {
+                    x0: &x0,
+                    noise: &noise,
+                    advantages: &a,
+                    groups: &member_of,
+                    policy_pred: &policy_pred,
+                    old_pred: &old_pred,
+                    ref_pred: &ref_pred,
+                },
+                settings,
+            )?;
+            let total = finite_loss(&out.loss, k, &format!("dgpo timestep slot {j}"))?;
+            means.add(&out.metrics);
+            means.add(&Metrics::from([("actor/loss".to_string(), total)]));
+            backward.run(&(out.loss * (scale / slots.len() as f64)))?;
+        }
+        Ok(means.means())
+    });
+    if k.is_multiple_of(actor.old_policy_update_interval) {
+        old.decay = actor.old_policy_decay.decay(k);
+        old.update(&learner.optimizer.params);
+        m.insert("actor/old_policy_decay".into(), old.decay);
+    }
+    learner.old = Some(old);
+    m.extend(result?);
+    update.finish(m);
+    Ok(())
+}
