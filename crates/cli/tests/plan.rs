@@ -70,16 +70,25 @@ fn qwen_image_lora_fits_one_80_gb_gpu_with_encoders_offloaded() {
 }
 
 #[test]
-fn qwen_image_full_on_8_gpus_does_not_fit_and_needs_sharding() {
+fn qwen_image_full_on_8_gpus_fits_only_fully_sharded() {
     let args = ["plan", "examples/plan/qwen_image_full_8gpu.yaml", "--gpus", "8"];
     let j = json(&args);
     assert_eq!(j["fits"], false, "{j}");
     let gib = j["device_gib"].as_f64().unwrap();
     // large-models.md §2.3: ZeRO-1 at N = 8 holds 106 GiB.
     assert!((105.0..110.0).contains(&gib), "{gib}");
-    assert!(j["verdict"].as_str().unwrap().contains("needs sharding (FSDP"), "{j}");
+    // Full sharding fits: block masters, gradient sums and moments in eighths, one bf16 block
+    // gathered, the rest whole (docs/plan.md).
+    assert_eq!(j["changes"], serde_json::json!(["trainer.sharding=full"]), "{j}");
+    let sharded = j["changed_gib"].as_f64().unwrap();
+    assert!((40.0..43.0).contains(&sharded), "{sharded}");
     let text = stdout(&flowtune(&args));
-    assert!(text.contains("Adam moments (1/8)") && text.contains("needs sharding"), "{text}");
+    assert!(
+        text.contains("Adam moments (1/8)") && text.contains("trainer.sharding=full"),
+        "{text}"
+    );
+    let full = stdout(&flowtune(&[&args[..], &["trainer.sharding=full"]].concat()));
+    assert!(full.contains("block weights, f32 masters (1/8)") && full.contains("fits"), "{full}");
 }
 
 #[test]

@@ -7,7 +7,7 @@ use flowtune_data::PromptLoader;
 use flowtune_objectives::losses::PolicyLoss;
 use flowtune_objectives::{Metrics, Objective};
 
-use crate::collect::collect;
+use crate::collect::{collect, Collected};
 use crate::run::Run;
 use crate::source::Source;
 use crate::update::Learner;
@@ -137,10 +137,7 @@ impl Algorithm for Nft {
         lr: f64,
         m: &mut Metrics,
     ) -> Result<usize, TrainError> {
-        let loader = prompts(source)?;
-        let old = learner.old.as_mut().expect("diffusion_nft keeps an old policy");
-        let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, k, m))?;
-        run.status("update");
+        let c = collect_with_old_policy(run, learner, source, k, m)?;
         crate::nft::nft_step(run, learner, &c, k, lr, m)?;
         Ok(c.batch.images.len())
     }
@@ -168,10 +165,7 @@ impl Algorithm for Dgpo {
         lr: f64,
         m: &mut Metrics,
     ) -> Result<usize, TrainError> {
-        let loader = prompts(source)?;
-        let old = learner.old.as_mut().expect("dgpo keeps an old policy");
-        let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, k, m))?;
-        run.status("update");
+        let c = collect_with_old_policy(run, learner, source, k, m)?;
         crate::dgpo::dgpo_step(run, learner, &c, k, lr, m)?;
         Ok(c.batch.images.len())
     }
@@ -218,4 +212,20 @@ impl Algorithm for Gardo {
         crate::gardo::gardo_step(run, learner, features, &c, k, lr, m)?;
         Ok(c.batch.images.len())
     }
+}
+
+/// The step's samples drawn by the old policy (its weights swapped in while sampling), for the
+/// algorithms that keep one to sample with (DiffusionNFT, DGPO).
+fn collect_with_old_policy(
+    run: &Run<'_>,
+    learner: &mut Learner,
+    source: &mut Source,
+    k: u64,
+    m: &mut Metrics,
+) -> Result<Collected, TrainError> {
+    let loader = prompts(source)?;
+    let old = learner.old.as_mut().expect("the algorithm keeps an old policy");
+    let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, k, m))?;
+    run.status("update");
+    Ok(c)
 }
