@@ -81,8 +81,9 @@ fn optimizer_state_per_rank() {
     assert_eq!(p.host_bytes, 2 * (8_292_166_656 + 126_892_531));
 }
 
-/// The verdict's search: more GPUs help full fine-tuning until 4P (weights and gradients) alone
-/// passes the budget; then only sharding would.
+/// The verdict's search: full fine-tuning that ZeRO-1 cannot fit (4P of weights and gradients on
+/// every rank) fits fully sharded, on more GPUs if need be; past what sharding can do, the
+/// verdict says what is missing.
 #[test]
 fn verdict_search() {
     let sd35 = read("sd3.5-medium");
@@ -90,6 +91,12 @@ fn verdict_search() {
     s.gpu_memory_gib = 24.0;
     let v = verdict(&sd35, &s);
     assert!(!v.fits && v.changes.iter().any(|c| c.starts_with("--gpus ")), "{v:?}");
-    let v = verdict(&read("qwen-image"), &setup(true, 8));
-    assert!(!v.fits && v.changes.is_empty() && v.message.contains("FSDP"), "{v:?}");
+    let qwen = read("qwen-image");
+    let v = verdict(&qwen, &setup(true, 8));
+    assert_eq!(v.changes, ["trainer.sharding=full"], "{v:?}");
+    assert!(!v.fits && (40.0..43.0).contains(&v.changed_gib.unwrap()), "{v:?}");
+    let mut tiny_gpu = setup(true, 8);
+    tiny_gpu.gpu_memory_gib = 1.0;
+    let v = verdict(&qwen, &tiny_gpu);
+    assert!(!v.fits && v.changes.is_empty() && v.message.contains("CPU offload"), "{v:?}");
 }
