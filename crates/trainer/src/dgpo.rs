@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 
-use flowtune_models::velocity_at_sigma;
 use flowtune_objectives::losses::{dgpo_loss, DgpoBatch, DgpoSettings};
 use flowtune_objectives::Metrics;
 use flowtune_sampling::{per_row, row_seed, SampleRng};
@@ -15,6 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use tch::Tensor;
 
 use crate::collect::Collected;
+use crate::nft::predictions;
 use crate::run::Run;
 use crate::seeds::DGPO_SALT;
 use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
@@ -134,13 +134,8 @@ pub(crate) fn dgpo_step(
             );
             let s = per_row(&sigma, &x0);
             let xt = (1.0 - &s) * &x0 + &s * &noise;
-            let old_pred = tch::no_grad(|| {
-                old.with_swapped(&params, || velocity_at_sigma(model, &xt, &sigma, &text))
-            })?;
-            let ref_pred = tch::no_grad(|| {
-                reference.run(model, |net| velocity_at_sigma(net, &xt, &sigma, &text))
-            })?;
-            let policy_pred = velocity_at_sigma(model, &xt, &sigma, &text)?;
+            let [old_pred, ref_pred, policy_pred] =
+                predictions(model, &mut old, &params, reference, (&xt, &sigma, &text))?;
             let out = dgpo_loss(
                 &DgpoBatch {
                     x0: &x0,

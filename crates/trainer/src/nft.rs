@@ -3,9 +3,10 @@
 //! timesteps each sample is re-noised with fresh noise and three velocities are compared — old
 //! adapter, trained adapter, reference — then the old adapter follows the trained one.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
-use flowtune_models::velocity_at_sigma;
+use flowtune_models::{velocity_at_sigma, TextConditioning, TrainableDenoiser};
 use flowtune_objectives::losses::{nft_loss, reward_probability, NftBatch};
 use flowtune_objectives::Metrics;
 use flowtune_sampling::{per_row, row_seed, SampleRng};
@@ -15,6 +16,8 @@ use rand_chacha::ChaCha8Rng;
 use tch::Tensor;
 
 use crate::collect::Collected;
+use crate::optim::Ema;
+use crate::reference::Reference;
 use crate::run::Run;
 use crate::seeds::NFT_SALT;
 use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
@@ -96,13 +99,8 @@ pub(crate) fn nft_step(
             );
             let s = per_row(&sigma, &x0);
             let xt = (1.0 - &s) * &x0 + &s * &noise;
-            let old_pred = tch::no_grad(|| {
-                old.with_swapped(&params, || velocity_at_sigma(model, &xt, &sigma, &text))
-            })?;
-            let ref_pred = tch::no_grad(|| {
-                reference.run(model, |net| velocity_at_sigma(net, &xt, &sigma, &text))
-            })?;
-            let policy_pred = velocity_at_sigma(model, &xt, &sigma, &text)?;
+            let [old_pred, ref_pred, policy_pred] =
+                predictions(model, &mut old, &params, reference, (&xt, &sigma, &text))?;
             let out = nft_loss(
                 &NftBatch {
                     x0: &x0,
@@ -133,4 +131,20 @@ pub(crate) fn nft_step(
     m.extend(result?);
     update.finish(m);
     Ok(())
+}
+
+/// The old policy's (no grad), the reference's (no grad) and the trained model's velocity at the
+/// re-noised latents `xt` of noise level `sigma` under `text` (DiffusionNFT, DGPO).
+pub(crate) fn predictions(
+    model: &dyn TrainableDenoiser,
+    old: &mut Ema,
+    params: &BTreeMap<String, Tensor>,
+    reference: &Reference,
+    (xt, sigma, text): (&Tensor, &Tensor, &TextConditioning),
+) -> Result<[Tensor; 3], TrainError> {
+    let old_pred =
+        tch::no_grad(|| old.with_swapped(params, || velocity_at_sigma(model, xt, sigma, text)))?;
+    let ref_pred =
+        tch::no_grad(|| reference.run(model, |net| velocity_at_sigma(net, xt, sigma, text)))?;
+    Ok([old_pred, ref_pred, velocity_at_sigma(model, xt, sigma, text)?])
 }
