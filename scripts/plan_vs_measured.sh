@@ -4,6 +4,7 @@
 # (`make-tiny --config`), tiny encoders and VAE, bf16 and f32, 64² (Wan 5 frames); it measures
 #   load    `bench load`:                 VmHWM − VmRSS before loading   vs the planner's weights
 #   rollout `bench rollout` (CFG, 2 steps): max RSS − baseline           vs weights + encoders + VAE
+#                                                                          + rollout activations
 #   step    `train` one LoRA step:        perf/max_memory_rss_gb − baseline vs device + host total
 # where the baseline is the process's resident memory before any model is loaded (libtorch and
 # the binary, `bench load`'s rss_before_bytes). Prints a Markdown table.
@@ -27,6 +28,9 @@ declare -A TINY=(
     [sd3]="sd3 --layers 2" [flux]="flux --layers 1 --single-layers 1"
     [qwen-image]="qwen-image --layers 1" [z-image]="z-image --layers 1"
     [wan]="wan --layers 2" [wan-a14b]="wan --a14b --layers 1")
+# the text tokens `bench rollout` runs with: the pipelines' own padding (SD3's T5 256, FLUX's 512),
+# Qwen-Image's unpadded prompt, Z-Image's rounded to 32 (Wan's text is cross-attended: no tokens)
+declare -A TEXT=([sd3]=256 [flux]=512 [qwen-image]=16 [z-image]=32 [wan]=16 [wan-a14b]=16)
 declare -A RECIPE=(
     [sd3]=flow_grpo_tiny [flux]=flow_grpo_flux_tiny [qwen-image]=flow_grpo_qwen_image_tiny
     [z-image]=flow_grpo_z_image_tiny [wan]=flow_grpo_wan_tiny [wan-a14b]=flow_grpo_wan_a14b_tiny)
@@ -65,8 +69,11 @@ for family in "${families[@]}"; do
         plan=$("$BIN" plan "examples/${RECIPE[$family]}.yaml" "${over[@]}" --json)
         # `bench load` loads `transformer/`, one expert of Wan2.2-A14B's two.
         load_p=$(jq '[.items[] | select(.item | test("^transformer( |$)"))] | map(.bytes) | add' <<<"$plan")
-        rollout_p=$(jq '[.items[] | select(.item | test("^(transformer|text_encoder|vae)"))]
-            | map(.bytes) | add' <<<"$plan")
+        # the rollout as `bench rollout` runs it: one row, CFG, the pipeline's text length
+        roll=$("$BIN" plan "examples/${RECIPE[$family]}.yaml" "${over[@]}" rollout.batch_size=1 \
+            rollout.guidance_scale=4.5 model.max_sequence_length="${TEXT[$family]}" --json)
+        rollout_p=$(jq '[.items[] | select(.item | test("^(transformer|text_encoder|vae|rollout act)"))]
+            | map(.bytes) | add' <<<"$roll")
         step_p=$(jq "(.device_gib + .host_gib) * $GIB" <<<"$plan")
         row="| $family | $dtype"
         for pair in "$load_m $load_p" "$rollout_m $rollout_p" "$step_m $step_p"; do

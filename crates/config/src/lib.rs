@@ -10,7 +10,7 @@ pub use overrides::Override;
 pub use recipe::Recipe;
 pub use sections::{
     DataSection, Finetune, LrSchedule, ModelSection, Offload, OldLogProb, Resume, Sharding,
-    TeacherSection, TrainerSection,
+    StateOffload, TeacherSection, TrainerSection,
 };
 
 /// Why a recipe could not be resolved.

@@ -14,7 +14,7 @@ use serde_yaml::Value;
 use flowtune_models::Dtype;
 
 use crate::{
-    ConfigError, DataSection, Finetune, ModelSection, OldLogProb, Override, Sharding,
+    ConfigError, DataSection, Finetune, ModelSection, OldLogProb, Override, Sharding, StateOffload,
     TrainerSection,
 };
 
@@ -166,6 +166,17 @@ impl Recipe {
                 "trainer.sharding".into(),
                 "frozen shards the frozen base weights under LoRA; it needs model.finetune: lora \
                  (for full fine-tuning use optimizer or full)"
+                    .into(),
+            ));
+        }
+        if self.trainer.offload == StateOffload::All
+            && !matches!(self.sharding(), Sharding::Frozen | Sharding::Full)
+        {
+            return Err((
+                "trainer.offload".into(),
+                "all also puts the sharded blocks' weight slices on the host; it needs \
+                 trainer.sharding: frozen (LoRA) or full (full fine-tuning); without sharding use \
+                 optimizer"
                     .into(),
             ));
         }
@@ -450,6 +461,19 @@ mod tests {
         );
         let err = load("trainer:\n  resume: ''\n", &[]).unwrap_err();
         assert!(err.contains("trainer.resume") && err.contains("expected auto, none"), "{err}");
+    }
+
+    #[test]
+    fn state_offload_of_all_needs_sharded_blocks() {
+        assert_eq!(load("", &[]).unwrap().trainer.offload, StateOffload::None);
+        let r = load("", &["trainer.offload=optimizer"]).unwrap();
+        assert_eq!(r.trainer.offload, StateOffload::Optimizer);
+        let err = load("", &["trainer.offload=all"]).unwrap_err();
+        assert!(err.contains("trainer.offload") && err.contains("trainer.sharding"), "{err}");
+        let r = load("", &["trainer.offload=all", "trainer.sharding=frozen"]).unwrap();
+        assert_eq!(r.trainer.offload, StateOffload::All);
+        let err = load("", &["trainer.offload=gpu"]).unwrap_err();
+        assert!(err.contains("trainer.offload") && err.contains("`optimizer`"), "{err}");
     }
 
     #[test]

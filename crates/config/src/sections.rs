@@ -254,6 +254,24 @@ pub struct TrainerSection {
     /// different world sizes train bit for bit alike. Costs an f64 copy of the trained weights
     /// and, during the reduction, one per rank.
     pub exact_gradient_sum: bool,
+    /// What of the trained state lives in host memory instead of on the device: `none`,
+    /// `optimizer` (Adam moments, f32 masters, the EMA and old-policy copies; AdamW steps there)
+    /// or `all` (also the sharded blocks' weight slices and gradient sums; needs
+    /// `trainer.sharding` frozen or full). The update's arithmetic is the same either way.
+    pub offload: StateOffload,
+}
+
+/// `trainer.offload`: what of the trained state lives in host memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateOffload {
+    /// Everything on the device.
+    #[default]
+    None,
+    /// The optimizer's state and the weight copies.
+    Optimizer,
+    /// That and the sharded blocks' slices and their gradient sums.
+    All,
 }
 
 /// `trainer.sharding`: what each rank keeps only a share of.
@@ -301,6 +319,7 @@ impl Default for TrainerSection {
             f32_master_weights: false,
             sharding: None,
             exact_gradient_sum: false,
+            offload: StateOffload::None,
         }
     }
 }

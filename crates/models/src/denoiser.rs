@@ -208,9 +208,15 @@ pub trait TrainableDenoiser: Denoiser {
     }
 
     /// Keeps this rank's share of the transformer blocks' base weights only, gathering each block
-    /// over `group` when it runs (`trainer.sharding: frozen` or `full`).
-    fn shard_blocks(&self, group: Arc<dyn ShardGroup>, mode: ShardMode) -> Result<(), ModelError> {
-        self.weights().shard_blocks(group, mode)
+    /// over `group` when it runs (`trainer.sharding: frozen` or `full`); the slices live on the
+    /// host with `on_host` (`trainer.offload: all`).
+    fn shard_blocks(
+        &self,
+        group: Arc<dyn ShardGroup>,
+        mode: ShardMode,
+        on_host: bool,
+    ) -> Result<(), ModelError> {
+        self.weights().shard_blocks(group, mode, on_host)
     }
 
     /// The sharded blocks of a model that has one set of them (not the two-expert Wan).

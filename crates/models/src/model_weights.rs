@@ -88,8 +88,9 @@ impl ModelWeights {
         &self,
         group: Arc<dyn ShardGroup>,
         mode: ShardMode,
+        on_host: bool,
     ) -> Result<(), ModelError> {
-        let sharded = ShardedBlocks::new(&self.base, self.blocks, group, mode)?;
+        let sharded = ShardedBlocks::new(&self.base, self.blocks, group, mode, on_host)?;
         self.sharded
             .set(sharded)
             .map_err(|_| ModelError::Input("the blocks are sharded already".into()))

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tch::nn::VarStore;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::ModelError;
 
@@ -68,6 +68,10 @@ pub struct ShardedBlocks {
     mode: ShardMode,
     /// The dtype blocks run in.
     kind: Kind,
+    /// The device blocks run on (where they are gathered), and where the slices and their
+    /// gradient sums live: the same device, or the host (`trainer.offload: all`).
+    device: Device,
+    home: Device,
     units: BTreeMap<String, Unit>,
     /// The block whose weights are gathered now.
     gathered: RefCell<Option<String>>,
@@ -97,12 +101,15 @@ fn collective(what: String) -> impl FnOnce(String) -> ModelError {
 
 impl ShardedBlocks {
     /// Keeps this rank's slice of every block in `lists` of `store` and drops the rest of their
-    /// weights (the store's variables stay, empty until gathered).
+    /// weights (the store's variables stay, empty until gathered). With `on_host`, the slices and
+    /// their gradient sums live in host memory and visit the device only to be gathered and
+    /// summed.
     pub fn new(
         store: &VarStore,
         lists: &[&str],
         group: Arc<dyn ShardGroup>,
         mode: ShardMode,
+        on_host: bool,
     ) -> Result<Self, ModelError> {
         let mut grouped: BTreeMap<String, Vec<(String, Tensor)>> = BTreeMap::new();
         for (name, var) in store.variables() {
@@ -113,10 +120,13 @@ impl ShardedBlocks {
         let Some(kind) = grouped.values().flatten().map(|(_, v)| v.kind()).next() else {
             return Err(ModelError::Input(format!("no weights under {lists:?} to shard")));
         };
+        let device = store.device();
         let mut sharded = Self {
             group,
             mode,
             kind,
+            device,
+            home: if on_host { Device::Cpu } else { device },
             units: BTreeMap::new(),
             gathered: RefCell::new(None),
             failure: RefCell::new(None),
@@ -156,24 +166,24 @@ impl ShardedBlocks {
         Ok(sharded)
     }
 
-    /// This rank's padded slice of a block's flat values.
+    /// This rank's padded slice of a block's flat values, where slices live.
     fn slice(&self, flat: &Tensor) -> Tensor {
         let (rank, world) = (self.group.rank() as i64, self.group.size() as i64);
         let n = flat.numel() as i64;
         let per_rank = (n + world - 1) / world;
         let (start, end) = ((rank * per_rank).min(n), ((rank + 1) * per_rank).min(n));
-        let shard = Tensor::zeros([per_rank], (flat.kind(), flat.device()));
+        let shard = Tensor::zeros([per_rank], (flat.kind(), self.home));
         shard.narrow(0, 0, end - start).copy_(&flat.narrow(0, start, end - start));
         shard
     }
 
-    /// Every rank's slices of `block` put together: the block's flat values.
+    /// Every rank's slices of `block` put together on the device: the block's flat values.
     fn whole(&self, block: &str, shard: &Tensor) -> Result<Tensor, ModelError> {
         let world = self.group.size() as i64;
-        let mut whole =
-            Tensor::empty([shard.numel() as i64 * world], (shard.kind(), shard.device()));
+        let shard = shard.to_device(self.device);
+        let mut whole = Tensor::empty([shard.numel() as i64 * world], (shard.kind(), self.device));
         self.group
-            .all_gather_into(&mut whole, shard)
+            .all_gather_into(&mut whole, &shard)
             .map_err(collective(format!("gathering the weights of {block}")))?;
         Ok(whole)
     }
@@ -216,7 +226,7 @@ impl ShardedBlocks {
                     let g = if g.defined() {
                         g
                     } else {
-                        Tensor::zeros(shape.as_slice(), (acc.kind(), acc.device()))
+                        Tensor::zeros(shape.as_slice(), (acc.kind(), self.device))
                     };
                     flowtune_recompute::clear_grad(var);
                     g.reshape([-1]).to_kind(acc.kind())
@@ -224,14 +234,14 @@ impl ShardedBlocks {
                 .collect();
             let full = Tensor::zeros(
                 [acc.numel() as i64 * self.group.size() as i64],
-                (acc.kind(), acc.device()),
+                (acc.kind(), self.device),
             );
             full.narrow(0, 0, unit.numel()).copy_(&Tensor::cat(&grads, 0));
-            let mut summed = acc.zeros_like();
+            let mut summed = Tensor::zeros([acc.numel() as i64], (acc.kind(), self.device));
             self.group
                 .reduce_scatter_into(&mut summed, &full)
                 .map_err(collective(format!("summing the gradients of {block}")))?;
-            let _ = acc.shallow_clone().f_add_(&summed)?;
+            let _ = acc.shallow_clone().f_add_(&summed.to_device(self.home))?;
         }
         for (_, var, _) in &unit.params {
             var.shallow_clone().set_data(&empty_like(var));

@@ -26,7 +26,7 @@ pub struct Denoiser {
     pub hidden: u64,
     /// Blocks by kind: (how many, c = bytes saved per token per hidden unit, large-models.md §2.2,
     /// which tokens they see).
-    pub blocks: Vec<(u64, f64, Tokens)>,
+    pub blocks: Vec<(u64, Saved, Tokens)>,
     /// Pixels per token side: VAE factor × patch is applied by the caller; this is the patch.
     pub patch: u64,
     /// Latent frames per token (Wan's temporal patch); 1 for images.
@@ -40,16 +40,38 @@ pub struct Denoiser {
     pub in_channels: u64,
 }
 
-/// Measured constants c of large-models.md §2.2 (bytes / token / hidden unit / block, bf16).
+/// Bytes one block saves for backward per token and hidden unit (c of large-models.md §2.2), by
+/// the dtype the block runs in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Saved {
+    pub bf16: f64,
+    pub f32: f64,
+}
+
+impl Saved {
+    /// c for a block in `dtype` (f16 saves as bf16 does).
+    pub fn at(self, dtype: crate::Dtype) -> f64 {
+        match dtype {
+            crate::Dtype::F32 => self.f32,
+            crate::Dtype::Bf16 | crate::Dtype::F16 => self.bf16,
+        }
+    }
+}
+
+/// Measured constants c: bf16 from large-models.md §2.2; f32 measured the same way by
+/// `scripts/measure_activation_constants.py` (diffusers keeps its norms and modulations in f32
+/// in both, so an f32 block saves 1.4–1.7×, not 2×, its bf16 bytes).
 pub mod c {
-    pub const SD3_DUAL: f64 = 82.1;
-    pub const SD3_PLAIN: f64 = 58.3;
-    pub const FLUX_DOUBLE: f64 = 56.2;
-    pub const FLUX_SINGLE: f64 = 50.1;
-    pub const QWEN_IMAGE: f64 = 56.3;
-    pub const Z_IMAGE: f64 = 94.2;
-    pub const WAN_A14B: f64 = 81.4;
-    pub const WAN_5B: f64 = 89.3;
+    use super::Saved;
+
+    pub const SD3_DUAL: Saved = Saved { bf16: 82.1, f32: 132.7 };
+    pub const SD3_PLAIN: Saved = Saved { bf16: 58.3, f32: 100.5 };
+    pub const FLUX_DOUBLE: Saved = Saved { bf16: 56.2, f32: 96.3 };
+    pub const FLUX_SINGLE: Saved = Saved { bf16: 50.1, f32: 84.2 };
+    pub const QWEN_IMAGE: Saved = Saved { bf16: 56.3, f32: 96.4 };
+    pub const Z_IMAGE: Saved = Saved { bf16: 94.2, f32: 130.8 };
+    pub const WAN_A14B: Saved = Saved { bf16: 81.4, f32: 113.9 };
+    pub const WAN_5B: Saved = Saved { bf16: 89.3, f32: 129.6 };
 }
 
 /// Reads the denoiser whose config is `cfg`, by its `_class_name`.
@@ -156,7 +178,7 @@ fn image(
     cfg: &Json,
     inventory: Inventory,
     hidden: u64,
-    blocks: Vec<(u64, f64, Tokens)>,
+    blocks: Vec<(u64, Saved, Tokens)>,
     patch: u64,
     text_width: u64,
     in_channels: u64,

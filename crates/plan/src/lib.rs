@@ -12,7 +12,7 @@ pub mod text;
 pub mod vae;
 pub mod verdict;
 
-pub use memory::{plan, Item, Place, Plan};
+pub use memory::{plan, Item, Phase, Place, Plan};
 pub use pipeline::Pipeline;
 pub use verdict::{verdict, Verdict};
 
@@ -78,6 +78,8 @@ pub struct Setup {
     /// Text tokens the long text encoder gives (`model.max_sequence_length`).
     pub text_tokens: u64,
     pub micro_batch: u64,
+    /// Rows the rollout samples per model batch (`rollout.batch_size`; 0: all of a rank's rows).
+    pub rollout_batch: u64,
     pub gradient_checkpointing: bool,
     pub f32_master_weights: bool,
     /// Classifier-free guidance (`rollout.guidance_scale > 1`): two branches per sample.
@@ -98,6 +100,34 @@ pub struct Setup {
     pub sharding: Sharding,
     /// `trainer.exact_gradient_sum`: sharded blocks' gradient sums in f64.
     pub exact_gradient_sum: bool,
+    /// `trainer.offload`.
+    pub state_offload: StateOffload,
+}
+
+impl Setup {
+    /// Samples a rank draws in one step.
+    pub fn samples(&self) -> u64 {
+        self.prompts_per_step.div_ceil(self.gpus.max(1)) * self.samples_per_prompt
+    }
+
+    /// Rows per model batch of the rollout (`rollout.batch_size`, 0: all of the rank's rows).
+    pub fn rollout_rows(&self) -> u64 {
+        match self.rollout_batch {
+            0 => self.samples(),
+            b => b.min(self.samples()),
+        }
+        .max(1)
+    }
+}
+
+/// What of the trained state lives on the host (`trainer.offload`), cheapest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StateOffload {
+    None,
+    /// Adam moments, f32 masters, EMA and old-policy copies.
+    Optimizer,
+    /// Also the sharded blocks' slices and gradient sums.
+    All,
 }
 
 /// What each rank keeps only a share of (`trainer.sharding`).

@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::denoisers::{Denoiser, Tokens};
 use crate::inventory::lora_targets;
 use crate::inventory::Inventory;
-use crate::{Dtype, Offload, Pipeline, Setup, Sharding};
+use crate::{Dtype, Offload, Pipeline, Setup, Sharding, StateOffload};
 
 /// Where an item lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -15,6 +15,16 @@ pub enum Place {
     Host,
 }
 
+/// When an item is held: the whole step, or only one of its two phases (rollout without
+/// gradients, then the update), which never hold their activations at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Step,
+    Rollout,
+    Update,
+}
+
 /// One line of the plan.
 #[derive(Debug, Clone, Serialize)]
 pub struct Item {
@@ -22,6 +32,7 @@ pub struct Item {
     pub dtype: &'static str,
     pub bytes: u64,
     pub place: Place,
+    pub phase: Phase,
 }
 
 /// A rank's memory in one training step.
@@ -38,11 +49,16 @@ pub struct Plan {
     pub host_bytes: u64,
 }
 
+/// Values in the denoiser's dtype a forward without gradients holds at its peak, per token, hidden
+/// unit and sequence of its batch: the largest a sequence added to a rollout's peak resident
+/// memory, measured at real width on CPU (docs/plan.md, "Rollout activations").
+pub const ROLLOUT_VALUES: f64 = 27.0;
+
 /// Plans one rank of `setup` on `pipe`.
 pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let mut items = vec![];
     let mut push = |item: String, dtype: Dtype, bytes: u64, place: Place| {
-        items.push(Item { item, dtype: dtype.name(), bytes, place });
+        items.push(Item { item, dtype: dtype.name(), bytes, place, phase: Phase::Step });
     };
     let d = setup.dtype.bytes();
     let n = setup.gpus.max(1);
@@ -50,6 +66,12 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let mut lora = 0;
     let frozen_shards = !setup.full && setup.sharding == Sharding::Frozen && n > 1;
     let full_shards = setup.full && setup.sharding == Sharding::Full && n > 1;
+    // `trainer.offload`: the optimizer's state, then the block slices, on the host.
+    let on_host = |off: bool| if off { Place::Host } else { Place::Device };
+    let (state, slices_at) = (
+        on_host(setup.state_offload >= StateOffload::Optimizer),
+        on_host(setup.state_offload == StateOffload::All && (frozen_shards || full_shards)),
+    );
     // Under full sharding: (block parameters, largest block) summed over the denoisers.
     let (mut sharded, mut largest_block) = (0, 0);
     for (name, den) in &pipe.denoisers {
@@ -60,18 +82,13 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
             (sharded, largest_block) = (sharded + blocks, largest_block.max(largest));
             let f32 = Dtype::F32;
             let slices = format!("{name} block weights, f32 masters (1/{n})");
-            push(slices, f32, blocks.div_ceil(n) * 4, Place::Device);
+            push(slices, f32, blocks.div_ceil(n) * 4, slices_at);
             push(format!("{name} one block gathered"), setup.dtype, largest * d, Place::Device);
             push(format!("{name} other weights"), setup.dtype, (p - blocks) * d, Place::Device);
         } else if frozen_shards {
             let (blocks, largest) = block_params(&den.inventory);
             let dt = setup.dtype;
-            push(
-                format!("{name} block weights (1/{n})"),
-                dt,
-                blocks.div_ceil(n) * d,
-                Place::Device,
-            );
+            push(format!("{name} block weights (1/{n})"), dt, blocks.div_ceil(n) * d, slices_at);
             push(format!("{name} one block gathered"), dt, largest * d, Place::Device);
             push(format!("{name} other weights"), dt, (p - blocks) * d, Place::Device);
         } else {
@@ -87,39 +104,28 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         }
     }
     let frozen = setup.frozen_dtype;
-    let host_if = |off: bool| if off { Place::Host } else { Place::Device };
     for t in &pipe.text_encoders {
-        let place = host_if(setup.offload >= Offload::Encoders);
+        let place = on_host(setup.offload >= Offload::Encoders);
         push(format!("{} ({})", t.name, t.class), frozen, t.params * frozen.bytes(), place);
     }
     if let Some((v, _)) = &pipe.vae {
-        let place = host_if(setup.offload == Offload::EncodersAndVae);
+        let place = on_host(setup.offload == Offload::EncodersAndVae);
         push(format!("{} ({})", v.name, v.class), frozen, v.params * frozen.bytes(), place);
     }
     if full_shards {
         let (whole, share) = (params - sharded, sharded.div_ceil(n));
         let acc = if setup.exact_gradient_sum { 8 } else { 4 };
-        push(format!("block gradient sums (1/{n})"), Dtype::F32, acc * share, Place::Device);
+        push(format!("block gradient sums (1/{n})"), Dtype::F32, acc * share, slices_at);
         push("one block's gradients".into(), setup.dtype, largest_block * d, Place::Device);
         push("other gradients".into(), setup.dtype, whole * d, Place::Device);
-        push(
-            format!("Adam moments (blocks 1/{n})"),
-            Dtype::F32,
-            8 * (share + whole),
-            Place::Device,
-        );
+        push(format!("Adam moments (blocks 1/{n})"), Dtype::F32, 8 * (share + whole), state);
         if setup.reference_copy {
             let bytes = (share + largest_block + whole) * d;
             push(format!("reference copy (blocks 1/{n})"), setup.dtype, bytes, Place::Device);
         }
         if setup.weight_copies > 0 {
             let bytes = setup.weight_copies * (4 * share + whole * d);
-            push(
-                format!("EMA / old-policy copies (blocks 1/{n})"),
-                Dtype::F32,
-                bytes,
-                Place::Device,
-            );
+            push(format!("EMA / old-policy copies (blocks 1/{n})"), Dtype::F32, bytes, state);
         }
     } else if setup.full {
         push("gradients".into(), setup.dtype, params * d, Place::Device);
@@ -127,23 +133,23 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         let n = if setup.sharding == Sharding::Optimizer { n } else { 1 };
         let share = params.div_ceil(n);
         if setup.f32_master_weights && setup.dtype != Dtype::F32 {
-            push(format!("f32 master weights (1/{n})"), Dtype::F32, 4 * share, Place::Device);
+            push(format!("f32 master weights (1/{n})"), Dtype::F32, 4 * share, state);
         }
-        push(format!("Adam moments (1/{n})"), Dtype::F32, 8 * share, Place::Device);
+        push(format!("Adam moments (1/{n})"), Dtype::F32, 8 * share, state);
         if setup.reference_copy {
             push("reference copy".into(), setup.dtype, params * d, Place::Device);
         }
         if setup.weight_copies > 0 {
             let bytes = setup.weight_copies * params * d;
-            push("EMA / old-policy copies".into(), setup.dtype, bytes, Place::Device);
+            push("EMA / old-policy copies".into(), setup.dtype, bytes, state);
         }
     } else {
         push("LoRA adapters".into(), Dtype::F32, 4 * lora, Place::Device);
         push("LoRA gradients".into(), Dtype::F32, 4 * lora, Place::Device);
-        push("Adam moments".into(), Dtype::F32, 8 * lora, Place::Device);
+        push("Adam moments".into(), Dtype::F32, 8 * lora, state);
         if setup.weight_copies > 0 {
             let bytes = setup.weight_copies * 4 * lora;
-            push("EMA / old-policy copies".into(), Dtype::F32, bytes, Place::Device);
+            push("EMA / old-policy copies".into(), Dtype::F32, bytes, state);
         }
     }
     let den = pipe.denoiser();
@@ -151,28 +157,42 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         (image_tokens(pipe, setup), if den.joint_text { text_tokens(den, setup) } else { 0 });
     let tokens = image + text;
     let sequences = setup.micro_batch * if setup.cfg { 2 } else { 1 };
-    // The constants are bf16 bytes; activations are in the denoiser's dtype (f32: twice).
-    // Sharded blocks always recompute in backward.
-    let checkpointed = setup.gradient_checkpointing || frozen_shards || full_shards;
-    let act = activations(den, image, text, checkpointed) * sequences as f64 * (d as f64 / 2.0);
-    let label = if checkpointed { "checkpointed" } else { "no checkpointing" };
-    push(
-        format!("activations ({sequences} seq × {tokens} tokens, {label})"),
-        setup.dtype,
-        act as u64,
-        Place::Device,
-    );
-    let samples = setup.prompts_per_step.div_ceil(n) * setup.samples_per_prompt;
+    let samples = setup.samples();
     push(
         format!("trajectories ({samples} samples)"),
         Dtype::F32,
         samples * trajectory_bytes(pipe, setup),
         Place::Device,
     );
-    let total = |place| items.iter().filter(|i| i.place == place).map(|i| i.bytes).sum();
+    // Sharded blocks always recompute in backward.
+    let checkpointed = setup.gradient_checkpointing || frozen_shards || full_shards;
+    let act = activations(den, image, text, checkpointed, setup.dtype) * sequences as f64;
+    let label = if checkpointed { "checkpointed" } else { "no checkpointing" };
+    let branches = setup.rollout_rows() * if setup.cfg { 2 } else { 1 };
+    let rollout = ROLLOUT_VALUES * (d * tokens * den.hidden * branches) as f64;
+    let dtype = setup.dtype.name();
+    items.push(Item {
+        item: format!("activations ({sequences} seq × {tokens} tokens, {label})"),
+        dtype,
+        bytes: act as u64,
+        place: Place::Device,
+        phase: Phase::Update,
+    });
+    items.push(Item {
+        item: format!("rollout activations ({branches} seq × {tokens} tokens, no grad)"),
+        dtype,
+        bytes: rollout as u64,
+        place: Place::Device,
+        phase: Phase::Rollout,
+    });
+    let device = |phase| {
+        let held = items.iter().filter(|i| i.place == Place::Device);
+        held.filter(|i| i.phase == Phase::Step || i.phase == phase).map(|i| i.bytes).sum::<u64>()
+    };
+    let host = items.iter().filter(|i| i.place == Place::Host).map(|i| i.bytes).sum();
     Plan {
-        device_bytes: total(Place::Device),
-        host_bytes: total(Place::Host),
+        device_bytes: device(Phase::Rollout).max(device(Phase::Update)),
+        host_bytes: host,
         items,
         denoiser_params: params,
         lora_params: lora,
@@ -181,10 +201,17 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     }
 }
 
-/// Activation bytes (bf16) of one sequence of `image` and `text` tokens (large-models.md §2.2),
-/// each block over the tokens it sees (S): `Σ c·L·S·h` without checkpointing; `Σ 2·L·S·h +
-/// 1.5·c·S·h` with per-block checkpointing (block inputs kept, the largest block recomputed).
-pub fn activations(den: &Denoiser, image: u64, text: u64, checkpointing: bool) -> f64 {
+/// Activation bytes of one sequence of `image` and `text` tokens in blocks of `dtype`
+/// (large-models.md §2.2), each block over the tokens it sees (S): `Σ c·L·S·h` without
+/// checkpointing; `Σ d·L·S·h + 1.5·c·S·h` with per-block checkpointing (block inputs kept in the
+/// dtype's d bytes, the largest block recomputed).
+pub fn activations(
+    den: &Denoiser,
+    image: u64,
+    text: u64,
+    checkpointing: bool,
+    dtype: Dtype,
+) -> f64 {
     let h = den.hidden as f64;
     let seen = |tokens: Tokens| {
         (match tokens {
@@ -193,13 +220,14 @@ pub fn activations(den: &Denoiser, image: u64, text: u64, checkpointing: bool) -
             Tokens::Text => text,
         }) as f64
     };
+    let d = dtype.bytes() as f64;
     if checkpointing {
-        let kept: f64 = den.blocks.iter().map(|&(l, _, t)| 2.0 * l as f64 * seen(t) * h).sum();
+        let kept: f64 = den.blocks.iter().map(|&(l, _, t)| d * l as f64 * seen(t) * h).sum();
         let recomputed =
-            den.blocks.iter().map(|&(_, c, t)| 1.5 * c * seen(t) * h).fold(0.0, f64::max);
+            den.blocks.iter().map(|&(_, c, t)| 1.5 * c.at(dtype) * seen(t) * h).fold(0.0, f64::max);
         kept + recomputed
     } else {
-        den.blocks.iter().map(|&(l, c, t)| c * l as f64 * seen(t) * h).sum()
+        den.blocks.iter().map(|&(l, c, t)| c.at(dtype) * l as f64 * seen(t) * h).sum()
     }
 }
 

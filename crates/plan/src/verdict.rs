@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::memory::plan;
-use crate::{Offload, Pipeline, Setup, Sharding, GIB};
+use crate::{Offload, Pipeline, Setup, Sharding, StateOffload, GIB};
 
 /// Share of the device a plan may fill; the other 10 % is the reserve for the CUDA context,
 /// NCCL buffers, cuBLAS workspace and fragmentation (large-models.md §2.1, an assumption).
@@ -32,7 +32,9 @@ enum Change {
     Checkpointing,
     Offload(Offload),
     MicroBatch(u64),
+    RolloutBatch(u64),
     Gpus(u64),
+    State(StateOffload),
     ShardFrozen,
     ShardFull,
 }
@@ -43,7 +45,9 @@ impl Change {
             Self::Checkpointing => s.gradient_checkpointing = true,
             Self::Offload(o) => s.offload = o,
             Self::MicroBatch(m) => s.micro_batch = m,
+            Self::RolloutBatch(b) => s.rollout_batch = b,
             Self::Gpus(n) => s.gpus = n,
+            Self::State(o) => s.state_offload = o,
             Self::ShardFrozen => s.sharding = Sharding::Frozen,
             Self::ShardFull => s.sharding = Sharding::Full,
         }
@@ -56,7 +60,10 @@ impl Change {
             Self::Offload(Offload::Encoders) => "model.offload=encoders".into(),
             Self::Offload(_) => "model.offload=encoders_and_vae".into(),
             Self::MicroBatch(m) => format!("trainer.micro_batch_size={m}"),
+            Self::RolloutBatch(b) => format!("rollout.batch_size={b}"),
             Self::Gpus(n) => format!("--gpus {n}"),
+            Self::State(StateOffload::All) => "trainer.offload=all".into(),
+            Self::State(_) => "trainer.offload=optimizer".into(),
             Self::ShardFrozen => "trainer.sharding=frozen".into(),
             Self::ShardFull => "trainer.sharding=full".into(),
         }
@@ -110,6 +117,11 @@ pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
         m /= 2;
         changes.push(Change::MicroBatch(m));
     }
+    let mut b = setup.rollout_rows();
+    while b > 1 {
+        b /= 2;
+        changes.push(Change::RolloutBatch(b));
+    }
     if setup.full {
         let base = with(setup, &changes);
         if let Some(n) =
@@ -117,6 +129,13 @@ pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
         {
             changes.push(Change::Gpus(n));
         }
+    }
+    if setup.state_offload < StateOffload::Optimizer {
+        changes.push(Change::State(StateOffload::Optimizer));
+    }
+    let sharded = with(setup, &changes).sharding;
+    if matches!(sharded, Sharding::Frozen | Sharding::Full) && setup.gpus > 1 {
+        changes.push(Change::State(StateOffload::All));
     }
     let Some(last) = (1..=changes.len()).find(|&k| fits(&with(setup, &changes[..k]))) else {
         let more = if setup.full {
@@ -126,7 +145,7 @@ pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
         };
         let m = format!(
             "does not fit ({now:.1} GiB > {budget:.1}), nor with checkpointing, offload, \
-             sharding, micro-batch 1{more}: needs CPU offload of the shards (not built yet)"
+             sharding, micro-batch 1, rollout batch 1, the trained state on the host{more}"
         );
         return verdict(false, vec![], None, m);
     };

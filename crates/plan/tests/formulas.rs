@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use flowtune_plan::memory::activations;
-use flowtune_plan::{plan, verdict, Dtype, Offload, Pipeline, Setup, Sharding, GIB};
+use flowtune_plan::{plan, verdict, Dtype, Offload, Pipeline, Setup, Sharding, StateOffload, GIB};
 
 fn read(name: &str) -> Pipeline {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/models").join(name);
@@ -18,16 +18,33 @@ fn gib(bytes: f64) -> f64 {
 #[test]
 fn activations_per_sequence() {
     let qwen = read("qwen-image");
-    assert_eq!(gib(activations(qwen.denoiser(), 1024, 256, true)), 0.75);
-    assert_eq!(gib(activations(qwen.denoiser(), 1024, 256, false)), 12.37);
+    assert_eq!(gib(activations(qwen.denoiser(), 1024, 256, true, Dtype::Bf16)), 0.75);
+    assert_eq!(gib(activations(qwen.denoiser(), 1024, 256, false, Dtype::Bf16)), 12.37);
     // The note counts all 34 Z-Image blocks over 1536 tokens (1.15 / 17.59); its refiners see one
     // stream each (2 × 1024 image, 2 × 512 text tokens).
     let z = read("z-image-turbo");
-    assert_eq!(gib(activations(z.denoiser(), 1024, 512, true)), 1.13);
-    assert_eq!(gib(activations(z.denoiser(), 1024, 512, false)), 16.56);
+    assert_eq!(gib(activations(z.denoiser(), 1024, 512, true, Dtype::Bf16)), 1.13);
+    assert_eq!(gib(activations(z.denoiser(), 1024, 512, false, Dtype::Bf16)), 16.56);
     let wan = read("wan2.2-ti2v-5b");
-    assert_eq!(gib(activations(wan.denoiser(), 8190, 0, true)), 4.54);
-    assert_eq!(gib(activations(wan.denoiser(), 8190, 0, false)), 62.77);
+    assert_eq!(gib(activations(wan.denoiser(), 8190, 0, true, Dtype::Bf16)), 4.54);
+    assert_eq!(gib(activations(wan.denoiser(), 8190, 0, false, Dtype::Bf16)), 62.77);
+}
+
+/// An f32 block saves its measured f32 bytes (1.4–1.7× the bf16 ones: diffusers computes norms
+/// and modulations in f32 either way), and checkpointing keeps its f32 inputs (twice bf16's).
+#[test]
+fn f32_blocks_save_their_measured_bytes() {
+    let z = read("z-image-turbo");
+    let (image, text) = (1024, 512);
+    let no_ckpt = |dtype| activations(z.denoiser(), image, text, false, dtype);
+    let ratio = no_ckpt(Dtype::F32) / no_ckpt(Dtype::Bf16);
+    assert!((ratio - 130.8 / 94.2).abs() < 1e-9, "{ratio}");
+    let qwen = read("qwen-image");
+    let (h, s) = (3072.0, 1280.0);
+    let ckpt = |dtype: Dtype| activations(qwen.denoiser(), 1024, 256, true, dtype);
+    let want = |d: f64, c: f64| d * 60.0 * s * h + 1.5 * c * s * h;
+    assert!((ckpt(Dtype::Bf16) - want(2.0, 56.3)).abs() < 1.0);
+    assert!((ckpt(Dtype::F32) - want(4.0, 96.4)).abs() < 1.0);
 }
 
 fn setup(full: bool, gpus: u64) -> Setup {
@@ -42,6 +59,7 @@ fn setup(full: bool, gpus: u64) -> Setup {
         num_frames: None,
         text_tokens: 256,
         micro_batch: 1,
+        rollout_batch: 16,
         gradient_checkpointing: true,
         f32_master_weights: true,
         cfg: true,
@@ -54,6 +72,7 @@ fn setup(full: bool, gpus: u64) -> Setup {
         gpu_memory_gib: 80.0,
         sharding: if full { Sharding::Optimizer } else { Sharding::None },
         exact_gradient_sum: false,
+        state_offload: StateOffload::None,
     }
 }
 
@@ -98,5 +117,31 @@ fn verdict_search() {
     let mut tiny_gpu = setup(true, 8);
     tiny_gpu.gpu_memory_gib = 1.0;
     let v = verdict(&qwen, &tiny_gpu);
-    assert!(!v.fits && v.changes.is_empty() && v.message.contains("CPU offload"), "{v:?}");
+    assert!(!v.fits && v.changes.is_empty() && v.message.contains("on the host"), "{v:?}");
+    // Frozen LoRA weights sharded over 8 GPUs, their slices and the Adam moments on the host.
+    let mut lora = setup(false, 8);
+    lora.sharding = Sharding::Frozen;
+    lora.state_offload = StateOffload::All;
+    lora.prompts_per_step = 8;
+    let p = plan(&qwen, &lora);
+    let host = |prefix: &str| {
+        let items = p.items.iter().filter(|i| i.item.starts_with(prefix));
+        items.map(|i| (i.place == flowtune_plan::Place::Host, i.bytes)).collect::<Vec<_>>()
+    };
+    let slices = host("transformer block weights (1/8)");
+    assert!(slices.len() == 1 && slices[0].0 && slices[0].1 > 0, "{slices:?}");
+    assert!(host("Adam moments").iter().all(|(on_host, _)| *on_host));
+    assert!(host("LoRA adapters").iter().all(|(on_host, _)| !on_host));
+    // A rollout of 16 rows under CFG holds more than a checkpointed micro-batch: the larger
+    // phase is what the device total counts.
+    let phase = |prefix: &str| p.items.iter().find(|i| i.item.starts_with(prefix)).unwrap().bytes;
+    let (update, rollout) = (phase("activations"), phase("rollout activations"));
+    assert!(rollout > update, "{rollout} vs {update}");
+    let held: u64 = p
+        .items
+        .iter()
+        .filter(|i| i.place == flowtune_plan::Place::Device && !i.item.starts_with("activations"))
+        .map(|i| i.bytes)
+        .sum();
+    assert_eq!(p.device_bytes, held);
 }

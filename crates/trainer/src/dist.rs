@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowtune_config::{Recipe, Sharding};
+use flowtune_config::{Recipe, Sharding, StateOffload};
 use flowtune_dist::{Backend, DistEnv, ProcessGroup, ReduceOp};
 use flowtune_models::shard::{ShardGroup, ShardMode};
 use flowtune_models::TrainableDenoiser;
@@ -136,9 +136,10 @@ impl Comm {
             Sharding::Full => ShardMode::Full { exact: recipe.trainer.exact_gradient_sum },
             _ => ShardMode::Frozen,
         };
-        denoiser.shard_blocks(group.clone(), mode)?;
+        let on_host = recipe.trainer.offload == StateOffload::All;
+        denoiser.shard_blocks(group.clone(), mode, on_host)?;
         if let Some(Reference::Frozen(copy)) = reference {
-            copy.shard_blocks(group, ShardMode::Frozen)?;
+            copy.shard_blocks(group, ShardMode::Frozen, false)?;
         }
         Ok(())
     }

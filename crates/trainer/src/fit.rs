@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flowtune_config::{Finetune, Recipe, Resume, Sharding};
+use flowtune_config::{Finetune, Recipe, Resume, Sharding, StateOffload};
 use flowtune_data::PromptDataset;
 use flowtune_models::{Dtypes, FlowPipeline, PipelineOptions};
 use flowtune_objectives::Metrics;
@@ -160,10 +160,12 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     comm.shard_blocks(recipe, pipe.denoiser(), reference.as_ref())?;
     let sharded = pipe.denoiser().sharded_bytes();
     let params = pipe.denoiser().trainable_parameters();
-    let ema = t.ema_decay.map(|d| Ema::new(d, &params));
+    // `trainer.offload`: the optimizer's state and the weight copies in host memory.
+    let host = t.offload != StateOffload::None;
+    let ema = t.ema_decay.map(|d| Ema::new(d, &params, host));
     // DiffusionNFT's old policy starts as a copy of the trained weights.
-    let old = algorithm.keeps_old_policy().then(|| Ema::new(0.0, &params));
-    let mut optimizer = AdamW::new(params, t.betas, t.eps, t.weight_decay);
+    let old = algorithm.keeps_old_policy().then(|| Ema::new(0.0, &params, host));
+    let mut optimizer = AdamW::new(params, t.betas, t.eps, t.weight_decay, host);
     if let Some(blocks) = pipe.denoiser().sharded().filter(|s| s.trains()) {
         optimizer.local = blocks.masters().into_keys().collect();
     }

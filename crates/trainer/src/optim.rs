@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use flowtune_config::LrSchedule;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// Decoupled-weight-decay Adam (PyTorch's `AdamW` update).
 pub struct AdamW {
@@ -29,14 +29,21 @@ pub struct AdamW {
 }
 
 impl AdamW {
+    /// AdamW over `params`, its state beside each parameter or, with `host`, in host memory
+    /// (`trainer.offload`): each step then brings the gradient there, updates in the same
+    /// arithmetic, and copies the new value back to the parameter.
     pub fn new(
         params: BTreeMap<String, Tensor>,
         betas: [f64; 2],
         eps: f64,
         weight_decay: f64,
+        host: bool,
     ) -> Self {
         let zeros = |p: &BTreeMap<String, Tensor>| {
-            p.iter().map(|(n, t)| (n.clone(), t.zeros_like().to_kind(Kind::Float))).collect()
+            let at = |t: &Tensor| if host { Device::Cpu } else { t.device() };
+            p.iter()
+                .map(|(n, t)| (n.clone(), Tensor::zeros(t.size(), (Kind::Float, at(t)))))
+                .collect()
         };
         Self {
             exp_avg: zeros(&params),
@@ -59,7 +66,8 @@ impl AdamW {
             .params
             .iter()
             .filter(|(n, p)| p.kind() != Kind::Float && self.exp_avg.contains_key(*n))
-            .map(|(n, p)| (n.clone(), p.detach().to_kind(Kind::Float)))
+            .map(|(n, p)| (n.clone(), p.detach().to_device(self.exp_avg[n].device())))
+            .map(|(n, p)| (n, p.to_kind(Kind::Float)))
             .collect();
     }
 
@@ -139,12 +147,15 @@ impl AdamW {
             if !g.defined() || skip.contains(name) {
                 continue;
             }
-            let g = g.to_kind(Kind::Float);
+            // Where the moments live (the device, or the host when offloaded).
+            let at = m.device();
+            let g = g.to_device(at).to_kind(Kind::Float);
             m.shallow_clone().copy_(&(m * b1 + &g * (1.0 - b1)));
             v.shallow_clone().copy_(&(v * b2 + g.square() * (1.0 - b2)));
             let update = (m / c1) / ((v / c2).sqrt() + self.eps);
             let master = self.master.get(name);
-            let current = master.map_or_else(|| p.to_kind(Kind::Float), Tensor::shallow_clone);
+            let current =
+                master.map_or_else(|| p.to_device(at).to_kind(Kind::Float), Tensor::shallow_clone);
             let next = current * (1.0 - lr * self.weight_decay) - update * lr;
             if let Some(master) = master {
                 master.shallow_clone().copy_(&next);
@@ -200,7 +211,7 @@ mod zero_grad_tests {
             ("a".to_string(), a.shallow_clone()),
             ("b".to_string(), b.shallow_clone()),
         ]);
-        let mut adam = AdamW::new(params, [0.9, 0.999], 1e-8, 0.01);
+        let mut adam = AdamW::new(params, [0.9, 0.999], 1e-8, 0.01, false);
         (&a + &b).sum(Kind::Float).backward();
         adam.step(0.1, &BTreeSet::new());
         adam.zero_grad();
@@ -225,32 +236,37 @@ mod master_tests {
     /// rounded away every time without a master copy, 0.99 with one.
     #[test]
     fn f32_masters_keep_steps_below_the_weights_resolution() {
-        let run = |masters: bool| {
-            let p = Tensor::ones([4], (Kind::BFloat16, Device::Cpu)).set_requires_grad(true);
-            let mut adam = AdamW::new(
-                BTreeMap::from([("w".to_string(), p.shallow_clone())]),
-                [0.9, 0.999],
-                1e-8,
-                0.0,
-            );
-            if masters {
-                adam.keep_f32_masters();
-            }
-            for _ in 0..100 {
-                (&p * 1.0).sum(Kind::Float).backward();
-                adam.step(1e-4, &BTreeSet::new());
-                adam.zero_grad();
-            }
-            (
-                p.to_kind(Kind::Float).double_value(&[0]),
-                adam.master.get("w").map(|m| m.double_value(&[0])),
-            )
-        };
+        let run = |masters: bool| run_on(masters, false);
+        assert_eq!(run_on(true, true), run(true), "state in host memory: the same numbers");
         assert_eq!(run(false), (1.0, None));
         let (rounded, master) = run(true);
         let master = master.expect("a master copy");
         assert!((master - 0.99).abs() < 1e-5, "{master}");
         assert!((rounded - master).abs() <= 2f64.powi(-9), "{rounded} is {master} in bf16");
+    }
+
+    /// 100 steps of the test above; `host`: the optimizer's state in host memory.
+    fn run_on(masters: bool, host: bool) -> (f64, Option<f64>) {
+        let p = Tensor::ones([4], (Kind::BFloat16, Device::Cpu)).set_requires_grad(true);
+        let mut adam = AdamW::new(
+            BTreeMap::from([("w".to_string(), p.shallow_clone())]),
+            [0.9, 0.999],
+            1e-8,
+            0.0,
+            host,
+        );
+        if masters {
+            adam.keep_f32_masters();
+        }
+        for _ in 0..100 {
+            (&p * 1.0).sum(Kind::Float).backward();
+            adam.step(1e-4, &BTreeSet::new());
+            adam.zero_grad();
+        }
+        (
+            p.to_kind(Kind::Float).double_value(&[0]),
+            adam.master.get("w").map(|m| m.double_value(&[0])),
+        )
     }
 }
 
@@ -267,6 +283,7 @@ mod tests {
             [0.9, 0.999],
             1e-8,
             0.1,
+            false,
         );
         (&p * &p / 2.0).sum(Kind::Float).backward();
         opt.step(0.01, &Default::default());
@@ -282,6 +299,7 @@ mod tests {
             [0.9, 0.999],
             1e-8,
             0.0,
+            false,
         );
         (&p * &p / 2.0).sum(Kind::Float).backward();
         assert!((opt.clip_grad_norm(1.0) - 5.0).abs() < 1e-6);
@@ -306,15 +324,24 @@ pub struct Ema {
 }
 
 impl Ema {
-    pub fn new(decay: f64, params: &BTreeMap<String, Tensor>) -> Self {
-        Self { decay, shadow: params.iter().map(|(n, p)| (n.clone(), p.detach().copy())).collect() }
+    /// A copy of `params`, beside them or, with `host`, in host memory (`trainer.offload`).
+    pub fn new(decay: f64, params: &BTreeMap<String, Tensor>, host: bool) -> Self {
+        // A copy, never the parameter itself (`to_device` to where a tensor is already is not one).
+        let copy = |p: &Tensor| {
+            let mut t =
+                Tensor::empty(p.size(), (p.kind(), if host { Device::Cpu } else { p.device() }));
+            t.copy_(&p.detach());
+            t
+        };
+        Self { decay, shadow: params.iter().map(|(n, p)| (n.clone(), copy(p))).collect() }
     }
 
     pub fn update(&mut self, params: &BTreeMap<String, Tensor>) {
         let _guard = tch::no_grad_guard();
         for (name, p) in params {
             let s = &self.shadow[name];
-            s.shallow_clone().copy_(&(s * self.decay + p.detach() * (1.0 - self.decay)));
+            let p = p.detach().to_device(s.device());
+            s.shallow_clone().copy_(&(s * self.decay + p * (1.0 - self.decay)));
         }
     }
 
@@ -350,7 +377,7 @@ mod ema_tests {
     fn ema_lags_and_swaps() {
         let p = Tensor::from_slice(&[0.0f32]);
         let params = BTreeMap::from([("p".to_string(), p.shallow_clone())]);
-        let mut ema = Ema::new(0.9, &params);
+        let mut ema = Ema::new(0.9, &params, false);
         let _ = p.shallow_clone().fill_(1.0);
         ema.update(&params);
         assert!((ema.shadow["p"].double_value(&[0]) - 0.1).abs() < 1e-7);

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use flowtune_config::{Finetune, Offload, Recipe, Sharding};
+use flowtune_config::{Finetune, Offload, Recipe, Sharding, StateOffload};
 use flowtune_models::Dtype;
 use flowtune_objectives::Objective;
 use flowtune_plan::{plan, verdict, Pipeline, Place, Setup, GIB};
@@ -131,6 +131,7 @@ fn setup(
         num_frames: m.num_frames.map(|f| f as u64),
         text_tokens: m.max_sequence_length as u64,
         micro_batch: t.micro_batch_size as u64,
+        rollout_batch: r.batch_size as u64,
         gradient_checkpointing: t.gradient_checkpointing,
         f32_master_weights: t.f32_master_weights,
         sharding: match recipe.sharding() {
@@ -140,6 +141,11 @@ fn setup(
             Sharding::Full => flowtune_plan::Sharding::Full,
         },
         exact_gradient_sum: t.exact_gradient_sum,
+        state_offload: match t.offload {
+            StateOffload::None => flowtune_plan::StateOffload::None,
+            StateOffload::Optimizer => flowtune_plan::StateOffload::Optimizer,
+            StateOffload::All => flowtune_plan::StateOffload::All,
+        },
         // As each family's diffusers pipeline decides (`Denoiser::runs_cfg`): Z-Image for every
         // scale above 0, a step-distilled FLUX.2 [klein] never, the others above 1.
         cfg: !pipe.distilled

@@ -165,14 +165,15 @@ impl TrainableDenoiser for WanExperts {
         &self,
         group: std::sync::Arc<dyn crate::shard::ShardGroup>,
         mode: crate::shard::ShardMode,
+        on_host: bool,
     ) -> Result<(), ModelError> {
         if mode != crate::shard::ShardMode::Frozen {
             let message = "trainer.sharding: full is not built for the two-expert Wan2.2 yet; \
                            use optimizer (ZeRO-1)";
             return Err(ModelError::Input(message.into()));
         }
-        self.high.shard_blocks(group.clone(), mode)?;
-        self.low.shard_blocks(group, mode)
+        self.high.shard_blocks(group.clone(), mode, on_host)?;
+        self.low.shard_blocks(group, mode, on_host)
     }
 
     fn sharded_bytes(&self) -> Option<(i64, i64)> {
