@@ -295,8 +295,9 @@ fn fully_sharded_weights_train_as_one_process_and_resume_at_other_world_sizes() 
 
 /// `trainer.offload` keeps the trained state in host memory with the update's arithmetic
 /// unchanged: the Adam moments, f32 masters and EMA (`optimizer`, one process), and also the
-/// sharded blocks' slices and gradient sums (`all`, 2 ranks; fully sharded and frozen-sharded
-/// LoRA) train bit for bit as the same runs with everything on the device. On a CPU the host is
+/// sharded blocks' slices and gradient sums (`all`: 2 ranks, and one process that shards its
+/// blocks over itself; fully sharded and frozen-sharded LoRA) train bit for bit as the same runs
+/// with everything on the device. On a CPU the host is
 /// the device, so this checks the code paths and the arithmetic, not the transfers.
 #[test]
 fn offloaded_state_trains_as_resident_state() {
@@ -311,10 +312,16 @@ fn offloaded_state_trains_as_resident_state() {
         "trainer.total_steps=2",
     ];
     let lora = [SMOOTH, "trainer.ema_decay=0.9", "trainer.total_steps=2"];
-    let runs: [(&str, &[&str], &[&str], usize); 3] = [
+    // One process shards its blocks over itself when their slices go to the host; it runs as
+    // one that recomputes its blocks' activations (f32, so that both sum gradients alike).
+    let alone = [&full[..], &["model.dtype=f32", "trainer.f32_master_weights=false"]].concat();
+    let lora_ckpt = [&lora[..], &["trainer.gradient_checkpointing=true"]].concat();
+    let runs: [(&str, &[&str], &[&str], usize); 5] = [
         ("optimizer", &full, &["trainer.offload=optimizer"], 1),
         ("full", &full, &["trainer.sharding=full", "trainer.offload=all"], 2),
         ("frozen", &lora, &["trainer.sharding=frozen", "trainer.offload=all"], 2),
+        ("full-alone", &alone, &["trainer.sharding=full", "trainer.offload=all"], 1),
+        ("frozen-alone", &lora_ckpt, &["trainer.sharding=frozen", "trainer.offload=all"], 1),
     ];
     for (name, base, offload, n) in runs {
         let resident = scratch(&format!("offload-{name}-resident"));
@@ -324,6 +331,10 @@ fn offloaded_state_trains_as_resident_state() {
             1 => {
                 single("flow_grpo_tiny.yaml", &resident, base);
                 single("flow_grpo_tiny.yaml", &host, &on_host);
+                if offload.len() > 1 {
+                    let sharded = metrics(&host).pop().unwrap()["dist/sharded_weights_gb"].clone();
+                    assert!(sharded.as_f64().unwrap() > 0.0, "{name}: no sharded blocks");
+                }
             }
             _ => {
                 let sharded = [base, &offload[..1]].concat();

@@ -64,8 +64,10 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let n = setup.gpus.max(1);
     let mut params = 0;
     let mut lora = 0;
-    let frozen_shards = !setup.full && setup.sharding == Sharding::Frozen && n > 1;
-    let full_shards = setup.full && setup.sharding == Sharding::Full && n > 1;
+    // One process shards its blocks too when the slices live on the host.
+    let shards = n > 1 || setup.state_offload == StateOffload::All;
+    let frozen_shards = !setup.full && setup.sharding == Sharding::Frozen && shards;
+    let full_shards = setup.full && setup.sharding == Sharding::Full && shards;
     // `trainer.offload`: the optimizer's state, then the block slices, on the host.
     let on_host = |off: bool| if off { Place::Host } else { Place::Device };
     let (state, slices_at) = (

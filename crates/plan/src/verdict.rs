@@ -133,8 +133,13 @@ pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
     if setup.state_offload < StateOffload::Optimizer {
         changes.push(Change::State(StateOffload::Optimizer));
     }
-    let sharded = with(setup, &changes).sharding;
-    if matches!(sharded, Sharding::Frozen | Sharding::Full) && setup.gpus > 1 {
+    // Past that, the blocks' slices go to the host too, sharded over one GPU if need be.
+    if setup.state_offload < StateOffload::All {
+        match with(setup, &changes).sharding {
+            Sharding::Frozen | Sharding::Full => {}
+            _ if setup.full => changes.push(Change::ShardFull),
+            _ => changes.push(Change::ShardFrozen),
+        }
         changes.push(Change::State(StateOffload::All));
     }
     let Some(last) = (1..=changes.len()).find(|&k| fits(&with(setup, &changes[..k]))) else {

@@ -115,9 +115,12 @@ impl Comm {
     }
 
     /// Whether this job shards the transformer blocks (`trainer.sharding: frozen` or `full`
-    /// over several ranks).
+    /// over several ranks, or in one process whose slices live on the host, `trainer.offload:
+    /// all`, so that its device holds one block at a time).
     pub fn shards_blocks(&self, recipe: &Recipe) -> bool {
-        self.size() > 1 && matches!(recipe.sharding(), Sharding::Frozen | Sharding::Full)
+        let on_host = recipe.trainer.offload == StateOffload::All;
+        (self.size() > 1 || on_host)
+            && matches!(recipe.sharding(), Sharding::Frozen | Sharding::Full)
     }
 
     /// When this job shards the blocks, keeps this rank's share of the denoiser's block weights
@@ -128,10 +131,13 @@ impl Comm {
         denoiser: &dyn TrainableDenoiser,
         reference: Option<&Reference>,
     ) -> Result<(), TrainError> {
-        let Some(group) = self.group.as_ref().filter(|_| self.shards_blocks(recipe)) else {
+        if !self.shards_blocks(recipe) {
             return Ok(());
+        }
+        let group: Arc<dyn ShardGroup> = match &self.group {
+            Some(group) => Arc::new(BlockGroup(group.clone())),
+            None => Arc::new(Alone),
         };
-        let group: Arc<dyn ShardGroup> = Arc::new(BlockGroup(group.clone()));
         let mode = match recipe.sharding() {
             Sharding::Full => ShardMode::Full { exact: recipe.trainer.exact_gradient_sum },
             _ => ShardMode::Frozen,
@@ -272,6 +278,27 @@ impl ShardGroup for BlockGroup {
 
     fn reduce_scatter_into(&self, out: &mut Tensor, full: &Tensor) -> Result<(), String> {
         self.0.reduce_scatter_into(out, full, ReduceOp::Sum).map_err(|e| e.to_string())
+    }
+}
+
+/// The one rank of a process without a group: its slice is the whole block.
+struct Alone;
+
+impl ShardGroup for Alone {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn size(&self) -> usize {
+        1
+    }
+
+    fn all_gather_into(&self, out: &mut Tensor, shard: &Tensor) -> Result<(), String> {
+        out.f_copy_(shard).map_err(|e| e.to_string())
+    }
+
+    fn reduce_scatter_into(&self, out: &mut Tensor, full: &Tensor) -> Result<(), String> {
+        out.f_copy_(full).map_err(|e| e.to_string())
     }
 }
 
