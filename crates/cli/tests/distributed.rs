@@ -345,6 +345,26 @@ fn offloaded_state_trains_as_resident_state() {
         assert_same_run(&resident, &host, 1..=2);
         assert_eq!(exported(&resident), exported(&host), "{name}: not bit-identical");
         if name == "full" {
+            // Each block is written whole by one rank, in its own pair of files; the weights
+            // file holds only the rest.
+            let ckpt = host.join("checkpoints/step_000002");
+            let mut files: Vec<String> = std::fs::read_dir(ckpt.join("blocks"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            files.sort();
+            let tiny_blocks = 2;
+            assert_eq!(files.len(), 2 * tiny_blocks, "{files:?}");
+            assert!(files.contains(&"transformer_blocks.1.state.safetensors".into()), "{files:?}");
+            let rest = Tensor::read_safetensors(ckpt.join("transformer.safetensors")).unwrap();
+            assert!(rest.iter().all(|(n, _)| !n.starts_with("transformer_blocks.")));
+            let block = Tensor::read_safetensors(
+                ckpt.join("blocks/transformer_blocks.0.state.safetensors"),
+            )
+            .unwrap();
+            for prefix in ["exp_avg.", "exp_avg_sq.", "master.", "ema."] {
+                assert!(block.iter().any(|(n, _)| n.starts_with(prefix)), "no {prefix}");
+            }
             // The offloaded checkpoint resumes as an unbroken resident run. (A bf16 model sums
             // its sharded gradients in f32, one process in bf16: the layouts' bf16 runs differ
             // in the last bits, so both runs here are sharded.)

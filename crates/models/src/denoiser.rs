@@ -3,8 +3,8 @@
 //! the few store accessors of [`TrainableDenoiser`]; LoRA plumbing, weight files and classifier-free
 //! guidance come with the traits.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tch::nn::VarStore;
@@ -296,36 +296,55 @@ pub trait TrainableDenoiser: Denoiser {
         Ok(named)
     }
 
-    /// Reads base weights saved by [`Self::save_weights`] (names and shapes checked); trained
-    /// sharded blocks take this rank's slices of theirs.
-    fn load_weights_file(&mut self, path: &Path) -> Result<(), ModelError> {
+    /// Reads base weights saved by [`Self::save_weights`], or the weights outside the blocks
+    /// (`path`) and each block's own file (`block_files`) of a sharded checkpoint; names and
+    /// shapes checked. Trained sharded blocks take this rank's slices of theirs, reading one
+    /// file at a time.
+    fn load_weights_file(
+        &mut self,
+        path: &Path,
+        block_files: &[PathBuf],
+    ) -> Result<(), ModelError> {
+        let files: Vec<PathBuf> =
+            std::iter::once(path.to_path_buf()).chain(block_files.iter().cloned()).collect();
         let Some(sharded) = self.sharded() else {
-            let files = [path.to_path_buf()];
             return load_weights(&mut self.weights_mut().base, &files, LoadOptions::default());
         };
-        let named: BTreeMap<String, Tensor> = Tensor::read_safetensors(path)?.into_iter().collect();
-        let missing =
-            |name: String| ModelError::Missing { path: path.display().to_string(), names: name };
-        let slices =
-            sharded.reshard(&named).ok_or_else(|| missing("a sharded block's weight".into()))?;
+        let (mut blocks, mut others): (BTreeSet<String>, BTreeSet<String>) = Default::default();
+        let masters = sharded.masters();
+        let variables = self.store().variables();
         let _guard = tch::no_grad_guard();
-        for (block, master) in sharded.masters() {
-            master.shallow_clone().copy_(&slices[&block]);
+        for file in &files {
+            let named: BTreeMap<String, Tensor> =
+                Tensor::read_safetensors(file)?.into_iter().collect();
+            for (block, master) in &masters {
+                if let Some(slice) = sharded.reshard_block(block, &named) {
+                    master.shallow_clone().copy_(&slice);
+                    blocks.insert(block.clone());
+                }
+            }
+            for (name, var) in variables.iter().filter(|(n, _)| !sharded.holds(n)) {
+                let Some(saved) = named.get(name) else { continue };
+                if saved.size() != var.size() {
+                    return Err(ModelError::Shape {
+                        path: file.display().to_string(),
+                        name: name.clone(),
+                        expected: var.size(),
+                        found: saved.size(),
+                    });
+                }
+                var.shallow_clone().copy_(saved);
+                others.insert(name.clone());
+            }
         }
-        for (name, var) in self.store().variables() {
-            if sharded.holds(&name) {
-                continue;
-            }
-            let saved = named.get(&name).ok_or_else(|| missing(name.clone()))?;
-            if saved.size() != var.size() {
-                return Err(ModelError::Shape {
-                    path: path.display().to_string(),
-                    name,
-                    expected: var.size(),
-                    found: saved.size(),
-                });
-            }
-            var.shallow_clone().copy_(saved);
+        let missing =
+            masters.keys().filter(|b| !blocks.contains(*b)).cloned().chain(
+                variables.keys().filter(|n| !sharded.holds(n) && !others.contains(*n)).cloned(),
+            );
+        let missing: Vec<String> = missing.collect();
+        if !missing.is_empty() {
+            let names = missing.join(", ");
+            return Err(ModelError::Missing { path: path.display().to_string(), names });
         }
         Ok(())
     }

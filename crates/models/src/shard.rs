@@ -283,6 +283,11 @@ impl ShardedBlocks {
         Ok(())
     }
 
+    /// The sharded blocks' names, in order.
+    pub fn blocks(&self) -> Vec<String> {
+        self.units.keys().cloned().collect()
+    }
+
     /// Every rank's slices of `shards` (one tensor per block, as [`Self::masters`] names them),
     /// gathered and cut into the block weights they hold, by checkpoint name, in `kind`.
     pub fn unshard(
@@ -290,17 +295,32 @@ impl ShardedBlocks {
         shards: &BTreeMap<String, Tensor>,
         kind: Kind,
     ) -> Result<Vec<(String, Tensor)>, ModelError> {
-        let _guard = tch::no_grad_guard();
         let mut named = vec![];
-        for (block, unit) in &self.units {
-            let whole = self.whole(block, &shards[block].detach().contiguous())?;
-            let mut offset = 0;
-            for (name, _, shape) in &unit.params {
-                let n: i64 = shape.iter().product();
-                let t = whole.narrow(0, offset, n).view(shape.as_slice()).to_kind(kind);
-                named.push((name.clone(), t));
-                offset += n;
-            }
+        for block in self.units.keys() {
+            named.extend(self.unshard_block(block, &shards[block], kind)?);
+        }
+        Ok(named)
+    }
+
+    /// Every rank's slice `shard` of `block` gathered (every rank calls it) and cut into the
+    /// block's weights by checkpoint name, in `kind`, on the device.
+    pub fn unshard_block(
+        &self,
+        block: &str,
+        shard: &Tensor,
+        kind: Kind,
+    ) -> Result<Vec<(String, Tensor)>, ModelError> {
+        let _guard = tch::no_grad_guard();
+        let whole = self.whole(block, &shard.detach().contiguous())?;
+        let mut offset = 0;
+        let mut named = vec![];
+        for (name, _, shape) in &self.units[block].params {
+            let n: i64 = shape.iter().product();
+            named.push((
+                name.clone(),
+                whole.narrow(0, offset, n).view(shape.as_slice()).to_kind(kind),
+            ));
+            offset += n;
         }
         Ok(named)
     }
@@ -308,18 +328,21 @@ impl ShardedBlocks {
     /// This rank's slice of each block from whole block weights by checkpoint name (the inverse
     /// of [`Self::unshard`]); `None` when `named` lacks one of a block's weights.
     pub fn reshard(&self, named: &BTreeMap<String, Tensor>) -> Option<BTreeMap<String, Tensor>> {
+        let slices = self.units.keys().map(|b| Some((b.clone(), self.reshard_block(b, named)?)));
+        slices.collect()
+    }
+
+    /// This rank's slice of `block` (f32) from its whole weights by checkpoint name; `None` when
+    /// `named` lacks one of them.
+    pub fn reshard_block(&self, block: &str, named: &BTreeMap<String, Tensor>) -> Option<Tensor> {
         let _guard = tch::no_grad_guard();
-        self.units
+        let unit = self.units.get(block)?;
+        let parts = unit
+            .params
             .iter()
-            .map(|(block, unit)| {
-                let parts = unit
-                    .params
-                    .iter()
-                    .map(|(name, ..)| Some(named.get(name)?.reshape([-1]).to_kind(Kind::Float)))
-                    .collect::<Option<Vec<_>>>()?;
-                Some((block.clone(), self.slice(&Tensor::cat(&parts, 0))))
-            })
-            .collect()
+            .map(|(name, ..)| Some(named.get(name)?.reshape([-1]).to_kind(Kind::Float)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(self.slice(&Tensor::cat(&parts, 0)))
     }
 
     /// Whether the slices are trained weights (full), not frozen ones.

@@ -4,7 +4,9 @@
 //! temporary directory and renamed, so a crash mid-write leaves the previous checkpoint as the
 //! newest complete one. In a job, rank 0 writes it; under a sharded optimizer each rank adds its
 //! share of the moments (`optimizer.rank<R>.safetensors`), stored by parameter name, so a job with
-//! another number of ranks resumes from it.
+//! another number of ranks resumes from it. Under `trainer.sharding: full` each transformer block
+//! is gathered and written whole by one rank (`blocks/<block>.safetensors` and
+//! `<block>.state.safetensors`, by weight name), so no rank holds more than one block of it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,6 +43,14 @@ const ADAPTERS: &str = "adapters.safetensors";
 const WEIGHTS: &str = "transformer.safetensors";
 const OPTIMIZER: &str = "optimizer.safetensors";
 const STATE: &str = "state.json";
+/// The folder of the sharded blocks' files, one pair per block.
+const BLOCKS: &str = "blocks";
+
+/// A sharded block's whole weights, and its optimizer state and weight copies.
+fn block_files(dir: &Path, block: &str) -> (PathBuf, PathBuf) {
+    let blocks = dir.join(BLOCKS);
+    (blocks.join(format!("{block}.safetensors")), blocks.join(format!("{block}.state.safetensors")))
+}
 
 /// This rank's share of the optimizer state under a sharded optimizer.
 fn rank_file(rank: usize) -> String {
@@ -59,16 +69,17 @@ pub(crate) fn save(
     let optimizer = &learner.optimizer;
     let dir = root.join(format!("step_{:06}", state.step));
     let tmp = root.join(format!(".step_{:06}.tmp", state.step));
+    let blocks = model.sharded().filter(|s| s.trains());
     if comm.is_main() {
         let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+        let made = if blocks.is_some() { tmp.join(BLOCKS) } else { tmp.clone() };
+        std::fs::create_dir_all(&made).map_err(|e| TrainError::io(&made, e))?;
     }
     comm.barrier()?;
-    // Trained sharded blocks: gathered from every rank and saved by weight name, as unsharded.
-    let blocks = match model.sharded().filter(|s| s.trains()) {
-        Some(blocks) => Some(gather_blocks(blocks, model, learner)?),
-        None => None,
-    };
+    // Trained sharded blocks: each gathered from every rank and written whole by one.
+    if let Some(blocks) = blocks {
+        write_blocks(blocks, learner, &tmp, comm)?;
+    }
     let moments = |named: &mut Vec<(String, Tensor)>| {
         for (name, t) in optimizer.exp_avg.iter().filter(|(n, _)| !optimizer.local.contains(*n)) {
             named.push((format!("exp_avg.{name}"), t.shallow_clone()));
@@ -92,9 +103,16 @@ pub(crate) fn save(
     match (model.adapters().is_some(), blocks) {
         (true, _) => model.save_lora(&tmp.join(ADAPTERS))?,
         (false, None) => model.save_weights(&tmp.join(WEIGHTS))?,
-        (false, Some((weights, state))) => {
-            Tensor::write_safetensors(&weights, tmp.join(WEIGHTS))?;
-            named.extend(state);
+        (false, Some(blocks)) => {
+            // The weights outside the blocks; the blocks are in their own files.
+            let others: Vec<(String, Tensor)> = model
+                .store()
+                .variables()
+                .into_iter()
+                .filter(|(n, _)| !blocks.holds(n))
+                .map(|(n, t)| (n, t.detach().to_device(Device::Cpu)))
+                .collect();
+            Tensor::write_safetensors(&others, tmp.join(WEIGHTS))?;
         }
     }
     moments(&mut named);
@@ -133,45 +151,57 @@ pub(crate) fn save(
     Ok(dir)
 }
 
-/// The weights of a model with trained sharded blocks, and the blocks' Adam moments, f32
-/// masters (of a model in another dtype) and shadows, gathered from every rank by weight name.
-type Gathered = (Vec<(String, Tensor)>, Vec<(String, Tensor)>);
-
-fn gather_blocks(
+/// Writes every trained sharded block's whole weights (in the model's dtype) and its Adam
+/// moments, f32 masters (of a model in another dtype) and weight copies (f32), by weight name:
+/// block i is gathered on every rank and written by rank i mod N, one block at a time.
+fn write_blocks(
     blocks: &ShardedBlocks,
-    model: &dyn TrainableDenoiser,
     learner: &Learner,
-) -> Result<Gathered, TrainError> {
+    tmp: &Path,
+    comm: &Comm,
+) -> Result<(), TrainError> {
     let optimizer = &learner.optimizer;
-    let slices = |m: &BTreeMap<String, Tensor>| -> BTreeMap<String, Tensor> {
-        let local = m.iter().filter(|(n, _)| optimizer.local.contains(*n));
-        local.map(|(n, t)| (n.clone(), t.shallow_clone())).collect()
-    };
-    let mut parts = vec![("exp_avg", slices(&optimizer.exp_avg))];
-    parts.push(("exp_avg_sq", slices(&optimizer.exp_avg_sq)));
+    let masters = blocks.masters();
+    let mut parts = vec![("exp_avg", &optimizer.exp_avg), ("exp_avg_sq", &optimizer.exp_avg_sq)];
     if blocks.kind() != Kind::Float {
-        parts.push(("master", blocks.masters()));
+        parts.push(("master", &masters));
     }
-    parts.extend(shadows(learner).map(|(prefix, shadow)| (prefix, slices(&shadow.shadow))));
-    let mut state = vec![];
-    for (prefix, part) in parts {
-        for (name, t) in blocks.unshard(&part, Kind::Float)? {
-            state.push((format!("{prefix}.{name}"), t.to_device(Device::Cpu)));
+    parts.extend(shadows(learner).map(|(prefix, shadow)| (prefix, &shadow.shadow)));
+    let cpu = |named: Vec<(String, Tensor)>| -> Vec<(String, Tensor)> {
+        named.into_iter().map(|(n, t)| (n, t.to_device(Device::Cpu))).collect()
+    };
+    for (i, block) in blocks.blocks().iter().enumerate() {
+        let weights = blocks.unshard_block(block, &masters[block], blocks.kind())?;
+        let mut state = vec![];
+        for (prefix, part) in &parts {
+            for (name, t) in blocks.unshard_block(block, &part[block], Kind::Float)? {
+                state.push((format!("{prefix}.{name}"), t));
+            }
+        }
+        if i % comm.size() == comm.rank() {
+            let (weights_file, state_file) = block_files(tmp, block);
+            Tensor::write_safetensors(&cpu(weights), weights_file)?;
+            Tensor::write_safetensors(&cpu(state), state_file)?;
         }
     }
-    Ok((model.named_weights()?, state))
+    Ok(())
 }
 
-/// This rank's slices of the blocks' entries `prefix.<weight>` of `saved`, by block.
-fn block_slices(
-    blocks: &ShardedBlocks,
-    saved: &BTreeMap<String, Tensor>,
-    prefix: &str,
-) -> Option<BTreeMap<String, Tensor>> {
+/// The entries `prefix.<weight>` of `saved`, by weight name.
+fn prefixed(saved: &BTreeMap<String, Tensor>, prefix: &str) -> BTreeMap<String, Tensor> {
     let named = saved.iter().filter_map(|(n, t)| {
         Some((n.strip_prefix(prefix)?.strip_prefix('.')?.to_string(), t.shallow_clone()))
     });
-    blocks.reshard(&named.collect())
+    named.collect()
+}
+
+/// The files of a checkpoint's sharded blocks (weights, states), none for other checkpoints.
+fn blocks_in(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), TrainError> {
+    let folder = dir.join(BLOCKS);
+    let Ok(entries) = std::fs::read_dir(&folder) else { return Ok(Default::default()) };
+    let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    files.sort();
+    Ok(files.into_iter().partition(|f| !f.to_string_lossy().ends_with(".state.safetensors")))
 }
 
 /// Complete checkpoints under `root` as (step, directory), oldest first.
@@ -206,9 +236,10 @@ pub(crate) fn load(
     let state: LoopState = serde_json::from_str(&text).map_err(|e| {
         TrainError::Invalid(format!("{}: not a flowtune loop state: {e}", state_file.display()))
     })?;
+    let (block_weights, block_states) = blocks_in(dir)?;
     match (model.adapters().is_some(), dir.join(ADAPTERS).exists()) {
         (true, true) => model.load_lora(&dir.join(ADAPTERS))?,
-        (false, false) => model.load_weights_file(&dir.join(WEIGHTS))?,
+        (false, false) => model.load_weights_file(&dir.join(WEIGHTS), &block_weights)?,
         (lora, _) => {
             return Err(TrainError::Invalid(format!(
                 "{}: this checkpoint holds {}, but model.finetune is {}",
@@ -218,14 +249,14 @@ pub(crate) fn load(
             )))
         }
     }
-    // Rank 0's file, then the shares of a sharded optimizer's other ranks, if any.
+    let sharded = model.sharded().filter(|s| s.trains());
+    // Rank 0's file, then the shares of a sharded optimizer's other ranks, if any; a model
+    // that is not sharded (now) also takes the blocks' states whole.
     let mut saved: BTreeMap<String, Tensor> =
         Tensor::read_safetensors(dir.join(OPTIMIZER))?.into_iter().collect();
-    for rank in 1.. {
-        let file = dir.join(rank_file(rank));
-        if !file.exists() {
-            break;
-        }
+    let ranks = (1..).map(|rank| dir.join(rank_file(rank))).take_while(|f| f.exists());
+    let whole_blocks = if sharded.is_none() { block_states.clone() } else { vec![] };
+    for file in ranks.chain(whole_blocks) {
         saved.extend(Tensor::read_safetensors(&file)?);
     }
     let _guard = tch::no_grad_guard();
@@ -247,35 +278,45 @@ pub(crate) fn load(
         master.shallow_clone().copy_(value);
     }
     optimizer.steps = state.optimizer_steps;
-    if let Some(blocks) = model.sharded().filter(|s| s.trains()) {
-        let missing = |what: &str| {
-            TrainError::Invalid(format!(
-                "{}: no {what} for a sharded block's weight in {OPTIMIZER}",
-                dir.display()
-            ))
-        };
-        for (prefix, moments) in
-            [("exp_avg", &optimizer.exp_avg), ("exp_avg_sq", &optimizer.exp_avg_sq)]
-        {
-            for (block, t) in block_slices(blocks, &saved, prefix).ok_or_else(|| missing(prefix))? {
+    learner.gardo = state.gardo.clone();
+    if let Some(blocks) = sharded {
+        for block in blocks.blocks() {
+            // This block's own file; a checkpoint without them (written whole) has it in `saved`.
+            let state_file = block_files(dir, &block).1;
+            let own;
+            let named = if state_file.exists() {
+                own = Tensor::read_safetensors(&state_file)?.into_iter().collect();
+                &own
+            } else {
+                &saved
+            };
+            let slice = |prefix: &str| blocks.reshard_block(&block, &prefixed(named, prefix));
+            let optimizer = &learner.optimizer;
+            for (prefix, moments) in
+                [("exp_avg", &optimizer.exp_avg), ("exp_avg_sq", &optimizer.exp_avg_sq)]
+            {
+                let t = slice(prefix).ok_or_else(|| {
+                    TrainError::Invalid(format!(
+                        "{}: no {prefix} for {block}'s weights in {} or {OPTIMIZER}",
+                        dir.display(),
+                        state_file.display()
+                    ))
+                })?;
                 moments[&block].shallow_clone().copy_(&t);
             }
-        }
-        // A checkpoint of a model in f32, or without masters, leaves the masters at the weights.
-        if let Some(masters) = block_slices(blocks, &saved, "master") {
-            for (block, master) in blocks.masters() {
-                master.shallow_clone().copy_(&masters[&block]);
+            // A checkpoint of a model in f32, or without masters, leaves the masters at the
+            // weights; one without a shadow starts it at them.
+            let master = &blocks.masters()[&block];
+            if let Some(t) = slice("master") {
+                master.shallow_clone().copy_(&t);
+            }
+            for (prefix, shadow) in shadows(learner) {
+                let value = slice(prefix).unwrap_or_else(|| master.shallow_clone());
+                shadow.shadow[&block].shallow_clone().copy_(&value);
             }
         }
     }
-    learner.gardo = state.gardo.clone();
     for (prefix, shadow) in shadows(learner) {
-        if let Some(blocks) = model.sharded().filter(|s| s.trains()) {
-            let slices = block_slices(blocks, &saved, prefix).unwrap_or_else(|| blocks.masters());
-            for (block, t) in slices {
-                shadow.shadow[&block].shallow_clone().copy_(&t);
-            }
-        }
         for (name, value) in
             shadow.shadow.iter().filter(|(n, _)| !learner.optimizer.local.contains(*n))
         {

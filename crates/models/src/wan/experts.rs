@@ -199,9 +199,18 @@ impl TrainableDenoiser for WanExperts {
         self.low.save_weights(&second_expert_file(path))
     }
 
-    fn load_weights_file(&mut self, path: &Path) -> Result<(), ModelError> {
-        self.high.load_weights_file(path)?;
-        self.low.load_weights_file(&second_expert_file(path))
+    fn load_weights_file(
+        &mut self,
+        path: &Path,
+        block_files: &[std::path::PathBuf],
+    ) -> Result<(), ModelError> {
+        if !block_files.is_empty() {
+            let message = "per-block weight files come from trainer.sharding: full, which the \
+                           two-expert Wan2.2 does not support";
+            return Err(ModelError::Input(message.into()));
+        }
+        self.high.load_weights_file(path, &[])?;
+        self.low.load_weights_file(&second_expert_file(path), &[])
     }
 }
 
