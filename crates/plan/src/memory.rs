@@ -46,6 +46,10 @@ pub struct Plan {
     pub tokens: u64,
     pub sequences: u64,
     pub device_bytes: u64,
+    /// What the device holds while loading: every denoiser whole in `model.dtype` (each rank
+    /// reads the whole model before keeping its slices), with the encoders and VAE that stay on
+    /// the device.
+    pub load_bytes: u64,
     pub host_bytes: u64,
 }
 
@@ -192,8 +196,20 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         held.filter(|i| i.phase == Phase::Step || i.phase == phase).map(|i| i.bytes).sum::<u64>()
     };
     let host = items.iter().filter(|i| i.place == Place::Host).map(|i| i.bytes).sum();
+    let whole: u64 =
+        pipe.denoisers.iter().map(|(_, den)| den.inventory.params() + den.inventory.buffers).sum();
+    let frozen_on_device: u64 = items
+        .iter()
+        .filter(|i| i.place == Place::Device)
+        .filter(|i| {
+            pipe.text_encoders.iter().any(|t| i.item.starts_with(&t.name))
+                || pipe.vae.as_ref().is_some_and(|(v, _)| i.item.starts_with(&v.name))
+        })
+        .map(|i| i.bytes)
+        .sum();
     Plan {
         device_bytes: device(Phase::Rollout).max(device(Phase::Update)),
+        load_bytes: whole * d + frozen_on_device,
         host_bytes: host,
         items,
         denoiser_params: params,

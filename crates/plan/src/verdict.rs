@@ -23,7 +23,8 @@ pub struct Verdict {
 }
 
 fn device_gib(pipe: &Pipeline, s: &Setup) -> f64 {
-    plan(pipe, s).device_bytes as f64 / GIB
+    let p = plan(pipe, s);
+    p.device_bytes.max(p.load_bytes) as f64 / GIB
 }
 
 /// One change to a setup.

@@ -144,4 +144,13 @@ fn verdict_search() {
         .map(|i| i.bytes)
         .sum();
     assert_eq!(p.device_bytes, held);
+    // Every rank loads the whole model before keeping its slices: the verdict checks that too.
+    let mut alone = setup(true, 1);
+    (alone.sharding, alone.state_offload) = (Sharding::Full, StateOffload::All);
+    let p = plan(&qwen, &alone);
+    assert_eq!(p.load_bytes, 2 * 20_430_401_088, "bf16 weights; encoders and VAE on the host");
+    assert!(p.device_bytes < p.load_bytes / 3, "{} vs {}", p.device_bytes, p.load_bytes);
+    alone.gpu_memory_gib = 40.0;
+    let v = verdict(&qwen, &alone);
+    assert!(!v.fits && v.message.contains(&format!("{:.1}", p.load_bytes as f64 / GIB)), "{v:?}");
 }

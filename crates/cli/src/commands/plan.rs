@@ -65,6 +65,7 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
             "denoiser_params": p.denoiser_params, "lora_params": p.lora_params,
             "tokens": p.tokens, "sequences": p.sequences, "items": items,
             "device_gib": p.device_bytes as f64 / GIB, "host_gib": p.host_bytes as f64 / GIB,
+            "load_gib": p.load_bytes as f64 / GIB,
             "fits": v.fits, "budget_gib": v.budget_gib, "changes": v.changes,
             "changed_gib": v.changed_gib, "verdict": v.message,
         });
@@ -90,6 +91,10 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
     }
     println!("{:<58} {:>5} {:>8.2}", "device total", "", p.device_bytes as f64 / GIB);
     println!("{:<58} {:>5} {:>8.2}", "host total (offloaded)", "", p.host_bytes as f64 / GIB);
+    if p.load_bytes > p.device_bytes {
+        let what = "loading peak (the whole model before sharding)";
+        println!("{:<58} {:>5} {:>8.2}", what, "", p.load_bytes as f64 / GIB);
+    }
     println!("verdict: {}", v.message);
     Ok(())
 }
