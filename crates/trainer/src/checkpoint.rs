@@ -126,10 +126,12 @@ pub(crate) fn save(
     std::fs::write(tmp.join(STATE), text).map_err(|e| TrainError::io(&tmp, e))?;
     // Every rank's files on disk before the rename makes the checkpoint visible.
     comm.barrier()?;
-    for entry in std::fs::read_dir(&tmp).map_err(|e| TrainError::io(&tmp, e))?.flatten() {
-        std::fs::File::open(entry.path())
-            .and_then(|f| f.sync_all())
-            .map_err(|e| TrainError::io(&entry.path(), e))?;
+    for folder in [tmp.clone(), tmp.join(BLOCKS)].iter().filter(|f| f.exists()) {
+        for entry in std::fs::read_dir(folder).map_err(|e| TrainError::io(folder, e))?.flatten() {
+            std::fs::File::open(entry.path())
+                .and_then(|f| f.sync_all())
+                .map_err(|e| TrainError::io(&entry.path(), e))?;
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir).map_err(|e| TrainError::io(&dir, e))?;
