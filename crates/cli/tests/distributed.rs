@@ -430,17 +430,18 @@ fn check_sharding(name: &str, base: &[&str], sharding: &[&str]) {
 /// collective timeout, and one process resumes from the checkpoint it left.
 #[test]
 fn a_dead_rank_stops_the_job_and_leaves_a_loadable_checkpoint() {
-    for sharding in ["none", "frozen"] {
-        dead_rank(sharding);
-    }
+    dead_rank("none", &["trainer.sharding=none"]);
+    dead_rank("frozen", &["trainer.sharding=frozen"]);
+    // Its checkpoint's blocks are written by both ranks.
+    dead_rank("full", &["trainer.sharding=full", "model.finetune=full", "trainer.lr=1e-4"]);
 }
 
-/// Rank 1 dies under `trainer.sharding` = `sharding`.
-fn dead_rank(sharding: &str) {
-    let out = scratch(&format!("dead-{sharding}"));
+/// Rank 1 dies in a job with the overrides `sharding`.
+fn dead_rank(name: &str, sharding: &[&str]) {
+    let out = scratch(&format!("dead-{name}"));
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let sharding = format!("trainer.sharding={sharding}");
-    let args = train_args("flow_grpo_tiny.yaml", &out, &["trainer.total_steps=50", &sharding]);
+    let args =
+        train_args("flow_grpo_tiny.yaml", &out, &[&["trainer.total_steps=50"], sharding].concat());
     let mut ranks: Vec<_> = (0..2)
         .map(|rank| {
             flowtune()
@@ -476,7 +477,11 @@ fn dead_rank(sharding: &str) {
     assert!(!stderr.contains("panicked"), "{stderr}");
     // The newest complete checkpoint loads: one process resumes from it and finishes.
     let resumed = flowtune()
-        .args(train_args("flow_grpo_tiny.yaml", &out, &["trainer.total_steps=3", &sharding]))
+        .args(train_args(
+            "flow_grpo_tiny.yaml",
+            &out,
+            &[&["trainer.total_steps=3"], sharding].concat(),
+        ))
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&resumed.stderr).to_string();
