@@ -288,3 +288,29 @@ fn the_plan_of_a_real_width_lora_step_matches_the_measured_peak() {
     );
     assert!(error.abs() <= 0.15, "planned {planned} for {measured} measured");
 }
+
+/// On-policy distillation holds its teachers whole, with the model's dtypes and offload: a
+/// Qwen-Image teacher adds its transformer on the device (LoRA on one GPU no longer fits) and
+/// its encoder beside the student's on the host.
+#[test]
+fn distillation_plans_its_teachers() {
+    let recipe = "examples/diffusion_opd_qwen_image.yaml";
+    let model = "model.path=examples/models/qwen-image";
+    let base =
+        ["plan", recipe, model, "model.offload=encoders", "trainer.gradient_checkpointing=true"];
+    let teacher = json(&[&base[..], &["model.teacher_path=examples/models/qwen-image"]].concat());
+    assert!((38.0..38.1).contains(&item(&teacher, "teacher 0 transformer weights")), "{teacher}");
+    let encoder =
+        teacher["items"].as_array().unwrap().iter().find(|i| i["item"] == "teacher 0 text_encoder");
+    assert_eq!(encoder.unwrap()["place"], "host", "{teacher}");
+    assert_eq!(teacher["fits"], false, "{teacher}");
+    let two = [
+        "model.teacher_path=null",
+        "model.teachers=[{path: examples/models/qwen-image}, {path: examples/models/qwen-image}]",
+    ];
+    let both = json(&[&base[..], &two].concat());
+    let gib = |p: &serde_json::Value| p["device_gib"].as_f64().unwrap();
+    assert!(
+        (gib(&both) - gib(&teacher) - item(&teacher, "teacher 0 transformer weights")).abs() < 0.3
+    );
+}

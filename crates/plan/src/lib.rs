@@ -102,6 +102,9 @@ pub struct Setup {
     pub exact_gradient_sum: bool,
     /// `trainer.offload`.
     pub state_offload: StateOffload,
+    /// Frozen teacher pipelines (on-policy distillation), loaded whole with the model's dtypes
+    /// and offload.
+    pub teachers: Vec<Pipeline>,
 }
 
 impl Setup {

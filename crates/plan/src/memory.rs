@@ -118,6 +118,20 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         let place = on_host(setup.offload == Offload::EncodersAndVae);
         push(format!("{} ({})", v.name, v.class), frozen, v.params * frozen.bytes(), place);
     }
+    for (i, teacher) in setup.teachers.iter().enumerate() {
+        for (name, den) in &teacher.denoisers {
+            let bytes = (den.inventory.params() + den.inventory.buffers) * d;
+            push(format!("teacher {i} {name} weights"), setup.dtype, bytes, Place::Device);
+        }
+        for t in &teacher.text_encoders {
+            let place = on_host(setup.offload >= Offload::Encoders);
+            push(format!("teacher {i} {}", t.name), frozen, t.params * frozen.bytes(), place);
+        }
+        if let Some((v, _)) = &teacher.vae {
+            let place = on_host(setup.offload == Offload::EncodersAndVae);
+            push(format!("teacher {i} {}", v.name), frozen, v.params * frozen.bytes(), place);
+        }
+    }
     if full_shards {
         let (whole, share) = (params - sharded, sharded.div_ceil(n));
         let acc = if setup.exact_gradient_sum { 8 } else { 4 };
@@ -198,11 +212,13 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let host = items.iter().filter(|i| i.place == Place::Host).map(|i| i.bytes).sum();
     let whole: u64 =
         pipe.denoisers.iter().map(|(_, den)| den.inventory.params() + den.inventory.buffers).sum();
+    // Besides the denoisers: the encoders, VAE and teachers that live on the device.
     let frozen_on_device: u64 = items
         .iter()
         .filter(|i| i.place == Place::Device)
         .filter(|i| {
-            pipe.text_encoders.iter().any(|t| i.item.starts_with(&t.name))
+            i.item.starts_with("teacher ")
+                || pipe.text_encoders.iter().any(|t| i.item.starts_with(&t.name))
                 || pipe.vae.as_ref().is_some_and(|(v, _)| i.item.starts_with(&v.name))
         })
         .map(|i| i.bytes)

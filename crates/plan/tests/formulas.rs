@@ -73,6 +73,7 @@ fn setup(full: bool, gpus: u64) -> Setup {
         sharding: if full { Sharding::Optimizer } else { Sharding::None },
         exact_gradient_sum: false,
         state_offload: StateOffload::None,
+        teachers: vec![],
     }
 }
 

@@ -146,6 +146,7 @@ fn setup(
             Sharding::Full => flowtune_plan::Sharding::Full,
         },
         exact_gradient_sum: t.exact_gradient_sum,
+        teachers: teachers(recipe, pipe)?,
         state_offload: match t.offload {
             StateOffload::None => flowtune_plan::StateOffload::None,
             StateOffload::Optimizer => flowtune_plan::StateOffload::Optimizer,
@@ -167,4 +168,24 @@ fn setup(
         gpus,
         gpu_memory_gib,
     })
+}
+
+/// The teacher pipelines of on-policy distillation, read from their configs; one whose folder
+/// is not there (yet) is planned as the student's pipeline, and said so.
+fn teachers(recipe: &Recipe, student: &Pipeline) -> anyhow::Result<Vec<Pipeline>> {
+    let mut out = vec![];
+    for teacher in recipe.model.all_teachers() {
+        let dir = flowtune_models::hub::resolve(&teacher.path);
+        match dir.ok().filter(|d| d.join("model_index.json").exists()) {
+            Some(dir) => out.push(Pipeline::read(&dir)?),
+            None => {
+                eprintln!(
+                    "plan: teacher {} not found; planned as the student's pipeline",
+                    teacher.path.display()
+                );
+                out.push(student.clone());
+            }
+        }
+    }
+    Ok(out)
 }
