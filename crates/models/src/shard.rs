@@ -148,8 +148,8 @@ impl ShardedBlocks {
                 ShardMode::Frozen => (shard, None),
                 ShardMode::Full { exact } => {
                     let acc = if exact { Kind::Double } else { Kind::Float };
-                    let grad = shard.zeros_like().to_kind(acc);
-                    (shard.to_kind(Kind::Float).set_requires_grad(true), Some(grad))
+                    let grad = sharded.pinned(shard.zeros_like().to_kind(acc));
+                    (sharded.pinned(shard.to_kind(Kind::Float)).set_requires_grad(true), Some(grad))
                 }
             };
             let params = vars
@@ -174,7 +174,16 @@ impl ShardedBlocks {
         let (start, end) = ((rank * per_rank).min(n), ((rank + 1) * per_rank).min(n));
         let shard = Tensor::zeros([per_rank], (flat.kind(), self.home));
         shard.narrow(0, 0, end - start).copy_(&flat.narrow(0, start, end - start));
-        shard
+        self.pinned(shard)
+    }
+
+    /// `t` in page-locked host memory when it lives on the host for a GPU (faster, asynchronous
+    /// copies to the device); as it is otherwise.
+    fn pinned(&self, t: Tensor) -> Tensor {
+        match (self.home, self.device) {
+            (Device::Cpu, Device::Cuda(_)) => t.pin_memory(self.device),
+            _ => t,
+        }
     }
 
     /// Every rank's slices of `block` put together on the device: the block's flat values.
