@@ -50,7 +50,10 @@ fn peft_options_load_export_and_reload_as_diffusers() {
     for case in CASES {
         check.case();
         let (config, out) = output(&file(case), &io);
-        check.close_within(case, &out, &want[&format!("output.{case}")], 1e-5);
+        // The project's f32 parity tolerance: diffusers made the fixture on an Intel CPU, and on
+        // an AMD EPYC the same model differs by up to 7e-5 (rslora's scale 4 amplifies the
+        // adapters' share of the kernels' rounding). The export below is compared exactly.
+        check.close(case, &out, &want[&format!("output.{case}")]);
 
         let exported = out_dir.join(format!("{case}.safetensors"));
         let mut model =
