@@ -186,6 +186,89 @@ fn two_ranks_train_as_one_process_with_the_whole_batch() {
     }
 }
 
+/// One tiny Wan2.2-TI2V-layout pipeline (2 heads) for the whole binary.
+fn wan_pipeline() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = flowtune_fixtures::shared!("wan");
+        let out = flowtune().args(["make-tiny", "wan"]).arg(&d).output().expect("make-tiny");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        d
+    })
+}
+
+/// Sequence parallelism on a tiny Wan, text-to-video and image-to-video: a group of 2 ranks, each
+/// with half of every sample's tokens, trains as one process (every step compared), and so do 2
+/// such groups (4 ranks) with half the step each.
+#[test]
+fn sequence_parallel_ranks_train_as_one_process() {
+    let files = |f: &str| format!("data.train_files=[{}]", root().join(f).display());
+    for (recipe, prompts) in [
+        ("flow_grpo_wan_tiny.yaml", files("examples/prompts/tiny.txt")),
+        ("flow_grpo_wan_i2v_tiny.yaml", files("examples/prompts/wan_i2v_tiny.jsonl")),
+    ] {
+        let model = format!("model.path={}", wan_pipeline().display());
+        let extra = ["trainer.total_steps=2", &model, &prompts, SMOOTH];
+        let sp = [&extra[..], &["trainer.sequence_parallel_size=2"]].concat();
+        let (a, b, c) = (
+            scratch(&format!("sp1-{recipe}")),
+            scratch(&format!("sp2-{recipe}")),
+            scratch(&format!("sp4-{recipe}")),
+        );
+        single(recipe, &a, &extra);
+        ranks(2, recipe, &b, &sp);
+        assert_same_run(&a, &b, 1..=2);
+        ranks(4, recipe, &c, &sp);
+        assert_same_run(&a, &c, 1..=2);
+        for (out, world) in [(&b, 2.0), (&c, 4.0)] {
+            assert!(metrics(out)
+                .iter()
+                .all(|l| l["dist/sequence_parallel_size"] == 2.0 && l["dist/world_size"] == world));
+        }
+        eprintln!("{recipe}: S = 2 and S = 2 × 2 groups = 1 process");
+    }
+}
+
+/// Sequence parallelism that cannot work is refused before training, naming the key: a size
+/// that does not divide the world, or the model's heads, and a family without it.
+#[test]
+fn impossible_sequence_parallelism_is_refused_by_name() {
+    let model = format!("model.path={}", wan_pipeline().display());
+    let refused = |n: usize, recipe: &str, extra: &[&str], expected: &str| {
+        let out = scratch(&format!("sp-refused-{n}-{recipe}"));
+        let mut c = flowtune();
+        match n {
+            1 => c.args(train_args(recipe, &out, extra)),
+            _ => c
+                .args(["launch", "--nproc", &n.to_string(), "--"])
+                .args(train_args(recipe, &out, extra)),
+        };
+        let output = c.output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains(expected), "{stderr}");
+    };
+    let s2 = "trainer.sequence_parallel_size=2";
+    refused(
+        1,
+        "flow_grpo_wan_tiny.yaml",
+        &[&model, s2],
+        "trainer.sequence_parallel_size 2 does not divide the 1 rank(s)",
+    );
+    let s4 = "trainer.sequence_parallel_size=4";
+    refused(
+        4,
+        "flow_grpo_wan_tiny.yaml",
+        &[&model, s4],
+        "trainer.sequence_parallel_size 4 does not divide Wan's 2 attention heads",
+    );
+    refused(
+        2,
+        "flow_grpo_tiny.yaml",
+        &[s2],
+        "no sequence-parallel attention; trainer.sequence_parallel_size must be 1",
+    );
+}
+
 /// GARDO over two ranks: features, uncertainty ranks and the gate over the whole step, the anchor
 /// reset before step 3 (interval 1), every step as one process.
 #[test]
