@@ -36,13 +36,13 @@ impl WanAttention {
 
     /// Attention of `x` (B, S, D) to `context` (B, L, D) (itself when `None`), with rotary
     /// positions (cos, sin) on queries and keys for self-attention. With `sp` (self-attention
-    /// only), `x` is this rank's share of a sequence of that many tokens.
+    /// only), `x` is this rank's share of the sequence, with that key mask.
     fn forward(
         &self,
         x: &Tensor,
         context: Option<&Tensor>,
         rope: Option<(&Tensor, &Tensor)>,
-        sp: Option<(&SequenceParallel, i64)>,
+        sp: Option<(&SequenceParallel, Option<&Tensor>)>,
     ) -> Tensor {
         let context = context.unwrap_or(x);
         let (b, s) = (x.size()[0], x.size()[1]);
@@ -58,7 +58,7 @@ impl WanAttention {
             k = rotate(&k, cos, sin);
         }
         let out = match sp {
-            Some((sp, len)) => sp.attention(&q, &k, &v, len),
+            Some((sp, mask)) => sp.attention(&q, &k, &v, mask),
             None => {
                 let t = |x: &Tensor| x.transpose(1, 2);
                 attention(&t(&q), &t(&k), &t(&v), None, false, None).transpose(1, 2)
@@ -103,14 +103,15 @@ impl WanBlock {
 
     /// `x` (B, S, D); `modulation` (B, S or 1, 6, D) the timestep projection (f32), one row per
     /// token for per-token timesteps; `text` (B, L, D); `rope` the rotary (cos, sin). With `sp`,
-    /// `x`, per-token modulations and `rope` are this rank's share of that many tokens.
+    /// `x`, per-token modulations and `rope` are this rank's share of the tokens, with that key
+    /// mask.
     pub fn forward(
         &self,
         x: &Tensor,
         modulation: &Tensor,
         text: &Tensor,
         rope: (&Tensor, &Tensor),
-        sp: Option<(&SequenceParallel, i64)>,
+        sp: Option<(&SequenceParallel, Option<&Tensor>)>,
     ) -> Tensor {
         let kind = x.kind();
         let table = self.scale_shift_table.to_kind(Kind::Float).unsqueeze(0);

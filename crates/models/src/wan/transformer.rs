@@ -135,6 +135,7 @@ impl WanTransformer {
         // Sequence parallel: this rank's tokens from here to the output projection.
         let tokens = x.size()[1];
         let sp = self.weights.sequence.get();
+        let key_mask = sp.and_then(|sp| sp.key_mask(&[(tokens, None)], x.device()));
         if let Some(sp) = sp {
             (x, cos, sin) = (sp.split(&x, 1), sp.split(&cos, 0), sp.split(&sin, 0));
         }
@@ -156,9 +157,11 @@ impl WanTransformer {
 
         for (i, block) in self.blocks.iter().enumerate() {
             let (cos, sin) = (cos.shallow_clone(), sin.shallow_clone());
+            let key_mask = key_mask.as_ref().map(Tensor::shallow_clone);
             let inputs = [x, modulation.shallow_clone(), text.shallow_clone()];
             let out = self.weights.run_block("blocks", i, &inputs, move |t| {
-                vec![block.forward(&t[0], &t[1], &t[2], (&cos, &sin), sp.map(|sp| (sp, tokens)))]
+                let sp = sp.map(|sp| (sp, key_mask.as_ref()));
+                vec![block.forward(&t[0], &t[1], &t[2], (&cos, &sin), sp)]
             })?;
             [x] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
