@@ -186,46 +186,45 @@ fn two_ranks_train_as_one_process_with_the_whole_batch() {
     }
 }
 
-/// One tiny Wan2.2-TI2V-layout pipeline (2 heads) for the whole binary.
-fn wan_pipeline() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = flowtune_fixtures::shared!("wan");
-        let out = flowtune().args(["make-tiny", "wan"]).arg(&d).output().expect("make-tiny");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        d
-    })
+/// One tiny pipeline of `family` (`make-tiny <family>`) for the whole binary.
+fn tiny(family: &'static str) -> PathBuf {
+    static DIRS: OnceLock<std::sync::Mutex<BTreeMap<&'static str, PathBuf>>> = OnceLock::new();
+    let mut dirs = DIRS.get_or_init(Default::default).lock().unwrap();
+    dirs.entry(family)
+        .or_insert_with(|| {
+            let d = flowtune_fixtures::shared!(family);
+            let out = flowtune().args(["make-tiny", family]).arg(&d).output().expect("make-tiny");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            d
+        })
+        .clone()
 }
 
-/// Sequence parallelism on a tiny Wan, text-to-video and image-to-video: a group of 2 ranks, each
-/// with half of every sample's tokens, trains as one process (every step compared), and so do 2
-/// such groups (4 ranks) with half the step each.
+/// Sequence parallelism: a group of 2 ranks, each with half of every sample's tokens, trains as
+/// one process (every step compared) on a tiny Wan (text-to-video and image-to-video) and a tiny
+/// Qwen-Image (joint attention, masked text); on Wan so do 2 such groups (4 ranks) with half the
+/// step each.
 #[test]
 fn sequence_parallel_ranks_train_as_one_process() {
     let files = |f: &str| format!("data.train_files=[{}]", root().join(f).display());
-    for (recipe, prompts) in [
-        ("flow_grpo_wan_tiny.yaml", files("examples/prompts/tiny.txt")),
-        ("flow_grpo_wan_i2v_tiny.yaml", files("examples/prompts/wan_i2v_tiny.jsonl")),
+    for (recipe, family, prompts, groups) in [
+        ("flow_grpo_wan_tiny.yaml", "wan", "examples/prompts/tiny.txt", 2),
+        ("flow_grpo_wan_i2v_tiny.yaml", "wan", "examples/prompts/wan_i2v_tiny.jsonl", 2),
+        ("flow_grpo_qwen_image_tiny.yaml", "qwen-image", "examples/prompts/tiny.txt", 1),
     ] {
-        let model = format!("model.path={}", wan_pipeline().display());
-        let extra = ["trainer.total_steps=2", &model, &prompts, SMOOTH];
+        let model = format!("model.path={}", tiny(family).display());
+        let extra = ["trainer.total_steps=2", &model, &files(prompts), SMOOTH];
         let sp = [&extra[..], &["trainer.sequence_parallel_size=2"]].concat();
-        let (a, b, c) = (
-            scratch(&format!("sp1-{recipe}")),
-            scratch(&format!("sp2-{recipe}")),
-            scratch(&format!("sp4-{recipe}")),
-        );
+        let a = scratch(&format!("sp-one-{recipe}"));
         single(recipe, &a, &extra);
-        ranks(2, recipe, &b, &sp);
-        assert_same_run(&a, &b, 1..=2);
-        ranks(4, recipe, &c, &sp);
-        assert_same_run(&a, &c, 1..=2);
-        for (out, world) in [(&b, 2.0), (&c, 4.0)] {
-            assert!(metrics(out)
-                .iter()
-                .all(|l| l["dist/sequence_parallel_size"] == 2.0 && l["dist/world_size"] == world));
+        for g in 1..=groups {
+            let b = scratch(&format!("sp-{g}x2-{recipe}"));
+            ranks(2 * g, recipe, &b, &sp);
+            assert_same_run(&a, &b, 1..=2);
+            assert!(metrics(&b).iter().all(|l| l["dist/sequence_parallel_size"] == 2.0
+                && l["dist/world_size"] == (2 * g) as f64));
+            eprintln!("{recipe}: {g} group(s) of S = 2 = 1 process");
         }
-        eprintln!("{recipe}: S = 2 and S = 2 × 2 groups = 1 process");
     }
 }
 
@@ -233,7 +232,7 @@ fn sequence_parallel_ranks_train_as_one_process() {
 /// that does not divide the world, or the model's heads, and a family without it.
 #[test]
 fn impossible_sequence_parallelism_is_refused_by_name() {
-    let model = format!("model.path={}", wan_pipeline().display());
+    let model = format!("model.path={}", tiny("wan").display());
     let refused = |n: usize, recipe: &str, extra: &[&str], expected: &str| {
         let out = scratch(&format!("sp-refused-{n}-{recipe}"));
         let mut c = flowtune();
