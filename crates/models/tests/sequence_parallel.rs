@@ -14,6 +14,7 @@ use std::time::Duration;
 use flowtune_dist::{Backend, DistEnv, ProcessGroup, ReduceOp};
 use flowtune_models::nn::attention;
 use flowtune_models::qwen_image::{write_tiny_qwen_image, QwenImageTransformer, TinyQwenImageSpec};
+use flowtune_models::sd3::{write_tiny_sd3, Sd3Transformer, TinySd3Spec};
 use flowtune_models::sequence::{SequenceGroup, SequenceParallel};
 use flowtune_models::wan::{write_tiny_wan, TinyWanSpec, WanTransformer};
 use flowtune_models::{ModelError, TextConditioning, TrainableDenoiser, HELD_LATENTS};
@@ -30,6 +31,7 @@ fn worker_process() {
             "attention" => attention_matches(&pg),
             "wan" => wan_matches(&pg),
             "qwen_image" => qwen_image_matches(&pg),
+            "sd3" => sd3_matches(&pg),
             other => panic!("unknown scenario {other}"),
         }
         pg.barrier().unwrap();
@@ -49,6 +51,11 @@ fn tiny_wan_forward_and_backward_equal_one_process() {
 #[test]
 fn tiny_qwen_image_forward_and_backward_equal_one_process() {
     launch_all("qwen_image");
+}
+
+#[test]
+fn tiny_sd3_forward_and_backward_equal_one_process() {
+    launch_all("sd3");
 }
 
 fn launch_all(scenario: &str) {
@@ -192,6 +199,29 @@ fn qwen_image_matches(pg: &Arc<ProcessGroup>) {
         text.mask = Some(mask);
         let what =
             format!("Qwen-Image, {} image and {text_len} text tokens", size[0] * size[1] / 4);
+        compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
+    }
+}
+
+/// A tiny SD3.5-Medium layout (4 heads, an image-only attention in block 0) in f64, as
+/// [`qwen_image_matches`]: image then text tokens in the joint sequence, both split.
+fn sd3_matches(pg: &Arc<ProcessGroup>) {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TinySd3Spec { heads: 4, dual_attention_layers: vec![0], ..Default::default() };
+    write_tiny_sd3(dir.path(), &spec).unwrap();
+    let path = dir.path().join("transformer");
+    let load = || Sd3Transformer::load(&path, Device::Cpu, Kind::Double, None);
+    let (one, split) = (load().unwrap(), load().unwrap());
+    split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    let c = one.config.clone();
+    // Latent (rows, columns): 4·3 = 12 and 3·3 = 9 image tokens (patch 2); 8 or 5 text tokens.
+    for (size, text_len) in [([8, 6], 8), ([6, 6], 5)] {
+        tch::manual_seed(3);
+        let latents = Tensor::randn([2, c.in_channels, size[0], size[1]], F64);
+        let embeds = Tensor::randn([2, text_len, c.joint_attention_dim], F64);
+        let text =
+            TextConditioning::new(embeds, Some(Tensor::randn([2, c.pooled_projection_dim], F64)));
+        let what = format!("SD3, {} image and {text_len} text tokens", size[0] * size[1] / 4);
         compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
     }
 }
