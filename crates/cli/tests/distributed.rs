@@ -186,6 +186,91 @@ fn two_ranks_train_as_one_process_with_the_whole_batch() {
     }
 }
 
+/// One tiny pipeline of `family` (`make-tiny <family>`) for the whole binary.
+fn tiny(family: &'static str) -> PathBuf {
+    static DIRS: OnceLock<std::sync::Mutex<BTreeMap<&'static str, PathBuf>>> = OnceLock::new();
+    let mut dirs = DIRS.get_or_init(Default::default).lock().unwrap();
+    dirs.entry(family)
+        .or_insert_with(|| {
+            let d = flowtune_fixtures::shared!(family);
+            let out = flowtune().args(["make-tiny", family]).arg(&d).output().expect("make-tiny");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            d
+        })
+        .clone()
+}
+
+/// Sequence parallelism: a group of 2 ranks, each with half of every sample's tokens, trains as
+/// one process (every step compared) on a tiny Wan (text-to-video and image-to-video) and a tiny
+/// Qwen-Image (joint attention, masked text); on Wan so do 2 such groups (4 ranks) with half the
+/// step each. (SD3 is compared by the models' sequence_parallel test only: on the tiny SD3 the
+/// split matmuls' f32 rounding moves rewards by 6e-6 relative, which the advantages of groups of
+/// two magnify to 2.5e-4, past this comparison's 1e-5.)
+#[test]
+fn sequence_parallel_ranks_train_as_one_process() {
+    let files = |f: &str| format!("data.train_files=[{}]", root().join(f).display());
+    for (recipe, family, prompts, groups) in [
+        ("flow_grpo_wan_tiny.yaml", "wan", "examples/prompts/tiny.txt", 2),
+        ("flow_grpo_wan_i2v_tiny.yaml", "wan", "examples/prompts/wan_i2v_tiny.jsonl", 2),
+        ("flow_grpo_qwen_image_tiny.yaml", "qwen-image", "examples/prompts/tiny.txt", 1),
+    ] {
+        let model = format!("model.path={}", tiny(family).display());
+        let extra = ["trainer.total_steps=2", &model, &files(prompts), SMOOTH];
+        let sp = [&extra[..], &["trainer.sequence_parallel_size=2"]].concat();
+        let a = scratch(&format!("sp-one-{recipe}"));
+        single(recipe, &a, &extra);
+        for g in 1..=groups {
+            let b = scratch(&format!("sp-{g}x2-{recipe}"));
+            ranks(2 * g, recipe, &b, &sp);
+            assert_same_run(&a, &b, 1..=2);
+            assert!(metrics(&b).iter().all(|l| l["dist/sequence_parallel_size"] == 2.0
+                && l["dist/world_size"] == (2 * g) as f64));
+            eprintln!("{recipe}: {g} group(s) of S = 2 = 1 process");
+        }
+    }
+}
+
+/// Sequence parallelism that cannot work is refused before training, naming the key: a size
+/// that does not divide the world, or the model's heads, and a family without it (FLUX.1).
+#[test]
+fn impossible_sequence_parallelism_is_refused_by_name() {
+    let model = format!("model.path={}", tiny("wan").display());
+    let refused = |n: usize, recipe: &str, extra: &[&str], expected: &str| {
+        let out = scratch(&format!("sp-refused-{n}-{recipe}"));
+        let mut c = flowtune();
+        match n {
+            1 => c.args(train_args(recipe, &out, extra)),
+            _ => c
+                .args(["launch", "--nproc", &n.to_string(), "--"])
+                .args(train_args(recipe, &out, extra)),
+        };
+        let output = c.output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains(expected), "{stderr}");
+    };
+    let s2 = "trainer.sequence_parallel_size=2";
+    refused(
+        1,
+        "flow_grpo_wan_tiny.yaml",
+        &[&model, s2],
+        "trainer.sequence_parallel_size 2 does not divide the 1 rank(s)",
+    );
+    let s4 = "trainer.sequence_parallel_size=4";
+    refused(
+        4,
+        "flow_grpo_wan_tiny.yaml",
+        &[&model, s4],
+        "trainer.sequence_parallel_size 4 does not divide Wan's 2 attention heads",
+    );
+    let flux = format!("model.path={}", tiny("flux").display());
+    refused(
+        2,
+        "flow_grpo_flux_tiny.yaml",
+        &[&flux, s2],
+        "no sequence-parallel attention; trainer.sequence_parallel_size must be 1",
+    );
+}
+
 /// GARDO over two ranks: features, uncertainty ranks and the gate over the whole step, the anchor
 /// reset before step 3 (interval 1), every step as one process.
 #[test]

@@ -259,6 +259,11 @@ pub struct TrainerSection {
     /// or `all` (also the sharded blocks' weight slices and gradient sums; needs
     /// `trainer.sharding` frozen or full). The update's arithmetic is the same either way.
     pub offload: StateOffload,
+    /// Sequence parallelism (Ulysses): the ranks split into groups of this many consecutive
+    /// ranks; a group works on the same samples, each rank on 1/S of every sample's tokens, and
+    /// attention exchanges them. Data parallelism runs across the groups. Must divide the world
+    /// size and the model's attention heads; 1 (the default) turns it off.
+    pub sequence_parallel_size: usize,
 }
 
 /// `trainer.offload`: what of the trained state lives in host memory.
@@ -320,6 +325,7 @@ impl Default for TrainerSection {
             sharding: None,
             exact_gradient_sum: false,
             offload: StateOffload::None,
+            sequence_parallel_size: 1,
         }
     }
 }
@@ -350,6 +356,7 @@ impl TrainerSection {
             ("ppo_mini_batch_size", self.ppo_mini_batch_size),
             ("micro_batch_size", self.micro_batch_size),
             ("keep_last", self.keep_last),
+            ("sequence_parallel_size", self.sequence_parallel_size),
         ] {
             if v == 0 {
                 return bad(key, v.to_string(), "≥ 1");

@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/autograd/custom_function.h>
 #ifdef USE_C10D_NCCL
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -103,6 +104,48 @@ c10::intrusive_ptr<c10d::Backend> make_backend(Group& g, int rank) {
 #endif
 }
 
+// Equal-split all-to-all on dim 0: `in` is P blocks, block p goes to rank p; `out` block r is what
+// rank r sent here.
+void all_to_all(Group& g, at::Tensor& out, at::Tensor& in) {
+  c10d::AllToAllOptions opts;
+  opts.timeout = g.timeout;
+  std::vector<int64_t> splits;  // empty: equal splits
+  wait(g, g.pg->alltoall_base(out, in, splits, splits, opts));
+}
+
+// `x` cut into P equal chunks along `scatter`, chunk p sent to rank p; the chunks received,
+// in rank order, concatenated along `gather` (Ulysses' exchange of tokens for heads).
+at::Tensor exchange(Group& g, const at::Tensor& x, int64_t scatter, int64_t gather) {
+  if (g.size == 1) return x;
+  if (x.size(scatter) % g.size != 0)
+    throw std::invalid_argument("dim " + std::to_string(scatter) + " of size " +
+                                std::to_string(x.size(scatter)) + " does not split into " +
+                                std::to_string(g.size) + " equal parts");
+  at::Tensor in = at::stack(x.chunk(g.size, scatter), 0).contiguous();
+  at::Tensor out = at::empty_like(in);
+  all_to_all(g, out, in);
+  return at::cat(out.unbind(0), gather);
+}
+
+// The exchange as an autograd function: its backward is the exchange back (gather ↔ scatter).
+// The group must outlive the graph.
+struct Exchange : public torch::autograd::Function<Exchange> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            int64_t group, int64_t scatter, int64_t gather) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["scatter"] = scatter;
+    ctx->saved_data["gather"] = gather;
+    return exchange(*reinterpret_cast<Group*>(group), x, scatter, gather);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* g = reinterpret_cast<Group*>(ctx->saved_data["group"].toInt());
+    int64_t scatter = ctx->saved_data["scatter"].toInt(), gather = ctx->saved_data["gather"].toInt();
+    return {exchange(*g, grads[0], gather, scatter), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 extern "C" {
@@ -177,6 +220,30 @@ char* ftd_reduce_scatter(Group* g, at::Tensor* out, at::Tensor* full, int32_t op
     opts.timeout = g->timeout;
     wait(*g, g->pg->_reduce_scatter_base(*out, *full, opts));
     finish_avg(*g, o, *out);
+  });
+}
+
+char* ftd_sub_group(Group* parent, const char* prefix, int32_t rank, int32_t size, Group** out) {
+  return guarded([&] {
+    auto g = std::make_unique<Group>();
+    g->backend = parent->backend;
+    g->size = size;
+    g->device = parent->device;
+    g->timeout = parent->timeout;
+    g->store = c10::make_intrusive<c10d::PrefixStore>(std::string(prefix), parent->store);
+    g->pg = make_backend(*g, rank);
+    *out = g.release();
+  });
+}
+
+char* ftd_all_to_all(Group* g, at::Tensor* out, at::Tensor* in) {
+  return guarded([&] { all_to_all(*g, *out, *in); });
+}
+
+char* ftd_exchange(Group* g, at::Tensor* x, int64_t scatter, int64_t gather, at::Tensor** out) {
+  return guarded([&] {
+    at::Tensor y = Exchange::apply(*x, reinterpret_cast<int64_t>(g), scatter, gather);
+    *out = new at::Tensor(std::move(y));
   });
 }
 

@@ -39,6 +39,25 @@ extern "C" {
         op: i32,
     ) -> *mut c_char;
     pub fn ftd_barrier(group: *mut Group) -> *mut c_char;
+    pub fn ftd_sub_group(
+        parent: *mut Group,
+        prefix: *const c_char,
+        rank: i32,
+        size: i32,
+        out: *mut *mut Group,
+    ) -> *mut c_char;
+    pub fn ftd_all_to_all(
+        group: *mut Group,
+        out: *mut C_tensor,
+        input: *mut C_tensor,
+    ) -> *mut c_char;
+    pub fn ftd_exchange(
+        group: *mut Group,
+        x: *mut C_tensor,
+        scatter: i64,
+        gather: i64,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
 }
 
 /// `Ok` for NULL, else the message, freeing the shim's string.

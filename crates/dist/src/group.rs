@@ -135,6 +135,80 @@ impl ProcessGroup {
         })
     }
 
+    /// `out` block r (dim 0 cut into `size` equal blocks) = rank r's block `self.rank()` of
+    /// `input`. Both contiguous, of the same shape, dtype and device; dim 0 divisible by the size.
+    pub fn all_to_all_into(&self, out: &mut Tensor, input: &Tensor) -> Result<(), DistError> {
+        const OP: &str = "all_to_all_into";
+        contiguous(OP, "out", out)?;
+        contiguous(OP, "input", input)?;
+        let (size, n) = (input.size(), self.size as i64);
+        if out.size() != size || out.kind() != input.kind() || out.device() != input.device() {
+            let message = format!(
+                "out is {:?} {:?} on {:?} but input is {size:?} {:?} on {:?}",
+                out.size(),
+                out.kind(),
+                out.device(),
+                input.kind(),
+                input.device()
+            );
+            return Err(DistError::BadTensor { op: OP, message });
+        }
+        if size.first().is_none_or(|&d| d % n != 0) {
+            let message = format!("input has shape {size:?}: dim 0 must split into {n} blocks");
+            return Err(DistError::BadTensor { op: OP, message });
+        }
+        let mut input = input.shallow_clone();
+        // SAFETY: live tensors checked for layout, shape, dtype and device.
+        self.outcome(OP, unsafe {
+            ffi::ftd_all_to_all(self.raw, out.as_mut_ptr(), input.as_mut_ptr())
+        })
+    }
+
+    /// Ulysses' exchange, differentiable: `x` cut into `size` equal chunks along `scatter`, chunk
+    /// r sent to rank r, the received chunks concatenated in rank order along `gather`. Its
+    /// gradient is the exchange back. Every rank must call it (and run its backward) in step;
+    /// the graph must not outlive this group. A failure in backward panics there.
+    pub fn exchange(&self, x: &Tensor, scatter: i64, gather: i64) -> Result<Tensor, DistError> {
+        const OP: &str = "exchange";
+        let mut x = x.shallow_clone();
+        let mut out = std::ptr::null_mut();
+        // SAFETY: a live group and tensor; on success the shim hands us a new tensor.
+        self.outcome(OP, unsafe {
+            ffi::ftd_exchange(self.raw, x.as_mut_ptr(), scatter, gather, &mut out)
+        })?;
+        // SAFETY: a tensor the shim allocated for us.
+        Ok(unsafe { Tensor::from_ptr(out) })
+    }
+
+    /// A group of `members` (ranks of this group, this rank among them, in the order that gives
+    /// the new ranks), over this group's store under `tag`. Only the members call it, together;
+    /// each set of members needs its own tag.
+    pub fn sub_group(&self, tag: &str, members: &[usize]) -> Result<ProcessGroup, DistError> {
+        let failed = |message: String| DistError::Collective { op: "sub_group", message };
+        let Some(rank) = members.iter().position(|&m| m == self.rank) else {
+            return Err(failed(format!("rank {} is not among {members:?}", self.rank)));
+        };
+        if let Some(&m) = members.iter().find(|&&m| m >= self.size) {
+            return Err(failed(format!("member {m} is not below the group size {}", self.size)));
+        }
+        let list: Vec<String> = members.iter().map(usize::to_string).collect();
+        let prefix = CString::new(format!("{tag}/{}", list.join(",")))
+            .map_err(|_| failed("the tag contains a NUL byte".into()))?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: a live parent, a C string and an out pointer; ranks fit i32 as the parent's do.
+        let error = unsafe {
+            ffi::ftd_sub_group(
+                self.raw,
+                prefix.as_ptr(),
+                rank as i32,
+                members.len() as i32,
+                &mut raw,
+            )
+        };
+        take_error(error).map_err(failed)?;
+        Ok(ProcessGroup { raw, rank, size: members.len(), ..*self })
+    }
+
     /// Returns once every rank has called it.
     pub fn barrier(&self) -> Result<(), DistError> {
         // SAFETY: a live group.

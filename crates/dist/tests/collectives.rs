@@ -1,4 +1,4 @@
-//! ProcessGroup over Gloo on loopback: 2 spawned ranks, a dead and a hung peer, torchrun, world size 1, and
+//! ProcessGroup over Gloo on loopback: 2 spawned ranks, the all-to-all over 2 and 4, a dead and a hung peer, torchrun, world size 1, and
 //! NCCL refused without a GPU.
 #[path = "collectives/launch.rs"]
 mod launch;
@@ -24,6 +24,15 @@ fn two_ranks_over_gloo() {
     let port = free_port();
     let ranks = (0..2).map(|r| Proc::rank("collectives", r, 2, port)).collect();
     expect_success(ranks, Duration::from_secs(120));
+}
+
+#[test]
+fn all_to_all_over_two_and_four_ranks_is_bit_identical_to_gathering() {
+    for world in [2, 4] {
+        let port = free_port();
+        let ranks = (0..world).map(|r| Proc::rank("all_to_all", r, world, port)).collect();
+        expect_success(ranks, Duration::from_secs(120));
+    }
 }
 
 #[test]

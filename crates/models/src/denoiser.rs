@@ -12,6 +12,7 @@ use tch::{Kind, Tensor};
 
 use crate::lora::{self, Adapters};
 use crate::model_weights::ModelWeights;
+use crate::sequence::SequenceParallel;
 use crate::shard::{ShardGroup, ShardMode, ShardedBlocks};
 use crate::weights::{load_weights, LoadOptions};
 use crate::{ModelError, TextConditioning};
@@ -217,6 +218,17 @@ pub trait TrainableDenoiser: Denoiser {
         on_host: bool,
     ) -> Result<(), ModelError> {
         self.weights().shard_blocks(group, mode, on_host)
+    }
+
+    /// Splits every sample's tokens over `group`'s ranks, attention exchanging them (see
+    /// [`crate::sequence`]); a family without sequence-parallel attention, or whose heads do not
+    /// divide by the group size, refuses.
+    fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
+        let _ = group;
+        Err(ModelError::Input(
+            "this family has no sequence-parallel attention; trainer.sequence_parallel_size must be 1"
+                .into(),
+        ))
     }
 
     /// The sharded blocks of a model that has one set of them (not the two-expert Wan).

@@ -21,6 +21,7 @@ pub mod qwen_image;
 pub mod registry;
 pub mod resize;
 pub mod sd3;
+pub mod sequence;
 pub mod shard;
 pub mod text_encoders;
 pub mod tokenizer;

@@ -11,6 +11,7 @@ use tch::{Device, Kind};
 
 use crate::lora::{AdapterSwitch, Adapters, LoraConfig};
 use crate::nn::{LoraScope, Scope};
+use crate::sequence::SequenceParallel;
 use crate::shard::{ShardGroup, ShardMode, ShardedBlocks};
 use crate::weights::{checkpoint_files, load_weights, store, LoadOptions};
 use crate::ModelError;
@@ -29,6 +30,8 @@ pub struct ModelWeights {
     pub blocks: &'static [&'static str],
     /// The blocks' base weights sharded over the ranks ([`Self::shard_blocks`]).
     pub sharded: OnceCell<ShardedBlocks>,
+    /// The ranks that split every sample's tokens with this one (`trainer.sequence_parallel_size`).
+    pub sequence: OnceCell<SequenceParallel>,
 }
 
 impl ModelWeights {
@@ -142,6 +145,7 @@ impl WeightsBuilder {
             checkpointing: Default::default(),
             blocks,
             sharded: OnceCell::new(),
+            sequence: OnceCell::new(),
         })
     }
 }

@@ -96,6 +96,9 @@ pub struct Setup {
     pub window_steps: u64,
     pub gpus: u64,
     pub gpu_memory_gib: f64,
+    /// `trainer.sequence_parallel_size` (S): groups of S ranks share their samples, each rank
+    /// holding 1/S of every sample's tokens.
+    pub sequence_parallel: u64,
     /// `trainer.sharding`, resolved: what each rank keeps only 1/N of.
     pub sharding: Sharding,
     /// `trainer.exact_gradient_sum`: sharded blocks' gradient sums in f64.
@@ -108,9 +111,10 @@ pub struct Setup {
 }
 
 impl Setup {
-    /// Samples a rank draws in one step.
+    /// Samples a rank draws in one step (its sequence-parallel group's).
     pub fn samples(&self) -> u64 {
-        self.prompts_per_step.div_ceil(self.gpus.max(1)) * self.samples_per_prompt
+        let groups = (self.gpus / self.sequence_parallel.max(1)).max(1);
+        self.prompts_per_step.div_ceil(groups) * self.samples_per_prompt
     }
 
     /// Rows per model batch of the rollout (`rollout.batch_size`, 0: all of the rank's rows).

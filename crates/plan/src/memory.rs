@@ -175,6 +175,9 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let den = pipe.denoiser();
     let (image, text) =
         (image_tokens(pipe, setup), if den.joint_text { text_tokens(den, setup) } else { 0 });
+    // Sequence parallelism: a rank holds 1/S of every sequence's tokens.
+    let s = setup.sequence_parallel.max(1);
+    let (image, text) = (image.div_ceil(s), text.div_ceil(s));
     let tokens = image + text;
     let sequences = setup.micro_batch * if setup.cfg { 2 } else { 1 };
     let samples = setup.samples();

@@ -125,8 +125,9 @@ pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
     }
     if setup.full {
         let base = with(setup, &changes);
-        if let Some(n) =
-            (setup.gpus + 1..=MAX_GPUS).find(|&n| fits(&with(&base, &[Change::Gpus(n)])))
+        if let Some(n) = (setup.gpus + 1..=MAX_GPUS)
+            .filter(|n| n.is_multiple_of(setup.sequence_parallel.max(1)))
+            .find(|&n| fits(&with(&base, &[Change::Gpus(n)])))
         {
             changes.push(Change::Gpus(n));
         }

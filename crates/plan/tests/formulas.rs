@@ -70,6 +70,7 @@ fn setup(full: bool, gpus: u64) -> Setup {
         window_steps: 2,
         gpus,
         gpu_memory_gib: 80.0,
+        sequence_parallel: 1,
         sharding: if full { Sharding::Optimizer } else { Sharding::None },
         exact_gradient_sum: false,
         state_offload: StateOffload::None,
@@ -154,4 +155,24 @@ fn verdict_search() {
     alone.gpu_memory_gib = 40.0;
     let v = verdict(&qwen, &alone);
     assert!(!v.fits && v.message.contains(&format!("{:.1}", p.load_bytes as f64 / GIB)), "{v:?}");
+}
+
+/// Sequence parallelism: a rank holds 1/S of every sequence's tokens, so the activations of
+/// training and of the rollout divide by S; the samples a rank holds are its group's.
+#[test]
+fn sequence_parallel_divides_tokens_and_activations() {
+    let wan = read("wan2.2-t2v-a14b");
+    let mut s = setup(false, 8);
+    (s.num_frames, s.resolution, s.prompts_per_step) = (Some(81), 480, 8);
+    let one = plan(&wan, &s);
+    s.sequence_parallel = 4;
+    let four = plan(&wan, &s);
+    assert_eq!(one.tokens, 21 * 30 * 30);
+    assert_eq!(four.tokens, one.tokens / 4);
+    for item in ["activations", "rollout activations"] {
+        let (a, b) = (bytes(&one, item) as f64, bytes(&four, item) as f64);
+        assert!((a / 4.0 - b).abs() <= 1e-6 * a, "{item}: {a} / 4 vs {b}");
+    }
+    // 8 prompts over 2 groups of 4 ranks, not over 8 ranks.
+    assert_eq!(bytes(&four, "trajectories"), 4 * bytes(&one, "trajectories"));
 }

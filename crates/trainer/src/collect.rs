@@ -84,7 +84,7 @@ pub(crate) fn collect(
         &records[local.clone()],
         &seeds[local.clone()],
         k,
-        &run.scorers,
+        run.scorers(),
         recipe.reward.on_error,
     )?;
     m.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());

@@ -1,6 +1,12 @@
 //! Data parallelism: this process's place among the ranks of a launched job (torchrun, Slurm,
 //! `flowtune launch`), the share of a step it owns, and the few collectives the loop needs. A plain
 //! process is a world of one and runs no collective at all.
+//!
+//! With sequence parallelism (`trainer.sequence_parallel_size` S > 1) the ranks form groups of S
+//! consecutive ranks that work on the same samples (each rank on 1/S of every sample's tokens,
+//! see `flowtune_models::sequence`): shares are per group, and what is gathered is taken once per
+//! group. Gradients are still summed over every rank: a group's ranks hold partial sums of the
+//! same samples' gradient.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -9,8 +15,9 @@ use std::time::Duration;
 
 use flowtune_config::{Recipe, Sharding, StateOffload};
 use flowtune_dist::{Backend, DistEnv, ProcessGroup, ReduceOp};
+use flowtune_models::sequence::{SequenceGroup, SequenceParallel};
 use flowtune_models::shard::{ShardGroup, ShardMode};
-use flowtune_models::TrainableDenoiser;
+use flowtune_models::{ModelError, TrainableDenoiser};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
@@ -24,6 +31,8 @@ const BUCKET_ELEMENTS: i64 = 1 << 24;
 /// This process among the ranks of a job.
 pub struct Comm {
     group: Option<Arc<ProcessGroup>>,
+    /// This rank's sequence-parallel group, when S > 1.
+    sequence: Option<Arc<ProcessGroup>>,
     /// Where this rank computes, and so where its collectives' tensors live.
     device: Device,
 }
@@ -39,14 +48,26 @@ impl From<flowtune_dist::DistError> for TrainError {
 impl Comm {
     /// A world of one on `device`.
     pub fn single(device: Device) -> Self {
-        Self { group: None, device }
+        Self { group: None, sequence: None, device }
     }
 
     /// Joins the job the launcher's variables describe (NCCL for a CUDA `device`, where rank
-    /// computes on `cuda:LOCAL_RANK`; Gloo otherwise), or a world of one when there is none.
+    /// computes on `cuda:LOCAL_RANK`; Gloo otherwise), or a world of one when there is none, and
+    /// this rank's group of `sequence` consecutive ranks (`trainer.sequence_parallel_size`).
     /// Collectives wait at most `timeout`.
-    pub fn from_env(device: Device, timeout: Duration) -> Result<Self, TrainError> {
-        let Some(env) = DistEnv::detect()? else { return Ok(Self::single(device)) };
+    pub fn from_env(
+        device: Device,
+        timeout: Duration,
+        sequence: usize,
+    ) -> Result<Self, TrainError> {
+        let env = DistEnv::detect()?;
+        let world = env.as_ref().map_or(1, |e| e.world_size);
+        if sequence > 1 && world % sequence != 0 {
+            return Err(TrainError::Invalid(format!(
+                "trainer.sequence_parallel_size {sequence} does not divide the {world} rank(s) of this job (launch a multiple of {sequence} ranks, e.g. flowtune launch --nproc {sequence})"
+            )));
+        }
+        let Some(env) = env else { return Ok(Self::single(device)) };
         let (backend, device) = match device {
             Device::Cuda(_) => (Backend::Nccl, Device::Cuda(env.local_rank)),
             _ => (Backend::Gloo, device),
@@ -57,7 +78,15 @@ impl Comm {
                 env.rank, env.world_size, env.master_addr, env.master_port
             ))
         })?;
-        Ok(Self { group: Some(Arc::new(group)), device })
+        let sequence = match sequence {
+            1 => None,
+            s => {
+                let first = env.rank / s * s;
+                let members: Vec<usize> = (first..first + s).collect();
+                Some(Arc::new(group.sub_group("sequence", &members)?))
+            }
+        };
+        Ok(Self { group: Some(Arc::new(group)), sequence, device })
     }
 
     /// The device this rank computes on.
@@ -78,13 +107,29 @@ impl Comm {
         self.rank() == 0
     }
 
-    /// This rank's contiguous share `[r·n/W, (r+1)·n/W)` of `n` units.
-    pub fn share(&self, n: usize) -> Range<usize> {
-        let (r, w) = (self.rank(), self.size());
-        r * n / w..(r + 1) * n / w
+    /// Ranks per sequence-parallel group (S; 1 without sequence parallelism).
+    pub fn sequence_size(&self) -> usize {
+        self.sequence.as_ref().map_or(1, |g| g.size())
     }
 
-    /// Every rank's `value`, in rank order, read back as `T` (the owned form of the value's type).
+    /// Whether this rank is the first of its sequence-parallel group (always, without one).
+    pub fn leads_group(&self) -> bool {
+        self.rank().is_multiple_of(self.sequence_size())
+    }
+
+    /// How many groups share out the samples (the world size over S).
+    pub fn groups(&self) -> usize {
+        self.size() / self.sequence_size()
+    }
+
+    /// This rank's group's contiguous share `[g·n/G, (g+1)·n/G)` of `n` units.
+    pub fn share(&self, n: usize) -> Range<usize> {
+        let (g, groups) = (self.rank() / self.sequence_size(), self.groups());
+        g * n / groups..(g + 1) * n / groups
+    }
+
+    /// Every group's `value` (its first rank's), in rank order, read back as `T` (the owned
+    /// form of the value's type).
     pub fn gather<T: DeserializeOwned>(
         &self,
         value: &impl Serialize,
@@ -94,13 +139,19 @@ impl Comm {
         let Some(group) = &self.group else {
             return decode(&bytes).map(|v| vec![v]);
         };
-        group.all_gather_bytes(&bytes)?.iter().map(|b| decode(b)).collect()
+        let all = group.all_gather_bytes(&bytes)?;
+        all.iter().step_by(self.sequence_size()).map(|b| decode(b)).collect()
     }
 
-    /// The rows of `t` from every rank, concatenated in rank order (row counts may differ).
+    /// The rows of `t` from every group (its first rank's), concatenated in rank order (row
+    /// counts may differ).
     pub fn gather_rows(&self, t: &Tensor) -> Result<Tensor, TrainError> {
         let Some(group) = &self.group else { return Ok(t.shallow_clone()) };
-        let rows: Vec<i64> = self.gather(&t.size()[0])?;
+        let rows: Vec<i64> = group
+            .all_gather_bytes(&t.size()[0].to_le_bytes())?
+            .iter()
+            .map(|b| i64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
+            .collect();
         let most = *rows.iter().max().expect("a job has ranks");
         let mut shape = t.size();
         shape[0] = most;
@@ -109,8 +160,10 @@ impl Comm {
         shape[0] = most * rows.len() as i64;
         let mut all = Tensor::zeros(&shape, (t.kind(), t.device()));
         group.all_gather_into(&mut all, &padded)?;
-        let parts: Vec<Tensor> =
-            rows.iter().enumerate().map(|(r, &n)| all.narrow(0, r as i64 * most, n)).collect();
+        let parts: Vec<Tensor> = (0..rows.len())
+            .step_by(self.sequence_size())
+            .map(|r| all.narrow(0, r as i64 * most, rows[r]))
+            .collect();
         Ok(Tensor::cat(&parts, 0))
     }
 
@@ -123,14 +176,30 @@ impl Comm {
             && matches!(recipe.sharding(), Sharding::Frozen | Sharding::Full)
     }
 
-    /// When this job shards the blocks, keeps this rank's share of the denoiser's block weights
-    /// only (and of a frozen reference copy's).
+    /// Splits the denoiser (and a frozen reference copy) over the ranks as the recipe says: every
+    /// sample's tokens over this rank's sequence-parallel group, and when this job shards the
+    /// blocks, this rank's share of the block weights only.
     pub(crate) fn shard_blocks(
         &self,
         recipe: &Recipe,
         denoiser: &dyn TrainableDenoiser,
         reference: Option<&Reference>,
     ) -> Result<(), TrainError> {
+        if let Some(sequence) = &self.sequence {
+            let split = |model: &dyn TrainableDenoiser| {
+                let ranks = SequenceParallel(Arc::new(SequenceRanks(sequence.clone())));
+                model.sequence_parallel(ranks).map_err(|e| {
+                    TrainError::Invalid(format!(
+                        "{} (trainer.sequence_parallel_size): {e}",
+                        model.describe()
+                    ))
+                })
+            };
+            split(denoiser)?;
+            if let Some(Reference::Frozen(copy)) = reference {
+                split(copy.as_ref())?;
+            }
+        }
         if !self.shards_blocks(recipe) {
             return Ok(());
         }
@@ -299,6 +368,33 @@ impl ShardGroup for Alone {
 
     fn reduce_scatter_into(&self, out: &mut Tensor, full: &Tensor) -> Result<(), String> {
         out.f_copy_(full).map_err(|e| e.to_string())
+    }
+}
+
+/// A sequence-parallel group as the model's attention sees it.
+struct SequenceRanks(Arc<ProcessGroup>);
+
+impl SequenceGroup for SequenceRanks {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+
+    fn exchange(&self, x: &Tensor, scatter: i64, gather: i64) -> Tensor {
+        self.0.exchange(x, scatter, gather).unwrap_or_else(|e| {
+            panic!("sequence-parallel attention: {e} (a rank of this job stopped, hung or cannot be reached)")
+        })
+    }
+
+    fn all_gather(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        let mut shape = x.size();
+        shape[0] *= self.0.size() as i64;
+        let mut out = Tensor::zeros(&shape, (x.kind(), x.device()));
+        self.0.all_gather_into(&mut out, x).map_err(|e| ModelError::Collective(e.to_string()))?;
+        Ok(out)
     }
 }
 

@@ -76,7 +76,7 @@ fn resume_from(resume: &Resume, ckpt_root: &Path) -> Result<Option<PathBuf>, Tra
 
 /// How many prompt groups (or offline pairs) a step has: every rank needs at least one.
 fn check_shares(recipe: &Recipe, comm: &Comm) -> Result<(), TrainError> {
-    let (per_step, ranks) = (recipe.data.prompts_per_step, comm.size());
+    let (per_step, ranks) = (recipe.data.prompts_per_step, comm.groups());
     if ranks > 1 && per_step < ranks {
         return Err(TrainError::Invalid(format!(
             "data.prompts_per_step {per_step} is less than the {ranks} ranks of this job; every rank needs at least one prompt group per step"
@@ -111,7 +111,8 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     let registered = flowtune_objectives::algorithm(&recipe.algorithm)?;
     let algorithm = crate::algorithm::for_objective(registered.objective);
     let t = &recipe.trainer;
-    let comm = Comm::from_env(device, Duration::from_secs_f64(t.dist_timeout_s))?;
+    let timeout = Duration::from_secs_f64(t.dist_timeout_s);
+    let comm = Comm::from_env(device, timeout, t.sequence_parallel_size)?;
     check_shares(recipe, &comm)?;
     let device = comm.device();
     let validating = t.val_freq > 0 || t.val_before_train;
@@ -139,7 +140,7 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     for f in &recipe.data.val_files {
         val_records.extend(PromptDataset::load(f)?.records);
     }
-    let ranks = comm.size();
+    let ranks = comm.groups();
     if comm.shards_blocks(recipe) && val_records.len() % ranks != 0 {
         return Err(TrainError::Invalid(format!(
             "data.val_files hold {} prompts, which do not divide by the {ranks} ranks of this job; trainer.sharding: {} gathers each block on all ranks together, so every rank must validate as many",
@@ -268,11 +269,13 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         m.insert("timing_s/save_checkpoint".into(), timer.elapsed().as_secs_f64());
         let elapsed = step_start.elapsed().as_secs_f64();
         m.insert("timing_s/step".into(), elapsed);
-        // Images per second per rank (per GPU).
-        m.insert("perf/throughput".into(), samples as f64 / elapsed);
+        // Images per second per rank (per GPU; a sequence-parallel group shares its samples).
+        let per_rank = samples as f64 / comm.sequence_size() as f64;
+        m.insert("perf/throughput".into(), per_rank / elapsed);
         let kind = recipe.model.dtype.kind();
         crate::perf::step_metrics(&perf, elapsed, t.peak_tflops, kind, &mut m);
         m.insert("dist/world_size".into(), world as f64);
+        m.insert("dist/sequence_parallel_size".into(), comm.sequence_size() as f64);
         if let Some((kept, block)) = sharded {
             m.insert("dist/sharded_weights_gb".into(), kept as f64 / (1u64 << 30) as f64);
             m.insert("dist/gathered_block_gb".into(), block as f64 / (1u64 << 30) as f64);

@@ -27,6 +27,16 @@ impl Run<'_> {
         self.bar.set_message(what);
     }
 
+    /// The scorers this rank runs: all of them, or none on a sequence-parallel group's other
+    /// ranks (they hold the same samples; the group's first rank's scores are the ones gathered).
+    pub fn scorers(&self) -> &[Weighted] {
+        if self.comm.leads_group() {
+            &self.scorers
+        } else {
+            &[]
+        }
+    }
+
     /// Tells people `line` (above the progress bar); in a job, rank 0 alone speaks.
     pub fn say(&self, line: String) {
         if self.comm.is_main() {

@@ -47,6 +47,12 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
     // A Hub id reads its configs from the local Hugging Face cache, as training does.
     let dir = &flowtune_models::hub::resolve(&recipe.model.path).map_err(Failure::input)?;
     let pipe = Pipeline::read(dir).map_err(Failure::input)?;
+    let sp = recipe.trainer.sequence_parallel_size as u64;
+    if gpus % sp != 0 {
+        return Err(Failure::input(anyhow::anyhow!(
+            "trainer.sequence_parallel_size {sp} does not divide --gpus {gpus}"
+        )));
+    }
     let setup = setup(&recipe, &pipe, gpus, args.gpu_memory).map_err(Failure::input)?;
     let p = plan(&pipe, &setup);
     let v = verdict(&pipe, &setup);
@@ -61,7 +67,7 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
             .collect();
         let out = serde_json::json!({
             "recipe": args.recipe, "pipeline": pipe.class, "model_path": dir,
-            "gpus": gpus, "gpu_memory_gib": args.gpu_memory,
+            "gpus": gpus, "gpu_memory_gib": args.gpu_memory, "sequence_parallel_size": sp,
             "denoiser_params": p.denoiser_params, "lora_params": p.lora_params,
             "tokens": p.tokens, "sequences": p.sequences, "items": items,
             "device_gib": p.device_bytes as f64 / GIB, "host_gib": p.host_bytes as f64 / GIB,
@@ -77,8 +83,9 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
     } else {
         format!("LoRA r{} ({} params)", setup.lora_rank, p.lora_params)
     };
+    let groups = if sp > 1 { format!(" in groups of {sp} (sequence parallel)") } else { "".into() };
     println!(
-        "{} ({}): {mode}, {} GPU(s) of {} GiB; per rank:",
+        "{} ({}): {mode}, {} GPU(s) of {} GiB{groups}; per rank:",
         pipe.class,
         dir.display(),
         gpus,
@@ -167,6 +174,7 @@ fn setup(
         } as u64,
         gpus,
         gpu_memory_gib,
+        sequence_parallel: t.sequence_parallel_size as u64,
     })
 }
 

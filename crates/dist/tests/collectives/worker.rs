@@ -12,6 +12,7 @@ pub fn run(scenario: &str) {
             assert!(env.agent_store, "torchrun serves the store: {env:?}");
             collectives(&env)
         }
+        "all_to_all" => all_to_all(&env),
         "dead_peer" => dead_peer(&env),
         "hung_peer" => hung_peer(&env),
         other => panic!("unknown scenario {other}"),
@@ -87,6 +88,71 @@ fn bad_arguments(pg: &ProcessGroup) {
     assert_eq!(err.to_string(), "all_gather_into: out has shape [3], expected [4] (2 × shard)");
     let err = pg.broadcast_(&mut out, 2).unwrap_err();
     assert_eq!(err.to_string(), "broadcast: root rank 2 is not below the group size 2");
+}
+
+/// The all-to-all and the differentiable exchange equal, bit for bit, what every rank's inputs
+/// (all-gathered) say they must be; then the same inside sub-groups of 2 consecutive ranks.
+fn all_to_all(env: &DistEnv) {
+    let pg = ProcessGroup::new(env, Backend::Gloo, Duration::from_secs(30)).unwrap();
+    check_all_to_all(&pg);
+    if pg.size().is_multiple_of(2) {
+        let first = pg.rank() / 2 * 2;
+        let sub = pg.sub_group("pairs", &[first, first + 1]).unwrap();
+        assert_eq!((sub.rank(), sub.size()), (pg.rank() % 2, 2));
+        let mut t = Tensor::from_slice(&[pg.rank() as f32]);
+        sub.all_reduce_(&mut t, ReduceOp::Sum).unwrap();
+        assert_eq!(values(&t), [(2 * first + 1) as f32], "sum over the pair");
+        check_all_to_all(&sub);
+    }
+    let err = pg.sub_group("other", &[(pg.rank() + 1) % pg.size()]).err().unwrap();
+    assert!(err.to_string().contains("is not among"), "{err}");
+    pg.barrier().unwrap();
+    println!("rank {} done", pg.rank());
+}
+
+/// Every rank's `mine`, stacked along a new dim 0 (all-gathered).
+fn everyone(pg: &ProcessGroup, mine: &Tensor) -> Tensor {
+    let mut shape = mine.size();
+    shape.insert(0, pg.size() as i64);
+    let all = Tensor::zeros(&shape, (mine.kind(), tch::Device::Cpu));
+    let mut flat = all.view([-1]);
+    pg.all_gather_into(&mut flat, &mine.contiguous().view([-1])).unwrap();
+    all
+}
+
+fn check_all_to_all(pg: &ProcessGroup) {
+    let (n, me) = (pg.size() as i64, pg.rank() as i64);
+    for kind in [Kind::Float, Kind::Double, Kind::BFloat16] {
+        tch::manual_seed(7 + me);
+        let input = Tensor::randn([n * 3, 2], (Kind::Float, tch::Device::Cpu)).to_kind(kind);
+        let mut out = input.zeros_like();
+        pg.all_to_all_into(&mut out, &input).unwrap();
+        let all = everyone(pg, &input);
+        let expected =
+            Tensor::cat(&(0..n).map(|r| all.get(r).narrow(0, me * 3, 3)).collect::<Vec<_>>(), 0);
+        assert!(out.equal(&expected), "all_to_all {kind:?} on rank {me} of {n}");
+    }
+    let odd = Tensor::zeros([n * 3 + 1], (Kind::Float, tch::Device::Cpu));
+    let err = pg.all_to_all_into(&mut odd.copy(), &odd).unwrap_err();
+    assert!(err.to_string().contains("must split into"), "{err}");
+
+    // Ulysses: tokens (dim 1) of all heads → all tokens of this rank's heads (dim 2), and back.
+    let (b, s, h, d) = (2, 3, 2 * n, 4);
+    tch::manual_seed(100 + me);
+    let x = Tensor::randn([b, s, h, d], (Kind::Double, tch::Device::Cpu)).set_requires_grad(true);
+    let y = pg.exchange(&x, 2, 1).unwrap();
+    let xs = everyone(pg, &x.detach());
+    let tokens: Vec<Tensor> = (0..n).map(|r| xs.get(r)).collect();
+    let expected = Tensor::cat(&tokens, 1).narrow(2, me * 2, 2);
+    assert!(y.equal(&expected), "exchange on rank {me} of {n}");
+    let w = Tensor::randn(y.size(), (Kind::Double, tch::Device::Cpu));
+    (&y * &w).sum(Kind::Double).backward();
+    // d(Σ y·w)/dx: each head's weights from the rank holding that head, at this rank's tokens.
+    let ws = everyone(pg, &w);
+    let heads: Vec<Tensor> = (0..n).map(|r| ws.get(r).narrow(1, me * s, s)).collect();
+    assert!(x.grad().equal(&Tensor::cat(&heads, 2)), "exchange backward on rank {me} of {n}");
+    let back = pg.exchange(&y.detach(), 1, 2).unwrap();
+    assert!(back.equal(&x.detach()), "the exchange back restores the input");
 }
 
 /// Rank 1 leaves right after the rendezvous; rank 0's next collective must fail within the timeout.

@@ -6,6 +6,7 @@ use tch::Tensor;
 
 use super::rope::{apply_rotary, RotaryAngles};
 use crate::nn::{attention, layer_norm, FeedForward, Linear, RmsNorm, Scope};
+use crate::sequence::SequenceParallel;
 
 const EPS: f64 = 1e-6;
 
@@ -64,13 +65,15 @@ impl JointAttention {
     }
 
     /// Joint attention: returns the image and text outputs. `mask` (B, 1, 1, L + S) is true where
-    /// a key may be attended to.
+    /// a key may be attended to. With `sp`, both streams are this rank's shares and `mask` is
+    /// the group's key mask ([`SequenceParallel::key_mask`]).
     pub fn forward(
         &self,
         image: &Tensor,
         text: &Tensor,
         mask: Option<&Tensor>,
         rope: &RotaryAngles,
+        sp: Option<&SequenceParallel>,
     ) -> (Tensor, Tensor) {
         let (ri, rt) = (Some(&rope.image), Some(&rope.text));
         let q = Tensor::cat(
@@ -94,16 +97,15 @@ impl JointAttention {
             ],
             1,
         );
-        let out = attention(
-            &q.transpose(1, 2),
-            &k.transpose(1, 2),
-            &v.transpose(1, 2),
-            mask,
-            false,
-            None,
-        );
-        let (b, h, n, d) = out.size4().expect("4-d attention output");
-        let out = out.transpose(1, 2).reshape([b, n, h * d]);
+        let out = match sp {
+            Some(sp) => sp.attention(&q, &k, &v, mask),
+            None => {
+                let t = |x: &Tensor| x.transpose(1, 2);
+                attention(&t(&q), &t(&k), &t(&v), mask, false, None).transpose(1, 2)
+            }
+        };
+        let (b, n, h, d) = out.size4().expect("4-d attention output");
+        let out = out.reshape([b, n, h * d]);
         let l = text.size()[1];
         let text_out = self.to_add_out.forward(&out.narrow(1, 0, l));
         let image_out = self.to_out.forward(&out.narrow(1, l, n - l));
@@ -162,7 +164,9 @@ impl QwenImageTransformerBlock {
     }
 
     /// One block on image tokens (B, S, D) and text tokens (B, L, D). With `select` (zero_cond_t),
-    /// `temb` holds 2B rows: the sample's timestep, then timestep zero.
+    /// `temb` holds 2B rows: the sample's timestep, then timestep zero. With `sp`, the tokens,
+    /// `select` and `rope` are this rank's shares.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         image: &Tensor,
@@ -171,6 +175,7 @@ impl QwenImageTransformerBlock {
         mask: Option<&Tensor>,
         rope: &RotaryAngles,
         select: Option<&Tensor>,
+        sp: Option<&SequenceParallel>,
     ) -> (Tensor, Tensor) {
         let img_params = self.img_mod.forward(&temb.silu()).chunk(2, -1);
         let text_temb = match select {
@@ -188,6 +193,7 @@ impl QwenImageTransformerBlock {
             &txt1.apply(&layer_norm(text, EPS)),
             mask,
             rope,
+            sp,
         );
         let image = image + &img1.gate * img_attn;
         let text = text + &txt1.gate * txt_attn;

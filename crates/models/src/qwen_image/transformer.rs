@@ -8,7 +8,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::block::QwenImageTransformerBlock;
 use super::config::QwenImageTransformerConfig;
-use super::rope::{rotary_angles, ImageShape};
+use super::rope::{rotary_angles, ImageShape, RotaryAngles};
 use crate::denoiser::{
     weights_and_frozen_copy, Denoiser, ExampleInputs, ExampleShape, TrainableDenoiser,
 };
@@ -16,6 +16,7 @@ use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, Mlp, RmsNorm, TIMESTEP_CHANNELS};
 use crate::packing;
+use crate::sequence::SequenceParallel;
 use crate::{rescaled_guidance, ModelError, TextConditioning};
 
 /// The rotary base of every axis.
@@ -140,8 +141,20 @@ impl QwenImageTransformer {
         });
         let features = timestep_features(&t, TIMESTEP_CHANNELS, TIMESTEP_SCALE).to_kind(kind);
         let temb = self.timestep_embedder.forward(&features);
-        let rope = rotary_angles(&self.config.axes_dims_rope, ROPE_THETA, img_shapes, l, device);
+        let mut rope =
+            rotary_angles(&self.config.axes_dims_rope, ROPE_THETA, img_shapes, l, device);
         let (mut image, mut text) = (image, text);
+        // Sequence parallel: this rank's image and text tokens from here to the output.
+        let sp = self.weights.sequence.get();
+        let mut attention_mask = attention_mask;
+        let mut select = select;
+        if let Some(sp) = sp {
+            let text_mask = mask.map(|m| m.ne(0));
+            attention_mask = sp.key_mask(&[(l, text_mask.as_ref()), (s, None)], device);
+            (image, text) = (sp.split(&image, 1), sp.split(&text, 1));
+            select = select.map(|t| sp.split(&t, 1));
+            rope = RotaryAngles { image: sp.split(&rope.image, 0), text: sp.split(&rope.text, 0) };
+        }
         for (i, block) in self.transformer_blocks.iter().enumerate() {
             let (mask, rope) =
                 (attention_mask.as_ref().map(Tensor::shallow_clone), rope.shallow_clone());
@@ -151,8 +164,15 @@ impl QwenImageTransformer {
                 i,
                 &[image, text, temb.shallow_clone()],
                 move |t| {
-                    let (image, text) =
-                        block.forward(&t[0], &t[1], &t[2], mask.as_ref(), &rope, select.as_ref());
+                    let (image, text) = block.forward(
+                        &t[0],
+                        &t[1],
+                        &t[2],
+                        mask.as_ref(),
+                        &rope,
+                        select.as_ref(),
+                        sp,
+                    );
                     vec![image, text]
                 },
             )?;
@@ -161,7 +181,11 @@ impl QwenImageTransformer {
         let temb = if select.is_some() { temb.chunk(2, 0)[0].shallow_clone() } else { temb };
         let mods = self.norm_out.forward(&temb.silu()).chunk(2, 1);
         let image = layer_norm(&image, 1e-6) * (mods[0].unsqueeze(1) + 1.0) + mods[1].unsqueeze(1);
-        Ok(self.proj_out.forward(&image))
+        let out = self.proj_out.forward(&image);
+        match sp {
+            Some(sp) => sp.gather(&out, s),
+            None => Ok(out),
+        }
     }
 
     fn check_inputs(
@@ -281,6 +305,13 @@ impl Denoiser for QwenImageTransformer {
 
 impl TrainableDenoiser for QwenImageTransformer {
     weights_and_frozen_copy!();
+
+    /// Joint attention through Ulysses: text and image tokens are both split over the ranks.
+    fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
+        group.check_heads("Qwen-Image", self.config.num_attention_heads)?;
+        let _ = self.weights.sequence.set(group);
+        Ok(())
+    }
 
     fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {
         let ExampleShape { batch, height, width, text_len, .. } = shape;

@@ -4,6 +4,10 @@
 use tch::Tensor;
 
 use crate::nn::{attention, Linear, RmsNorm, Scope};
+use crate::sequence::SequenceParallel;
+
+/// A sequence-parallel group and the key mask of one attention ([`SequenceParallel::key_mask`]).
+pub type Split<'a> = Option<(&'a SequenceParallel, Option<&'a Tensor>)>;
 
 /// q/k RMS-normalisation per head (SD3.5 `qk_norm: rms_norm`).
 pub struct QkNorm {
@@ -78,10 +82,10 @@ impl Attention {
         }
     }
 
-    /// Self-attention over `x` alone.
-    pub fn forward(&self, x: &Tensor) -> Tensor {
+    /// Self-attention over `x` alone (this rank's share with `sp`).
+    pub fn forward(&self, x: &Tensor, sp: Split<'_>) -> Tensor {
         let (q, k, v) = self.qkv(x);
-        let out = attend(&q, &k, &v);
+        let out = attend(&q, &k, &v, sp);
         self.to_out.forward(&out)
     }
 
@@ -94,17 +98,17 @@ impl Attention {
         )
     }
 
-    /// Joint attention: image tokens `x` first, then context tokens `c`. Returns the image
-    /// output and (unless context-pre-only) the context output.
-    pub fn forward_joint(&self, x: &Tensor, c: &Tensor) -> (Tensor, Option<Tensor>) {
+    /// Joint attention: image tokens `x` first, then context tokens `c` (this rank's shares of
+    /// both with `sp`). Returns the image output and (unless context-pre-only) the context output.
+    pub fn forward_joint(&self, x: &Tensor, c: &Tensor, sp: Split<'_>) -> (Tensor, Option<Tensor>) {
         let added = self.added.as_ref().expect("joint attention has context projections");
         let (q, k, v) = self.qkv(x);
         let norm = added.norm.as_ref();
         let cq = self.heads_of(c, &added.add_q_proj, norm.map(|n| &n.q));
         let ck = self.heads_of(c, &added.add_k_proj, norm.map(|n| &n.k));
         let cv = self.heads_of(c, &added.add_v_proj, None);
-        let out =
-            attend(&Tensor::cat(&[q, cq], 2), &Tensor::cat(&[k, ck], 2), &Tensor::cat(&[v, cv], 2));
+        let cat = |a: Tensor, b: Tensor| Tensor::cat(&[a, b], 2);
+        let out = attend(&cat(q, cq), &cat(k, ck), &cat(v, cv), sp);
         let n = x.size()[1];
         let total = out.size()[1];
         let image = self.to_out.forward(&out.narrow(1, 0, n));
@@ -114,9 +118,16 @@ impl Attention {
     }
 }
 
-/// Scaled dot-product attention (fused kernels on GPU, with backward); (B, H, N, d) → (B, N, H·d).
-fn attend(q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
-    let out = attention(q, k, v, None, false, None);
-    let (b, h, n, d) = out.size4().expect("4-d attention output");
-    out.transpose(1, 2).reshape([b, n, h * d])
+/// Scaled dot-product attention (fused kernels on GPU, with backward), through Ulysses with `sp`;
+/// (B, H, N, d) → (B, N, H·d).
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor, sp: Split<'_>) -> Tensor {
+    let out = match sp {
+        Some((sp, mask)) => {
+            let t = |x: &Tensor| x.transpose(1, 2);
+            sp.attention(&t(q), &t(k), &t(v), mask)
+        }
+        None => attention(q, k, v, None, false, None).transpose(1, 2),
+    };
+    let (b, n, h, d) = out.size4().expect("4-d attention output");
+    out.reshape([b, n, h * d])
 }

@@ -3,8 +3,9 @@
 
 use tch::Tensor;
 
-use super::attention::Attention;
+use super::attention::{Attention, Split};
 use crate::nn::{layer_norm, FeedForward, Linear, Scope};
+use crate::sequence::SequenceParallel;
 
 const NORM_EPS: f64 = 1e-6;
 
@@ -63,8 +64,17 @@ impl JointTransformerBlock {
         }
     }
 
-    /// One block: returns the new image tokens and (unless last) the new context tokens.
-    pub fn forward(&self, x: &Tensor, c: &Tensor, temb: &Tensor) -> (Tensor, Option<Tensor>) {
+    /// One block: returns the new image tokens and (unless last) the new context tokens. With
+    /// `sp` (group, joint key mask, image key mask) the tokens are this rank's shares.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        c: &Tensor,
+        temb: &Tensor,
+        sp: Option<(&SequenceParallel, Option<&Tensor>, Option<&Tensor>)>,
+    ) -> (Tensor, Option<Tensor>) {
+        let joint: Split<'_> = sp.map(|(sp, joint, _)| (sp, joint));
+        let image: Split<'_> = sp.map(|(sp, _, image)| (sp, image));
         let m = ada_chunks(&self.norm1, temb, if self.attn2.is_some() { 9 } else { 6 });
         let normed = layer_norm(x, NORM_EPS);
         let x_in = modulate(&normed, &m[0], &m[1]);
@@ -79,11 +89,11 @@ impl JointTransformerBlock {
                 (modulate(&layer_norm(c, NORM_EPS), &cm[1], &cm[0]), None)
             }
         };
-        let (attn_out, context_attn) = self.attn.forward_joint(&x_in, &c_in);
+        let (attn_out, context_attn) = self.attn.forward_joint(&x_in, &c_in, joint);
         let mut x = x + m[2].unsqueeze(1) * attn_out;
         if let Some(attn2) = &self.attn2 {
             let x2_in = modulate(&normed, &m[6], &m[7]);
-            x = &x + m[8].unsqueeze(1) * attn2.forward(&x2_in);
+            x = &x + m[8].unsqueeze(1) * attn2.forward(&x2_in, image);
         }
         let ff_in = modulate(&layer_norm(&x, NORM_EPS), &m[3], &m[4]);
         let x = &x + m[5].unsqueeze(1) * self.ff.forward(&ff_in);

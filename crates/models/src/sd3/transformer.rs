@@ -13,6 +13,7 @@ use crate::denoiser::{
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, Linear};
+use crate::sequence::SequenceParallel;
 use crate::{ModelError, TextConditioning};
 
 /// The position table's checkpoint name.
@@ -121,14 +122,26 @@ impl Sd3Transformer {
         let (b, _, h, w) = hidden_states.size4()?;
         let mut x = self.pos_embed.forward(hidden_states);
         let temb = self.time_text_embed.forward(timestep, pooled);
-        let mut context = Some(self.context_embedder.forward(encoder_hidden_states));
+        let mut context = self.context_embedder.forward(encoder_hidden_states);
+        // Sequence parallel: this rank's image and context tokens from here to the output.
+        let (tokens, text) = (x.size()[1], context.size()[1]);
+        let sp = self.weights.sequence.get();
+        let mut masks = (None, None);
+        if let Some(sp) = sp {
+            let device = x.device();
+            let joint = sp.key_mask(&[(tokens, None), (text, None)], device);
+            masks = (joint, sp.key_mask(&[(tokens, None)], device));
+            (x, context) = (sp.split(&x, 1), sp.split(&context, 1));
+        }
+        let mut context = Some(context);
         for (i, block) in self.transformer_blocks.iter().enumerate() {
             let ctx = context.expect("only the last block ends the context stream");
             let inputs = [x, ctx, temb.shallow_clone()];
+            let sp = sp.map(|sp| (sp, masks.0.as_ref(), masks.1.as_ref()));
             let mut out = self
                 .weights
                 .run_block("transformer_blocks", i, &inputs, |t| {
-                    let (x, c) = block.forward(&t[0], &t[1], &t[2]);
+                    let (x, c) = block.forward(&t[0], &t[1], &t[2], sp);
                     std::iter::once(x).chain(c).collect()
                 })?
                 .into_iter();
@@ -138,7 +151,10 @@ impl Sd3Transformer {
         // AdaLayerNormContinuous: (scale, shift).
         let mods = self.norm_out.forward(&temb.silu()).chunk(2, 1);
         let x = layer_norm(&x, 1e-6) * (mods[0].unsqueeze(1) + 1.0) + mods[1].unsqueeze(1);
-        let x = self.proj_out.forward(&x);
+        let mut x = self.proj_out.forward(&x);
+        if let Some(sp) = sp {
+            x = sp.gather(&x, tokens)?;
+        }
         let (p, oc) = (c.patch_size, c.out_channels());
         let (gh, gw) = (h / p, w / p);
         Ok(x.reshape([b, gh, gw, p, p, oc]).permute([0, 5, 1, 3, 2, 4]).reshape([b, oc, h, w]))
@@ -218,6 +234,14 @@ impl Denoiser for Sd3Transformer {
 
 impl TrainableDenoiser for Sd3Transformer {
     weights_and_frozen_copy!();
+
+    /// Joint (and SD3.5-M's image-only) attention through Ulysses: image and text tokens are
+    /// both split over the ranks.
+    fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
+        group.check_heads("SD3", self.config.num_attention_heads)?;
+        let _ = self.weights.sequence.set(group);
+        Ok(())
+    }
 
     fn buffers(&self) -> &'static [&'static str] {
         &[POSITION_TABLE]

@@ -161,6 +161,14 @@ impl TrainableDenoiser for WanExperts {
         self.low.set_gradient_checkpointing(on);
     }
 
+    fn sequence_parallel(
+        &self,
+        group: crate::sequence::SequenceParallel,
+    ) -> Result<(), ModelError> {
+        self.high.sequence_parallel(group.clone())?;
+        self.low.sequence_parallel(group)
+    }
+
     fn shard_blocks(
         &self,
         group: std::sync::Arc<dyn crate::shard::ShardGroup>,

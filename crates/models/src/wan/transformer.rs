@@ -17,6 +17,7 @@ use crate::denoiser::{
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{gelu_tanh, layer_norm, timestep_features, Linear, Mlp, Scope};
+use crate::sequence::SequenceParallel;
 use crate::{generated_frames, hold_frames, ModelError, TextConditioning};
 
 /// `condition_embedder`: sinusoidal timestep features → `time_embedder` (SiLU MLP) →
@@ -128,9 +129,16 @@ impl WanTransformer {
         let b = latents.size()[0];
         let [pt, ph, pw] = c.patch();
         let [f, h, w] = grid;
-        let (cos, sin) = rotations(c.rope_dims(), grid, latents.device());
+        let (mut cos, mut sin) = rotations(c.rope_dims(), grid, latents.device());
         let x = latents.to_kind(kind).conv3d(weight, Some(bias), [pt, ph, pw], [0; 3], [1; 3], 1);
         let mut x = x.flatten(2, -1).transpose(1, 2).contiguous();
+        // Sequence parallel: this rank's tokens from here to the output projection.
+        let tokens = x.size()[1];
+        let sp = self.weights.sequence.get();
+        let key_mask = sp.and_then(|sp| sp.key_mask(&[(tokens, None)], x.device()));
+        if let Some(sp) = sp {
+            (x, cos, sin) = (sp.split(&x, 1), sp.split(&cos, 0), sp.split(&sin, 0));
+        }
 
         // Per-sample timesteps become one row of modulations shared by every token.
         let per_token = timestep.dim() == 2;
@@ -138,17 +146,22 @@ impl WanTransformer {
         let rows = t.size()[1];
         let e = &self.condition_embedder;
         let features = timestep_features(&t.reshape([-1]), c.freq_dim, 1.0).to_kind(kind);
-        let temb = e.time_embedder.forward(&features).view([b, rows, -1]);
-        let modulation =
+        let mut temb = e.time_embedder.forward(&features).view([b, rows, -1]);
+        let mut modulation =
             e.time_proj.forward(&temb.silu()).view([b, rows, 6, -1]).to_kind(Kind::Float);
+        if let Some(sp) = sp.filter(|_| per_token) {
+            (temb, modulation) = (sp.split(&temb, 1), sp.split(&modulation, 1));
+        }
         let (l1, l2) = &e.text_embedder;
         let text = l2.forward(&gelu_tanh(&l1.forward(&text.to_kind(kind))));
 
         for (i, block) in self.blocks.iter().enumerate() {
             let (cos, sin) = (cos.shallow_clone(), sin.shallow_clone());
+            let key_mask = key_mask.as_ref().map(Tensor::shallow_clone);
             let inputs = [x, modulation.shallow_clone(), text.shallow_clone()];
             let out = self.weights.run_block("blocks", i, &inputs, move |t| {
-                vec![block.forward(&t[0], &t[1], &t[2], (&cos, &sin))]
+                let sp = sp.map(|sp| (sp, key_mask.as_ref()));
+                vec![block.forward(&t[0], &t[1], &t[2], (&cos, &sin), sp)]
             })?;
             [x] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
@@ -157,7 +170,10 @@ impl WanTransformer {
         let (shift, scale) = (out[0].squeeze_dim(2), out[1].squeeze_dim(2));
         let normed =
             (layer_norm(&x.to_kind(Kind::Float), c.eps) * (scale + 1.0) + shift).to_kind(kind);
-        let patches = self.proj_out.forward(&normed);
+        let mut patches = self.proj_out.forward(&normed);
+        if let Some(sp) = sp {
+            patches = sp.gather(&patches, tokens)?;
+        }
         Ok(patches
             .reshape([b, f, h, w, pt, ph, pw, -1])
             .permute([0, 7, 1, 4, 2, 5, 3, 6])
@@ -270,6 +286,13 @@ impl WanTransformer {
 
 impl TrainableDenoiser for WanTransformer {
     weights_and_frozen_copy!();
+
+    /// Self-attention through Ulysses; cross-attention stays local (the text is on every rank).
+    fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
+        group.check_heads("Wan", self.config.num_attention_heads)?;
+        let _ = self.weights.sequence.set(group);
+        Ok(())
+    }
 
     /// Latents of `frames` (at least the temporal patch) × `height` × `width` cells.
     fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {

@@ -1,0 +1,267 @@
+//! Ulysses sequence parallelism over Gloo on loopback, 2 and 4 ranks, each against the same
+//! computation in one process (run by every rank itself): attention, forward and backward,
+//! bit-identical where the tokens divide by the ranks; a tiny Wan (text-to-video and
+//! image-to-video) and a tiny Qwen-Image (masked text) in f64, token counts that do and do not
+//! divide: velocity within 1e-12, parameter gradients (summed over the ranks) within 1e-12 for
+//! Qwen-Image and 1e-5 for Wan (whose blocks compute in f32), relative to the largest value.
+#[path = "../../dist/tests/collectives/launch.rs"]
+mod launch;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flowtune_dist::{Backend, DistEnv, ProcessGroup, ReduceOp};
+use flowtune_models::nn::attention;
+use flowtune_models::qwen_image::{write_tiny_qwen_image, QwenImageTransformer, TinyQwenImageSpec};
+use flowtune_models::sd3::{write_tiny_sd3, Sd3Transformer, TinySd3Spec};
+use flowtune_models::sequence::{SequenceGroup, SequenceParallel};
+use flowtune_models::wan::{write_tiny_wan, TinyWanSpec, WanTransformer};
+use flowtune_models::{ModelError, TextConditioning, TrainableDenoiser, HELD_LATENTS};
+use launch::{expect_success, free_port, Proc, SCENARIO};
+use tch::{Device, Kind, Tensor};
+
+/// Not a test of its own: the entry point of the ranks the other tests spawn (a no-op otherwise).
+#[test]
+fn worker_process() {
+    if let Ok(scenario) = std::env::var(SCENARIO) {
+        let env = DistEnv::detect().unwrap().expect("launcher variables are set");
+        let pg = Arc::new(ProcessGroup::new(&env, Backend::Gloo, Duration::from_secs(60)).unwrap());
+        match scenario.as_str() {
+            "attention" => attention_matches(&pg),
+            "wan" => wan_matches(&pg),
+            "qwen_image" => qwen_image_matches(&pg),
+            "sd3" => sd3_matches(&pg),
+            other => panic!("unknown scenario {other}"),
+        }
+        pg.barrier().unwrap();
+    }
+}
+
+#[test]
+fn ulysses_attention_equals_one_process() {
+    launch_all("attention");
+}
+
+#[test]
+fn tiny_wan_forward_and_backward_equal_one_process() {
+    launch_all("wan");
+}
+
+#[test]
+fn tiny_qwen_image_forward_and_backward_equal_one_process() {
+    launch_all("qwen_image");
+}
+
+#[test]
+fn tiny_sd3_forward_and_backward_equal_one_process() {
+    launch_all("sd3");
+}
+
+fn launch_all(scenario: &str) {
+    for world in [2, 4] {
+        let port = free_port();
+        let ranks = (0..world).map(|r| Proc::rank(scenario, r, world, port)).collect();
+        expect_success(ranks, Duration::from_secs(300));
+    }
+}
+
+struct Group(Arc<ProcessGroup>);
+
+impl SequenceGroup for Group {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+
+    fn exchange(&self, x: &Tensor, scatter: i64, gather: i64) -> Tensor {
+        self.0.exchange(x, scatter, gather).unwrap()
+    }
+
+    fn all_gather(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        let mut shape = x.size();
+        shape[0] *= self.0.size() as i64;
+        let mut out = Tensor::zeros(&shape, (x.kind(), x.device()));
+        self.0.all_gather_into(&mut out, x).map_err(|e| ModelError::Collective(e.to_string()))?;
+        Ok(out)
+    }
+}
+
+/// `t` summed over the ranks.
+fn summed(pg: &ProcessGroup, t: &Tensor) -> Tensor {
+    let mut t = t.contiguous();
+    pg.all_reduce_(&mut t, ReduceOp::Sum).unwrap();
+    t
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+fn leaf(t: &Tensor) -> Tensor {
+    t.detach().copy().set_requires_grad(true)
+}
+
+fn attention_matches(pg: &Arc<ProcessGroup>) {
+    let sp = SequenceParallel(Arc::new(Group(pg.clone())));
+    let n = pg.size() as i64;
+    for kind in [Kind::Double, Kind::Float] {
+        for len in [3 * n, 3 * n - 1] {
+            tch::manual_seed(0);
+            let qkv: Vec<Tensor> =
+                (0..3).map(|_| Tensor::randn([2, len, 2 * n, 8], (kind, Device::Cpu))).collect();
+            let w = Tensor::randn([2, len, 2 * n, 8], (kind, Device::Cpu));
+            let one: Vec<Tensor> = qkv.iter().map(leaf).collect();
+            let t = |x: &Tensor| x.transpose(1, 2);
+            let full = attention(&t(&one[0]), &t(&one[1]), &t(&one[2]), None, false, None);
+            let full = full.transpose(1, 2);
+            (&full * &w).sum(kind).backward();
+
+            let mine: Vec<Tensor> = qkv.iter().map(leaf).collect();
+            let local: Vec<Tensor> = mine.iter().map(|x| sp.split(x, 1)).collect();
+            let mask = sp.key_mask(&[(len, None)], Device::Cpu);
+            let out = sp.attention(&local[0], &local[1], &local[2], mask.as_ref());
+            let out = sp.gather(&out, len).unwrap();
+            (&out * &w).sum(kind).backward();
+            let grads: Vec<Tensor> = mine.iter().map(|x| summed(pg, &x.grad())).collect();
+            let what = format!("{kind:?}, {len} tokens over {n} ranks");
+            if len % n == 0 {
+                assert!(out.equal(&full), "attention, {what}: {}", max_diff(&out, &full));
+                for (g, x) in grads.iter().zip(&one) {
+                    assert!(g.equal(&x.grad()), "gradient, {what}: {}", max_diff(g, &x.grad()));
+                }
+            } else {
+                // Padded keys are masked: another kernel path, equal to rounding.
+                let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
+                let d = max_diff(&out, &full);
+                let dg =
+                    grads.iter().zip(&one).map(|(g, x)| max_diff(g, &x.grad())).fold(0.0, f64::max);
+                println!("attention, {what}: output {d:.3e}, gradients {dg:.3e}");
+                assert!(d <= tol && dg <= tol, "{what}: output {d:e}, gradients {dg:e}");
+            }
+        }
+    }
+}
+
+/// A tiny Wan (4 heads) in f64, loaded twice: one runs on whole samples, one split over the ranks.
+fn wan_matches(pg: &Arc<ProcessGroup>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_wan(dir.path(), &TinyWanSpec { heads: 4, ..Default::default() }).unwrap();
+    let load =
+        || WanTransformer::load(&dir.path().join("transformer"), Device::Cpu, Kind::Double, None);
+    let (one, split) = (load().unwrap(), load().unwrap());
+    split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    let c = one.config.clone();
+    // (frames, rows, columns) of latents: 3·2·3 = 18 tokens and 3·1·5 = 15 (patch 1×2×2).
+    for grid in [[3, 4, 6], [3, 2, 10]] {
+        for held in [false, true] {
+            tch::manual_seed(1);
+            let latents = Tensor::randn([2, c.in_channels, grid[0], grid[1], grid[2]], F64);
+            let mut text = TextConditioning::new(Tensor::randn([2, 5, c.text_dim], F64), None);
+            if held {
+                text.extras.insert(HELD_LATENTS.into(), latents.narrow(2, 0, 1).randn_like());
+            }
+            let what = format!(
+                "Wan, {} tokens, {}",
+                grid[0] * grid[1] * grid[2] / 4,
+                if held { "image-to-video" } else { "text-to-video" },
+            );
+            // Wan's modulations, residual stream and norms run in f32 whatever the weights'
+            // dtype (as diffusers' do): gradients summed over other token splits differ at f32's
+            // rounding; everything else is f64.
+            compare(pg, (&what, 1e-5), &one, &split, &latents, &text);
+        }
+    }
+}
+
+/// A tiny Qwen-Image (4 heads) in f64, as [`wan_matches`]: joint attention over text (masked,
+/// rows of different lengths) and image tokens, both split over the ranks.
+fn qwen_image_matches(pg: &Arc<ProcessGroup>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_qwen_image(dir.path(), &TinyQwenImageSpec { heads: 4, ..Default::default() })
+        .unwrap();
+    let path = dir.path().join("transformer");
+    let load = || QwenImageTransformer::load(&path, Device::Cpu, Kind::Double, None);
+    let (one, split) = (load().unwrap(), load().unwrap());
+    split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    let c = one.config.clone();
+    // Latent (rows, columns): 4·3 = 12 and 3·3 = 9 image tokens (patch 2); 5 or 8 text tokens.
+    for (size, text_len) in [([8, 6], 8), ([6, 6], 5)] {
+        tch::manual_seed(2);
+        let latents = Tensor::randn([2, c.latent_channels(), size[0], size[1]], F64);
+        let mut text =
+            TextConditioning::new(Tensor::randn([2, text_len, c.joint_attention_dim], F64), None);
+        let mask = Tensor::ones([2, text_len], (Kind::Int64, Device::Cpu));
+        let _ = mask.get(1).narrow(0, text_len - 2, 2).fill_(0);
+        text.mask = Some(mask);
+        let what =
+            format!("Qwen-Image, {} image and {text_len} text tokens", size[0] * size[1] / 4);
+        compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
+    }
+}
+
+/// A tiny SD3.5-Medium layout (4 heads, an image-only attention in block 0) in f64, as
+/// [`qwen_image_matches`]: image then text tokens in the joint sequence, both split.
+fn sd3_matches(pg: &Arc<ProcessGroup>) {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TinySd3Spec { heads: 4, dual_attention_layers: vec![0], ..Default::default() };
+    write_tiny_sd3(dir.path(), &spec).unwrap();
+    let path = dir.path().join("transformer");
+    let load = || Sd3Transformer::load(&path, Device::Cpu, Kind::Double, None);
+    let (one, split) = (load().unwrap(), load().unwrap());
+    split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    let c = one.config.clone();
+    // Latent (rows, columns): 4·3 = 12 and 3·3 = 9 image tokens (patch 2); 8 or 5 text tokens.
+    for (size, text_len) in [([8, 6], 8), ([6, 6], 5)] {
+        tch::manual_seed(3);
+        let latents = Tensor::randn([2, c.in_channels, size[0], size[1]], F64);
+        let embeds = Tensor::randn([2, text_len, c.joint_attention_dim], F64);
+        let text =
+            TextConditioning::new(embeds, Some(Tensor::randn([2, c.pooled_projection_dim], F64)));
+        let what = format!("SD3, {} image and {text_len} text tokens", size[0] * size[1] / 4);
+        compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
+    }
+}
+
+const F64: (Kind, Device) = (Kind::Double, Device::Cpu);
+
+/// The velocity of `latents` and the gradients of Σ velocity·w from `one` (whole samples) and
+/// `split` (this rank's tokens; gradients summed over the ranks): velocity within 1e-12 and
+/// gradients within `grad_tol`, relative to the largest value.
+fn compare(
+    pg: &ProcessGroup,
+    (what, grad_tol): (&str, f64),
+    one: &dyn TrainableDenoiser,
+    split: &dyn TrainableDenoiser,
+    latents: &Tensor,
+    text: &TextConditioning,
+) {
+    let t = Tensor::from_slice(&[300.0f32, 800.0]);
+    let w = latents.randn_like();
+    let run = |model: &dyn TrainableDenoiser| -> (Tensor, BTreeMap<String, Tensor>) {
+        let params = model.full_parameters();
+        for p in params.values() {
+            flowtune_recompute::clear_grad(p);
+        }
+        let v = model.velocity(latents, &t, text).unwrap();
+        (&v * &w).sum(Kind::Double).backward();
+        // A weight that does not reach the output (the last block's text stream) has none.
+        let grad = |p: &Tensor| if p.grad().defined() { p.grad() } else { p.zeros_like() };
+        let grads = params.iter().map(|(k, p)| (k.clone(), grad(p))).collect();
+        (v.detach(), grads)
+    };
+    let (v_one, g_one) = run(one);
+    let (v_split, g_split) = run(split);
+    let dv = max_diff(&v_split, &v_one) / v_one.abs().max().double_value(&[]).max(1.0);
+    let mut dg: f64 = 0.0;
+    for (name, g) in &g_split {
+        let (g, r) = (summed(pg, g), &g_one[name]);
+        dg = dg.max(max_diff(&g, r) / r.abs().max().double_value(&[]).max(1.0));
+    }
+    let what = format!("{what} over {} ranks", pg.size());
+    println!("{what}: velocity {dv:.3e}, gradients {dg:.3e} (relative)");
+    assert!(dv <= 1e-12 && dg <= grad_tol, "{what}: velocity {dv:e}, gradients {dg:e}");
+}
