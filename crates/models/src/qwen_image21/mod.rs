@@ -1,0 +1,23 @@
+//! Qwen-Image 2.1 (`QwenImage21Pipeline`: a single-stream block-causal transformer) in the
+//! diffusers layout.
+
+mod block;
+mod config;
+mod layout;
+mod transformer;
+
+pub use config::QwenImage21TransformerConfig;
+pub use layout::{JointLayout, TOKENS_PER_SLOT};
+pub use transformer::{QwenImage21Transformer, ZeroCenterRmsNorm, IMAGE_SLOTS};
+
+/// LoRA targets of the Qwen-Image 2.1 recipes, as diffusers/PEFT name them: every block's
+/// attention projections and SwiGLU layers.
+pub const QWEN_IMAGE21_TARGETS: [&str; 7] = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "img_mlp.proj",
+    "img_mlp.gate_layer",
+    "img_mlp.out",
+];

@@ -1,0 +1,117 @@
+"""Reference fixtures for Qwen-Image 2.1 (diffusers' QwenImage21Transformer2DModel).
+
+Usage (the project's reference venv: torch, diffusers 0.42.1, transformers, peft):
+    python scripts/reference_qwen_image21.py fixtures
+
+Writes, for each tiny random transformer config below, `<name>/`, `<name>_lora.safetensors` and
+`<name>_io.safetensors` (`input.*` as diffusers' forward takes them: `hidden_states` (condition-image tokens, then the
+target's), `encoder_hidden_states` (the encoder's sequence, condition-image slots included), `timestep` as sigma,
+`img_shapes` (n_images, 3), `img_mask` (B, L + target/4) and `encoder_hidden_states_mask` (B, L) as int64 0/1 (the
+latter absent when nothing is padded); outputs, LoRA outputs and gradients as `transformer_fixtures.lora_case` writes
+them), and updates the entries of kind `qwen_image21_transformer` in `manifest.json`.
+"""
+import sys
+
+import torch
+
+from transformer_fixtures import lora_case, randomize_, update_manifest
+
+TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "img_mlp.proj", "img_mlp.gate_layer",
+           "img_mlp.out"]
+
+# `layout`: the encoder's sequence as runs of text tokens (int) and condition images ((h, w) latent tokens, one slot
+# per 2 x 2 of them); `valid`: each row's valid text length (None: nothing padded, no mask).
+CONFIGS = [
+    {
+        "name": "qwen_image21_tiny",
+        "config": dict(num_layers=2, num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(4, 6, 6),
+                       context_in_dim=24, in_channels=16, out_channels=16, mlp_ratio=3, causal_condition=True),
+        # Text, one non-square condition image, text; a 4 x 6 target; the first row's last two tokens padded.
+        "layout": [5, (2, 4), 4],
+        "target": (4, 6),
+        "valid": [7, 9],
+        "timesteps": [0.999, 0.3125],
+        "lora": {"r": 4, "alpha": 8, "targets": TARGETS},
+    },
+    {
+        "name": "qwen_image21_t2i",
+        "config": dict(num_layers=1, num_attention_heads=3, attention_head_dim=8, axes_dims_rope=(2, 2, 4),
+                       context_in_dim=20, in_channels=12, out_channels=12, mlp_ratio=2, causal_condition=False),
+        # Text only (prompts of 4 and 7 tokens), a 2 x 6 target, every token on its own row's timestep.
+        "layout": [7],
+        "target": (2, 6),
+        "valid": [4, 7],
+        "timesteps": [0.75, 0.05],
+        "lora": {"r": 3, "alpha": 6, "targets": "all-linear"},
+    },
+    {
+        "name": "qwen_image21_two_images",
+        "config": dict(num_layers=2, num_attention_heads=2, attention_head_dim=8, axes_dims_rope=(2, 2, 4),
+                       context_in_dim=16, in_channels=8, out_channels=8, mlp_ratio=3, causal_condition=True),
+        # Two condition images with text between them, a 6 x 4 target, no padding (no mask).
+        "layout": [3, (2, 2), 2, (4, 2), 4],
+        "target": (6, 4),
+        "valid": None,
+        "timesteps": [0.5, 0.9],
+        "lora": {"r": 2, "alpha": 3, "targets": TARGETS},
+    },
+]
+
+
+def transformer_case(spec, out_dir, g):
+    from diffusers import QwenImage21Transformer2DModel
+
+    name = spec["name"]
+    model = QwenImage21Transformer2DModel(**spec["config"]).eval()
+    randomize_(model, g)
+    model.save_pretrained(f"{out_dir}/{name}", safe_serialization=True)
+    c = model.config
+    b = len(spec["timesteps"])
+    slots, shapes = [], []
+    for run in spec["layout"]:
+        if isinstance(run, int):
+            slots += [False] * run
+        else:
+            slots += [True] * (run[0] * run[1] // 4)
+            shapes.append((1, *run))
+    th, tw = spec["target"]
+    shapes.append((1, th, tw))
+    length = len(slots)
+    img_mask = torch.tensor(slots + [True] * (th * tw // 4)).unsqueeze(0).expand(b, -1)
+    tokens = sum(h * w for _, h, w in shapes)
+    inp = {
+        "hidden_states": torch.randn(b, tokens, c.in_channels, generator=g),
+        "encoder_hidden_states": torch.randn(b, length, c.context_in_dim, generator=g),
+        "timestep": torch.tensor(spec["timesteps"], dtype=torch.float32),
+    }
+    mask = None
+    if spec["valid"] is not None:
+        text_positions = [i for i, s in enumerate(slots) if not s]
+        mask = torch.zeros(b, length, dtype=torch.bool)
+        for row, valid in enumerate(spec["valid"]):
+            mask[row] = torch.tensor(slots)  # image slots stay valid
+            mask[row, text_positions[:valid]] = True
+    call = dict(inp, img_shapes=[shapes] * b, img_mask=img_mask, encoder_hidden_states_mask=mask, return_dict=False)
+    with torch.no_grad():
+        out = model(**call)[0]
+    io = {f"input.{k}": v for k, v in inp.items()}
+    io["input.img_shapes"] = torch.tensor(shapes, dtype=torch.int64)
+    io["input.img_mask"] = img_mask.to(torch.int64)
+    if mask is not None:
+        io["input.encoder_hidden_states_mask"] = mask.to(torch.int64)
+    io["output.sample"] = out
+    return lora_case(model, lambda: model(**call)[0], name, "qwen_image21_transformer", spec["lora"], io, out_dir, g)
+
+
+def main(out_dir):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(20261127)
+    entries = [transformer_case(spec, out_dir, g) for spec in CONFIGS]
+    update_manifest(out_dir, entries, "qwen_image21_transformer")
+    for e in entries:
+        print(e["name"], "lora params", e["lora_params"], "adapted", len(e["adapted_modules"]),
+              "abs mean", e["output_abs_mean"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "fixtures")
