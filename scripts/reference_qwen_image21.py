@@ -9,10 +9,17 @@ target's), `encoder_hidden_states` (the encoder's sequence, condition-image slot
 `img_shapes` (n_images, 3), `img_mask` (B, L + target/4) and `encoder_hidden_states_mask` (B, L) as int64 0/1 (the
 latter absent when nothing is padded); outputs, LoRA outputs and gradients as `transformer_fixtures.lora_case` writes
 them), and updates the entries of kind `qwen_image21_transformer` in `manifest.json`.
+
+It also writes `qwen_image21_vae/` (a tiny random AutoencoderKLQwenImage21: the real five-level residual layout at
+widths 8 / 12, z_dim 16, RGBA) and `qwen_image21_vae_io.safetensors`: u8 RGBA pictures (`input.pixels`, B x H x W x 4),
+their latents as the pipeline's own `_encode_vae_image` returns them (`output.encoded_latents`), and latents
+(`input.decode_latents`) decoded as `QwenImage21Pipeline.__call__` decodes them (`output.decoded`, B x 4 x H x W).
 """
 import sys
+import types
 
 import torch
+from safetensors.torch import save_file
 
 from transformer_fixtures import lora_case, randomize_, update_manifest
 
@@ -103,6 +110,32 @@ def transformer_case(spec, out_dir, g):
     return lora_case(model, lambda: model(**call)[0], name, "qwen_image21_transformer", spec["lora"], io, out_dir, g)
 
 
+VAE = dict(base_dim=8, decoder_base_dim=12, z_dim=16, num_res_blocks=1,
+           latents_mean=[0.1 * (i % 7) - 0.3 for i in range(16)],
+           latents_std=[1.0 + 0.25 * (i % 5) for i in range(16)])
+
+
+def vae_case(out_dir, g):
+    from diffusers import AutoencoderKLQwenImage21, QwenImage21Pipeline
+
+    vae = AutoencoderKLQwenImage21(**VAE).eval()
+    randomize_(vae, g, scale=0.1)
+    vae.save_pretrained(f"{out_dir}/qwen_image21_vae", safe_serialization=True)
+    pipe = types.SimpleNamespace(vae=vae, latent_channels=vae.config.z_dim)
+    pixels = torch.randint(0, 256, (2, 64, 96, 4), generator=g, dtype=torch.uint8)
+    io = {"input.pixels": pixels}
+    with torch.no_grad():
+        image = (pixels.permute(0, 3, 1, 2).float() / 127.5 - 1).unsqueeze(2)
+        io["output.encoded_latents"] = QwenImage21Pipeline._encode_vae_image(pipe, image, None)[:, :, 0]
+        latents = torch.randn(2, vae.config.z_dim, 4, 6, generator=g)
+        io["input.decode_latents"] = latents
+        mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+        std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+        io["output.decoded"] = vae.decode(latents.unsqueeze(2) * std + mean, return_dict=False)[0][:, :, 0]
+    save_file({k: v.contiguous() for k, v in io.items()}, f"{out_dir}/qwen_image21_vae_io.safetensors")
+    print("vae: encoded", tuple(io["output.encoded_latents"].shape), "decoded", tuple(io["output.decoded"].shape))
+
+
 def main(out_dir):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(20261127)
@@ -111,6 +144,7 @@ def main(out_dir):
     for e in entries:
         print(e["name"], "lora params", e["lora_params"], "adapted", len(e["adapted_modules"]),
               "abs mean", e["output_abs_mean"])
+    vae_case(out_dir, torch.Generator().manual_seed(20261128))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
 //! Qwen-Image 2.1 parity with diffusers (`scripts/reference_qwen_image21.py`): the transformer
 //! over every `qwen_image21_transformer` fixture of `manifest.json` (condition images between
 //! text, masked prompts of different lengths, non-square targets, with and without
-//! `causal_condition`; outputs with and without LoRA, every LoRA gradient) and `velocity` on
-//! latents.
+//! `causal_condition`; outputs with and without LoRA, every LoRA gradient), `velocity` on
+//! latents, and the VAE's encoding and decoding.
 
 mod common;
 
 use std::collections::HashMap;
 
-use flowtune_fixtures::{dir, models_of_kind, tensors, MODEL_RTOL};
+use flowtune_fixtures::{dir, models_of_kind, tensors, Checker, MODEL_RTOL};
 use flowtune_models::qwen_image::{CONDITION_LATENTS, CONDITION_SHAPES};
-use flowtune_models::qwen_image21::{QwenImage21Transformer, IMAGE_SLOTS, QWEN_IMAGE21_TARGETS};
+use flowtune_models::qwen_image21::{
+    AutoencoderKlQwenImage21, QwenImage21Transformer, IMAGE_SLOTS, QWEN_IMAGE21_TARGETS,
+};
 use flowtune_models::{Denoiser, TextConditioning, TrainableDenoiser};
 use tch::{Device, Kind, Tensor};
 
@@ -72,4 +74,25 @@ fn velocity_takes_latents_and_condition_images() {
         let rel = (&v - &want).norm().double_value(&[]) / want.norm().double_value(&[]);
         assert!(rel < MODEL_RTOL, "{name}: velocity vs diffusers: {rel}");
     }
+}
+
+/// The tiny `AutoencoderKLQwenImage21` (2-D convolutions, residual levels, RGBA): u8 pictures
+/// encoded as `_encode_vae_image` returns them, latents decoded as the pipeline decodes them.
+#[test]
+fn vae_matches_the_pipeline() {
+    let io = tensors("qwen_image21_vae_io.safetensors");
+    let vae =
+        AutoencoderKlQwenImage21::load(&dir().join("qwen_image21_vae"), Device::Cpu, Kind::Float)
+            .expect("load");
+    let mut check = Checker::new("qwen_image21_vae_io.safetensors");
+    check.case();
+    let pictures = io["input.pixels"].permute([0, 3, 1, 2]).to_kind(Kind::Float) / 127.5 - 1.0;
+    let encoded = tch::no_grad(|| vae.encode(&pictures));
+    check.close_within("encoded_latents", &encoded, &io["output.encoded_latents"], MODEL_RTOL);
+    let decoded = tch::no_grad(|| vae.decode(&io["input.decode_latents"]));
+    let want = &io["output.decoded"];
+    let saturated = want.abs().ge(1.0).to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+    assert!(saturated < 0.5, "the reference picture is mostly clamped ({saturated})");
+    check.close_within("decoded", &decoded, want, MODEL_RTOL);
+    check.finish();
 }

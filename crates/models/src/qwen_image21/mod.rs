@@ -1,14 +1,16 @@
-//! Qwen-Image 2.1 (`QwenImage21Pipeline`: a single-stream block-causal transformer) in the
-//! diffusers layout.
+//! Qwen-Image 2.1 (`QwenImage21Pipeline`: a single-stream block-causal transformer, a 64-channel
+//! picture VAE) in the diffusers layout.
 
 mod block;
 mod config;
 mod layout;
 mod transformer;
+mod vae;
 
 pub use config::QwenImage21TransformerConfig;
 pub use layout::{JointLayout, TOKENS_PER_SLOT};
 pub use transformer::{QwenImage21Transformer, ZeroCenterRmsNorm, IMAGE_SLOTS};
+pub use vae::{write_tiny_qwen_image21_vae, AutoencoderKlQwenImage21, QwenImage21VaeConfig};
 
 /// LoRA targets of the Qwen-Image 2.1 recipes, as diffusers/PEFT name them: every block's
 /// attention projections and SwiGLU layers.
