@@ -14,10 +14,18 @@ It also writes `qwen_image21_vae/` (a tiny random AutoencoderKLQwenImage21: the 
 widths 8 / 12, z_dim 16, RGBA) and `qwen_image21_vae_io.safetensors`: u8 RGBA pictures (`input.pixels`, B x H x W x 4),
 their latents as the pipeline's own `_encode_vae_image` returns them (`output.encoded_latents`), and latents
 (`input.decode_latents`) decoded as `QwenImage21Pipeline.__call__` decodes them (`output.decoded`, B x 4 x H x W).
+
+Finally `qwen_image21_pipeline/`: a tiny QwenImage21Pipeline saved by diffusers (a random transformer, that VAE, a random
+Qwen3VLForConditionalGeneration, a Qwen3VLProcessor on the tiny Qwen2 tokenizer of `qwen_image_pipeline/tokenizer`
+with a minimal chat template, author-set `sample_sigmas`), and `qwen_image21_pipeline_io.safetensors`: the pipeline's
+`encode_prompt` of prompts of different lengths and of the empty negative prompt (embeds, masks), and a whole ODE
+sampling run of `__call__` with given latents (CFG 4 against the empty prompt, KV cache on as by default): the sigmas,
+the final latents (from the step callback) and the pictures.
 """
 import sys
 import types
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 
@@ -136,6 +144,83 @@ def vae_case(out_dir, g):
     print("vae: encoded", tuple(io["output.encoded_latents"].shape), "decoded", tuple(io["output.decoded"].shape))
 
 
+PROMPTS = ["a red circle next to a blue square",
+           "一只猫坐在垫子上, \"OPEN\" 24/7, with a longer caption than the first prompt has"]
+# Qwen3-VL's rendering of a system turn and a generation prompt (what the pipeline's __init__ tokenizes).
+CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+                 "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+                 "{% for c in message['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}"
+                 "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SAMPLE_SIGMAS = [1.0, 0.8, 0.55, 0.3]
+
+
+def tiny_pipeline(out_dir, g):
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline, QwenImage21Transformer2DModel
+    from diffusers import AutoencoderKLQwenImage21
+    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    tok = AutoTokenizer.from_pretrained(f"{out_dir}/qwen_image_pipeline/tokenizer")
+    processor = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessorPil(patch_size=16, merge_size=2),
+                                 tokenizer=tok, video_processor=Qwen3VLVideoProcessor(), chat_template=CHAT_TEMPLATE)
+    token = tok.convert_tokens_to_ids
+    config = Qwen3VLConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=24, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=12, rope_theta=5e6,
+                         max_position_embeddings=4096,
+                         rope_scaling=dict(rope_type="default", mrope_section=[2, 2, 2], mrope_interleaved=True)),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=24,
+                           patch_size=16, spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0],
+                           num_position_embeddings=16),
+        image_token_id=token("<|image_pad|>"), video_token_id=token("<|video_pad|>"),
+        vision_start_token_id=token("<|vision_start|>"), vision_end_token_id=token("<|vision_end|>"),
+        tie_word_embeddings=False)
+    text_encoder = Qwen3VLForConditionalGeneration(config).eval()
+    randomize_(text_encoder, g, scale=0.1)
+    transformer = QwenImage21Transformer2DModel(num_layers=2, num_attention_heads=2, attention_head_dim=16,
+                                                axes_dims_rope=(4, 6, 6), context_in_dim=24, in_channels=16,
+                                                out_channels=16).eval()
+    randomize_(transformer, g, scale=0.1)
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="exponential", shift=1.0,
+                                                base_image_seq_len=256, max_image_seq_len=4096, base_shift=0.5,
+                                                max_shift=1.15)
+    vae = AutoencoderKLQwenImage21.from_pretrained(f"{out_dir}/qwen_image21_vae")
+    pipe = QwenImage21Pipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, processor=processor,
+                               transformer=transformer, sample_sigmas=SAMPLE_SIGMAS)
+    pipe.save_pretrained(f"{out_dir}/qwen_image21_pipeline")
+    return QwenImage21Pipeline.from_pretrained(f"{out_dir}/qwen_image21_pipeline")
+
+
+def pipeline_case(out_dir, g):
+    pipe = tiny_pipeline(out_dir, g)
+    io = {}
+    with torch.no_grad():
+        for key, prompts in [("prompt", PROMPTS), ("negative_prompt", [""] * len(PROMPTS))]:
+            embeds, mask, slots = pipe.encode_prompt(prompts, device="cpu")
+            assert not slots.any()
+            io[f"output.{key}_embeds"] = embeds
+            if mask is not None:
+                io[f"output.{key}_mask"] = mask.to(torch.int64)
+    b, h, w = len(PROMPTS), 64, 96
+    x = torch.randn(b, pipe.transformer.config.in_channels, h // 16, w // 16, generator=g)
+    io["input.initial_latents"] = x
+    final = {}
+
+    def keep(pipe_, i, t, kwargs):
+        final["latents"] = kwargs["latents"]
+        return {}
+
+    images = pipe(prompt=list(PROMPTS), negative_prompt=[""] * b, true_cfg_scale=4.0, height=h, width=w,
+                  latents=x.flatten(2).transpose(1, 2).clone(), output_type="np", callback_on_step_end=keep).images
+    io["output.final_latents"] = final["latents"].transpose(1, 2).reshape(x.shape)
+    io["output.images"] = torch.from_numpy(np.ascontiguousarray(images))
+    io["output.sigmas"] = pipe.scheduler.sigmas.clone()
+    save_file({k: v.contiguous() for k, v in io.items()}, f"{out_dir}/qwen_image21_pipeline_io.safetensors")
+    print("pipeline: sigmas", [round(float(v), 4) for v in io["output.sigmas"]], "images", images.shape,
+          "prompt mask", "output.prompt_mask" in io)
+
+
 def main(out_dir):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(20261127)
@@ -145,6 +230,7 @@ def main(out_dir):
         print(e["name"], "lora params", e["lora_params"], "adapted", len(e["adapted_modules"]),
               "abs mean", e["output_abs_mean"])
     vae_case(out_dir, torch.Generator().manual_seed(20261128))
+    pipeline_case(out_dir, torch.Generator().manual_seed(20261129))
 
 
 if __name__ == "__main__":

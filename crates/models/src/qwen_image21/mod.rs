@@ -1,14 +1,17 @@
-//! Qwen-Image 2.1 (`QwenImage21Pipeline`: a single-stream block-causal transformer, a 64-channel
-//! picture VAE) in the diffusers layout.
+//! Qwen-Image 2.1 (`QwenImage21Pipeline`: a single-stream block-causal transformer, Qwen3-VL's
+//! language model as text encoder, a 64-channel picture VAE) in the diffusers layout, from text.
+//! Condition images are refused by name.
 
 mod block;
 mod config;
 mod layout;
+mod pipeline;
 mod transformer;
 mod vae;
 
 pub use config::QwenImage21TransformerConfig;
 pub use layout::{JointLayout, TOKENS_PER_SLOT};
+pub use pipeline::{QwenImage21Pipeline, QwenImage21PromptEncoder};
 pub use transformer::{QwenImage21Transformer, ZeroCenterRmsNorm, IMAGE_SLOTS};
 pub use vae::{write_tiny_qwen_image21_vae, AutoencoderKlQwenImage21, QwenImage21VaeConfig};
 
