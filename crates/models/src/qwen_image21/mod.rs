@@ -4,14 +4,18 @@
 
 mod block;
 mod config;
+mod family;
 mod layout;
 mod pipeline;
+mod tiny;
 mod transformer;
 mod vae;
 
 pub use config::QwenImage21TransformerConfig;
+pub use family::FAMILY;
 pub use layout::{JointLayout, TOKENS_PER_SLOT};
 pub use pipeline::{QwenImage21Pipeline, QwenImage21PromptEncoder};
+pub use tiny::{write_tiny_qwen_image21, TinyQwenImage21Spec};
 pub use transformer::{QwenImage21Transformer, ZeroCenterRmsNorm, IMAGE_SLOTS};
 pub use vae::{write_tiny_qwen_image21_vae, AutoencoderKlQwenImage21, QwenImage21VaeConfig};
 

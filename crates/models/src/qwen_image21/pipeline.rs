@@ -3,8 +3,8 @@
 //! the last layer's states before the final norm, the system tokens dropped, right-padded with a
 //! mask), latent layout and the author-set sampling sigmas (`sample_sigmas`).
 //!
-//! Not supported, refused by name: condition images (`image=`: they need Qwen3-VL's vision
-//! tower) and a `max_sequence_length` (the pipeline encodes whole prompts).
+//! Condition images (`image=`: they need Qwen3-VL's vision tower) are refused by name. The
+//! pipeline encodes whole prompts: `max_sequence_length` is not read.
 
 use std::path::Path;
 
@@ -119,13 +119,6 @@ impl QwenImage21Pipeline {
     /// Loads the components of an opened pipeline directory.
     pub fn open(dir: PipelineDir, options: &PipelineOptions) -> Result<Self, ModelError> {
         let index = dir.root.join("model_index.json");
-        if let Some(n) = options.max_sequence_length {
-            return Err(ModelError::Input(format!(
-                "{}: max_sequence_length {n} is not supported: QwenImage21Pipeline encodes whole \
-                 prompts",
-                index.display()
-            )));
-        }
         let (device, dtypes) = (options.device, options.dtypes);
         let raw: serde_json::Value = read_config(&index)?;
         let sample_sigmas = match &raw["sample_sigmas"] {
