@@ -85,3 +85,22 @@ fn ode_run_matches_the_pipeline_call() {
     println!("ODE run: pictures within {off} levels of QwenImage21Pipeline.__call__");
     check.finish();
 }
+
+/// What flowtune does not run is refused by name: condition images (Qwen3-VL's vision tower), a
+/// patchifying transformer or VAE; picture sides that are not multiples of 32.
+#[test]
+fn unsupported_parts_are_refused_by_name() {
+    use flowtune_models::qwen_image21::{QwenImage21TransformerConfig, QwenImage21VaeConfig};
+
+    let pipe = pipeline();
+    let picture = image::RgbImage::new(64, 64);
+    let shape = pipe.latent_shape(64, 64).unwrap();
+    let err = pipe.encode_prompts_with_pictures(&["x"], &[picture], &shape).err().unwrap();
+    assert!(err.to_string().contains("condition images (image=) are not supported"), "{err}");
+    let err = pipe.latent_shape(64, 80).unwrap_err().to_string();
+    assert!(err.contains("80: expected a positive multiple of 32"), "{err}");
+    let config = QwenImage21TransformerConfig { patch_size: 2, ..Default::default() };
+    assert!(config.validate().unwrap_err().contains("patch_size 2 is not supported"));
+    let vae = QwenImage21VaeConfig { patch_size: Some(2), ..Default::default() };
+    assert!(vae.validate().unwrap_err().contains("patch_size 2 is not supported"));
+}
