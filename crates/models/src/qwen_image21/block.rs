@@ -22,6 +22,17 @@ pub struct Context {
 }
 
 impl Context {
+    /// The same context, sharing storage (each checkpointed block owns one for its recompute).
+    pub fn shallow_clone(&self) -> Self {
+        Self {
+            angles: self.angles.shallow_clone(),
+            prefix: self.prefix,
+            prefix_mask: self.prefix_mask.shallow_clone(),
+            target_mask: self.target_mask.as_ref().map(Tensor::shallow_clone),
+            causal_condition: self.causal_condition,
+        }
+    }
+
     /// Per-token parameters (B, S, D) from rows (B [+ 1], D): the target's tokens read their
     /// sample's row; with `causal_condition` the others read the trailing `t = 0` row.
     pub fn select(&self, params: &Tensor, len: i64) -> Tensor {

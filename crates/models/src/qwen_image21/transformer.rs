@@ -185,12 +185,12 @@ impl QwenImage21Transformer {
             causal_condition: self.config.causal_condition,
         };
         for (i, block) in self.transformer_blocks.iter().enumerate() {
-            let ctx = &ctx;
+            let ctx = ctx.shallow_clone();
             let out = self.weights.run_block(
                 "transformer_blocks",
                 i,
                 &[joint, modulation.shallow_clone()],
-                move |t| vec![block.forward(&t[0], &t[1], ctx)],
+                move |t| vec![block.forward(&t[0], &t[1], &ctx)],
             )?;
             [joint] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
