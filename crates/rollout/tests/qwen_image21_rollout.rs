@@ -56,6 +56,10 @@ fn ode_run_matches_the_pipeline_call() {
     let engine = Engine::new(&pipe, &sampler, shape.clone(), 0).expect("engine");
     let sigmas = Tensor::from_slice(&engine.grid.sigmas);
     assert!(sigmas.equal(&io["output.sigmas"]), "{sigmas:?} vs the pipeline's");
+    // Another step count than the author's sigmas samples on linspace(1, 1/N, N), shifted.
+    let six = SamplerConfig { steps: 6, ..sampler.clone() };
+    let grid = Engine::new(&pipe, &six, shape.clone(), 0).expect("engine").grid;
+    assert_eq!((grid.sigmas.len(), grid.sigmas[0]), (7, 1.0), "{:?}", grid.sigmas);
     let text = encode_rows(&pipe, &PROMPTS, &[], &shape, None).expect("prompts");
     let negatives = [pipe.default_negative_prompt(); 2];
     let negative = encode_rows(&pipe, &negatives, &[], &shape, None).expect("negative");

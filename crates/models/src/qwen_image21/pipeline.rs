@@ -105,8 +105,8 @@ pub struct QwenImage21Pipeline {
     pub vae: AutoencoderKlQwenImage21,
     pub text: QwenImage21PromptEncoder,
     pub scheduler: SchedulerConfig,
-    /// The author's sampling sigmas of `model_index.json` (without the terminal 0); they set the
-    /// step count when given.
+    /// The author's sampling sigmas of `model_index.json` (without the terminal 0), used when a
+    /// run samples their count of steps.
     pub sample_sigmas: Option<Vec<f64>>,
 }
 
@@ -201,14 +201,15 @@ impl FlowPipeline for QwenImage21Pipeline {
         image_latent_shape(height, width, self.transformer.config.in_channels, VAE_FACTOR, 2)
     }
 
-    /// The author's `sample_sigmas` when the pipeline has them (their count sets the steps, as
-    /// in the pipeline), else `linspace(1, 1/N, N)`; μ from the target's token count.
+    /// The author's `sample_sigmas` when the pipeline has them and `steps` is their count (the
+    /// pipeline's default sampling), else `linspace(1, 1/N, N)` (the pipeline without them: a
+    /// recipe's step count is never overridden); μ from the target's token count.
     fn grid_request(&self, steps: usize, latent_shape: &[i64]) -> GridRequest {
         GridRequest {
             steps,
             pipeline: Pipeline::QwenImage,
             image_seq_len: Some((latent_shape[1] * latent_shape[2]) as u64),
-            sigmas: self.sample_sigmas.clone(),
+            sigmas: self.sample_sigmas.clone().filter(|s| s.len() == steps),
         }
     }
 
