@@ -1,7 +1,7 @@
 //! `flowtune make-tiny qwen-image21`: a random `QwenImage21Pipeline` directory in the diffusers
 //! layout, for tests and examples. The text encoder is a `Qwen3VLForConditionalGeneration`
-//! config with the language model's weights only (flowtune skips the vision tower; transformers
-//! initialises the missing tower at random when it loads the folder).
+//! config with the language model's weights only (what flowtune runs; transformers initialises
+//! the missing vision tower and LM head at random when it loads the folder).
 
 use std::path::Path;
 
@@ -158,8 +158,8 @@ fn write_processor(out: &Path, bpe_vocab_size: usize) -> Result<usize, ModelErro
     Ok(base)
 }
 
-/// A random language model under `model.language_model.`, a zero `lm_head`, and a
-/// `Qwen3VLForConditionalGeneration` config with a one-block vision tower.
+/// A random language model under `model.language_model.` and a `Qwen3VLForConditionalGeneration`
+/// config with a one-block vision tower.
 fn write_text_encoder(
     out: &Path,
     text: &DecoderShape,
@@ -216,13 +216,9 @@ fn write_text_encoder(
     });
     write_component(out, &encoder.store, "model.safetensors", &config)?;
     let file = out.join("model.safetensors");
-    let mut tensors: Vec<(String, Tensor)> = Tensor::read_safetensors(&file)?
+    let tensors: Vec<(String, Tensor)> = Tensor::read_safetensors(&file)?
         .into_iter()
         .map(|(name, t)| (format!("model.language_model.{name}"), t))
         .collect();
-    tensors.push((
-        "lm_head.weight".into(),
-        Tensor::zeros([text.vocab_size, text.hidden_size], (Kind::Float, Device::Cpu)),
-    ));
     Ok(Tensor::write_safetensors(&tensors, &file)?)
 }
