@@ -1,7 +1,8 @@
 """Check that a LoRA written by flowtune gives the same transformer output in diffusers.
 
-Usage (needs `pip install torch diffusers transformers peft`), for SD3, Qwen-Image, Z-Image, FLUX.1, FLUX.2 or Wan:
-    flowtune make-tiny sd3 /tmp/tiny            # or: make-tiny qwen-image | z-image | flux [--schnell] | flux2 | wan [--wan21]
+Usage (needs `pip install torch diffusers transformers peft`), for SD3, Qwen-Image, Qwen-Image 2.1, Z-Image, FLUX.1, FLUX.2 or
+Wan:
+    flowtune make-tiny sd3 /tmp/tiny            # or: make-tiny qwen-image | qwen-image21 | z-image | flux [--schnell] | flux2 | wan [--wan21]
     flowtune debug make-lora --component /tmp/tiny/transformer --out /tmp/lora.safetensors
     # Z-Image's layers: --target-modules to_q,to_k,to_v,to_out.0,feed_forward.w1,feed_forward.w2,feed_forward.w3
     # FLUX.1's targets: --target-modules attn.to_q,attn.to_k,attn.to_v,attn.to_out.0,attn.add_q_proj,\
@@ -9,6 +10,8 @@ Usage (needs `pip install torch diffusers transformers peft`), for SD3, Qwen-Ima
     # FLUX.2's targets: --target-modules attn.to_q,attn.to_k,attn.to_v,attn.to_out.0,attn.add_q_proj,\
     #   attn.add_k_proj,attn.add_v_proj,attn.to_add_out,attn.to_qkv_mlp_proj,ff.linear_in,ff.linear_out,\
     #   ff_context.linear_in,ff_context.linear_out
+    # Qwen-Image 2.1's targets: --target-modules attn.to_q,attn.to_k,attn.to_v,attn.to_out.0,img_mlp.proj,\
+    #   img_mlp.gate_layer,img_mlp.out
     # Wan's targets: --target-modules attn1.to_q,attn1.to_k,attn1.to_v,attn1.to_out.0,attn2.to_q,attn2.to_k,\
     #   attn2.to_v,attn2.to_out.0,ffn.net.0.proj,ffn.net.2
     python scripts/check_lora_in_diffusers.py /tmp/tiny /tmp/lora.safetensors target/release/flowtune
@@ -44,6 +47,19 @@ def example_inputs(cls, c, g):
             "input.encoder_hidden_states_mask": mask,
             "input.timestep": torch.tensor([0.999, 0.3125]),
             "input.img_shapes": torch.tensor([[1, 3, 4]]),
+        }
+    if cls == "QwenImage21Transformer2DModel":
+        # 3 × 4 target tokens (3 slots after the 9 text positions); the second prompt has 5 of its 9 tokens.
+        mask = torch.ones(2, 9, dtype=torch.int64)
+        mask[1, 5:] = 0
+        slots = torch.cat([torch.zeros(2, 9, dtype=torch.int64), torch.ones(2, 3, dtype=torch.int64)], 1)
+        return {
+            "input.hidden_states": torch.randn(2, 12, c.in_channels, generator=g),
+            "input.encoder_hidden_states": torch.randn(2, 9, c.context_in_dim, generator=g),
+            "input.encoder_hidden_states_mask": mask,
+            "input.timestep": torch.tensor([0.999, 0.3125]),
+            "input.img_shapes": torch.tensor([[1, 3, 4]]),
+            "input.img_mask": slots,
         }
     if cls == "ZImageTransformer2DModel":
         # One frame of 6 × 8 latents per row; the second caption has 5 of its 9 tokens.
@@ -103,7 +119,11 @@ def example_inputs(cls, c, g):
 
 
 def run(t, args):
-    """The transformer's output on `args`; Z-Image takes lists (one frame, each row's caption tokens)."""
+    """The transformer's output on `args`; Z-Image takes lists (one frame, each row's caption tokens), Qwen-Image 2.1
+    boolean masks."""
+    if type(t).__name__ == "QwenImage21Transformer2DModel":
+        args = dict(args, img_mask=args["img_mask"].bool(),
+                    encoder_hidden_states_mask=args["encoder_hidden_states_mask"].bool())
     if type(t).__name__ != "ZImageTransformer2DModel":
         return t(**args, return_dict=False)[0]
     caps = [c[m.bool()] for c, m in zip(args["cap_feats"], args["cap_mask"])]

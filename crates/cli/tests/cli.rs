@@ -183,6 +183,13 @@ fn debug_forward_runs_flux2() {
     check_forward_with_lora("flux2_klein_tiny", "8");
 }
 
+/// Qwen-Image 2.1's transformer runs with its LoRA on the fixture with a condition image and a
+/// masked prompt.
+#[test]
+fn debug_forward_runs_qwen_image21() {
+    check_forward_with_lora("qwen_image21_tiny", "8");
+}
+
 /// `bench transformer` and `bench rollout` time video clips (the report names the latent and
 /// pixel frames); a picture transformer refuses `--frames`.
 #[test]

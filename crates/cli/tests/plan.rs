@@ -201,12 +201,13 @@ fn stored_elements(dir: &Path) -> u64 {
 #[test]
 fn counts_match_the_weights_of_tiny_pipelines() {
     let root = scratch("plan-tiny");
-    let families: [&[&str]; 9] = [
+    let families: [&[&str]; 10] = [
         &["sd3", "--dual-attention-layers", "0", "--qk-norm"],
         &["sd3"],
         &["flux"],
         &["flux2"],
         &["qwen-image"],
+        &["qwen-image21"],
         &["z-image"],
         &["wan"],
         &["wan", "--wan21"],

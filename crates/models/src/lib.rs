@@ -18,6 +18,7 @@ pub mod packing;
 pub mod pipeline;
 pub mod prompt_clean;
 pub mod qwen_image;
+pub mod qwen_image21;
 pub mod registry;
 pub mod resize;
 pub mod sd3;

@@ -49,6 +49,7 @@ const BUILT_IN: &[&Family] = &[
     &crate::flux::FAMILY,
     &crate::flux2::FAMILY,
     &crate::wan::FAMILY,
+    &crate::qwen_image21::FAMILY,
 ];
 
 /// Families registered at run time (plug-ins, tests).
@@ -155,6 +156,7 @@ mod tests {
         assert_eq!(family_named("sd3").unwrap().denoiser_class, "SD3Transformer2DModel");
         assert_eq!(family_of("FluxPipeline").unwrap().name, "flux");
         assert_eq!(family_of("WanPipeline").unwrap().name, "wan");
+        assert_eq!(family_of("QwenImage21Pipeline").unwrap().name, "qwen_image21");
         // FLUX.2 [dev] is recognised so that its loader can refuse it by name.
         for class in ["Flux2KleinPipeline", "Flux2Pipeline"] {
             assert_eq!(family_of(class).unwrap().name, "flux2");

@@ -105,7 +105,7 @@ fn all_linear() -> Option<LoraConfig> {
 
 #[test]
 fn checkpointed_blocks_give_the_same_gradients_in_every_family() {
-    for family in ["sd3", "flux", "flux2", "qwen_image", "z_image"] {
+    for family in ["sd3", "flux", "flux2", "qwen_image", "qwen_image21", "z_image"] {
         check(family, all_linear());
     }
     check("sd3", None);

@@ -82,6 +82,7 @@ pub fn denoiser(cfg: &Json) -> Result<Denoiser, PlanError> {
         "FluxTransformer2DModel" => flux(cfg),
         "Flux2Transformer2DModel" => flux2(cfg),
         "QwenImageTransformer2DModel" => qwen_image(cfg),
+        "QwenImage21Transformer2DModel" => qwen_image21(cfg),
         "ZImageTransformer2DModel" => z_image(cfg),
         "WanTransformer3DModel" => wan(cfg),
         other => Err(cfg.bad(
@@ -89,7 +90,7 @@ pub fn denoiser(cfg: &Json) -> Result<Denoiser, PlanError> {
             format!(
                 "`{other}` is not a denoiser the planner knows; known: SD3Transformer2DModel, \
                  FluxTransformer2DModel, Flux2Transformer2DModel, QwenImageTransformer2DModel, \
-                 ZImageTransformer2DModel, \
+                 QwenImage21Transformer2DModel, ZImageTransformer2DModel, \
                  WanTransformer3DModel"
             ),
         )),
@@ -282,6 +283,38 @@ fn flux2(cfg: &Json) -> Result<Denoiser, PlanError> {
     let blocks = vec![(double, c::FLUX_DOUBLE, Tokens::All), (single, c::FLUX_SINGLE, Tokens::All)];
     // A token is a 2×2 patch of the VAE latent: 128 channels are 32 latent channels.
     Ok(image(cfg, inv, h, blocks, 2 * p, joint, cin / 4))
+}
+
+/// Qwen-Image 2.1: single-stream blocks without biases, one modulation shared by all blocks,
+/// SwiGLU feed-forwards of width `mlp_ratio · h`, one token per latent cell. Its block constant
+/// is FLUX.1's single-stream one (not measured for Qwen-Image 2.1).
+fn qwen_image21(cfg: &Json) -> Result<Denoiser, PlanError> {
+    let layers = cfg.int("num_layers", Some(32))?;
+    let hd = cfg.int("attention_head_dim", Some(128))?;
+    let h = cfg.int("num_attention_heads", Some(32))? * hd;
+    let (p, cin) = (cfg.int("patch_size", Some(1))?, cfg.int("in_channels", Some(64))?);
+    let cout = cfg.int("out_channels", Some(cin))?;
+    let context = cfg.int("context_in_dim", Some(4096))?;
+    let m = h * cfg.int("mlp_ratio", Some(3))?;
+    let mut inv = Inventory::default();
+    inv.linear(1, "time_text_embed.timestep_embedder.linear_1", 256, h, false);
+    inv.linear(1, "time_text_embed.timestep_embedder.linear_2", h, h, false);
+    inv.add(context);
+    inv.linear(1, "txt_in.in_layer", context, h, false);
+    inv.linear(1, "txt_in.out_layer", h, h, false);
+    inv.linear(1, "img_in", p * p * cin, h, false);
+    inv.linear(1, "modulation.1", h, 4 * h, false);
+    let b = "transformer_blocks.0";
+    for n in SELF {
+        inv.linear(layers, &format!("{b}.attn.{n}"), h, h, false);
+    }
+    inv.linear(layers, &format!("{b}.img_mlp.proj"), h, m, false);
+    inv.linear(layers, &format!("{b}.img_mlp.gate_layer"), h, m, false);
+    inv.linear(layers, &format!("{b}.img_mlp.out"), m, h, false);
+    inv.add(layers * 2 * hd);
+    inv.linear(1, "norm_out.linear", h, h, false);
+    inv.linear(1, "proj_out", h, p * p * cout, false);
+    Ok(image(cfg, inv, h, vec![(layers, c::FLUX_SINGLE, Tokens::All)], p, context, cin))
 }
 
 fn qwen_image(cfg: &Json) -> Result<Denoiser, PlanError> {

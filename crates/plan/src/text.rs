@@ -1,5 +1,5 @@
 //! Text encoders from their `config.json`: parameter counts as transformers 5.24 builds CLIP,
-//! T5/UMT5 encoders, Qwen2.5-VL and Qwen3 (`src/transformers/models/<name>/modeling_<name>.py`).
+//! T5/UMT5 encoders, Qwen2.5-VL, Qwen3 and Qwen3-VL's language model (`src/transformers/models/<name>/modeling_<name>.py`).
 
 use crate::json::Json;
 use crate::PlanError;
@@ -13,12 +13,15 @@ pub fn text_encoder(cfg: &Json, class: &str) -> Result<u64, PlanError> {
         "UMT5EncoderModel" => t5(cfg, true),
         "Qwen2_5_VLForConditionalGeneration" => qwen2_5_vl(cfg),
         "Qwen3Model" | "Qwen3ForCausalLM" => qwen3(cfg, class == "Qwen3ForCausalLM"),
+        // Qwen-Image 2.1 runs the language model only (no vision tower, no LM head).
+        "Qwen3VLForConditionalGeneration" => qwen3(&cfg.nested_or_self("text_config"), false),
         other => Err(cfg.bad(
             "architectures",
             format!(
                 "`{other}` is not a text encoder the planner knows; known: CLIPTextModel, \
                  CLIPTextModelWithProjection, T5EncoderModel, UMT5EncoderModel, \
-                 Qwen2_5_VLForConditionalGeneration, Qwen3Model"
+                 Qwen2_5_VLForConditionalGeneration, Qwen3Model, \
+                 Qwen3VLForConditionalGeneration"
             ),
         )),
     }

@@ -29,12 +29,15 @@ pub fn vae(cfg: &Json, class: &str) -> Result<Vae, PlanError> {
             let v = kl(cfg)?;
             Ok(Vae { buffers: 2 * 4 * v.channels + 1, ..v })
         }
-        "AutoencoderKLWan" | "AutoencoderKLQwenImage" => wan(cfg),
+        "AutoencoderKLWan" | "AutoencoderKLQwenImage" => wan(cfg, 3),
+        // Qwen-Image 2.1's: Wan2.2's residual layout with 2-D convolutions (1×1 time convs).
+        "AutoencoderKLQwenImage21" => wan(cfg, 2),
         other => Err(cfg.bad(
             "_class_name",
             format!(
                 "`{other}` is not a VAE the planner knows; known: AutoencoderKL, \
-                 AutoencoderKLFlux2, AutoencoderKLQwenImage, AutoencoderKLWan"
+                 AutoencoderKLFlux2, AutoencoderKLQwenImage, AutoencoderKLQwenImage21, \
+                 AutoencoderKLWan"
             ),
         )),
     }
@@ -88,8 +91,10 @@ fn kl(cfg: &Json) -> Result<Vae, PlanError> {
 }
 
 /// Wan's causal 3-D VAE (Wan2.1 and Qwen-Image; Wan2.2's residual variant with
-/// `is_residual`), RMS norms with a gain only.
-fn wan(cfg: &Json) -> Result<Vae, PlanError> {
+/// `is_residual`), RMS norms with a gain only; with `dims` 2 every convolution is 2-D and the
+/// time convolutions 1×1 (Qwen-Image 2.1).
+fn wan(cfg: &Json, dims: u32) -> Result<Vae, PlanError> {
+    let kt = if dims == 3 { 3 } else { 1 };
     let base = cfg.int("base_dim", Some(96))?;
     let dec_base = cfg.int("decoder_base_dim", Some(base))?;
     let z = cfg.int("z_dim", Some(16))?;
@@ -103,23 +108,27 @@ fn wan(cfg: &Json) -> Result<Vae, PlanError> {
     }
     let stage = |i: usize| down.get(i).copied().unwrap_or(false);
     let resnet = |a: u64, b: u64| {
-        a + conv(a, b, 3, 3) + b + conv(b, b, 3, 3) + if a != b { conv(a, b, 1, 3) } else { 0 }
+        a + conv(a, b, 3, dims)
+            + b
+            + conv(b, b, 3, dims)
+            + if a != b { conv(a, b, 1, dims) } else { 0 }
     };
     let mid = |c: u64| 2 * resnet(c, c) + c + conv(c, 3 * c, 1, 2) + conv(c, c, 1, 2);
-    let dims: Vec<u64> = std::iter::once(1).chain(mult.iter().copied()).map(|m| base * m).collect();
-    let last = *dims.last().expect("one entry at least");
-    let mut encoder = conv(cin, dims[0], 3, 3) + mid(last) + last + conv(last, 2 * z, 3, 3);
+    let widths: Vec<u64> =
+        std::iter::once(1).chain(mult.iter().copied()).map(|m| base * m).collect();
+    let last = *widths.last().expect("one entry at least");
+    let mut encoder = conv(cin, widths[0], 3, dims) + mid(last) + last + conv(last, 2 * z, 3, dims);
     for i in 0..mult.len() {
-        let (a, b) = (dims[i], dims[i + 1]);
+        let (a, b) = (widths[i], widths[i + 1]);
         encoder += resnet(a, b) + (n - 1) * resnet(b, b);
         if i + 1 < mult.len() {
-            encoder += conv(b, b, 3, 2) + if stage(i) { b * b * 3 + b } else { 0 };
+            encoder += conv(b, b, 3, 2) + if stage(i) { b * b * kt + b } else { 0 };
         }
     }
     let top = *mult.last().expect("dim_mult is not empty");
     let ddims: Vec<u64> =
         std::iter::once(top).chain(mult.iter().rev().copied()).map(|m| dec_base * m).collect();
-    let mut decoder = conv(z, ddims[0], 3, 3) + mid(ddims[0]);
+    let mut decoder = conv(z, ddims[0], 3, dims) + mid(ddims[0]);
     for i in 0..mult.len() {
         let b = ddims[i + 1];
         // Wan2.1's upsamplers halve the width; the next stage starts from that half.
@@ -129,13 +138,13 @@ fn wan(cfg: &Json) -> Result<Vae, PlanError> {
             let out = if residual { b } else { b / 2 };
             decoder += conv(b, out, 3, 2);
             if stage(mult.len() - 2 - i) {
-                decoder += b * 2 * b * 3 + 2 * b;
+                decoder += b * 2 * b * kt + 2 * b;
             }
         }
     }
     let last_dec = *ddims.last().expect("one entry at least");
-    decoder += last_dec + conv(last_dec, cout, 3, 3);
-    let quant = conv(2 * z, 2 * z, 1, 3) + conv(z, z, 1, 3);
+    decoder += last_dec + conv(last_dec, cout, 3, dims);
+    let quant = conv(2 * z, 2 * z, 1, dims) + conv(z, z, 1, dims);
     let spatial = cfg.int("scale_factor_spatial", Some(1 << (mult.len() - 1)))?;
     let temporal = cfg.int("scale_factor_temporal", Some(4))?;
     Ok(Vae { params: encoder + decoder + quant, buffers: 0, channels: z, spatial, temporal })

@@ -70,6 +70,20 @@ fn flux2_klein_base_4b() {
     );
 }
 
+/// diffusers' default Qwen-Image 2.1 configs; the text encoder counts Qwen3-VL's language model
+/// only (flowtune runs neither the vision tower, 576,388,336, nor the LM head).
+#[test]
+fn qwen_image21() {
+    check(
+        "qwen-image-2.1",
+        &[
+            ("transformer", 7_115_124_736, 0),
+            ("text_encoder", 7_568_405_504, 0),
+            ("vae", 337_740_404, 0),
+        ],
+    );
+}
+
 #[test]
 fn qwen_image() {
     check(
@@ -162,6 +176,17 @@ fn lora_counts() {
         "ff_context.linear_out",
     ]);
     assert_eq!(lora("flux.2-klein-base-4b", &flux2), 76_677_120);
+    // Qwen-Image 2.1's recipe targets: 32 blocks × 64 · (4 · 8192 + 3 · 16384).
+    let qwen21 = [
+        "attn.to_q",
+        "attn.to_k",
+        "attn.to_v",
+        "attn.to_out.0",
+        "img_mlp.proj",
+        "img_mlp.gate_layer",
+        "img_mlp.out",
+    ];
+    assert_eq!(lora("qwen-image-2.1", &qwen21), 167_772_160);
     let wan = [
         "attn1.to_q",
         "attn1.to_k",

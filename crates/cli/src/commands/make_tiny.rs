@@ -1,4 +1,4 @@
-//! `flowtune make-tiny sd3|shapes|qwen-image|z-image|flux|flux2|wan DIR`: a random-initialised pipeline in the diffusers layout.
+//! `flowtune make-tiny sd3|shapes|qwen-image|qwen-image21|z-image|flux|flux2|wan DIR`: a random-initialised pipeline in the diffusers layout.
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +8,7 @@ use flowtune_models::flux2::{write_tiny_flux2, Flux2TransformerConfig, TinyFlux2
 use flowtune_models::qwen_image::{
     write_tiny_qwen_image, QwenImageTransformerConfig, TinyQwenImageSpec,
 };
+use flowtune_models::qwen_image21::{write_tiny_qwen_image21, TinyQwenImage21Spec};
 use flowtune_models::sd3::{write_tiny_sd3, Sd3TransformerConfig, TinySd3Spec, WeightInit};
 use flowtune_models::text_encoders::qwen_tiny::TinyQwenTextSpec;
 use flowtune_models::wan::{write_tiny_wan, TinyWanSpec, WanTransformerConfig};
@@ -26,6 +27,10 @@ pub enum MakeTiny {
     /// A QwenImagePipeline: transformer, VAE (AutoencoderKLQwenImage), Qwen2.5-VL text encoder,
     /// a small Qwen2 BPE tokenizer, scheduler; diffusers loads and runs it.
     QwenImage(QwenImageArgs),
+    /// A QwenImage21Pipeline (Qwen-Image 2.1): block-causal transformer, AutoencoderKLQwenImage21,
+    /// a Qwen3VLForConditionalGeneration config with the language model's weights, a
+    /// Qwen3VLProcessor (small Qwen2 BPE tokenizer), scheduler, author-set sample_sigmas.
+    QwenImage21(QwenImage21Args),
     /// A ZImagePipeline: transformer, VAE (AutoencoderKL with scaling and shift factors), Qwen3
     /// text encoder, a small Qwen2 BPE tokenizer with a Qwen3 chat template, scheduler;
     /// diffusers loads and runs it.
@@ -104,6 +109,19 @@ pub struct ZImageArgs {
     /// Attention heads (the rotary axes split the head width 1:1.5:1.5).
     #[arg(long, default_value_t = 2)]
     heads: i64,
+}
+
+#[derive(Args)]
+pub struct QwenImage21Args {
+    #[command(flatten)]
+    out: Out,
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    #[arg(long, default_value_t = 2)]
+    heads: i64,
+    /// Width of one head (the rotary axes split it 1:1.5:1.5).
+    #[arg(long, default_value_t = 16)]
+    head_dim: i64,
 }
 
 #[derive(Args)]
@@ -292,6 +310,18 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_flux2(dir, &spec))
+        }
+        MakeTiny::QwenImage21(a) => {
+            let side = (a.head_dim * 3 / 8) / 2 * 2;
+            let spec = TinyQwenImage21Spec {
+                seed: a.out.seed,
+                layers: a.layers,
+                heads: a.heads,
+                head_dim: a.head_dim,
+                axes_dims_rope: [a.head_dim - 2 * side, side, side],
+                ..Default::default()
+            };
+            a.out.write(|dir| write_tiny_qwen_image21(dir, &spec))
         }
         MakeTiny::QwenImage(a) => {
             let frame = (a.head_dim / 8) * 2;

@@ -20,6 +20,11 @@ pub(super) fn batch_to_frames(x: &Tensor, b: i64) -> Tensor {
     x.reshape([b, bt / b, c, h, w]).permute([0, 2, 1, 3, 4])
 }
 
+/// A causal 3×3×3 convolution of the layout's kind.
+fn conv3(s: &Scope<'_>, input: i64, output: i64, layout: &VaeLayout) -> CausalConv3d {
+    CausalConv3d::new(s, input, output, [3; 3], [1; 3], layout.time)
+}
+
 /// Two causal 3×3×3 convolutions after RMS norm and SiLU, plus the (1×1×1 where the width
 /// changes) shortcut.
 pub(super) struct ResidualBlock {
@@ -31,15 +36,17 @@ pub(super) struct ResidualBlock {
 }
 
 impl ResidualBlock {
-    /// The block below `s` from `input` to `output` channels.
-    pub fn new(s: &Scope<'_>, input: i64, output: i64) -> Self {
+    /// The block below `s` from `input` to `output` channels (`time`: see [`CausalConv3d`]).
+    pub fn new(s: &Scope<'_>, input: i64, output: i64, time: bool) -> Self {
+        let conv = |name: &str, input: i64, k: i64| {
+            CausalConv3d::new(&(s / name), input, output, [k; 3], [1; 3], time)
+        };
         Self {
             norm1: RmsNorm::new(&(s / "norm1"), input, false),
-            conv1: CausalConv3d::new(&(s / "conv1"), input, output, [3; 3], [1; 3]),
+            conv1: conv("conv1", input, 3),
             norm2: RmsNorm::new(&(s / "norm2"), output, false),
-            conv2: CausalConv3d::new(&(s / "conv2"), output, output, [3; 3], [1; 3]),
-            conv_shortcut: (input != output)
-                .then(|| CausalConv3d::new(&(s / "conv_shortcut"), input, output, [1; 3], [1; 3])),
+            conv2: conv("conv2", output, 3),
+            conv_shortcut: (input != output).then(|| conv("conv_shortcut", input, 1)),
         }
     }
 
@@ -94,30 +101,42 @@ pub(super) struct Resample {
 
 impl Resample {
     /// A downsampler of `dim` channels.
-    pub fn down(s: &Scope<'_>, dim: i64, temporal: bool) -> Self {
-        Self::new(s, dim, dim, false, temporal)
+    pub fn down(s: &Scope<'_>, dim: i64, temporal: bool, time: bool) -> Self {
+        Self::new(s, dim, dim, false, temporal, time)
     }
 
     /// An upsampler from `dim` to `output` channels (`dim / 2` in Wan2.1's decoder).
-    pub fn up(s: &Scope<'_>, dim: i64, output: i64, temporal: bool) -> Self {
-        Self::new(s, dim, output, true, temporal)
+    pub fn up(s: &Scope<'_>, dim: i64, output: i64, temporal: bool, time: bool) -> Self {
+        Self::new(s, dim, output, true, temporal, time)
     }
 
-    fn new(s: &Scope<'_>, dim: i64, output: i64, up: bool, temporal: bool) -> Self {
+    /// `time`: see [`CausalConv3d`]; without it the time convolutions are 1×1 and never run on
+    /// pictures (the first chunk passes them by).
+    fn new(s: &Scope<'_>, dim: i64, output: i64, up: bool, temporal: bool, time: bool) -> Self {
+        let kt = if time { 3 } else { 1 };
         let conv = &(s / "resample") / 1;
-        let time = s / "time_conv";
+        let time_conv = s / "time_conv";
         if up {
             Self {
                 conv: conv.conv2d(dim, output, 3, 1, 1),
                 time_conv: temporal
-                    .then(|| CausalConv3d::new(&time, dim, 2 * dim, [3, 1, 1], [1; 3])),
+                    .then(|| CausalConv3d::new(&time_conv, dim, 2 * dim, [kt, 1, 1], [1; 3], time)),
                 up,
             }
         } else {
             Self {
                 conv: conv.conv2d(dim, dim, 3, 2, 0),
                 time_conv: temporal.then(|| {
-                    CausalConv3d::with_padding(&time, dim, dim, [3, 1, 1], [2, 1, 1], [0; 3])
+                    let stride = [2, 1, 1];
+                    CausalConv3d::with_padding(
+                        &time_conv,
+                        dim,
+                        dim,
+                        [kt, 1, 1],
+                        stride,
+                        [0; 3],
+                        time,
+                    )
                 }),
                 up,
             }
@@ -166,10 +185,10 @@ struct MidBlock {
 }
 
 impl MidBlock {
-    fn new(s: &Scope<'_>, dim: i64) -> Self {
+    fn new(s: &Scope<'_>, dim: i64, time: bool) -> Self {
         let r = s / "resnets";
         Self {
-            resnets: [0, 1].map(|i| ResidualBlock::new(&(&r / i), dim, dim)),
+            resnets: [0, 1].map(|i| ResidualBlock::new(&(&r / i), dim, dim, time)),
             attention: AttentionBlock::new(&(&(s / "attentions") / 0), dim),
         }
     }
@@ -217,13 +236,19 @@ impl Encoder {
             let at = |n: usize| &list / n;
             let down = (i + 1 < levels).then(|| layout.temperal_downsample[i]);
             if layout.is_residual {
-                let block =
-                    ResidualDownBlock::new(&at(i), input, output, layout.num_res_blocks, down);
+                let block = ResidualDownBlock::new(
+                    &at(i),
+                    input,
+                    output,
+                    layout.num_res_blocks,
+                    down,
+                    layout.time,
+                );
                 down_blocks.push(DownLayer::ResidualDown(block));
                 continue;
             }
             for _ in 0..layout.num_res_blocks {
-                let block = ResidualBlock::new(&at(down_blocks.len()), input, output);
+                let block = ResidualBlock::new(&at(down_blocks.len()), input, output, layout.time);
                 down_blocks.push(DownLayer::Residual(block));
                 if layout.attn_scales.contains(&scale) {
                     let block = AttentionBlock::new(&at(down_blocks.len()), output);
@@ -232,24 +257,18 @@ impl Encoder {
                 input = output;
             }
             if let Some(temporal) = down {
-                let block = Resample::down(&at(down_blocks.len()), output, temporal);
+                let block = Resample::down(&at(down_blocks.len()), output, temporal, layout.time);
                 down_blocks.push(DownLayer::Resample(block));
                 scale /= 2.0;
             }
         }
         let top = *dims.last().expect("validated non-empty");
         Self {
-            conv_in: CausalConv3d::new(
-                &(s / "conv_in"),
-                layout.in_channels,
-                dims[0],
-                [3; 3],
-                [1; 3],
-            ),
+            conv_in: conv3(&(s / "conv_in"), layout.in_channels, dims[0], layout),
             down_blocks,
-            mid_block: MidBlock::new(&(s / "mid_block"), top),
+            mid_block: MidBlock::new(&(s / "mid_block"), top, layout.time),
             norm_out: RmsNorm::new(&(s / "norm_out"), top, false),
-            conv_out: CausalConv3d::new(&(s / "conv_out"), top, 2 * layout.z_dim, [3; 3], [1; 3]),
+            conv_out: conv3(&(s / "conv_out"), top, 2 * layout.z_dim, layout),
         }
     }
 
@@ -324,8 +343,14 @@ impl Decoder {
                 // The mirror of the encoder's temporal downsampling, when this level upsamples.
                 let up = (i + 1 < levels).then(|| layout.temperal_downsample[levels - 2 - i]);
                 if layout.is_residual {
-                    let block =
-                        ResidualUpBlock::new(&at, pair[0], output, layout.num_res_blocks, up);
+                    let block = ResidualUpBlock::new(
+                        &at,
+                        pair[0],
+                        output,
+                        layout.num_res_blocks,
+                        up,
+                        layout.time,
+                    );
                     return UpLayer::Residual(block);
                 }
                 // Every Wan2.1 upsampler halves the width it outputs.
@@ -334,28 +359,23 @@ impl Decoder {
                     resnets: (0..=layout.num_res_blocks)
                         .map(|j| {
                             let from = if j == 0 { input } else { output };
-                            ResidualBlock::new(&(&(&at / "resnets") / j), from, output)
+                            ResidualBlock::new(&(&(&at / "resnets") / j), from, output, layout.time)
                         })
                         .collect(),
                     upsampler: up.map(|temporal| {
-                        Resample::up(&(&(&at / "upsamplers") / 0), output, output / 2, temporal)
+                        let at = &(&at / "upsamplers") / 0;
+                        Resample::up(&at, output, output / 2, temporal, layout.time)
                     }),
                 })
             })
             .collect();
         let bottom = *dims.last().expect("validated non-empty");
         Self {
-            conv_in: CausalConv3d::new(&(s / "conv_in"), layout.z_dim, dims[0], [3; 3], [1; 3]),
-            mid_block: MidBlock::new(&(s / "mid_block"), dims[0]),
+            conv_in: conv3(&(s / "conv_in"), layout.z_dim, dims[0], layout),
+            mid_block: MidBlock::new(&(s / "mid_block"), dims[0], layout.time),
             up_blocks,
             norm_out: RmsNorm::new(&(s / "norm_out"), bottom, false),
-            conv_out: CausalConv3d::new(
-                &(s / "conv_out"),
-                bottom,
-                layout.out_channels,
-                [3; 3],
-                [1; 3],
-            ),
+            conv_out: conv3(&(s / "conv_out"), bottom, layout.out_channels, layout),
         }
     }
 

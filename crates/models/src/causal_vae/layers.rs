@@ -2,25 +2,36 @@
 
 use tch::{Kind, Tensor};
 
+use super::blocks::{batch_to_frames, frames_to_batch};
 use crate::nn::Scope;
 
 /// Frames of its input each causal convolution remembers for the next chunk (diffusers' CACHE_T).
 const HISTORY: i64 = 2;
 
 /// A 3-D convolution that is causal in time: the `2·padding_t` frames before the input are the
-/// history passed in (the end of the previous chunk), zeros where there is none.
+/// history passed in (the end of the previous chunk), zeros where there is none. Without `time`
+/// (Qwen-Image 2.1's image VAE) it is a 2-D convolution of each frame, its weight stored
+/// (out, in, kh, kw).
 pub(crate) struct CausalConv3d {
     weight: Tensor,
+    time: bool,
     bias: Tensor,
     stride: [i64; 3],
     padding: [i64; 3],
 }
 
 impl CausalConv3d {
-    /// `weight` (out, in, kt, kh, kw) and `bias` below `s`.
-    pub fn new(s: &Scope<'_>, input: i64, output: i64, kernel: [i64; 3], stride: [i64; 3]) -> Self {
+    /// `weight` (out, in, kt, kh, kw) (without `time`: (out, in, kh, kw)) and `bias` below `s`.
+    pub fn new(
+        s: &Scope<'_>,
+        input: i64,
+        output: i64,
+        kernel: [i64; 3],
+        stride: [i64; 3],
+        time: bool,
+    ) -> Self {
         let padding = kernel.map(|k| (k - 1) / 2);
-        Self::with_padding(s, input, output, kernel, stride, padding)
+        Self::with_padding(s, input, output, kernel, stride, padding, time)
     }
 
     /// As [`Self::new`] with explicit padding (time, height, width).
@@ -31,13 +42,17 @@ impl CausalConv3d {
         kernel: [i64; 3],
         stride: [i64; 3],
         padding: [i64; 3],
+        time: bool,
     ) -> Self {
         let [kt, kh, kw] = kernel;
+        let shape: &[i64] =
+            if time { &[output, input, kt, kh, kw] } else { &[output, input, kh, kw] };
         Self {
-            weight: s.var("weight", &[output, input, kt, kh, kw]),
+            weight: s.var("weight", shape),
             bias: s.var("bias", &[output]),
             stride,
             padding,
+            time,
         }
     }
 
@@ -48,6 +63,20 @@ impl CausalConv3d {
 
     /// `x` (B, C, T, H, W) after `history` (B, C, ≤ 2·padding_t, H, W).
     pub fn forward(&self, x: &Tensor, history: Option<&Tensor>) -> Tensor {
+        let [_, sh, sw] = self.stride;
+        let [_, ph, pw] = self.padding;
+        if !self.time {
+            let b = x.size()[0];
+            let y = frames_to_batch(x).conv2d(
+                &self.weight,
+                Some(&self.bias),
+                [sh, sw],
+                [ph, pw],
+                [1, 1],
+                1,
+            );
+            return batch_to_frames(&y, b);
+        }
         let mut front = 2 * self.padding[0];
         let x = match history {
             Some(h) if front > 0 => {
@@ -57,8 +86,6 @@ impl CausalConv3d {
             _ => x.shallow_clone(),
         };
         let kt = self.weight.size()[2];
-        let [_, sh, sw] = self.stride;
-        let [_, ph, pw] = self.padding;
         if x.size()[2] == 1 && front == kt - 1 {
             // One frame behind zeros: only the kernel's last time slice meets data.
             let weight = self.weight.select(2, kt - 1);

@@ -36,6 +36,9 @@ pub(crate) struct VaeLayout {
     pub in_channels: i64,
     pub out_channels: i64,
     pub is_residual: bool,
+    /// Convolutions see time (Wan, Qwen-Image); without it every one is a 2-D convolution of
+    /// each frame (Qwen-Image 2.1's image VAE: pictures only).
+    pub time: bool,
 }
 
 impl VaeLayout {
@@ -161,8 +164,22 @@ impl CausalVae {
         let z = layout.z_dim;
         Self {
             encoder: Encoder::new(&(root / "encoder"), layout),
-            quant_conv: CausalConv3d::new(&(root / "quant_conv"), 2 * z, 2 * z, [1; 3], [1; 3]),
-            post_quant_conv: CausalConv3d::new(&(root / "post_quant_conv"), z, z, [1; 3], [1; 3]),
+            quant_conv: CausalConv3d::new(
+                &(root / "quant_conv"),
+                2 * z,
+                2 * z,
+                [1; 3],
+                [1; 3],
+                layout.time,
+            ),
+            post_quant_conv: CausalConv3d::new(
+                &(root / "post_quant_conv"),
+                z,
+                z,
+                [1; 3],
+                [1; 3],
+                layout.time,
+            ),
             decoder: Decoder::new(&(root / "decoder"), layout),
         }
     }

@@ -72,17 +72,18 @@ impl ResidualDownBlock {
         output: i64,
         num_res_blocks: usize,
         down: Option<bool>,
+        time: bool,
     ) -> Self {
         let resnets = (0..num_res_blocks)
             .map(|j| {
                 let from = if j == 0 { input } else { output };
-                ResidualBlock::new(&(&(s / "resnets") / j), from, output)
+                ResidualBlock::new(&(&(s / "resnets") / j), from, output, time)
             })
             .collect();
         Self {
             resnets,
             downsampler: down
-                .map(|temporal| Resample::down(&(s / "downsampler"), output, temporal)),
+                .map(|temporal| Resample::down(&(s / "downsampler"), output, temporal, time)),
             shortcut: AvgDown {
                 output,
                 factor_t: if down == Some(true) { 2 } else { 1 },
@@ -120,17 +121,18 @@ impl ResidualUpBlock {
         output: i64,
         num_res_blocks: usize,
         up: Option<bool>,
+        time: bool,
     ) -> Self {
         let resnets = (0..=num_res_blocks)
             .map(|j| {
                 let from = if j == 0 { input } else { output };
-                ResidualBlock::new(&(&(s / "resnets") / j), from, output)
+                ResidualBlock::new(&(&(s / "resnets") / j), from, output, time)
             })
             .collect();
         Self {
             resnets,
             upsampler: up
-                .map(|temporal| Resample::up(&(s / "upsampler"), output, output, temporal)),
+                .map(|temporal| Resample::up(&(s / "upsampler"), output, output, temporal, time)),
             shortcut: up.map(|temporal| {
                 let factor_t = if temporal { 2 } else { 1 };
                 DupUp { output, factor_t, factor_s: 2, repeats: output * factor_t * 4 / input }

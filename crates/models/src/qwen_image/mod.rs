@@ -6,7 +6,7 @@ mod config;
 mod edit;
 mod family;
 mod pipeline;
-mod rope;
+pub(crate) mod rope;
 mod tiny;
 mod transformer;
 mod vae;

@@ -29,7 +29,7 @@ fn inverse_frequencies(dim: i64, theta: f64, device: Device) -> Tensor {
 
 /// Angles `position × inverse frequency` for each axis's positions (each (S,)), concatenated
 /// along the frequency dimension.
-fn angles(axes: &[i64; 3], theta: f64, positions: [&Tensor; 3]) -> Tensor {
+pub(crate) fn angles(axes: &[i64; 3], theta: f64, positions: [&Tensor; 3]) -> Tensor {
     let parts: Vec<Tensor> = axes
         .iter()
         .zip(positions)

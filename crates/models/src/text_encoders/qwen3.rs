@@ -68,7 +68,23 @@ impl Default for Qwen3Fields {
 
 /// Reads a Qwen3 `config.json` into the decoder's shape, rejecting what it does not run.
 pub fn qwen3_shape(path: &Path) -> Result<DecoderShape, ModelError> {
-    let f: Qwen3Fields = read_config(path)?;
+    shape_of(read_config(path)?, path)
+}
+
+/// The language model's shape from a `Qwen3VLForConditionalGeneration` `config.json`
+/// (`text_config`). Its multimodal rotary sections rotate text tokens, whose three position axes
+/// are equal, exactly as plain 1-D rotary positions do.
+pub fn qwen3_vl_text_shape(path: &Path) -> Result<DecoderShape, ModelError> {
+    let config: serde_json::Value = read_config(path)?;
+    let fields =
+        serde_json::from_value(config["text_config"].clone()).map_err(|e| ModelError::Format {
+            path: path.display().to_string(),
+            message: format!("text_config: {e}"),
+        })?;
+    shape_of(fields, path)
+}
+
+fn shape_of(f: Qwen3Fields, path: &Path) -> Result<DecoderShape, ModelError> {
     let bad = |message: String| ModelError::Format { path: path.display().to_string(), message };
     if f.hidden_act != "silu" || f.attention_bias || f.use_sliding_window {
         return Err(bad(format!(
@@ -126,6 +142,28 @@ impl Qwen3TextEncoder {
         Ok(model)
     }
 
+    /// The language model of a `Qwen3VLForConditionalGeneration` directory, frozen; the vision
+    /// tower and `lm_head` are skipped.
+    pub fn load_vl(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
+        let mut model = Self::new(&qwen3_vl_text_shape(&dir.join("config.json"))?, device, kind);
+        let ignored = &["lm_head.", "model.visual."];
+        let renamed = &[("model.language_model.", "")];
+        super::load_frozen(&mut model.store, dir, kind, ignored, renamed)?;
+        Ok(model)
+    }
+
+    /// The last layer's output (B, L, hidden_size) before the final norm, as
+    /// [`Self::penultimate`] takes its inputs.
+    pub fn last_layer(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        let depth = self.decoder.shape.num_hidden_layers;
+        let mut states = self.states(input_ids, attention_mask, &[depth], false)?;
+        Ok(states.pop().expect("one state"))
+    }
+
     /// Width of the hidden states.
     pub fn hidden_size(&self) -> i64 {
         self.decoder.shape.hidden_size
@@ -157,6 +195,17 @@ impl Qwen3TextEncoder {
         attention_mask: &Tensor,
         layers: &[usize],
     ) -> Result<Vec<Tensor>, ModelError> {
+        self.states(input_ids, attention_mask, layers, true)
+    }
+
+    /// [`Self::hidden_states`], the last layer's after the final norm when `final_norm`.
+    fn states(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        layers: &[usize],
+        final_norm: bool,
+    ) -> Result<Vec<Tensor>, ModelError> {
         let (b, l) = input_ids.size2()?;
         if attention_mask.size() != [b, l] {
             return Err(ModelError::Input(format!(
@@ -182,7 +231,7 @@ impl Qwen3TextEncoder {
             &[shape.head_dim / 2],
             layers,
         )?;
-        if layers.last() == Some(&count) {
+        if final_norm && layers.last() == Some(&count) {
             let last = states.pop().expect("the last layer's state");
             states.push(self.decoder.final_norm(&last));
         }

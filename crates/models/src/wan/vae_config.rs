@@ -104,6 +104,7 @@ impl WanVaeConfig {
             in_channels: self.in_channels,
             out_channels: self.out_channels,
             is_residual: self.is_residual,
+            time: true,
         }
     }
 

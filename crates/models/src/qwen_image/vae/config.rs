@@ -71,6 +71,7 @@ impl QwenVaeConfig {
             in_channels: self.input_channels,
             out_channels: self.input_channels,
             is_residual: false,
+            time: true,
         }
     }
 
