@@ -203,7 +203,7 @@ fn tiny(family: &'static str) -> PathBuf {
 /// Sequence parallelism: a group of 2 ranks, each with half of every sample's tokens, trains as
 /// one process (every step compared) on a tiny Wan (text-to-video and image-to-video) and a tiny
 /// Qwen-Image (joint attention, masked text); on Wan so do 2 such groups (4 ranks) with half the
-/// step each. (SD3 is compared by the models' sequence_parallel test only: on the tiny SD3 the
+/// step each, and a group whose frozen block weights are sharded over it. (SD3 is compared by the models' sequence_parallel test only: on the tiny SD3 the
 /// split matmuls' f32 rounding moves rewards by 6e-6 relative, which the advantages of groups of
 /// two magnify to 2.5e-4, past this comparison's 1e-5.)
 #[test]
@@ -226,6 +226,12 @@ fn sequence_parallel_ranks_train_as_one_process() {
             assert!(metrics(&b).iter().all(|l| l["dist/sequence_parallel_size"] == 2.0
                 && l["dist/world_size"] == (2 * g) as f64));
             eprintln!("{recipe}: {g} group(s) of S = 2 = 1 process");
+        }
+        if family == "wan" {
+            // With the frozen block weights sharded over the group too (what 720p needs).
+            let b = scratch(&format!("sp-frozen-{recipe}"));
+            ranks(2, recipe, &b, &[&sp[..], &["trainer.sharding=frozen"]].concat());
+            assert_same_run(&a, &b, 1..=2);
         }
     }
 }
