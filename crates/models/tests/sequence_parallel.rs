@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowtune_dist::{Backend, DistEnv, ProcessGroup, ReduceOp};
+use flowtune_models::flux::{write_tiny_flux, FluxTransformer, TinyFluxSpec, GUIDANCE};
 use flowtune_models::nn::attention;
 use flowtune_models::qwen_image::{write_tiny_qwen_image, QwenImageTransformer, TinyQwenImageSpec};
 use flowtune_models::sd3::{write_tiny_sd3, Sd3Transformer, TinySd3Spec};
@@ -32,6 +33,7 @@ fn worker_process() {
             "wan" => wan_matches(&pg),
             "qwen_image" => qwen_image_matches(&pg),
             "sd3" => sd3_matches(&pg),
+            "flux" => flux_matches(&pg),
             other => panic!("unknown scenario {other}"),
         }
         pg.barrier().unwrap();
@@ -56,6 +58,11 @@ fn tiny_qwen_image_forward_and_backward_equal_one_process() {
 #[test]
 fn tiny_sd3_forward_and_backward_equal_one_process() {
     launch_all("sd3");
+}
+
+#[test]
+fn tiny_flux_forward_and_backward_equal_one_process() {
+    launch_all("flux");
 }
 
 fn launch_all(scenario: &str) {
@@ -222,6 +229,31 @@ fn sd3_matches(pg: &Arc<ProcessGroup>) {
         let text =
             TextConditioning::new(embeds, Some(Tensor::randn([2, c.pooled_projection_dim], F64)));
         let what = format!("SD3, {} image and {text_len} text tokens", size[0] * size[1] / 4);
+        compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
+    }
+}
+
+/// A tiny FLUX.1 (4 heads, double- and single-stream blocks) in f64, as [`sd3_matches`]: text
+/// then image tokens, both split, through both kinds of block.
+fn flux_matches(pg: &Arc<ProcessGroup>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_flux(dir.path(), &TinyFluxSpec { heads: 4, ..Default::default() }).unwrap();
+    let path = dir.path().join("transformer");
+    let load = || FluxTransformer::load(&path, Device::Cpu, Kind::Double, None);
+    let (one, split) = (load().unwrap(), load().unwrap());
+    split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    let c = one.config.clone();
+    // Latent (rows, columns): 4·3 = 12 and 3·3 = 9 image tokens (2×2 packing); 8 or 5 text.
+    for (size, text_len) in [([8, 6], 8), ([6, 6], 5)] {
+        tch::manual_seed(4);
+        let latents = Tensor::randn([2, c.in_channels / 4, size[0], size[1]], F64);
+        let embeds = Tensor::randn([2, text_len, c.joint_attention_dim], F64);
+        let pooled = Tensor::randn([2, c.pooled_projection_dim], F64);
+        let mut text = TextConditioning::new(embeds, Some(pooled));
+        if c.guidance_embeds {
+            text.extras.insert(GUIDANCE.into(), Tensor::from_slice(&[3.5f64, 3.5]));
+        }
+        let what = format!("FLUX.1, {} image and {text_len} text tokens", size[0] * size[1] / 4);
         compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
     }
 }
