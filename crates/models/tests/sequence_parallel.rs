@@ -161,6 +161,8 @@ fn wan_matches(pg: &Arc<ProcessGroup>) {
         || WanTransformer::load(&dir.path().join("transformer"), Device::Cpu, Kind::Double, None);
     let (one, split) = (load().unwrap(), load().unwrap());
     split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    // Blocks recomputed in backward rerun their exchanges (and keep what they need alive).
+    split.set_gradient_checkpointing(true);
     let c = one.config.clone();
     // (frames, rows, columns) of latents: 3·2·3 = 18 tokens and 3·1·5 = 15 (patch 1×2×2).
     for grid in [[3, 4, 6], [3, 2, 10]] {
@@ -194,6 +196,8 @@ fn qwen_image_matches(pg: &Arc<ProcessGroup>) {
     let load = || QwenImageTransformer::load(&path, Device::Cpu, Kind::Double, None);
     let (one, split) = (load().unwrap(), load().unwrap());
     split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    // Blocks recomputed in backward rerun their exchanges (and keep what they need alive).
+    split.set_gradient_checkpointing(true);
     let c = one.config.clone();
     // Latent (rows, columns): 4·3 = 12 and 3·3 = 9 image tokens (patch 2); 5 or 8 text tokens.
     for (size, text_len) in [([8, 6], 8), ([6, 6], 5)] {
@@ -220,6 +224,8 @@ fn sd3_matches(pg: &Arc<ProcessGroup>) {
     let load = || Sd3Transformer::load(&path, Device::Cpu, Kind::Double, None);
     let (one, split) = (load().unwrap(), load().unwrap());
     split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    // Blocks recomputed in backward rerun their exchanges (and keep what they need alive).
+    split.set_gradient_checkpointing(true);
     let c = one.config.clone();
     // Latent (rows, columns): 4·3 = 12 and 3·3 = 9 image tokens (patch 2); 8 or 5 text tokens.
     for (size, text_len) in [([8, 6], 8), ([6, 6], 5)] {
@@ -242,6 +248,8 @@ fn flux_matches(pg: &Arc<ProcessGroup>) {
     let load = || FluxTransformer::load(&path, Device::Cpu, Kind::Double, None);
     let (one, split) = (load().unwrap(), load().unwrap());
     split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    // Blocks recomputed in backward rerun their exchanges (and keep what they need alive).
+    split.set_gradient_checkpointing(true);
     let c = one.config.clone();
     // Latent (rows, columns): 4·3 = 12 and 3·3 = 9 image tokens (2×2 packing); 8 or 5 text.
     for (size, text_len) in [([8, 6], 8), ([6, 6], 5)] {
@@ -261,7 +269,8 @@ fn flux_matches(pg: &Arc<ProcessGroup>) {
 const F64: (Kind, Device) = (Kind::Double, Device::Cpu);
 
 /// The velocity of `latents` and the gradients of Σ velocity·w from `one` (whole samples) and
-/// `split` (this rank's tokens; gradients summed over the ranks): velocity within 1e-12 and
+/// `split` (this rank's tokens, checkpointed blocks; gradients summed over the ranks): velocity
+/// within 1e-12 and
 /// gradients within `grad_tol`, relative to the largest value.
 fn compare(
     pg: &ProcessGroup,
@@ -286,7 +295,9 @@ fn compare(
         (v.detach(), grads)
     };
     let (v_one, g_one) = run(one);
+    let recomputed = flowtune_recompute::recomputed_blocks();
     let (v_split, g_split) = run(split);
+    assert!(flowtune_recompute::recomputed_blocks() > recomputed, "{what}: nothing recomputed");
     let dv = max_diff(&v_split, &v_one) / v_one.abs().max().double_value(&[]).max(1.0);
     let mut dg: f64 = 0.0;
     for (name, g) in &g_split {
