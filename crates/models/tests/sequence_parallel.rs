@@ -18,6 +18,7 @@ use flowtune_models::qwen_image::{write_tiny_qwen_image, QwenImageTransformer, T
 use flowtune_models::sd3::{write_tiny_sd3, Sd3Transformer, TinySd3Spec};
 use flowtune_models::sequence::{SequenceGroup, SequenceParallel};
 use flowtune_models::wan::{write_tiny_wan, TinyWanSpec, WanTransformer};
+use flowtune_models::z_image::{write_tiny_z_image, TinyZImageSpec, ZImageTransformer};
 use flowtune_models::{ModelError, TextConditioning, TrainableDenoiser, HELD_LATENTS};
 use launch::{expect_success, free_port, Proc, SCENARIO};
 use tch::{Device, Kind, Tensor};
@@ -34,6 +35,7 @@ fn worker_process() {
             "qwen_image" => qwen_image_matches(&pg),
             "sd3" => sd3_matches(&pg),
             "flux" => flux_matches(&pg),
+            "z_image" => z_image_matches(&pg),
             other => panic!("unknown scenario {other}"),
         }
         pg.barrier().unwrap();
@@ -63,6 +65,11 @@ fn tiny_sd3_forward_and_backward_equal_one_process() {
 #[test]
 fn tiny_flux_forward_and_backward_equal_one_process() {
     launch_all("flux");
+}
+
+#[test]
+fn tiny_z_image_forward_and_backward_equal_one_process() {
+    launch_all("z_image");
 }
 
 fn launch_all(scenario: &str) {
@@ -262,6 +269,31 @@ fn flux_matches(pg: &Arc<ProcessGroup>) {
             text.extras.insert(GUIDANCE.into(), Tensor::from_slice(&[3.5f64, 3.5]));
         }
         let what = format!("FLUX.1, {} image and {text_len} text tokens", size[0] * size[1] / 4);
+        compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
+    }
+}
+
+/// A tiny Z-Image (4 heads) in f64, as [`qwen_image_matches`]: noise and context refiners and the
+/// unified stack, captions of different lengths (masked), all split.
+fn z_image_matches(pg: &Arc<ProcessGroup>) {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TinyZImageSpec { heads: 4, axes_dims: vec![4, 6, 6], ..Default::default() };
+    write_tiny_z_image(dir.path(), &spec).unwrap();
+    let path = dir.path().join("transformer");
+    let load = || ZImageTransformer::load(&path, Device::Cpu, Kind::Double, None);
+    let (one, split) = (load().unwrap(), load().unwrap());
+    split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    split.set_gradient_checkpointing(true);
+    let c = one.config.clone();
+    for (size, text_len) in [([8, 6], 8), ([6, 6], 40)] {
+        tch::manual_seed(5);
+        let latents = Tensor::randn([2, c.in_channels, size[0], size[1]], F64);
+        let mut text =
+            TextConditioning::new(Tensor::randn([2, text_len, c.cap_feat_dim], F64), None);
+        let mask = Tensor::ones([2, text_len], (Kind::Int64, Device::Cpu));
+        let _ = mask.get(1).narrow(0, text_len - 3, 3).fill_(0);
+        text.mask = Some(mask);
+        let what = format!("Z-Image, {} image and {text_len} text tokens", size[0] * size[1] / 4);
         compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
     }
 }
