@@ -203,7 +203,7 @@ fn tiny(family: &'static str) -> PathBuf {
 /// Sequence parallelism: a group of 2 ranks, each with half of every sample's tokens, trains as
 /// one process (every step compared) on a tiny Wan (text-to-video and image-to-video) and a tiny
 /// Qwen-Image (joint attention, masked text); on Wan so do 2 such groups (4 ranks) with half the
-/// step each. (SD3 is compared by the models' sequence_parallel test only: on the tiny SD3 the
+/// step each, and a group whose frozen block weights are sharded over it. (SD3 is compared by the models' sequence_parallel test only: on the tiny SD3 the
 /// split matmuls' f32 rounding moves rewards by 6e-6 relative, which the advantages of groups of
 /// two magnify to 2.5e-4, past this comparison's 1e-5.)
 #[test]
@@ -227,11 +227,17 @@ fn sequence_parallel_ranks_train_as_one_process() {
                 && l["dist/world_size"] == (2 * g) as f64));
             eprintln!("{recipe}: {g} group(s) of S = 2 = 1 process");
         }
+        if family == "wan" {
+            // With the frozen block weights sharded over the group too (what 720p needs).
+            let b = scratch(&format!("sp-frozen-{recipe}"));
+            ranks(2, recipe, &b, &[&sp[..], &["trainer.sharding=frozen"]].concat());
+            assert_same_run(&a, &b, 1..=2);
+        }
     }
 }
 
 /// Sequence parallelism that cannot work is refused before training, naming the key: a size
-/// that does not divide the world, or the model's heads, and a family without it (FLUX.1).
+/// that does not divide the world, or the model's heads, and a family without it (FLUX.2).
 #[test]
 fn impossible_sequence_parallelism_is_refused_by_name() {
     let model = format!("model.path={}", tiny("wan").display());
@@ -262,11 +268,11 @@ fn impossible_sequence_parallelism_is_refused_by_name() {
         &[&model, s4],
         "trainer.sequence_parallel_size 4 does not divide Wan's 2 attention heads",
     );
-    let flux = format!("model.path={}", tiny("flux").display());
+    let flux2 = format!("model.path={}", tiny("flux2").display());
     refused(
         2,
-        "flow_grpo_flux_tiny.yaml",
-        &[&flux, s2],
+        "flow_grpo_flux2_tiny.yaml",
+        &[&flux2, s2],
         "no sequence-parallel attention; trainer.sequence_parallel_size must be 1",
     );
 }

@@ -115,6 +115,27 @@ fn qwen_image_full_on_8_gpus_fits_only_fully_sharded() {
     assert!(full.contains("block weights, f32 masters (1/8)") && full.contains("fits"), "{full}");
 }
 
+/// Wan2.2-A14B at 720² × 81 frames on 8 × 80 GB: without sequence parallelism a rank's
+/// activations alone overflow; the verdict shards the frozen blocks and splits the tokens over 2.
+#[test]
+fn long_videos_fit_by_sequence_parallelism() {
+    let args = ["plan", "examples/plan/wan_a14b_lora_1gpu.yaml", "--gpus", "8"];
+    let args = [&args[..], &["model.resolution=720", "model.num_frames=81"]].concat();
+    let j = json(&args);
+    assert_eq!(j["fits"], false, "{j}");
+    let changes =
+        serde_json::json!(["trainer.sharding=frozen", "trainer.sequence_parallel_size=2"]);
+    assert_eq!(j["changes"], changes, "{j}");
+    // S = 8: 5,316 tokens per rank, 79.0 GiB; with frozen shards 34.6 (docs/plan.md).
+    let eight = json(&[&args[..], &["trainer.sequence_parallel_size=8"]].concat());
+    assert_eq!(eight["tokens"], 5316, "{eight}");
+    assert_eq!(eight["changes"], serde_json::json!(["trainer.sharding=frozen"]), "{eight}");
+    let out = flowtune(&[&args[..], &["trainer.sequence_parallel_size=3"]].concat());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("trainer.sequence_parallel_size 3 does not divide --gpus 8"), "{err}");
+}
+
 #[test]
 fn a_plan_that_does_not_fit_names_the_cheapest_change() {
     let j = json(&[

@@ -29,6 +29,10 @@ pub trait SequenceGroup: Send + Sync {
     fn all_gather(&self, x: &Tensor) -> Result<Tensor, ModelError>;
 }
 
+/// A sequence-parallel group and the key mask of one attention ([`SequenceParallel::key_mask`]),
+/// when a block's tokens are this rank's shares.
+pub type Split<'a> = Option<(&'a SequenceParallel, Option<&'a Tensor>)>;
+
 /// A model's sequence-parallel group.
 #[derive(Clone)]
 pub struct SequenceParallel(pub Arc<dyn SequenceGroup>);

@@ -12,11 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowtune_dist::{Backend, DistEnv, ProcessGroup, ReduceOp};
+use flowtune_models::flux::{write_tiny_flux, FluxTransformer, TinyFluxSpec, GUIDANCE};
 use flowtune_models::nn::attention;
 use flowtune_models::qwen_image::{write_tiny_qwen_image, QwenImageTransformer, TinyQwenImageSpec};
 use flowtune_models::sd3::{write_tiny_sd3, Sd3Transformer, TinySd3Spec};
 use flowtune_models::sequence::{SequenceGroup, SequenceParallel};
 use flowtune_models::wan::{write_tiny_wan, TinyWanSpec, WanTransformer};
+use flowtune_models::z_image::{write_tiny_z_image, TinyZImageSpec, ZImageTransformer};
 use flowtune_models::{ModelError, TextConditioning, TrainableDenoiser, HELD_LATENTS};
 use launch::{expect_success, free_port, Proc, SCENARIO};
 use tch::{Device, Kind, Tensor};
@@ -32,6 +34,8 @@ fn worker_process() {
             "wan" => wan_matches(&pg),
             "qwen_image" => qwen_image_matches(&pg),
             "sd3" => sd3_matches(&pg),
+            "flux" => flux_matches(&pg),
+            "z_image" => z_image_matches(&pg),
             other => panic!("unknown scenario {other}"),
         }
         pg.barrier().unwrap();
@@ -56,6 +60,16 @@ fn tiny_qwen_image_forward_and_backward_equal_one_process() {
 #[test]
 fn tiny_sd3_forward_and_backward_equal_one_process() {
     launch_all("sd3");
+}
+
+#[test]
+fn tiny_flux_forward_and_backward_equal_one_process() {
+    launch_all("flux");
+}
+
+#[test]
+fn tiny_z_image_forward_and_backward_equal_one_process() {
+    launch_all("z_image");
 }
 
 fn launch_all(scenario: &str) {
@@ -154,6 +168,8 @@ fn wan_matches(pg: &Arc<ProcessGroup>) {
         || WanTransformer::load(&dir.path().join("transformer"), Device::Cpu, Kind::Double, None);
     let (one, split) = (load().unwrap(), load().unwrap());
     split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    // Blocks recomputed in backward rerun their exchanges (and keep what they need alive).
+    split.set_gradient_checkpointing(true);
     let c = one.config.clone();
     // (frames, rows, columns) of latents: 3·2·3 = 18 tokens and 3·1·5 = 15 (patch 1×2×2).
     for grid in [[3, 4, 6], [3, 2, 10]] {
@@ -187,6 +203,8 @@ fn qwen_image_matches(pg: &Arc<ProcessGroup>) {
     let load = || QwenImageTransformer::load(&path, Device::Cpu, Kind::Double, None);
     let (one, split) = (load().unwrap(), load().unwrap());
     split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    // Blocks recomputed in backward rerun their exchanges (and keep what they need alive).
+    split.set_gradient_checkpointing(true);
     let c = one.config.clone();
     // Latent (rows, columns): 4·3 = 12 and 3·3 = 9 image tokens (patch 2); 5 or 8 text tokens.
     for (size, text_len) in [([8, 6], 8), ([6, 6], 5)] {
@@ -213,6 +231,8 @@ fn sd3_matches(pg: &Arc<ProcessGroup>) {
     let load = || Sd3Transformer::load(&path, Device::Cpu, Kind::Double, None);
     let (one, split) = (load().unwrap(), load().unwrap());
     split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    // Blocks recomputed in backward rerun their exchanges (and keep what they need alive).
+    split.set_gradient_checkpointing(true);
     let c = one.config.clone();
     // Latent (rows, columns): 4·3 = 12 and 3·3 = 9 image tokens (patch 2); 8 or 5 text tokens.
     for (size, text_len) in [([8, 6], 8), ([6, 6], 5)] {
@@ -226,10 +246,63 @@ fn sd3_matches(pg: &Arc<ProcessGroup>) {
     }
 }
 
+/// A tiny FLUX.1 (4 heads, double- and single-stream blocks) in f64, as [`sd3_matches`]: text
+/// then image tokens, both split, through both kinds of block.
+fn flux_matches(pg: &Arc<ProcessGroup>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_flux(dir.path(), &TinyFluxSpec { heads: 4, ..Default::default() }).unwrap();
+    let path = dir.path().join("transformer");
+    let load = || FluxTransformer::load(&path, Device::Cpu, Kind::Double, None);
+    let (one, split) = (load().unwrap(), load().unwrap());
+    split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    // Blocks recomputed in backward rerun their exchanges (and keep what they need alive).
+    split.set_gradient_checkpointing(true);
+    let c = one.config.clone();
+    // Latent (rows, columns): 4·3 = 12 and 3·3 = 9 image tokens (2×2 packing); 8 or 5 text.
+    for (size, text_len) in [([8, 6], 8), ([6, 6], 5)] {
+        tch::manual_seed(4);
+        let latents = Tensor::randn([2, c.in_channels / 4, size[0], size[1]], F64);
+        let embeds = Tensor::randn([2, text_len, c.joint_attention_dim], F64);
+        let pooled = Tensor::randn([2, c.pooled_projection_dim], F64);
+        let mut text = TextConditioning::new(embeds, Some(pooled));
+        if c.guidance_embeds {
+            text.extras.insert(GUIDANCE.into(), Tensor::from_slice(&[3.5f64, 3.5]));
+        }
+        let what = format!("FLUX.1, {} image and {text_len} text tokens", size[0] * size[1] / 4);
+        compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
+    }
+}
+
+/// A tiny Z-Image (4 heads) in f64, as [`qwen_image_matches`]: noise and context refiners and the
+/// unified stack, captions of different lengths (masked), all split.
+fn z_image_matches(pg: &Arc<ProcessGroup>) {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TinyZImageSpec { heads: 4, axes_dims: vec![4, 6, 6], ..Default::default() };
+    write_tiny_z_image(dir.path(), &spec).unwrap();
+    let path = dir.path().join("transformer");
+    let load = || ZImageTransformer::load(&path, Device::Cpu, Kind::Double, None);
+    let (one, split) = (load().unwrap(), load().unwrap());
+    split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    split.set_gradient_checkpointing(true);
+    let c = one.config.clone();
+    for (size, text_len) in [([8, 6], 8), ([6, 6], 40)] {
+        tch::manual_seed(5);
+        let latents = Tensor::randn([2, c.in_channels, size[0], size[1]], F64);
+        let mut text =
+            TextConditioning::new(Tensor::randn([2, text_len, c.cap_feat_dim], F64), None);
+        let mask = Tensor::ones([2, text_len], (Kind::Int64, Device::Cpu));
+        let _ = mask.get(1).narrow(0, text_len - 3, 3).fill_(0);
+        text.mask = Some(mask);
+        let what = format!("Z-Image, {} image and {text_len} text tokens", size[0] * size[1] / 4);
+        compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
+    }
+}
+
 const F64: (Kind, Device) = (Kind::Double, Device::Cpu);
 
 /// The velocity of `latents` and the gradients of Σ velocity·w from `one` (whole samples) and
-/// `split` (this rank's tokens; gradients summed over the ranks): velocity within 1e-12 and
+/// `split` (this rank's tokens, checkpointed blocks; gradients summed over the ranks): velocity
+/// within 1e-12 and
 /// gradients within `grad_tol`, relative to the largest value.
 fn compare(
     pg: &ProcessGroup,
@@ -254,7 +327,9 @@ fn compare(
         (v.detach(), grads)
     };
     let (v_one, g_one) = run(one);
+    let recomputed = flowtune_recompute::recomputed_blocks();
     let (v_split, g_split) = run(split);
+    assert!(flowtune_recompute::recomputed_blocks() > recomputed, "{what}: nothing recomputed");
     let dv = max_diff(&v_split, &v_one) / v_one.abs().max().double_value(&[]).max(1.0);
     let mut dg: f64 = 0.0;
     for (name, g) in &g_split {

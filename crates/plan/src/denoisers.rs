@@ -38,6 +38,9 @@ pub struct Denoiser {
     pub text_width: u64,
     /// Latent channels the denoiser reads per pixel of the latent grid (before patching).
     pub in_channels: u64,
+    /// Attention heads, where flowtune can split sequences over them
+    /// (`trainer.sequence_parallel_size` must divide them); None for FLUX.2.
+    pub sequence_heads: Option<u64>,
 }
 
 /// Bytes one block saves for backward per token and hidden unit (c of large-models.md §2.2), by
@@ -77,7 +80,15 @@ pub mod c {
 /// Reads the denoiser whose config is `cfg`, by its `_class_name`.
 pub fn denoiser(cfg: &Json) -> Result<Denoiser, PlanError> {
     let class = cfg.class().unwrap_or_default();
-    match class.as_str() {
+    // The families' defaults, as their parsers read them.
+    let heads = match class.as_str() {
+        "Flux2Transformer2DModel" => None,
+        "ZImageTransformer2DModel" => Some(cfg.int("n_heads", Some(30))?),
+        "SD3Transformer2DModel" => Some(cfg.int("num_attention_heads", Some(18))?),
+        "WanTransformer3DModel" => Some(cfg.int("num_attention_heads", Some(40))?),
+        _ => Some(cfg.int("num_attention_heads", Some(24))?),
+    };
+    let mut d = match class.as_str() {
         "SD3Transformer2DModel" => sd3(cfg),
         "FluxTransformer2DModel" => flux(cfg),
         "Flux2Transformer2DModel" => flux2(cfg),
@@ -94,7 +105,9 @@ pub fn denoiser(cfg: &Json) -> Result<Denoiser, PlanError> {
                  WanTransformer3DModel"
             ),
         )),
-    }
+    }?;
+    d.sequence_heads = heads;
+    Ok(d)
 }
 
 /// An MLP embedder `a → h → h` (two biased linears), as the timestep and text embedders are.
@@ -194,6 +207,7 @@ fn image(
         joint_text: true,
         text_width,
         in_channels,
+        sequence_heads: None,
     }
 }
 

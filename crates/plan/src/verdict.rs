@@ -38,6 +38,7 @@ enum Change {
     State(StateOffload),
     ShardFrozen,
     ShardFull,
+    SequenceParallel(u64),
 }
 
 impl Change {
@@ -51,6 +52,7 @@ impl Change {
             Self::State(o) => s.state_offload = o,
             Self::ShardFrozen => s.sharding = Sharding::Frozen,
             Self::ShardFull => s.sharding = Sharding::Full,
+            Self::SequenceParallel(n) => s.sequence_parallel = n,
         }
     }
 
@@ -67,6 +69,7 @@ impl Change {
             Self::State(_) => "trainer.offload=optimizer".into(),
             Self::ShardFrozen => "trainer.sharding=frozen".into(),
             Self::ShardFull => "trainer.sharding=full".into(),
+            Self::SequenceParallel(n) => format!("trainer.sequence_parallel_size={n}"),
         }
     }
 }
@@ -81,7 +84,9 @@ fn with(setup: &Setup, changes: &[Change]) -> Setup {
 }
 
 /// Whether `setup` fits; if not, tries in order checkpointing, offloading the encoders, then the
-/// VAE, (LoRA on several GPUs) sharding the frozen blocks, halving the micro-batch, and (full fine-tuning, where ZeRO-1 shards masters and Adam
+/// VAE, (LoRA on several GPUs) sharding the frozen blocks, halving the micro-batch (and the
+/// rollout batch), sequence parallelism over more ranks (each size dividing the GPUs and the
+/// heads), and (full fine-tuning, where ZeRO-1 shards masters and Adam
 /// moments) more GPUs, keeping each change, then drops those the result does not need.
 pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
     let budget = USABLE * setup.gpu_memory_gib;
@@ -123,6 +128,13 @@ pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
         b /= 2;
         changes.push(Change::RolloutBatch(b));
     }
+    // Sequence parallelism: every S that divides the GPUs and the heads, smallest first.
+    let heads = pipe.denoiser().sequence_heads.unwrap_or(1);
+    for n in setup.sequence_parallel.max(1) + 1..=setup.gpus {
+        if setup.gpus.is_multiple_of(n) && heads.is_multiple_of(n) {
+            changes.push(Change::SequenceParallel(n));
+        }
+    }
     if setup.full {
         let base = with(setup, &changes);
         if let Some(n) = (setup.gpus + 1..=MAX_GPUS)
@@ -152,7 +164,7 @@ pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
         };
         let m = format!(
             "does not fit ({now:.1} GiB > {budget:.1}), nor with checkpointing, offload, \
-             sharding, micro-batch 1, rollout batch 1, the trained state on the host{more}"
+             sharding, sequence parallelism, micro-batch 1, rollout batch 1, the trained state on the host{more}"
         );
         return verdict(false, vec![], None, m);
     };

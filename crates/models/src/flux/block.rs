@@ -6,6 +6,7 @@ use tch::Tensor;
 
 use super::rope::{apply_rotary, RotaryTables};
 use crate::nn::{attention, gelu_tanh, layer_norm, FeedForward, Linear, RmsNorm, Scope};
+use crate::sequence::Split;
 
 const EPS: f64 = 1e-6;
 
@@ -46,13 +47,25 @@ impl Projections {
     }
 }
 
-/// Attention over (B, S, H, d) heads with rotary positions on queries and keys → (B, S, H·d).
-pub(crate) fn rotary_attention(q: &Tensor, k: &Tensor, v: &Tensor, rope: &RotaryTables) -> Tensor {
+/// Attention over (B, S, H, d) heads with rotary positions on queries and keys → (B, S, H·d),
+/// through Ulysses with `sp`.
+pub(crate) fn rotary_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    rope: &RotaryTables,
+    sp: Split<'_>,
+) -> Tensor {
     let (q, k) = (apply_rotary(q, rope), apply_rotary(k, rope));
-    let out =
-        attention(&q.transpose(1, 2), &k.transpose(1, 2), &v.transpose(1, 2), None, false, None);
-    let (b, h, n, d) = out.size4().expect("4-d attention output");
-    out.transpose(1, 2).reshape([b, n, h * d])
+    let out = match sp {
+        Some((sp, mask)) => sp.attention(&q, &k, v, mask),
+        None => {
+            let t = |x: &Tensor| x.transpose(1, 2);
+            attention(&t(&q), &t(&k), &t(v), None, false, None).transpose(1, 2)
+        }
+    };
+    let (b, n, h, d) = out.size4().expect("4-d attention output");
+    out.reshape([b, n, h * d])
 }
 
 /// `x·(1 + scale) + shift` with (B, D) parameters.
@@ -105,13 +118,14 @@ impl FluxTransformerBlock {
     }
 
     /// Image tokens (B, S, D) and text tokens (B, L, D) → both updated; rotary tables cover
-    /// `[text; image]`.
+    /// `[text; image]` (this rank's shares with `sp`).
     pub fn forward(
         &self,
         image: &Tensor,
         text: &Tensor,
         temb: &Tensor,
         rope: &RotaryTables,
+        sp: Split<'_>,
     ) -> (Tensor, Tensor) {
         let temb = temb.silu();
         let m = self.norm1.forward(&temb).chunk(6, 1);
@@ -125,6 +139,7 @@ impl FluxTransformerBlock {
             &Tensor::cat(&[tk, ik], 1),
             &Tensor::cat(&[tv, iv], 1),
             rope,
+            sp,
         );
         let l = text.size()[1];
         let n = out.size()[1];
@@ -168,13 +183,13 @@ impl FluxSingleTransformerBlock {
         }
     }
 
-    /// Joint tokens (B, L + S, D) → updated.
-    pub fn forward(&self, x: &Tensor, temb: &Tensor, rope: &RotaryTables) -> Tensor {
+    /// Joint tokens (B, L + S, D) → updated (this rank's shares of text and image with `sp`).
+    pub fn forward(&self, x: &Tensor, temb: &Tensor, rope: &RotaryTables, sp: Split<'_>) -> Tensor {
         let m = self.norm.forward(&temb.silu()).chunk(3, 1);
         let normed = modulate(&layer_norm(x, EPS), &m[0], &m[1]);
         let mlp = gelu_tanh(&self.proj_mlp.forward(&normed));
         let [q, k, v] = self.attn.heads(&normed, self.heads);
-        let attn = rotary_attention(&q, &k, &v, rope);
+        let attn = rotary_attention(&q, &k, &v, rope, sp);
         x + m[2].unsqueeze(1) * self.proj_out.forward(&Tensor::cat(&[attn, mlp], 2))
     }
 }

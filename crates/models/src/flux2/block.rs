@@ -93,6 +93,7 @@ impl Flux2TransformerBlock {
             &Tensor::cat(&[tk, ik], 1),
             &Tensor::cat(&[tv, iv], 1),
             rope,
+            None,
         );
         let (l, n) = (text.size()[1], out.size()[1]);
         let image = image + m[2].unsqueeze(1) * self.to_out.forward(&out.narrow(1, l, n - l));
@@ -145,7 +146,7 @@ impl Flux2SingleTransformerBlock {
         let mlp = fused.narrow(2, 3 * dim, fused.size()[2] - 3 * dim);
         let heads = |i: i64| qkv.narrow(2, i * dim, dim).view([b, s, self.heads, -1]);
         let (q, k) = (self.norm_q.forward(&heads(0)), self.norm_k.forward(&heads(1)));
-        let attn = rotary_attention(&q, &k, &heads(2), rope);
+        let attn = rotary_attention(&q, &k, &heads(2), rope, None);
         x + m[2].unsqueeze(1) * self.to_out.forward(&Tensor::cat(&[attn, swiglu(&mlp)], 2))
     }
 }

@@ -4,10 +4,7 @@
 use tch::Tensor;
 
 use crate::nn::{attention, Linear, RmsNorm, Scope};
-use crate::sequence::SequenceParallel;
-
-/// A sequence-parallel group and the key mask of one attention ([`SequenceParallel::key_mask`]).
-pub type Split<'a> = Option<(&'a SequenceParallel, Option<&'a Tensor>)>;
+use crate::sequence::Split;
 
 /// q/k RMS-normalisation per head (SD3.5 `qk_norm: rms_norm`).
 pub struct QkNorm {

@@ -3,9 +3,9 @@
 
 use tch::Tensor;
 
-use super::attention::{Attention, Split};
+use super::attention::Attention;
 use crate::nn::{layer_norm, FeedForward, Linear, Scope};
-use crate::sequence::SequenceParallel;
+use crate::sequence::{SequenceParallel, Split};
 
 const NORM_EPS: f64 = 1e-6;
 

@@ -137,10 +137,13 @@ impl Sd3Transformer {
         for (i, block) in self.transformer_blocks.iter().enumerate() {
             let ctx = context.expect("only the last block ends the context stream");
             let inputs = [x, ctx, temb.shallow_clone()];
-            let sp = sp.map(|sp| (sp, masks.0.as_ref(), masks.1.as_ref()));
+            // Owned by the block's closure: a checkpointed block reruns it in backward.
+            let clone = |m: &Option<Tensor>| m.as_ref().map(Tensor::shallow_clone);
+            let (joint, image) = (clone(&masks.0), clone(&masks.1));
             let mut out = self
                 .weights
-                .run_block("transformer_blocks", i, &inputs, |t| {
+                .run_block("transformer_blocks", i, &inputs, move |t| {
+                    let sp = sp.map(|sp| (sp, joint.as_ref(), image.as_ref()));
                     let (x, c) = block.forward(&t[0], &t[1], &t[2], sp);
                     std::iter::once(x).chain(c).collect()
                 })?

@@ -6,6 +6,7 @@ use tch::Tensor;
 
 use super::rope::rotate;
 use crate::nn::{attention, Linear, RmsNorm, Scope};
+use crate::sequence::SequenceParallel;
 
 /// The diffusers `Attention` of a block: bias-free projections, `norm_q` / `norm_k` per head.
 pub struct SelfAttention {
@@ -38,18 +39,31 @@ impl SelfAttention {
     }
 
     /// Attention over `x` (B, S, D); `mask` (B, 1, 1, S) is true where a key may be attended to.
-    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, rotations: &Tensor) -> Tensor {
+    /// With `sp`, `x` is this rank's share and `mask` the group's key mask.
+    fn forward(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rotations: &Tensor,
+        sp: Option<&SequenceParallel>,
+    ) -> Tensor {
         let (b, s) = (x.size()[0], x.size()[1]);
         let heads = |proj: &Linear, norm: Option<&RmsNorm>| {
             let t = proj.forward(x).view([b, s, self.heads, -1]);
             let t = norm.map_or_else(|| t.shallow_clone(), |n| n.forward(&t));
-            rotate(&t, rotations).transpose(1, 2)
+            rotate(&t, rotations)
         };
         let q = heads(&self.to_q, self.norm_q.as_ref());
         let k = heads(&self.to_k, self.norm_k.as_ref());
-        let v = self.to_v.forward(x).view([b, s, self.heads, -1]).transpose(1, 2);
-        let out = attention(&q, &k, &v, mask, false, None);
-        self.to_out.forward(&out.transpose(1, 2).reshape([b, s, -1]))
+        let v = self.to_v.forward(x).view([b, s, self.heads, -1]);
+        let out = match sp {
+            Some(sp) => sp.attention(&q, &k, &v, mask),
+            None => {
+                let t = |x: &Tensor| x.transpose(1, 2);
+                attention(&t(&q), &t(&k), &t(&v), mask, false, None).transpose(1, 2)
+            }
+        };
+        self.to_out.forward(&out.reshape([b, s, -1]))
     }
 }
 
@@ -111,13 +125,15 @@ impl ZImageBlock {
         }
     }
 
-    /// One block on `x` (B, S, D); `adaln` (B, adaln_dim) drives a modulated block.
+    /// One block on `x` (B, S, D); `adaln` (B, adaln_dim) drives a modulated block. With `sp`,
+    /// `x` and `rotations` are this rank's shares and `mask` the group's key mask.
     pub fn forward(
         &self,
         x: &Tensor,
         mask: Option<&Tensor>,
         rotations: &Tensor,
         adaln: Option<&Tensor>,
+        sp: Option<&SequenceParallel>,
     ) -> Tensor {
         let modulation = self
             .adaln_modulation
@@ -132,8 +148,12 @@ impl ZImageBlock {
             Some(m) => m[i].tanh() * h,
             None => h,
         };
-        let attn =
-            self.attention.forward(&scaled(self.attention_norm1.forward(x), 0), mask, rotations);
+        let attn = self.attention.forward(
+            &scaled(self.attention_norm1.forward(x), 0),
+            mask,
+            rotations,
+            sp,
+        );
         let x = x + gated(self.attention_norm2.forward(&attn), 1);
         let ffn = self.feed_forward.forward(&scaled(self.ffn_norm1.forward(&x), 2));
         &x + gated(self.ffn_norm2.forward(&ffn), 3)

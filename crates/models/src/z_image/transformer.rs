@@ -17,6 +17,7 @@ use crate::denoiser::{
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, RmsNorm, Scope, TIMESTEP_CHANNELS};
+use crate::sequence::SequenceParallel;
 use crate::{ModelError, TextConditioning};
 
 /// Image and caption token runs are padded to a multiple of this.
@@ -179,48 +180,67 @@ impl ZImageTransformer {
         self.check_positions(longest, rows, cols)?;
         let mut text = self.embed_captions(captions, &caption_lens, longest);
 
-        let (image_rot, text_rot) = self.positions(&caption_lens, longest, rows, cols, device);
-        for (i, block) in self.noise_refiner.iter().enumerate() {
-            let rot = image_rot.shallow_clone();
-            let out = self.weights.run_block(
-                "noise_refiner",
-                i,
-                &[image, adaln.shallow_clone()],
-                move |t| vec![block.forward(&t[0], None, &rot, Some(&t[1]))],
-            )?;
-            [image] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
-        }
+        let (mut image_rot, mut text_rot) =
+            self.positions(&caption_lens, longest, rows, cols, device);
         let text_keys = (caption_lens.iter().any(|&l| l != longest)).then(|| {
             let lens = Tensor::from_slice(&caption_lens).to_device(device).view([b, 1]);
             Tensor::arange(longest, (Kind::Int64, device)).view([1, longest]).lt_tensor(&lens)
         });
-        let text_mask = text_keys.as_ref().map(|k| k.view([b, 1, 1, longest]));
+        let mut image_mask = None;
+        let mut text_mask = text_keys.as_ref().map(|k| k.view([b, 1, 1, longest]));
+        let mut mask = text_keys.as_ref().map(|k| {
+            let image_keys = Tensor::ones([b, image_len], (Kind::Bool, device));
+            Tensor::cat(&[image_keys, k.shallow_clone()], 1).view([b, 1, 1, image_len + longest])
+        });
+        // Sequence parallel: this rank's image and caption tokens from here to the output.
+        let sp = self.weights.sequence.get();
+        if let Some(sp) = sp {
+            let keys = text_keys.as_ref();
+            image_mask = sp.key_mask(&[(image_len, None)], device);
+            text_mask = sp.key_mask(&[(longest, keys)], device);
+            mask = sp.key_mask(&[(image_len, None), (longest, keys)], device);
+            (image, text) = (sp.split(&image, 1), sp.split(&text, 1));
+            (image_rot, text_rot) = (sp.split(&image_rot, 1), sp.split(&text_rot, 1));
+        }
+        for (i, block) in self.noise_refiner.iter().enumerate() {
+            let (mask, rot) =
+                (image_mask.as_ref().map(Tensor::shallow_clone), image_rot.shallow_clone());
+            let out = self.weights.run_block(
+                "noise_refiner",
+                i,
+                &[image, adaln.shallow_clone()],
+                move |t| vec![block.forward(&t[0], mask.as_ref(), &rot, Some(&t[1]), sp)],
+            )?;
+            [image] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
+        }
         for (i, block) in self.context_refiner.iter().enumerate() {
             let (mask, rot) =
                 (text_mask.as_ref().map(Tensor::shallow_clone), text_rot.shallow_clone());
             let out = self.weights.run_block("context_refiner", i, &[text], move |t| {
-                vec![block.forward(&t[0], mask.as_ref(), &rot, None)]
+                vec![block.forward(&t[0], mask.as_ref(), &rot, None, sp)]
             })?;
             [text] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
 
+        let local = image.size()[1];
         let mut unified = Tensor::cat(&[image, text], 1);
         let rot = Tensor::cat(&[image_rot, text_rot], 1);
-        let mask = text_keys.map(|k| {
-            let image_keys = Tensor::ones([b, image_len], (Kind::Bool, device));
-            Tensor::cat(&[image_keys, k], 1).view([b, 1, 1, image_len + longest])
-        });
         for (i, block) in self.layers.iter().enumerate() {
             let (mask, rot) = (mask.as_ref().map(Tensor::shallow_clone), rot.shallow_clone());
             let out = self.weights.run_block(
                 "layers",
                 i,
                 &[unified, adaln.shallow_clone()],
-                move |t| vec![block.forward(&t[0], mask.as_ref(), &rot, Some(&t[1]))],
+                move |t| vec![block.forward(&t[0], mask.as_ref(), &rot, Some(&t[1]), sp)],
             )?;
             [unified] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
-        let out = self.final_layer.forward(&unified.narrow(1, 0, n), &adaln);
+        let out = match sp {
+            Some(sp) => {
+                sp.gather(&self.final_layer.forward(&unified.narrow(1, 0, local), &adaln), n)?
+            }
+            None => self.final_layer.forward(&unified.narrow(1, 0, n), &adaln),
+        };
         Ok(out.view([b, rows, cols, p, p, c.in_channels]).permute([0, 5, 1, 3, 2, 4]).reshape([
             b,
             c.in_channels,
@@ -382,6 +402,14 @@ impl Denoiser for ZImageTransformer {
 }
 
 impl TrainableDenoiser for ZImageTransformer {
+    /// Every attention (noise and context refiners, the unified stack) through Ulysses: image and
+    /// caption tokens are both split over the ranks.
+    fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
+        group.check_heads("Z-Image", self.config.n_heads)?;
+        let _ = self.weights.sequence.set(group);
+        Ok(())
+    }
+
     weights_and_frozen_copy!();
 
     fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {
