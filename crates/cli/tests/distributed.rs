@@ -237,7 +237,7 @@ fn sequence_parallel_ranks_train_as_one_process() {
 }
 
 /// Sequence parallelism that cannot work is refused before training, naming the key: a size
-/// that does not divide the world, or the model's heads, and a family without it (FLUX.2).
+/// that does not divide the world, or the model's heads.
 #[test]
 fn impossible_sequence_parallelism_is_refused_by_name() {
     let model = format!("model.path={}", tiny("wan").display());
@@ -267,13 +267,6 @@ fn impossible_sequence_parallelism_is_refused_by_name() {
         "flow_grpo_wan_tiny.yaml",
         &[&model, s4],
         "trainer.sequence_parallel_size 4 does not divide Wan's 2 attention heads",
-    );
-    let flux2 = format!("model.path={}", tiny("flux2").display());
-    refused(
-        2,
-        "flow_grpo_flux2_tiny.yaml",
-        &[&flux2, s2],
-        "no sequence-parallel attention; trainer.sequence_parallel_size must be 1",
     );
 }
 
