@@ -186,14 +186,16 @@ fn two_ranks_train_as_one_process_with_the_whole_batch() {
     }
 }
 
-/// One tiny pipeline of `family` (`make-tiny <family>`) for the whole binary.
-fn tiny(family: &'static str) -> PathBuf {
+/// One tiny pipeline per `make-tiny` arguments (`wan`, `wan --a14b`) for the whole binary.
+fn tiny(args: &'static str) -> PathBuf {
     static DIRS: OnceLock<std::sync::Mutex<BTreeMap<&'static str, PathBuf>>> = OnceLock::new();
     let mut dirs = DIRS.get_or_init(Default::default).lock().unwrap();
-    dirs.entry(family)
+    dirs.entry(args)
         .or_insert_with(|| {
-            let d = flowtune_fixtures::shared!(family);
-            let out = flowtune().args(["make-tiny", family]).arg(&d).output().expect("make-tiny");
+            let d = flowtune_fixtures::shared!(&args.replace(' ', ""));
+            let mut c = flowtune();
+            c.arg("make-tiny").args(args.split(' '));
+            let out = c.arg(&d).output().expect("make-tiny");
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
             d
         })
@@ -201,8 +203,8 @@ fn tiny(family: &'static str) -> PathBuf {
 }
 
 /// Sequence parallelism: a group of 2 ranks, each with half of every sample's tokens, trains as
-/// one process (every step compared) on a tiny Wan (text-to-video and image-to-video) and a tiny
-/// Qwen-Image (joint attention, masked text); on Wan so do 2 such groups (4 ranks) with half the
+/// one process (every step compared) on a tiny Wan (text-to-video and image-to-video, and the
+/// two-expert A14B layout) and a tiny Qwen-Image (joint attention, masked text); on Wan so do 2 such groups (4 ranks) with half the
 /// step each, and a group whose frozen block weights are sharded over it. (SD3 is compared by the models' sequence_parallel test only: on the tiny SD3 the
 /// split matmuls' f32 rounding moves rewards by 6e-6 relative, which the advantages of groups of
 /// two magnify to 2.5e-4, past this comparison's 1e-5.)
@@ -213,6 +215,7 @@ fn sequence_parallel_ranks_train_as_one_process() {
         ("flow_grpo_wan_tiny.yaml", "wan", "examples/prompts/tiny.txt", 2),
         ("flow_grpo_wan_i2v_tiny.yaml", "wan", "examples/prompts/wan_i2v_tiny.jsonl", 2),
         ("flow_grpo_qwen_image_tiny.yaml", "qwen-image", "examples/prompts/tiny.txt", 1),
+        ("flow_grpo_wan_a14b_tiny.yaml", "wan --a14b", "examples/prompts/tiny.txt", 1),
     ] {
         let model = format!("model.path={}", tiny(family).display());
         let extra = ["trainer.total_steps=2", &model, &files(prompts), SMOOTH];
@@ -237,7 +240,7 @@ fn sequence_parallel_ranks_train_as_one_process() {
 }
 
 /// Sequence parallelism that cannot work is refused before training, naming the key: a size
-/// that does not divide the world, or the model's heads, and a family without it (FLUX.2).
+/// that does not divide the world, or the model's heads.
 #[test]
 fn impossible_sequence_parallelism_is_refused_by_name() {
     let model = format!("model.path={}", tiny("wan").display());
@@ -267,13 +270,6 @@ fn impossible_sequence_parallelism_is_refused_by_name() {
         "flow_grpo_wan_tiny.yaml",
         &[&model, s4],
         "trainer.sequence_parallel_size 4 does not divide Wan's 2 attention heads",
-    );
-    let flux2 = format!("model.path={}", tiny("flux2").display());
-    refused(
-        2,
-        "flow_grpo_flux2_tiny.yaml",
-        &[&flux2, s2],
-        "no sequence-parallel attention; trainer.sequence_parallel_size must be 1",
     );
 }
 

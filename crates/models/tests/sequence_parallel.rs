@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use flowtune_dist::{Backend, DistEnv, ProcessGroup, ReduceOp};
 use flowtune_models::flux::{write_tiny_flux, FluxTransformer, TinyFluxSpec, GUIDANCE};
+use flowtune_models::flux2::{write_tiny_flux2, Flux2Transformer, TinyFlux2Spec};
 use flowtune_models::nn::attention;
 use flowtune_models::qwen_image::{write_tiny_qwen_image, QwenImageTransformer, TinyQwenImageSpec};
 use flowtune_models::sd3::{write_tiny_sd3, Sd3Transformer, TinySd3Spec};
@@ -36,6 +37,7 @@ fn worker_process() {
             "sd3" => sd3_matches(&pg),
             "flux" => flux_matches(&pg),
             "z_image" => z_image_matches(&pg),
+            "flux2" => flux2_matches(&pg),
             other => panic!("unknown scenario {other}"),
         }
         pg.barrier().unwrap();
@@ -70,6 +72,11 @@ fn tiny_flux_forward_and_backward_equal_one_process() {
 #[test]
 fn tiny_z_image_forward_and_backward_equal_one_process() {
     launch_all("z_image");
+}
+
+#[test]
+fn tiny_flux2_forward_and_backward_equal_one_process() {
+    launch_all("flux2");
 }
 
 fn launch_all(scenario: &str) {
@@ -294,6 +301,30 @@ fn z_image_matches(pg: &Arc<ProcessGroup>) {
         let _ = mask.get(1).narrow(0, text_len - 3, 3).fill_(0);
         text.mask = Some(mask);
         let what = format!("Z-Image, {} image and {text_len} text tokens", size[0] * size[1] / 4);
+        compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
+    }
+}
+
+/// A tiny FLUX.2 (4 heads) in f64, as [`flux_matches`].
+fn flux2_matches(pg: &Arc<ProcessGroup>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_flux2(dir.path(), &TinyFlux2Spec { heads: 4, ..Default::default() }).unwrap();
+    let path = dir.path().join("transformer");
+    let load = || Flux2Transformer::load(&path, Device::Cpu, Kind::Double, None);
+    let (one, split) = (load().unwrap(), load().unwrap());
+    split.sequence_parallel(SequenceParallel(Arc::new(Group(pg.clone())))).unwrap();
+    split.set_gradient_checkpointing(true);
+    let c = one.config.clone();
+    // Latent (rows, columns): 12 and 9 image tokens (no patching); 8 or 5 text tokens.
+    for (size, text_len) in [([4, 3], 8), ([3, 3], 5)] {
+        tch::manual_seed(6);
+        let latents = Tensor::randn([2, c.in_channels, size[0], size[1]], F64);
+        let embeds = Tensor::randn([2, text_len, c.joint_attention_dim], F64);
+        let mut text = TextConditioning::new(embeds, None);
+        if c.guidance_embeds {
+            text.extras.insert(GUIDANCE.into(), Tensor::from_slice(&[3.5f64, 3.5]));
+        }
+        let what = format!("FLUX.2, {} image and {text_len} text tokens", size[0] * size[1]);
         compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
     }
 }

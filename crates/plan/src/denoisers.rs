@@ -38,9 +38,8 @@ pub struct Denoiser {
     pub text_width: u64,
     /// Latent channels the denoiser reads per pixel of the latent grid (before patching).
     pub in_channels: u64,
-    /// Attention heads, where flowtune can split sequences over them
-    /// (`trainer.sequence_parallel_size` must divide them); None for FLUX.2.
-    pub sequence_heads: Option<u64>,
+    /// Attention heads: `trainer.sequence_parallel_size` must divide them.
+    pub heads: u64,
 }
 
 /// Bytes one block saves for backward per token and hidden unit (c of large-models.md §2.2), by
@@ -82,11 +81,11 @@ pub fn denoiser(cfg: &Json) -> Result<Denoiser, PlanError> {
     let class = cfg.class().unwrap_or_default();
     // The families' defaults, as their parsers read them.
     let heads = match class.as_str() {
-        "Flux2Transformer2DModel" => None,
-        "ZImageTransformer2DModel" => Some(cfg.int("n_heads", Some(30))?),
-        "SD3Transformer2DModel" => Some(cfg.int("num_attention_heads", Some(18))?),
-        "WanTransformer3DModel" => Some(cfg.int("num_attention_heads", Some(40))?),
-        _ => Some(cfg.int("num_attention_heads", Some(24))?),
+        "ZImageTransformer2DModel" => cfg.int("n_heads", Some(30))?,
+        "SD3Transformer2DModel" => cfg.int("num_attention_heads", Some(18))?,
+        "WanTransformer3DModel" => cfg.int("num_attention_heads", Some(40))?,
+        "Flux2Transformer2DModel" => cfg.int("num_attention_heads", Some(48))?,
+        _ => cfg.int("num_attention_heads", Some(24))?,
     };
     let mut d = match class.as_str() {
         "SD3Transformer2DModel" => sd3(cfg),
@@ -106,7 +105,7 @@ pub fn denoiser(cfg: &Json) -> Result<Denoiser, PlanError> {
             ),
         )),
     }?;
-    d.sequence_heads = heads;
+    d.heads = heads;
     Ok(d)
 }
 
@@ -207,7 +206,7 @@ fn image(
         joint_text: true,
         text_width,
         in_channels,
-        sequence_heads: None,
+        heads: 0,
     }
 }
 

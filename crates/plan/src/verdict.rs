@@ -129,7 +129,7 @@ pub fn verdict(pipe: &Pipeline, setup: &Setup) -> Verdict {
         changes.push(Change::RolloutBatch(b));
     }
     // Sequence parallelism: every S that divides the GPUs and the heads, smallest first.
-    let heads = pipe.denoiser().sequence_heads.unwrap_or(1);
+    let heads = pipe.denoiser().heads;
     for n in setup.sequence_parallel.max(1) + 1..=setup.gpus {
         if setup.gpus.is_multiple_of(n) && heads.is_multiple_of(n) {
             changes.push(Change::SequenceParallel(n));

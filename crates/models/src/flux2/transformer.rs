@@ -18,6 +18,7 @@ use crate::flux::GUIDANCE;
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, Mlp, Scope};
+use crate::sequence::SequenceParallel;
 use crate::{ModelError, TextConditioning};
 
 /// The transformer scales σ-scale timesteps and guidance by this before the sinusoid.
@@ -167,37 +168,51 @@ impl Flux2Transformer {
         let mod_image = self.modulation_image.forward(&act);
         let mod_text = self.modulation_text.forward(&act);
         let mod_single = self.modulation_single.forward(&act);
-        let image = self.x_embedder.forward(hidden_states);
-        let text = self.context_embedder.forward(encoder_hidden_states);
+        let mut image = self.x_embedder.forward(hidden_states);
+        let mut text = self.context_embedder.forward(encoder_hidden_states);
+        let (mut img_ids, mut txt_ids) = (img_ids, txt_ids);
+        // Sequence parallel: this rank's text and image tokens from here to the output.
+        let (l, tokens) = (text.size()[1], image.size()[1]);
+        let sp = self.weights.sequence.get();
+        let mask = sp.and_then(|sp| sp.key_mask(&[(l, None), (tokens, None)], image.device()));
+        if let Some(sp) = sp {
+            (text, image) = (sp.split(&text, 1), sp.split(&image, 1));
+            (txt_ids, img_ids) = (sp.split(&txt_ids, 0), sp.split(&img_ids, 0));
+        }
         let ids = Tensor::cat(&[txt_ids, img_ids], 0);
         let rope = rotary_tables(&self.config.axes_dims_rope, self.config.rope_theta, &ids);
-        let (mut image, mut text) = (image, text);
         for (i, block) in self.transformer_blocks.iter().enumerate() {
-            let rope = rope.shallow_clone();
+            // Owned by the block's closure: a checkpointed block reruns it in backward.
+            let (rope, mask) = (rope.shallow_clone(), mask.as_ref().map(Tensor::shallow_clone));
             let inputs = [image, text, mod_image.shallow_clone(), mod_text.shallow_clone()];
             let out = self.weights.run_block("transformer_blocks", i, &inputs, move |t| {
-                let (image, text) = block.forward(&t[0], &t[1], &t[2], &t[3], &rope);
+                let split = sp.map(|sp| (sp, mask.as_ref()));
+                let (image, text) = block.forward(&t[0], &t[1], (&t[2], &t[3]), &rope, split);
                 vec![image, text]
             })?;
             [image, text] = <[Tensor; 2]>::try_from(out).expect("a double block returns 2 streams");
         }
-        let l = text.size()[1];
+        let (l, s) = (text.size()[1], image.size()[1]);
         let mut joint = Tensor::cat(&[text, image], 1);
         for (i, block) in self.single_transformer_blocks.iter().enumerate() {
-            let rope = rope.shallow_clone();
+            let (rope, mask) = (rope.shallow_clone(), mask.as_ref().map(Tensor::shallow_clone));
             let out = self.weights.run_block(
                 "single_transformer_blocks",
                 i,
                 &[joint, mod_single.shallow_clone()],
-                move |t| vec![block.forward(&t[0], &t[1], &rope)],
+                move |t| vec![block.forward(&t[0], &t[1], &rope, sp.map(|sp| (sp, mask.as_ref())))],
             )?;
             [joint] = <[Tensor; 1]>::try_from(out).expect("a single block returns 1 stream");
         }
-        let image = joint.narrow(1, l, joint.size()[1] - l);
+        let image = joint.narrow(1, l, s);
         let mods = self.norm_out.forward(&act).chunk(2, 1);
         let image = layer_norm(&image, self.config.eps) * (mods[0].unsqueeze(1) + 1.0)
             + mods[1].unsqueeze(1);
-        Ok(self.proj_out.forward(&image))
+        let out = self.proj_out.forward(&image);
+        match sp {
+            Some(sp) => sp.gather(&out, tokens),
+            None => Ok(out),
+        }
     }
 
     fn check_inputs(
@@ -313,6 +328,13 @@ impl Denoiser for Flux2Transformer {
 
 impl TrainableDenoiser for Flux2Transformer {
     weights_and_frozen_copy!();
+
+    /// Double- and single-stream attention through Ulysses, as FLUX.1's.
+    fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
+        group.check_heads("FLUX.2", self.config.num_attention_heads)?;
+        let _ = self.weights.sequence.set(group);
+        Ok(())
+    }
 
     fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {
         let ExampleShape { batch, height, width, text_len, .. } = shape;
