@@ -2,6 +2,7 @@
 
 mod commands;
 mod device;
+mod threads;
 
 use std::process::ExitCode;
 
@@ -17,6 +18,11 @@ struct Cli {
     /// Where tensors live: cpu, cuda or cuda:N.
     #[arg(long, global = true, default_value = "cpu", value_parser = device::parse)]
     device: DeviceArg,
+
+    /// CPU threads for tensor work (default: `OMP_NUM_THREADS` if set, else one less than the
+    /// cores, so that a reward or another program on the last core does not stall every step).
+    #[arg(long, global = true, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    threads: Option<usize>,
 
     #[command(subcommand)]
     command: Command,
@@ -106,6 +112,7 @@ fn one_line(e: &anyhow::Error) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    threads::configure(cli.threads);
     let result = match cli.command {
         Command::Env => commands::env::run(&cli.device),
         Command::Train(a) => commands::train::run(a, &cli.device),

@@ -196,6 +196,53 @@ impl Task {
         Task::build(category, requirements)
     }
 
+    /// A near miss of this task: the same category with one attribute changed so that a scene
+    /// of it fails this task's prompt (another shape, a count one off, another colour, the
+    /// opposite relation, the two colours swapped). Captioning such scenes with the original
+    /// prompt teaches a model the task with unreliable binding, the regime RL sharpens.
+    pub fn slip<R: Rng + ?Sized>(&self, rng: &mut R) -> Task {
+        let mut r = self.requirements.clone();
+        let other_shape = |rng: &mut R, not: &[Shape]| {
+            let left: Vec<Shape> = Shape::ALL.into_iter().filter(|s| !not.contains(s)).collect();
+            *left.choose(rng).expect("a shape is left")
+        };
+        match self.category {
+            Category::SingleObject => r[0].shape = other_shape(rng, &[r[0].shape]),
+            Category::TwoObject => {
+                let i = rng.random_range(0..2);
+                r[i].shape = other_shape(rng, &[r[0].shape, r[1].shape]);
+            }
+            Category::Counting => {
+                let c = r[0].count;
+                r[0].count = match c {
+                    1 => 2,
+                    4 => 3,
+                    _ if rng.random_bool(0.5) => c - 1,
+                    _ => c + 1,
+                };
+            }
+            Category::Colors => {
+                let now = r[0].color;
+                let left: Vec<Color> = Color::ALL.into_iter().filter(|c| Some(*c) != now).collect();
+                r[0].color = left.choose(rng).copied();
+            }
+            Category::Position => {
+                let p = r[0].position.as_mut().expect("position tasks have a relation");
+                p.relation = match p.relation {
+                    Relation::LeftOf => Relation::RightOf,
+                    Relation::RightOf => Relation::LeftOf,
+                    Relation::Above => Relation::Below,
+                    Relation::Below => Relation::Above,
+                };
+            }
+            Category::ColorAttr => {
+                let (a, b) = (r[0].color, r[1].color);
+                (r[0].color, r[1].color) = (b, a);
+            }
+        }
+        Task::build(self.category, r)
+    }
+
     /// The task with its canonical prompt; `requirements` must have `category`'s form.
     pub(crate) fn build(category: Category, requirements: Vec<Requirement>) -> Task {
         Task { prompt: text(category, &requirements), category, requirements }
@@ -237,6 +284,23 @@ mod tests {
         let json = serde_json::to_value(&sample_tasks(0, 5)[4]).unwrap();
         assert_eq!(json["category"], "position");
         assert!(json["requirements"][0]["position"]["relation"].is_string(), "{json}");
+    }
+
+    #[test]
+    fn a_slip_keeps_the_category_and_fails_the_prompt() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        for (i, task) in sample_tasks(5, 600).into_iter().enumerate() {
+            let slip = task.slip(&mut rng);
+            assert_eq!(slip.category, task.category);
+            assert_ne!(slip.prompt, task.prompt);
+            let scene = crate::render(&slip, i as u64, 64);
+            assert!(
+                !crate::score(&task, &scene).correct,
+                "{} drawn as {}",
+                task.prompt,
+                slip.prompt
+            );
+        }
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub struct PretrainConfig {
     pub weight_decay: f64,
     pub max_grad_norm: f64,
     pub caption_dropout: f64,
+    /// Share of examples whose picture is a near miss of the caption; applied by the caller's
+    /// `examples`, recorded here with the other settings.
+    pub caption_noise: f64,
     /// EMA of the weights, which is what gets saved; `None` saves the live weights.
     pub ema_decay: Option<f64>,
     pub resolution: i64,

@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use flowtune_sampling::row_seed;
 use flowtune_shapes::{render, Category, Task};
 use flowtune_trainer::pretrain::{pretrain, PretrainConfig};
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::device::DeviceArg;
@@ -45,6 +45,10 @@ pub struct PretrainArgs {
     /// Probability of training on the empty prompt (for classifier-free guidance).
     #[arg(long, default_value_t = 0.1)]
     caption_dropout: f64,
+    /// Share of examples whose picture is a near miss of its caption (`Task::slip`: another
+    /// colour, count, shape or relation): a model that knows the task but samples it unreliably.
+    #[arg(long, default_value_t = 0.0)]
+    caption_noise: f64,
     /// EMA decay of the saved weights; 0 saves the live weights.
     #[arg(long, default_value_t = 0.999)]
     ema_decay: f64,
@@ -60,6 +64,12 @@ pub struct PretrainArgs {
 
 pub fn run(a: PretrainArgs, device: &DeviceArg) -> Result<(), Failure> {
     let device = device.resolve()?;
+    if !(0.0..=1.0).contains(&a.caption_noise) {
+        return Err(Failure::input(anyhow::anyhow!(
+            "--caption-noise {}: expected a probability in [0, 1]",
+            a.caption_noise
+        )));
+    }
     let config = PretrainConfig {
         model: a.model,
         out: a.out,
@@ -70,21 +80,27 @@ pub fn run(a: PretrainArgs, device: &DeviceArg) -> Result<(), Failure> {
         weight_decay: a.weight_decay,
         max_grad_norm: a.max_grad_norm,
         caption_dropout: a.caption_dropout,
+        caption_noise: a.caption_noise,
         ema_decay: (a.ema_decay > 0.0).then_some(a.ema_decay),
         resolution: a.resolution,
         seed: a.seed,
         save_every: a.save_every.max(1),
     };
-    let (seed, resolution) = (a.seed, a.resolution as u32);
+    let (seed, resolution, noise) = (a.seed, a.resolution as u32, a.caption_noise);
     let DataSource::Shapes = a.data;
-    // Example i: a task of category i mod 6 and its scene, both from a seed of (seed, i).
+    // Example i: a task of category i mod 6 and its scene, both from a seed of (seed, i); with
+    // probability `noise` (drawn from a seed of its own) the scene is of a near miss instead.
     let examples = move |index: u64| {
         let example_seed = row_seed(seed, index, 0);
         let mut rng = ChaCha8Rng::seed_from_u64(example_seed);
         let category = Category::ALL[(index % Category::ALL.len() as u64) as usize];
         let task = Task::sample(&mut rng, category);
-        let image = render(&task, example_seed, resolution);
-        (task.prompt, image)
+        let mut noise_rng = ChaCha8Rng::seed_from_u64(row_seed(seed, index, 1));
+        let drawn = match noise > 0.0 && noise_rng.random_bool(noise) {
+            true => task.slip(&mut noise_rng),
+            false => task.clone(),
+        };
+        (task.prompt, render(&drawn, example_seed, resolution))
     };
     let summary = pretrain(&config, &examples, device).map_err(Failure::training)?;
     println!(

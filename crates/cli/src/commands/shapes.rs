@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Context};
 use clap::{Args, Subcommand};
 use flowtune_report::{captioned_grid, Caption};
-use flowtune_shapes::{render, sample_tasks, score, Category, Task};
+use flowtune_shapes::{
+    detect, evaluate, render, sample_tasks, score, Category, Color, ColorCounts, Task,
+};
 
 use crate::Failure;
 
@@ -68,6 +70,10 @@ pub struct ScoreArgs {
     /// Also write the first 36 images as a grid captioned with prompt and verdict.
     #[arg(long)]
     grid: Option<PathBuf>,
+    /// Also report pass@k per category: the chance that one of k samples of a prompt passes
+    /// (unbiased over each prompt's samples; the folder holds several samples of each prompt).
+    #[arg(long)]
+    k: Option<usize>,
 }
 
 pub fn run(command: ShapesCommand) -> Result<(), Failure> {
@@ -99,65 +105,7 @@ pub fn run(command: ShapesCommand) -> Result<(), Failure> {
             println!("wrote {}", a.out.display());
             Ok(())
         }
-        ShapesCommand::Score(a) => {
-            let index = a.dir.join("prompts.jsonl");
-            let text = std::fs::read_to_string(&index)
-                .with_context(|| {
-                    format!("{} (expected a `flowtune sample` folder)", index.display())
-                })
-                .map_err(Failure::input)?;
-            let mut per_category: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-            let (mut images, mut captions) = (vec![], vec![]);
-            for (n, line) in text.lines().enumerate() {
-                let entry: serde_json::Value = serde_json::from_str(line)
-                    .with_context(|| format!("{}:{}", index.display(), n + 1))
-                    .map_err(Failure::input)?;
-                let (Some(file), Some(prompt)) = (entry["file"].as_str(), entry["prompt"].as_str())
-                else {
-                    return Err(Failure::input(anyhow!(
-                        "{}:{}: expected file and prompt",
-                        index.display(),
-                        n + 1
-                    )));
-                };
-                let task = Task::parse(prompt).map_err(Failure::input)?;
-                let path = a.dir.join(file);
-                let image = image::open(&path)
-                    .with_context(|| path.display().to_string())
-                    .map_err(Failure::input)?
-                    .to_rgb8();
-                let correct = score(&task, &image).correct;
-                let e = per_category.entry(task.category.name()).or_default();
-                e.0 += usize::from(correct);
-                e.1 += 1;
-                if images.len() < 36 {
-                    images.push(image);
-                    captions.push(Caption { text: task.prompt, verdict: Some(correct) });
-                }
-            }
-            if let Some(out) = &a.grid {
-                captioned_grid(&images, &captions, 128, 6, 4)
-                    .save(out)
-                    .with_context(|| out.display().to_string())
-                    .map_err(Failure::Runtime)?;
-            }
-            let (right, all) = per_category.values().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-            for category in Category::ALL {
-                if let Some((r, n)) = per_category.get(category.name()) {
-                    println!(
-                        "{:<14} {:>5.1} %  ({r}/{n})",
-                        category.name(),
-                        100.0 * *r as f64 / *n as f64
-                    );
-                }
-            }
-            println!(
-                "{:<14} {:>5.1} %  ({right}/{all})",
-                "overall",
-                100.0 * right as f64 / all.max(1) as f64
-            );
-            Ok(())
-        }
+        ShapesCommand::Score(a) => score_folder(&a),
     }
 }
 
@@ -195,4 +143,95 @@ fn write_pairs(a: &PairsArgs) -> anyhow::Result<()> {
     std::fs::write(&file, lines).with_context(|| file.display().to_string())?;
     println!("wrote {} pairs to {}", a.count, file.display());
     Ok(())
+}
+
+/// One prompt's samples in a scored folder.
+#[derive(Default)]
+struct PromptSamples {
+    category: Option<Category>,
+    samples: usize,
+    passed: usize,
+}
+
+/// `flowtune shapes score`: accuracy (and pass@k) per category, and the diversity of the colours
+/// drawn where the prompt names none.
+fn score_folder(a: &ScoreArgs) -> Result<(), Failure> {
+    let index = a.dir.join("prompts.jsonl");
+    let text = std::fs::read_to_string(&index)
+        .with_context(|| format!("{} (expected a `flowtune sample` folder)", index.display()))
+        .map_err(Failure::input)?;
+    let mut prompts: BTreeMap<String, PromptSamples> = BTreeMap::new();
+    let mut colors = ColorCounts::default();
+    let (mut images, mut captions) = (vec![], vec![]);
+    for (n, line) in text.lines().enumerate() {
+        let entry: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}", index.display(), n + 1))
+            .map_err(Failure::input)?;
+        let (Some(file), Some(prompt)) = (entry["file"].as_str(), entry["prompt"].as_str()) else {
+            return Err(Failure::input(anyhow!(
+                "{}:{}: expected file and prompt",
+                index.display(),
+                n + 1
+            )));
+        };
+        let task = Task::parse(prompt).map_err(Failure::input)?;
+        let path = a.dir.join(file);
+        let image = image::open(&path)
+            .with_context(|| path.display().to_string())
+            .map_err(Failure::input)?
+            .to_rgb8();
+        let detections = detect(&image);
+        let correct = evaluate(&task, &detections).correct;
+        colors.add(&task, &detections);
+        let e = prompts.entry(task.prompt.clone()).or_default();
+        e.category = Some(task.category);
+        e.samples += 1;
+        e.passed += usize::from(correct);
+        if images.len() < 36 {
+            images.push(image);
+            captions.push(Caption { text: task.prompt, verdict: Some(correct) });
+        }
+    }
+    if let Some(out) = &a.grid {
+        captioned_grid(&images, &captions, 128, 6, 4)
+            .save(out)
+            .with_context(|| out.display().to_string())
+            .map_err(Failure::Runtime)?;
+    }
+    let k = a.k.unwrap_or(1).max(1);
+    if let Some(p) = prompts.iter().find(|(_, p)| p.samples < k) {
+        return Err(Failure::input(anyhow!(
+            "--k {k}: the prompt {:?} has only {} samples in {}",
+            p.0,
+            p.1.samples,
+            a.dir.display()
+        )));
+    }
+    let rows: Vec<(&str, Vec<&PromptSamples>)> = Category::ALL
+        .iter()
+        .map(|c| (c.name(), prompts.values().filter(|p| p.category == Some(*c)).collect()))
+        .chain([("overall", prompts.values().collect())])
+        .collect();
+    for (name, group) in rows.iter().filter(|r| !r.1.is_empty()) {
+        let (passed, samples) = group.iter().fold((0, 0), |a, p| (a.0 + p.passed, a.1 + p.samples));
+        let accuracy = 100.0 * passed as f64 / samples as f64;
+        let mut line = format!("{name:<14} {accuracy:>5.1} %  ({passed}/{samples})");
+        if a.k.is_some() {
+            let at_k: f64 = group.iter().map(|p| pass_at(k, p.samples, p.passed)).sum::<f64>();
+            line += &format!("   pass@{k} {:>5.1} %", 100.0 * at_k / group.len() as f64);
+        }
+        println!("{line}");
+    }
+    println!(
+        "colour entropy where the prompt names no colour: {:.2} bits (uniform: {:.2})",
+        colors.entropy(),
+        (Color::ALL.len() as f64).log2()
+    );
+    Ok(())
+}
+
+/// The chance that at least one of `k` of a prompt's `n` samples, `c` of them passing, passes.
+fn pass_at(k: usize, n: usize, c: usize) -> f64 {
+    // 1 − C(n − c, k) / C(n, k), as a product to stay in range.
+    1.0 - (n - c + 1..=n).map(|i| 1.0 - k as f64 / i as f64).product::<f64>()
 }
