@@ -1,6 +1,6 @@
 //! `shapes_geneval`: GenEval-style correctness on shapes-world prompts (`flowtune_shapes`).
 
-use flowtune_shapes::{score, Task};
+use flowtune_shapes::{detect, evaluate, Color, Task};
 
 use crate::{Reward, RewardError, Sample, Score};
 
@@ -8,7 +8,9 @@ use crate::{Reward, RewardError, Sample, Score};
 /// (or, with `partial`, the fraction of checks passed). The task is `extra_info.task` (a `Task`
 /// as a JSON object or string) when present, else parsed from the prompt. Each score carries
 /// `acc` and `<category>/acc` (1 / 0, also in partial mode), so batch means are the accuracy
-/// overall and per category.
+/// overall and per category; where the prompt names no colour and objects were found, also
+/// `free_color/<colour>`, the share of the objects in each colour (how varied the colours are
+/// that the model picks itself).
 pub struct ShapesGeneval {
     pub partial: bool,
 }
@@ -38,16 +40,23 @@ impl Reward for ShapesGeneval {
             .iter()
             .map(|sample| {
                 let task = self.task(sample)?;
-                let evaluation = score(&task, sample.image);
+                let detections = detect(sample.image);
+                let evaluation = evaluate(&task, &detections);
                 let correct = f64::from(u8::from(evaluation.correct));
-                Ok(Score {
-                    value: if self.partial { evaluation.partial } else { correct },
-                    extras: [
-                        ("acc".to_string(), correct),
-                        (format!("{}/acc", task.category.name()), correct),
-                    ]
-                    .into(),
-                })
+                let mut extras: std::collections::BTreeMap<String, f64> = [
+                    ("acc".to_string(), correct),
+                    (format!("{}/acc", task.category.name()), correct),
+                ]
+                .into();
+                let free = task.requirements.iter().all(|r| r.color.is_none());
+                if free && !detections.is_empty() {
+                    for color in Color::ALL {
+                        let n = detections.iter().filter(|d| d.color == color).count();
+                        let share = n as f64 / detections.len() as f64;
+                        extras.insert(format!("free_color/{}", color.name()), share);
+                    }
+                }
+                Ok(Score { value: if self.partial { evaluation.partial } else { correct }, extras })
             })
             .collect()
     }

@@ -38,8 +38,26 @@ fn right_scenes_score_one_and_wrong_ones_zero_with_per_category_accuracy() {
     let values: Vec<f64> = scores.iter().map(|s| s.value).collect();
     assert_eq!(values, [1.0, 0.0, 1.0]);
     let extras = |pairs: [(&str, f64); 2]| pairs.map(|(k, v)| (k.to_string(), v)).into();
-    assert_eq!(scores[1].extras, extras([("acc", 0.0), ("position/acc", 0.0)]));
-    assert_eq!(scores[2].extras, extras([("acc", 1.0), ("counting/acc", 1.0)]));
+    let accuracy = |i: usize| -> std::collections::BTreeMap<String, f64> {
+        let e = &scores[i].extras;
+        e.iter()
+            .filter(|(k, _)| !k.starts_with("free_color/"))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    };
+    assert_eq!(accuracy(1), extras([("acc", 0.0), ("position/acc", 0.0)]));
+    assert_eq!(accuracy(2), extras([("acc", 1.0), ("counting/acc", 1.0)]));
+    // Prompts without colours also carry the shares of the colours drawn: five, summing to 1.
+    let free: Vec<f64> = (scores[2].extras.iter())
+        .filter(|(k, _)| k.starts_with("free_color/"))
+        .map(|(_, v)| *v)
+        .collect();
+    assert_eq!(free.len(), 5);
+    assert!((free.iter().sum::<f64>() - 1.0).abs() < 1e-12, "{free:?}");
+    let red = scene("a photo of a red circle");
+    let named = ShapesGeneval { partial: false };
+    let named = named.score(&[sample(&red, "a photo of a red circle", &none)]).unwrap();
+    assert_eq!(named[0].extras, extras([("acc", 1.0), ("colors/acc", 1.0)]));
 
     let scorers = build(&config(json!({"name": "shapes_geneval", "weight": 2.0}))).unwrap();
     let batch = score_batch(&scorers, &samples, OnError::Fail).unwrap();

@@ -35,8 +35,17 @@ impl ColorCounts {
     /// Shannon entropy of the colour shares in bits: log2(5) ≈ 2.32 when uniform, 0 when every
     /// object has one colour (and 0 when nothing was counted).
     pub fn entropy(&self) -> f64 {
-        -self.shares().iter().filter(|p| **p > 0.0).map(|p| p * p.log2()).sum::<f64>()
+        entropy_bits(&self.shares())
     }
+}
+
+/// Shannon entropy in bits of the distribution proportional to `weights` (0 when all are 0).
+pub fn entropy_bits(weights: &[f64]) -> f64 {
+    let total: f64 = weights.iter().sum();
+    if total <= 0.0 {
+        return 0.0;
+    }
+    -weights.iter().map(|w| w / total).filter(|p| *p > 0.0).map(|p| p * p.log2()).sum::<f64>()
 }
 
 #[cfg(test)]
@@ -64,5 +73,7 @@ mod tests {
         one.add(&red, &dets);
         one.add(&red, &dets);
         assert_eq!((one.total(), one.entropy()), (2, 0.0));
+        assert!((entropy_bits(&[2.0, 2.0, 0.0]) - 1.0).abs() < 1e-12);
+        assert_eq!(entropy_bits(&[0.0; 5]), 0.0);
     }
 }

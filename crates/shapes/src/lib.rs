@@ -23,7 +23,7 @@ mod vocabulary;
 
 pub use dataset::write_prompts_jsonl;
 pub use detect::{detect, Detection, MAX_ASPECT, MAX_SHAPE_DISTANCE, MIN_AREA_FRACTION};
-pub use diversity::ColorCounts;
+pub use diversity::{entropy_bits, ColorCounts};
 pub use evaluate::{evaluate, Evaluation, POSITION_MARGIN};
 pub use palette::{classify_pixel, Color, BACKGROUND, MAX_RESIDUAL};
 pub use prompt::ParseError;

@@ -99,11 +99,19 @@ fn report(out: &Path, seed: u64, wall_seconds: f64) -> anyhow::Result<()> {
         per_category.insert(name.clone(), serde_json::json!({ "before": b, "after": a }));
     }
     println!("{:<14} {:>7.1}% {:>7.1}%", "overall", 100.0 * first.accuracy, 100.0 * last.accuracy);
+    println!(
+        "colour entropy where the prompt names no colour: {:.2} → {:.2} bits (uniform {:.2})",
+        first.color_entropy,
+        last.color_entropy,
+        5f64.log2()
+    );
     println!("wall time {wall_seconds:.0} s; pictures and summary.json in {}", out.display());
     let summary = serde_json::json!({
         "accuracy_before": first.accuracy,
         "accuracy_after": last.accuracy,
         "per_category": per_category,
+        "color_entropy_before": first.color_entropy,
+        "color_entropy_after": last.color_entropy,
         "wall_seconds": wall_seconds,
         "seed": seed,
         "steps": last.step,

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{anyhow, Context};
-use flowtune_shapes::Category;
+use flowtune_shapes::{entropy_bits, Category, Color};
 
 /// One validation of a run.
 #[derive(Debug, Clone)]
@@ -14,6 +14,9 @@ pub struct Validation {
     pub accuracy: f64,
     /// `val-core/shapes/<category>/acc` by category name.
     pub per_category: BTreeMap<String, f64>,
+    /// Entropy in bits of the colours drawn where the prompt names none
+    /// (`val-core/shapes/free_color/<colour>`); log2(5) ≈ 2.32 is uniform.
+    pub color_entropy: f64,
 }
 
 /// A run's metric lines and its shapes validations, in step order.
@@ -43,7 +46,18 @@ impl RunLog {
                         Some((c.name().to_string(), v))
                     })
                     .collect();
-                Some(Validation { step: m["step"].as_u64()?, accuracy, per_category })
+                let shares: Vec<f64> = Color::ALL
+                    .iter()
+                    .map(|c| m[format!("val-core/shapes/free_color/{}", c.name())].as_f64())
+                    .map(|v| v.unwrap_or(0.0))
+                    .collect();
+                let color_entropy = entropy_bits(&shares);
+                Some(Validation {
+                    step: m["step"].as_u64()?,
+                    accuracy,
+                    per_category,
+                    color_entropy,
+                })
             })
             .collect();
         if validations.is_empty() {
