@@ -19,9 +19,8 @@ struct Cli {
     #[arg(long, global = true, default_value = "cpu", value_parser = device::parse)]
     device: DeviceArg,
 
-    /// CPU threads for tensor work (default: `OMP_NUM_THREADS` if set, else one less than the
-    /// cores, so that a reward or another program on the last core does not stall every step).
-    #[arg(long, global = true, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    /// CPU threads for tensor work (default: `OMP_NUM_THREADS` if set, else one per core).
+    #[arg(long, global = true, value_parser = threads::parse)]
     threads: Option<usize>,
 
     #[command(subcommand)]
@@ -111,6 +110,7 @@ fn one_line(e: &anyhow::Error) -> String {
 }
 
 fn main() -> ExitCode {
+    threads::passive_wait();
     let cli = Cli::parse();
     threads::configure(cli.threads);
     let result = match cli.command {

@@ -1,37 +1,41 @@
-//! How many CPU threads tensor work uses. libtorch's default, one OpenMP worker per core, makes
-//! every one of a step's thousands of small parallel regions wait for all workers: when anything
-//! else holds a core (a reward on CPU threads beside the rollout, another program) a worker that
-//! lost its core stalls each region for a time slice, and a step slows severalfold. flowtune
-//! therefore leaves one core to the rest of the machine unless told otherwise.
+//! CPU threads for tensor work, and how they wait. A shapes-demo step runs thousands of small
+//! OpenMP parallel regions; libgomp's workers spin between them by default. When anything else
+//! holds a core (a reward on CPU threads beside the rollout, another program), a spinning worker
+//! keeps the one that lost its core from running, and every region stalls for a time slice: on a
+//! 2-core machine one busy core made a step 3.3× slower. Workers that sleep at once instead cost
+//! a quiet machine about a third more and hold a loaded step to about 1.4× (README, "Threads").
 
-/// Sets libtorch's intra-op threads: `requested` (`--threads`), else `OMP_NUM_THREADS` when set
-/// (libtorch has read it already), else one less than the cores this process may use (at least
-/// one). Returns the count in effect.
-pub fn configure(requested: Option<usize>) -> usize {
-    let from_env = std::env::var("OMP_NUM_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
-    let threads = requested.or(from_env).unwrap_or_else(|| default_threads(cores()));
-    tch::set_num_threads(threads.max(1) as i32);
-    threads.max(1)
+use std::os::unix::process::CommandExt;
+
+/// What libgomp reads when it loads (before `main`): the wait policy and the spin count.
+const WAIT_VARIABLES: [&str; 2] = ["OMP_WAIT_POLICY", "GOMP_SPINCOUNT"];
+
+/// Makes OpenMP workers sleep between regions (`OMP_WAIT_POLICY=PASSIVE`) unless the
+/// environment already says how they wait. libgomp reads this only when it loads, so the process
+/// re-executes itself once with the variable set; returns only when no re-execution is needed
+/// (or it failed, which leaves the default policy).
+pub fn passive_wait() {
+    if WAIT_VARIABLES.iter().any(|v| std::env::var_os(v).is_some()) {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else { return };
+    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    let error = std::process::Command::new(exe).args(args).env(WAIT_VARIABLES[0], "PASSIVE").exec();
+    eprintln!("warning: could not re-execute with OMP_WAIT_POLICY=PASSIVE ({error}); continuing");
 }
 
-/// The cores this process may run on (its affinity mask or cgroup quota, as the standard
-/// library reads them).
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+/// Sets libtorch's intra-op threads to `requested` (`--threads`); without it libtorch keeps its
+/// own choice (`OMP_NUM_THREADS`, else one per core).
+pub fn configure(requested: Option<usize>) {
+    if let Some(n) = requested {
+        tch::set_num_threads(n as i32);
+    }
 }
 
-/// One core less than `cores`, at least one: the core left over runs the reward worker, the data
-/// loader and whatever else the machine is doing.
-fn default_threads(cores: usize) -> usize {
-    cores.saturating_sub(1).max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_core_is_left_over_and_never_the_last() {
-        assert_eq!([1, 2, 3, 16].map(default_threads), [1, 1, 2, 15]);
+/// `--threads N`: a count of at least one.
+pub fn parse(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("expected a number of threads of at least 1, got {text:?}")),
     }
 }

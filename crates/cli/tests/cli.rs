@@ -62,6 +62,28 @@ fn env_reports_torch_and_devices() {
     }
 }
 
+/// libgomp's wait policy is set before it loads (the binary re-executes itself), and a user's
+/// own setting wins; `--threads` sets the intra-op threads.
+#[test]
+fn openmp_workers_sleep_unless_the_environment_says_how_to_wait() {
+    let env = |vars: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_flowtune"));
+        c.env_remove("OMP_WAIT_POLICY").env_remove("GOMP_SPINCOUNT");
+        c.envs(vars.iter().copied()).args(["--threads", "1", "env"]);
+        let out = c.output().expect("run flowtune");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let default = env(&[]);
+    assert!(default.contains("OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=unset"), "{default}");
+    assert!(default.contains("threads: 1\n"), "{default}");
+    let own = env(&[("GOMP_SPINCOUNT", "1000")]);
+    assert!(own.contains("OMP_WAIT_POLICY=unset GOMP_SPINCOUNT=1000"), "{own}");
+    let zero = flowtune(&["--threads", "0", "env"]);
+    assert_eq!(zero.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("at least 1, got \"0\""));
+}
+
 #[test]
 fn schedule_prints_grid_json() {
     let out = flowtune(&[

@@ -31,6 +31,12 @@ pub fn run(arg: &DeviceArg) -> Result<(), Failure> {
     }
     println!("cudnn available: {}", tch::Cuda::cudnn_is_available());
     println!("threads: {}", tch::get_num_threads());
+    let wait = |v: &str| std::env::var(v).unwrap_or_else(|_| "unset".into());
+    println!(
+        "openmp wait: OMP_WAIT_POLICY={} GOMP_SPINCOUNT={}",
+        wait("OMP_WAIT_POLICY"),
+        wait("GOMP_SPINCOUNT")
+    );
     let device = arg.resolve()?;
     let a = Tensor::f_ones([64, 64], (Kind::Float, device))
         .context("allocating on the device")
