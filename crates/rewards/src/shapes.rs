@@ -1,6 +1,6 @@
 //! `shapes_geneval`: GenEval-style correctness on shapes-world prompts (`flowtune_shapes`).
 
-use flowtune_shapes::{detect, evaluate, Color, Task};
+use flowtune_shapes::{detect, evaluate, Color, ColorCounts, Task};
 
 use crate::{Reward, RewardError, Sample, Score};
 
@@ -48,11 +48,10 @@ impl Reward for ShapesGeneval {
                     (format!("{}/acc", task.category.name()), correct),
                 ]
                 .into();
-                let free = task.requirements.iter().all(|r| r.color.is_none());
-                if free && !detections.is_empty() {
-                    for color in Color::ALL {
-                        let n = detections.iter().filter(|d| d.color == color).count();
-                        let share = n as f64 / detections.len() as f64;
+                let mut free = ColorCounts::default();
+                free.add(&task, &detections);
+                if free.total() > 0 {
+                    for (color, share) in Color::ALL.into_iter().zip(free.shares()) {
                         extras.insert(format!("free_color/{}", color.name()), share);
                     }
                 }
