@@ -9,15 +9,17 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use tch::Tensor;
-use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+use tokenizers::{PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 
 use crate::ModelError;
 
-/// A loaded tokenizer and its pad token.
+/// A loaded tokenizer, its pad token and side.
 pub struct TextTokenizer {
     inner: Tokenizer,
     pad_id: u32,
     pad_token: String,
+    /// Pads on the left (`padding_side: "left"`, or a Llama tokenizer class, as transformers).
+    pad_left: bool,
     /// `model_max_length` of `tokenizer_config.json` (77 for CLIP), if it gives one.
     pub model_max_length: Option<usize>,
 }
@@ -30,6 +32,7 @@ struct TokenizerConfig {
     unk_token: Option<serde_json::Value>,
     model_max_length: Option<f64>,
     tokenizer_class: Option<String>,
+    padding_side: Option<String>,
     added_tokens_decoder: Option<BTreeMap<String, AddedTokenEntry>>,
 }
 
@@ -148,7 +151,20 @@ impl TextTokenizer {
         })?;
         // Configs without a limit carry a huge sentinel.
         let model_max_length = config.model_max_length.filter(|&m| m < 1e9).map(|m| m as usize);
-        Ok(Self { inner, pad_id, pad_token, model_max_length })
+        // transformers' Llama tokenizers pad on the left unless the config says otherwise.
+        let class_side = config.tokenizer_class.as_deref().filter(|c| c.starts_with("Llama"));
+        let pad_left = match config.padding_side.as_deref() {
+            Some("left") => true,
+            Some("right") => false,
+            Some(other) => {
+                return Err(ModelError::Format {
+                    path: config_file.display().to_string(),
+                    message: format!("padding_side {other:?}: expected \"left\" or \"right\""),
+                })
+            }
+            None => class_side.is_some(),
+        };
+        Ok(Self { inner, pad_id, pad_token, pad_left, model_max_length })
     }
 
     /// A tokenizer built in code, padded with `pad_token` (which must be in its vocabulary).
@@ -158,7 +174,7 @@ impl TextTokenizer {
         model_max_length: Option<usize>,
     ) -> Self {
         let pad_id = inner.token_to_id(pad_token).unwrap_or(0);
-        Self { inner, pad_id, pad_token: pad_token.to_string(), model_max_length }
+        Self { inner, pad_id, pad_token: pad_token.to_string(), pad_left: false, model_max_length }
     }
 
     /// Token ids and attention mask (B, L) of `texts`, truncated to `max_length` and right-padded
@@ -173,6 +189,7 @@ impl TextTokenizer {
             .map_err(|e| ModelError::Input(format!("tokenizer truncation: {e}")))?;
         tok.with_padding(Some(PaddingParams {
             strategy: PaddingStrategy::BatchLongest,
+            direction: self.direction(),
             pad_id: self.pad_id,
             pad_token: self.pad_token.clone(),
             ..Default::default()
@@ -189,6 +206,14 @@ impl TextTokenizer {
             .collect();
         let shape = [texts.len() as i64, length];
         Ok((Tensor::from_slice(&ids).view(shape), Tensor::from_slice(&mask).view(shape)))
+    }
+
+    fn direction(&self) -> PaddingDirection {
+        if self.pad_left {
+            PaddingDirection::Left
+        } else {
+            PaddingDirection::Right
+        }
     }
 
     /// Token ids of one text, without padding or truncation.
@@ -212,17 +237,37 @@ impl TextTokenizer {
         texts: &[&str],
         length: usize,
     ) -> Result<(Tensor, Tensor), ModelError> {
+        self.encode_fixed(texts, length, true)
+    }
+
+    /// [`Self::encode_with_mask`] of texts a chat template rendered with their special tokens
+    /// (the beginning-of-text one included), which the tokenizer must not add again.
+    pub fn encode_rendered_with_mask(
+        &self,
+        texts: &[&str],
+        length: usize,
+    ) -> Result<(Tensor, Tensor), ModelError> {
+        self.encode_fixed(texts, length, false)
+    }
+
+    fn encode_fixed(
+        &self,
+        texts: &[&str],
+        length: usize,
+        add_special_tokens: bool,
+    ) -> Result<(Tensor, Tensor), ModelError> {
         let mut tok = self.inner.clone();
         tok.with_truncation(Some(TruncationParams { max_length: length, ..Default::default() }))
             .map_err(|e| ModelError::Input(format!("tokenizer truncation: {e}")))?;
         tok.with_padding(Some(PaddingParams {
             strategy: PaddingStrategy::Fixed(length),
+            direction: self.direction(),
             pad_id: self.pad_id,
             pad_token: self.pad_token.clone(),
             ..Default::default()
         }));
         let encodings = tok
-            .encode_batch(texts.to_vec(), true)
+            .encode_batch(texts.to_vec(), add_special_tokens)
             .map_err(|e| ModelError::Input(format!("tokenizing prompts: {e}")))?;
         let flat = |f: fn(&tokenizers::Encoding) -> &[u32]| -> Vec<i64> {
             encodings.iter().flat_map(|e| f(e).iter().map(|&i| i as i64)).collect()

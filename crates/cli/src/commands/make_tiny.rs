@@ -39,8 +39,9 @@ pub enum MakeTiny {
     /// tokenizers, scheduler; diffusers loads and runs it.
     Flux(FluxArgs),
     /// A Flux2KleinPipeline (FLUX.2 [klein]): transformer, VAE (AutoencoderKLFlux2), a 27-layer
-    /// Qwen3 text encoder, a small Qwen2 BPE tokenizer with a Qwen3 chat template, scheduler;
-    /// diffusers loads and runs it.
+    /// Qwen3 text encoder, a small Qwen2 BPE tokenizer with a Qwen3 chat template, scheduler; or
+    /// with `--dev` a Flux2Pipeline (FLUX.2 [dev]: guidance embedding, a 30-layer Mistral3 text
+    /// encoder, a PixtralProcessor); diffusers loads and runs it.
     Flux2(Flux2Args),
     /// A WanPipeline (Wan2.2-TI2V-style: residual VAE with 2×2 pixel patches, per-token
     /// timesteps; or Wan2.1-style): transformer, AutoencoderKLWan, UMT5 text encoder, T5
@@ -144,6 +145,10 @@ pub struct Flux2Args {
     /// A step-distilled [klein] (`is_distilled`: no CFG).
     #[arg(long)]
     distilled: bool,
+    /// FLUX.2 [dev] (`Flux2Pipeline`): a Mistral3 text encoder with a PixtralProcessor, and a
+    /// guidance embedding (implied by a `--config` with `guidance_embeds`).
+    #[arg(long, conflicts_with = "distilled")]
+    dev: bool,
 }
 
 #[derive(Args)]
@@ -295,6 +300,9 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
             a.out.write(|dir| write_tiny_z_image(dir, &spec))
         }
         MakeTiny::Flux2(a) => {
+            let transformer = a.real.read(read_config::<Flux2TransformerConfig>, |c| {
+                (c.num_layers, c.num_single_layers) = (a.layers, a.single_layers)
+            })?;
             let spec = TinyFlux2Spec {
                 seed: a.out.seed,
                 layers: a.layers,
@@ -303,10 +311,9 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 head_dim: a.head_dim,
                 axes_dims_rope: vec![a.head_dim / 4; 4],
                 distilled: a.distilled,
+                dev: a.dev || transformer.as_ref().is_some_and(|c| c.guidance_embeds),
                 dtype: a.real.dtype.kind(),
-                transformer: a.real.read(read_config::<Flux2TransformerConfig>, |c| {
-                    (c.num_layers, c.num_single_layers) = (a.layers, a.single_layers)
-                })?,
+                transformer,
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_flux2(dir, &spec))

@@ -1,10 +1,9 @@
 //! FLUX.2's registry entry.
 
-use super::{write_tiny_flux2, Flux2KleinPipeline, Flux2Transformer, TinyFlux2Spec};
+use super::{write_tiny_flux2, Flux2Pipeline, Flux2Transformer, TinyFlux2Spec};
 use crate::registry::Family;
 
-/// FLUX.2 [klein] (`Flux2KleinPipeline`); FLUX.2 [dev] (`Flux2Pipeline`) is recognised and
-/// refused by name.
+/// FLUX.2 [klein] (`Flux2KleinPipeline`) and [dev] (`Flux2Pipeline`).
 pub const FAMILY: Family = Family {
     name: "flux2",
     pipeline_classes: &["Flux2KleinPipeline", "Flux2Pipeline"],
@@ -19,13 +18,19 @@ pub const FAMILY: Family = Family {
         ("vae", "AutoencoderKLFlux2 (quant convs, 2×2 patches normalised by its batch norm)"),
         (
             "text_encoder",
-            "Qwen3ForCausalLM / Qwen3Model (hidden states 9, 18, 27 side by side); [dev]'s \
-             Mistral3ForConditionalGeneration is refused",
+            "[klein]: Qwen3ForCausalLM / Qwen3Model (hidden states 9, 18, 27 side by side); \
+             [dev]: Mistral3ForConditionalGeneration's language model (hidden states 10, 20, 30; \
+             the Pixtral vision tower is not loaded)",
         ),
-        ("tokenizer", "Qwen2 BPE (tokenizer.json, or vocab.json + merges.txt)"),
+        (
+            "tokenizer",
+            "[klein]: Qwen2 BPE (tokenizer.json, or vocab.json + merges.txt); [dev]: \
+             PixtralProcessor's tokenizer.json (Mistral chat turns with the system message, \
+             left-padded)",
+        ),
         ("scheduler", "FlowMatchEulerDiscreteScheduler (linspace sigmas, empirical μ)"),
     ],
-    load: |dir, options| Ok(Box::new(Flux2KleinPipeline::open(dir.clone(), options)?)),
+    load: |dir, options| Ok(Box::new(Flux2Pipeline::open(dir.clone(), options)?)),
     load_denoiser: |dir, device, kind, lora| {
         Ok(Box::new(Flux2Transformer::load(dir, device, kind, lora)?))
     },

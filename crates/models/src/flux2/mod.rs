@@ -1,6 +1,7 @@
-//! FLUX.2 [klein] (`Flux2KleinPipeline`: a double- then single-stream MMDiT with shared
-//! modulations, a Qwen3 text encoder, `AutoencoderKLFlux2`) in the diffusers layout, from text
-//! and from reference images. FLUX.2 [dev] (`Flux2Pipeline`, Mistral3) is refused by name.
+//! FLUX.2 in the diffusers layout, from text and from reference images: [klein]
+//! (`Flux2KleinPipeline`: a double- then single-stream MMDiT with shared modulations, a Qwen3 text
+//! encoder, `AutoencoderKLFlux2`) and [dev] (`Flux2Pipeline`: the same blocks with a distilled
+//! guidance embedding, Mistral Small 3's language model as text encoder).
 
 mod block;
 mod config;
@@ -13,7 +14,10 @@ mod vae;
 
 pub use config::{Flux2TransformerConfig, AXES};
 pub use family::FAMILY;
-pub use pipeline::{Flux2KleinPipeline, Flux2PromptEncoder, CHAT_TEMPLATE, TEXT_LAYERS};
+pub use pipeline::{
+    Flux2Pipeline, Flux2PromptEncoder, Flux2TextModel, CHAT_TEMPLATE, MISTRAL_TEXT_LAYERS,
+    SYSTEM_MESSAGE, TEXT_LAYERS,
+};
 pub use reference::reference_tokens;
 pub use tiny::{write_tiny_flux2, TinyFlux2Spec};
 pub use transformer::{grid_ids, text_ids, Flux2Transformer, REFERENCE_IDS, REFERENCE_TOKENS};

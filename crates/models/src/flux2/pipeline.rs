@@ -1,19 +1,20 @@
-//! The FLUX.2 [klein] pipeline: a diffusers `Flux2KleinPipeline` directory loaded as components,
-//! and its prompt encoding (Qwen3 chat template without thinking, padded to
-//! `max_sequence_length`, hidden states of three layers side by side), reference images, latent
-//! layout and schedule.
-//! `Flux2Pipeline` ([dev], a Mistral3 text encoder) is refused by name.
+//! The FLUX.2 pipelines: a diffusers `Flux2KleinPipeline` ([klein], Qwen3) or `Flux2Pipeline`
+//! ([dev], Mistral Small 3) directory loaded as components, and its prompt encoding (the
+//! encoder's chat template, padded to `max_sequence_length`, hidden states of three layers side by
+//! side), reference images, distilled guidance ([dev]), latent layout and schedule.
 
 use std::path::Path;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
 use image::RgbImage;
 use tch::nn::VarStore;
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::{reference_tokens, Flux2Transformer, Flux2Vae, REFERENCE_IDS, REFERENCE_TOKENS};
 use crate::family::{image_latent_shape, pipeline_parts, run_on, FlowPipeline, PipelineOptions};
+use crate::flux::GUIDANCE;
 use crate::pipeline::PipelineDir;
+use crate::text_encoders::mistral3::Mistral3TextEncoder;
 use crate::text_encoders::qwen3::Qwen3TextEncoder;
 use crate::tokenizer::TextTokenizer;
 use crate::z_image::TEXT_ENCODER_CLASSES;
@@ -21,66 +22,134 @@ use crate::{read_config, ModelError, TextConditioning};
 
 /// Text tokens per prompt when the options give none (the pipeline's `max_sequence_length`).
 const MAX_SEQUENCE_LENGTH: usize = 512;
-/// The Qwen3 hidden states stacked into the text tokens (the pipeline's
+/// The distilled guidance of [dev] when the options give none (`Flux2Pipeline`'s
+/// `guidance_scale` default).
+const DEFAULT_GUIDANCE: f64 = 4.0;
+/// The Qwen3 hidden states stacked into [klein]'s text tokens (the pipeline's
 /// `text_encoder_out_layers` default).
 pub const TEXT_LAYERS: [usize; 3] = [9, 18, 27];
+/// The Mistral hidden states stacked into [dev]'s text tokens.
+pub const MISTRAL_TEXT_LAYERS: [usize; 3] = [10, 20, 30];
 /// Qwen3's chat template for one user message with `add_generation_prompt=True,
 /// enable_thinking=False`, as `Flux2KleinPipeline` applies it.
 pub const CHAT_TEMPLATE: &str =
     "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+/// The system turn `Flux2Pipeline` puts before every prompt.
+pub const SYSTEM_MESSAGE: &str = "You are an AI that reasons about image descriptions. You give \
+    structured responses focusing on object relationships, object\nattribution and actions \
+    without speculation.";
 
-/// Qwen3 with its tokenizer.
+/// The text model of either variant.
+pub enum Flux2TextModel {
+    /// [klein]: Qwen3, layers [`TEXT_LAYERS`].
+    Qwen3(Qwen3TextEncoder),
+    /// [dev]: Mistral3's language model, layers [`MISTRAL_TEXT_LAYERS`].
+    Mistral3(Mistral3TextEncoder),
+}
+
+impl Flux2TextModel {
+    fn layers(&self) -> [usize; 3] {
+        match self {
+            Self::Qwen3(_) => TEXT_LAYERS,
+            Self::Mistral3(_) => MISTRAL_TEXT_LAYERS,
+        }
+    }
+
+    fn shape(&self) -> (usize, i64) {
+        match self {
+            Self::Qwen3(m) => (m.num_layers(), m.hidden_size()),
+            Self::Mistral3(m) => (m.num_layers(), m.hidden_size()),
+        }
+    }
+
+    fn device(&self) -> Device {
+        match self {
+            Self::Qwen3(m) => m.store.device(),
+            Self::Mistral3(m) => m.store.device(),
+        }
+    }
+}
+
+/// The text encoder with its tokenizer.
 pub struct Flux2PromptEncoder {
-    pub encoder: Qwen3TextEncoder,
+    pub encoder: Flux2TextModel,
     pub tokenizer: TextTokenizer,
 }
 
 impl Flux2PromptEncoder {
-    /// Loads `text_encoder/` and `tokenizer/` of `dir`; an encoder without layer 27, or whose
-    /// stacked states are not `joint_attention_dim` wide, is refused naming its `config.json`.
+    /// Loads `text_encoder/` and `tokenizer/` of `dir` (Qwen3 for [klein], Mistral3 for [dev]);
+    /// an encoder shallower than its deepest read layer, or whose stacked states are not
+    /// `joint_attention_dim` wide, is refused naming its `config.json`.
     pub fn load(
         dir: &PipelineDir,
         options: &PipelineOptions,
         joint_attention_dim: i64,
     ) -> Result<Self, ModelError> {
-        let encoder_dir = dir.component("text_encoder", TEXT_ENCODER_CLASSES)?;
-        let config = encoder_dir.join("config.json");
         let kind = options.dtypes.text_encoders;
-        let encoder = Qwen3TextEncoder::load(&encoder_dir, options.encoder_device(), kind)?;
-        let (layers, hidden) = (encoder.num_layers(), encoder.hidden_size());
-        if layers < TEXT_LAYERS[TEXT_LAYERS.len() - 1] {
+        let device = options.encoder_device();
+        let (encoder_dir, encoder) = if dir.index.class_name == "Flux2Pipeline" {
+            let encoder_dir =
+                dir.component("text_encoder", &["Mistral3ForConditionalGeneration"])?;
+            let model = Mistral3TextEncoder::load(&encoder_dir, device, kind)?;
+            (encoder_dir, Flux2TextModel::Mistral3(model))
+        } else {
+            let encoder_dir = dir.component("text_encoder", TEXT_ENCODER_CLASSES)?;
+            let model = Qwen3TextEncoder::load(&encoder_dir, device, kind)?;
+            (encoder_dir, Flux2TextModel::Qwen3(model))
+        };
+        let config = encoder_dir.join("config.json");
+        let ((count, hidden), layers) = (encoder.shape(), encoder.layers());
+        if count < layers[layers.len() - 1] {
             return Err(ModelError::Input(format!(
-                "{}: {layers} layers; the pipeline reads the hidden states of layers \
-                 {TEXT_LAYERS:?}",
+                "{}: {count} layers; the pipeline reads the hidden states of layers {layers:?}",
                 config.display()
             )));
         }
-        let width = TEXT_LAYERS.len() as i64 * hidden;
+        let width = layers.len() as i64 * hidden;
         if width != joint_attention_dim {
             return Err(ModelError::Input(format!(
-                "{}: {} Qwen3 layers of width {hidden} give {width} channels; the transformer's \
+                "{}: {} layers of width {hidden} give {width} channels; the transformer's \
                  joint_attention_dim is {joint_attention_dim}",
                 config.display(),
-                TEXT_LAYERS.len()
+                layers.len()
             )));
         }
         Ok(Self { encoder, tokenizer: TextTokenizer::load(&dir.tokenizer("tokenizer")?)? })
     }
 
-    /// Token ids and mask (B, `length`) of `prompts` in the chat template, truncated and
-    /// right-padded to `length`.
+    /// Token ids and mask (B, `length`) of `prompts` in the encoder's chat template, truncated
+    /// and padded to `length` on the tokenizer's side: Qwen3's user turn ([klein]); Mistral's
+    /// beginning of text, [`SYSTEM_MESSAGE`] and the user turn without `[IMG]` ([dev]).
     pub fn tokenize(
         &self,
         prompts: &[&str],
         length: usize,
     ) -> Result<(Tensor, Tensor), ModelError> {
-        let texts: Vec<String> = prompts.iter().map(|p| CHAT_TEMPLATE.replace("{}", p)).collect();
-        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-        self.tokenizer.encode_with_mask(&texts, length)
+        match self.encoder {
+            Flux2TextModel::Qwen3(_) => {
+                let texts: Vec<String> =
+                    prompts.iter().map(|p| CHAT_TEMPLATE.replace("{}", p)).collect();
+                let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+                self.tokenizer.encode_with_mask(&texts, length)
+            }
+            Flux2TextModel::Mistral3(_) => {
+                let texts: Vec<String> = prompts
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "<s>[SYSTEM_PROMPT]{SYSTEM_MESSAGE}[/SYSTEM_PROMPT][INST]{}[/INST]",
+                            p.replace("[IMG]", "")
+                        )
+                    })
+                    .collect();
+                let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+                self.tokenizer.encode_rendered_with_mask(&texts, length)
+            }
+        }
     }
 
-    /// (B, `length`, 3·hidden): the [`TEXT_LAYERS`] states of every token, padding included (the
-    /// transformer attends to all of them), side by side.
+    /// (B, `length`, 3·hidden): the three read layers' states of every token, padding included
+    /// (the transformer attends to all of them), side by side.
     pub fn encode(&self, prompts: &[&str], length: usize) -> Result<Tensor, ModelError> {
         if prompts.is_empty() || length == 0 {
             return Err(ModelError::Input(format!(
@@ -90,18 +159,19 @@ impl Flux2PromptEncoder {
             )));
         }
         let (ids, mask) = self.tokenize(prompts, length)?;
-        let device = self.encoder.store.device();
-        let states = self.encoder.hidden_states(
-            &ids.to_device(device),
-            &mask.to_device(device),
-            &TEXT_LAYERS,
-        )?;
+        let device = self.encoder.device();
+        let (ids, mask) = (ids.to_device(device), mask.to_device(device));
+        let layers = self.encoder.layers();
+        let states = match &self.encoder {
+            Flux2TextModel::Qwen3(m) => m.hidden_states(&ids, &mask, &layers)?,
+            Flux2TextModel::Mistral3(m) => m.hidden_states(&ids, &mask, &layers)?,
+        };
         Ok(Tensor::cat(&states, 2))
     }
 }
 
-/// Every component of a FLUX.2 [klein] pipeline.
-pub struct Flux2KleinPipeline {
+/// Every component of a FLUX.2 [klein] or [dev] pipeline.
+pub struct Flux2Pipeline {
     pub dir: PipelineDir,
     pub transformer: Flux2Transformer,
     pub vae: Flux2Vae,
@@ -109,10 +179,12 @@ pub struct Flux2KleinPipeline {
     pub scheduler: SchedulerConfig,
     /// Text tokens per prompt (`max_sequence_length`).
     pub max_sequence_length: usize,
+    /// The distilled guidance value [dev] is conditioned on (unused by [klein]).
+    pub guidance: f64,
 }
 
-impl Flux2KleinPipeline {
-    /// Loads the `Flux2KleinPipeline` directory at `path`.
+impl Flux2Pipeline {
+    /// Loads the `Flux2KleinPipeline` or `Flux2Pipeline` directory at `path`.
     pub fn load(path: &Path, options: &PipelineOptions) -> Result<Self, ModelError> {
         Self::open(PipelineDir::open(path)?, options)
     }
@@ -120,14 +192,6 @@ impl Flux2KleinPipeline {
     /// Loads the components of an opened pipeline directory.
     pub fn open(dir: PipelineDir, options: &PipelineOptions) -> Result<Self, ModelError> {
         let index = dir.root.join("model_index.json");
-        if dir.index.class_name != "Flux2KleinPipeline" {
-            return Err(ModelError::Input(format!(
-                "{}: {} (FLUX.2 [dev]) is not supported: its text encoder is a \
-                 Mistral3ForConditionalGeneration; FLUX.2 [klein] (Flux2KleinPipeline, Qwen3) is",
-                index.display(),
-                dir.index.class_name
-            )));
-        }
         let (device, dtypes) = (options.device, options.dtypes);
         let raw: serde_json::Value = read_config(&index)?;
         let scheduler_dir = dir.component("scheduler", &["FlowMatchEulerDiscreteScheduler"])?;
@@ -148,24 +212,38 @@ impl Flux2KleinPipeline {
             text,
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
             max_sequence_length: options.max_sequence_length.unwrap_or(MAX_SEQUENCE_LENGTH),
+            guidance: options.embedded_guidance.unwrap_or(DEFAULT_GUIDANCE),
             transformer,
             dir,
         })
     }
 }
 
-impl FlowPipeline for Flux2KleinPipeline {
+impl FlowPipeline for Flux2Pipeline {
     pipeline_parts!();
+
+    /// [dev] has a guidance embedding, [klein] none.
+    fn embeds_guidance(&self) -> bool {
+        self.transformer.config.guidance_embeds
+    }
 
     fn device(&self) -> Device {
         self.transformer.x_embedder.weight.device()
     }
 
-    /// The Qwen3 states of `max_sequence_length` tokens per prompt; no mask.
+    /// The text encoder's states of `max_sequence_length` tokens per prompt; no mask. [dev]
+    /// adds the guidance value as the [`GUIDANCE`] extra.
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
         let embeds = self.text.encode(prompts, self.max_sequence_length)?;
         let kind = self.transformer.x_embedder.weight.kind();
-        Ok(TextConditioning::new(embeds.to_kind(kind).to_device(self.device()), None))
+        let device = self.device();
+        let mut text = TextConditioning::new(embeds.to_kind(kind).to_device(device), None);
+        if self.transformer.config.guidance_embeds {
+            let rows = prompts.len() as i64;
+            let guidance = Tensor::full([rows], self.guidance, (Kind::Float, device));
+            text.extras.insert(GUIDANCE.into(), guidance);
+        }
+        Ok(text)
     }
 
     /// The prompts with every row sharing the reference `pictures` (the pipeline's `image`):

@@ -1,5 +1,5 @@
-//! `flowtune make-tiny flux2`: a complete random `Flux2KleinPipeline` directory in the exact
-//! diffusers layout (loadable by diffusers), for tests and examples.
+//! `flowtune make-tiny flux2`: a complete random `Flux2KleinPipeline` ([klein]) or `Flux2Pipeline`
+//! ([dev]) directory in the exact diffusers layout (loadable by diffusers), for tests and examples.
 
 use std::path::Path;
 
@@ -7,15 +7,16 @@ use flowtune_sampling::SampleRng;
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
 
-use super::pipeline::TEXT_LAYERS;
+use super::pipeline::{MISTRAL_TEXT_LAYERS, SYSTEM_MESSAGE, TEXT_LAYERS};
 use super::{Flux2Transformer, Flux2TransformerConfig, Flux2Vae, Flux2VaeConfig};
 use crate::sd3::tiny::{randomize, write_model, write_scheduler, DIFFUSERS_VERSION};
 use crate::sd3::WeightInit;
+use crate::text_encoders::mistral3_tiny::write_mistral3;
 use crate::text_encoders::qwen_decoder::DecoderShape;
 use crate::z_image::tiny::write_qwen3;
 use crate::{write_json, ModelError};
 
-/// Sizes of a tiny FLUX.2 [klein] pipeline.
+/// Sizes of a tiny FLUX.2 pipeline.
 #[derive(Debug, Clone)]
 pub struct TinyFlux2Spec {
     pub seed: u64,
@@ -27,7 +28,8 @@ pub struct TinyFlux2Spec {
     pub head_dim: i64,
     /// Rotary dimensions per position axis (4); they sum to `head_dim`.
     pub axes_dims_rope: Vec<i64>,
-    /// The Qwen3 text encoder (at least 27 layers: the pipeline reads layers 9, 18 and 27).
+    /// The Qwen3 text encoder of [klein] (at least 27 layers: the pipeline reads layers 9, 18 and
+    /// 27); [dev]'s Mistral gets its width and heads with 30 layers, no head norms and rope θ 1e9.
     pub text: DecoderShape,
     /// Byte-level BPE vocabulary of the tokenizer before the added tokens.
     pub bpe_vocab_size: usize,
@@ -36,6 +38,8 @@ pub struct TinyFlux2Spec {
     pub vae_latent_channels: i64,
     /// `is_distilled` of `model_index.json`: no CFG.
     pub distilled: bool,
+    /// FLUX.2 [dev]: `Flux2Pipeline` with a Mistral3 text encoder and a guidance embedding.
+    pub dev: bool,
     /// The dtype the transformer's weights are written in (a released checkpoint's is bf16).
     pub dtype: Kind,
     /// A real transformer config (e.g. with fewer blocks) used as it is instead of the one the
@@ -69,6 +73,7 @@ impl Default for TinyFlux2Spec {
             vae_channels: vec![8, 16],
             vae_latent_channels: 8,
             distilled: false,
+            dev: false,
             dtype: Kind::Float,
             transformer: None,
         }
@@ -82,7 +87,18 @@ pub fn write_tiny_flux2(dir: &Path, spec: &TinyFlux2Spec) -> Result<(), ModelErr
     let hidden_size =
         spec.transformer.as_ref().map_or(spec.text.hidden_size, |t| t.joint_attention_dim / layers);
     let text = DecoderShape { hidden_size, ..spec.text.clone() };
-    let text = write_qwen3(dir, &text, spec.bpe_vocab_size, true, &mut rng)?;
+    let text = if spec.dev {
+        let mistral = DecoderShape {
+            num_hidden_layers: MISTRAL_TEXT_LAYERS[2],
+            rms_norm_eps: 1e-5,
+            rope_theta: 1e9,
+            qk_norm: false,
+            ..text
+        };
+        write_mistral3(dir, &mistral, spec.bpe_vocab_size, SYSTEM_MESSAGE, &mut rng)?
+    } else {
+        write_qwen3(dir, &text, spec.bpe_vocab_size, true, &mut rng)?
+    };
 
     let vae = write_flux2_vae(&dir.join("vae"), spec, &mut rng)?;
 
@@ -95,7 +111,7 @@ pub fn write_tiny_flux2(dir: &Path, spec: &TinyFlux2Spec) -> Result<(), ModelErr
         joint_attention_dim: layers * text.hidden_size,
         timestep_guidance_channels: 32,
         axes_dims_rope: spec.axes_dims_rope.clone(),
-        guidance_embeds: false,
+        guidance_embeds: spec.dev,
         ..Default::default()
     });
     let transformer = Flux2Transformer::new(&config, Device::Cpu, spec.dtype, None)?;
@@ -118,9 +134,18 @@ pub fn write_tiny_flux2(dir: &Path, spec: &TinyFlux2Spec) -> Result<(), ModelErr
             "use_dynamic_shifting": true
         }),
     )?;
-    write_json(
-        &dir.join("model_index.json"),
-        &json!({
+    let index = if spec.dev {
+        json!({
+            "_class_name": "Flux2Pipeline",
+            "_diffusers_version": DIFFUSERS_VERSION,
+            "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+            "text_encoder": ["transformers", "Mistral3ForConditionalGeneration"],
+            "tokenizer": ["transformers", "PixtralProcessor"],
+            "transformer": ["diffusers", "Flux2Transformer2DModel"],
+            "vae": ["diffusers", "AutoencoderKLFlux2"]
+        })
+    } else {
+        json!({
             "_class_name": "Flux2KleinPipeline",
             "_diffusers_version": DIFFUSERS_VERSION,
             "is_distilled": spec.distilled,
@@ -129,8 +154,9 @@ pub fn write_tiny_flux2(dir: &Path, spec: &TinyFlux2Spec) -> Result<(), ModelErr
             "tokenizer": ["transformers", "Qwen2Tokenizer"],
             "transformer": ["diffusers", "Flux2Transformer2DModel"],
             "vae": ["diffusers", "AutoencoderKLFlux2"]
-        }),
-    )
+        })
+    };
+    write_json(&dir.join("model_index.json"), &index)
 }
 
 /// A random `AutoencoderKLFlux2` (positive running variances) with `bn.num_batches_tracked`.

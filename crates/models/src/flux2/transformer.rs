@@ -320,9 +320,10 @@ impl Denoiser for Flux2Transformer {
         Ok(out.narrow(1, 0, h * w).transpose(1, 2).reshape([b, channels, h, w]))
     }
 
-    /// A step-distilled [klein] (`is_distilled`) never runs CFG, as its pipeline decides.
+    /// A step-distilled [klein] (`is_distilled`) and guidance-distilled [dev] never run CFG, as
+    /// their pipelines decide ([dev] embeds the guidance value instead).
     fn runs_cfg(&self, scale: f64) -> bool {
-        !self.config.is_distilled && scale > 1.0
+        !self.config.is_distilled && !self.config.guidance_embeds && scale > 1.0
     }
 }
 

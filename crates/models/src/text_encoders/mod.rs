@@ -1,6 +1,8 @@
 //! Text encoders of the diffusers pipelines, in the transformers layout.
 
 pub mod clip;
+pub mod mistral3;
+pub(crate) mod mistral3_tiny;
 pub mod qwen2_5_vl;
 pub mod qwen2_5_vl_positions;
 pub mod qwen2_5_vl_vision;

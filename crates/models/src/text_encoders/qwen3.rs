@@ -9,7 +9,6 @@ use serde::Deserialize;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use super::qwen2_5_vl_positions::text_positions;
 use super::qwen_decoder::{DecoderShape, QwenDecoder};
 use crate::nn::Scope;
 use crate::{read_config, ModelError};
@@ -146,7 +145,7 @@ impl Qwen3TextEncoder {
     /// tower and `lm_head` are skipped.
     pub fn load_vl(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let mut model = Self::new(&qwen3_vl_text_shape(&dir.join("config.json"))?, device, kind);
-        let ignored = &["lm_head.", "model.visual."];
+        let ignored = &["lm_head.", "model.visual.", "visual."];
         let renamed = &[("model.language_model.", "")];
         super::load_frozen(&mut model.store, dir, kind, ignored, renamed)?;
         Ok(model)
@@ -172,6 +171,16 @@ impl Qwen3TextEncoder {
     /// Decoder layers.
     pub fn num_layers(&self) -> usize {
         self.decoder.shape.num_hidden_layers
+    }
+
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> i64 {
+        self.decoder.shape.head_dim
+    }
+
+    /// The decoder stack (Qwen3-VL runs it with pictures).
+    pub(crate) fn decoder(&self) -> &QwenDecoder {
+        &self.decoder
     }
 
     /// transformers' `hidden_states[-2]` with `output_hidden_states=True` (B, L, hidden_size) for
@@ -206,35 +215,6 @@ impl Qwen3TextEncoder {
         layers: &[usize],
         final_norm: bool,
     ) -> Result<Vec<Tensor>, ModelError> {
-        let (b, l) = input_ids.size2()?;
-        if attention_mask.size() != [b, l] {
-            return Err(ModelError::Input(format!(
-                "Qwen3 attention_mask must have the shape of input_ids {:?}, got {:?}",
-                [b, l],
-                attention_mask.size()
-            )));
-        }
-        let shape = &self.decoder.shape;
-        let count = shape.num_hidden_layers;
-        if layers.windows(2).any(|w| w[1] <= w[0]) || layers.iter().any(|&k| k > count) {
-            return Err(ModelError::Input(format!(
-                "Qwen3 hidden state layers {layers:?}: expected ascending indices up to the \
-                 encoder's {count} layers"
-            )));
-        }
-        let positions = text_positions(b, l, input_ids.device());
-        let x = self.decoder.embed(input_ids);
-        let mut states = self.decoder.run_states(
-            x,
-            attention_mask,
-            &positions,
-            &[shape.head_dim / 2],
-            layers,
-        )?;
-        if final_norm && layers.last() == Some(&count) {
-            let last = states.pop().expect("the last layer's state");
-            states.push(self.decoder.final_norm(&last));
-        }
-        Ok(states)
+        self.decoder.text_states("Qwen3", input_ids, attention_mask, layers, final_norm)
     }
 }

@@ -1,11 +1,14 @@
 //! The decoder stack shared by the Qwen language models (Qwen2.5-VL's, Qwen3): pre-norm layers
 //! with grouped-query attention under a causal and padding mask, rotary positions (multimodal
 //! sections, or one section for plain text) and a SwiGLU MLP. Qwen3 adds per-head RMS norms on
-//! queries and keys, drops the q/k/v biases and may set the head width explicitly.
+//! queries and keys, drops the q/k/v biases and may set the head width explicitly; Qwen3-VL
+//! interleaves its rotary sections and adds deepstack visual features after the first layers.
 
 use tch::{Kind, Tensor};
 
+use super::qwen2_5_vl_positions::text_positions;
 use crate::nn::{attention, Embedding, Linear, RmsNorm, Scope};
+use crate::ModelError;
 
 /// Sizes and switches of a decoder stack.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +26,45 @@ pub struct DecoderShape {
     pub qkv_bias: bool,
     /// `q_norm` / `k_norm` over each head (Qwen3).
     pub qk_norm: bool,
+}
+
+/// Which position row (temporal, height, width) rotates each rotary frequency.
+#[derive(Debug, Clone, Copy)]
+pub enum Mrope<'a> {
+    /// Consecutive groups of `section[i]` frequencies rotate by row `i`, summing to all of them
+    /// (Qwen2.5-VL; one section is plain 1-D text).
+    Chunked(&'a [i64]),
+    /// Qwen3-VL's interleaving: frequency `f` rotates by row 1 when `f % 3 == 1` and
+    /// `f < 3·section[1]`, by row 2 when `f % 3 == 2` and `f < 3·section[2]`, else by row 0.
+    Interleaved(&'a [i64]),
+}
+
+impl Mrope<'_> {
+    /// The row of each of `half` frequencies.
+    fn rows(self, half: i64) -> Vec<i64> {
+        match self {
+            Mrope::Chunked(section) => section
+                .iter()
+                .enumerate()
+                .flat_map(|(row, &n)| std::iter::repeat_n(row as i64, n as usize))
+                .collect(),
+            Mrope::Interleaved(section) => (0..half)
+                .map(|f| match f % 3 {
+                    1 if f < 3 * section[1] => 1,
+                    2 if f < 3 * section[2] => 2,
+                    _ => 0,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Visual features added to the states of the image tokens after layer `k` for each `k` of
+/// `features` (Qwen3-VL's deepstack): `slots` (B, L) bool marks the image tokens, each feature is
+/// (their count, hidden) in row-major order.
+pub struct Deepstack<'a> {
+    pub slots: &'a Tensor,
+    pub features: &'a [Tensor],
 }
 
 struct Layer {
@@ -96,26 +138,58 @@ impl QwenDecoder {
         self.norm.forward(x)
     }
 
+    /// transformers' `hidden_states[k]` with `output_hidden_states=True` (B, L, hidden_size) for
+    /// each `k` of `layers` (ascending, at most the layer count) of plain text: `input_ids` (B, L)
+    /// and `attention_mask` (B, L) of ones and zeros (padding, either side) at positions 0‥L. The
+    /// last layer's state is after the final norm when `final_norm` (transformers 5 ties it to
+    /// `last_hidden_state`). `model` names the encoder in errors.
+    pub fn text_states(
+        &self,
+        model: &str,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        layers: &[usize],
+        final_norm: bool,
+    ) -> Result<Vec<Tensor>, ModelError> {
+        let (b, l) = input_ids.size2()?;
+        if attention_mask.size() != [b, l] {
+            return Err(ModelError::Input(format!(
+                "{model} attention_mask must have the shape of input_ids {:?}, got {:?}",
+                [b, l],
+                attention_mask.size()
+            )));
+        }
+        let count = self.shape.num_hidden_layers;
+        if layers.windows(2).any(|w| w[1] <= w[0]) || layers.iter().any(|&k| k > count) {
+            return Err(ModelError::Input(format!(
+                "{model} hidden state layers {layers:?}: expected ascending indices up to the \
+                 encoder's {count} layers"
+            )));
+        }
+        let positions = text_positions(b, l, input_ids.device());
+        let x = self.embed(input_ids);
+        let section = [self.shape.head_dim / 2];
+        let mut states = self.run_states(x, attention_mask, &positions, &section, layers)?;
+        if final_norm && layers.last() == Some(&count) {
+            let last = states.pop().expect("the last layer's state");
+            states.push(self.final_norm(&last));
+        }
+        Ok(states)
+    }
+
     /// cos and sin (B, 1, L, head_dim) of `positions` (3, B, L), computed in f32 as transformers
-    /// does: frequency group `i` of `section` rotates by position row `i`.
-    fn rotary(&self, positions: &Tensor, section: &[i64]) -> (Tensor, Tensor) {
+    /// does: each frequency rotates by the position row `rope` gives it.
+    fn rotary(&self, positions: &Tensor, rope: Mrope<'_>) -> (Tensor, Tensor) {
         let dim = self.shape.head_dim;
         let device = positions.device();
         let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Float, device)) / dim as f64;
         let inv_freq = Tensor::pow_scalar(self.shape.rope_theta, &exponents).reciprocal();
+        // (3, B, L, F): frequency f picks row rows[f].
         let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq;
-        let mut start = 0;
-        let groups: Vec<Tensor> = section
-            .iter()
-            .enumerate()
-            .map(|(row, &n)| {
-                let group = freqs.get(row as i64).narrow(-1, start, n);
-                start += n;
-                group
-            })
-            .collect();
-        let half = Tensor::cat(&groups, -1);
-        let angles = Tensor::cat(&[&half, &half], -1).unsqueeze(1);
+        let rows = Tensor::from_slice(&rope.rows(dim / 2)).to_device(device);
+        let (_, b, l, f) = freqs.size4().expect("(3, B, L, F)");
+        let half = freqs.gather(0, &rows.view([1, 1, 1, f]).expand([1, b, l, f], false), false);
+        let angles = Tensor::cat(&[&half, &half], -1).squeeze_dim(0).unsqueeze(1);
         (angles.cos(), angles.sin())
     }
 
@@ -137,15 +211,29 @@ impl QwenDecoder {
     /// embeddings), up to the deepest one: transformers' `hidden_states[k]` below the last layer.
     pub fn run_states(
         &self,
-        mut x: Tensor,
+        x: Tensor,
         attention_mask: &Tensor,
         positions: &Tensor,
         section: &[i64],
         depths: &[usize],
     ) -> Result<Vec<Tensor>, tch::TchError> {
+        self.run_states_with(x, attention_mask, positions, Mrope::Chunked(section), depths, None)
+    }
+
+    /// As [`Self::run_states`] with the rotary layout `rope`; with `deepstack`, its features are
+    /// added after the first layers (the states include them).
+    pub fn run_states_with(
+        &self,
+        mut x: Tensor,
+        attention_mask: &Tensor,
+        positions: &Tensor,
+        rope: Mrope<'_>,
+        depths: &[usize],
+        deepstack: Option<&Deepstack<'_>>,
+    ) -> Result<Vec<Tensor>, tch::TchError> {
         let (b, l) = attention_mask.size2()?;
         let device = x.device();
-        let (cos, sin) = self.rotary(positions, section);
+        let (cos, sin) = self.rotary(positions, rope);
         let (cos, sin) = (cos.to_kind(x.kind()), sin.to_kind(x.kind()));
         let causal = Tensor::ones([l, l], (Kind::Bool, device)).tril(0);
         let keys = attention_mask.to_kind(Kind::Bool).view([b, 1, 1, l]);
@@ -184,6 +272,12 @@ impl QwenDecoder {
             let h = layer.post_attention_layernorm.forward(&x);
             let gated = layer.gate_proj.forward(&h).silu() * layer.up_proj.forward(&h);
             x = &x + layer.down_proj.forward(&gated);
+            if let Some(feature) = deepstack.and_then(|d| d.features.get(done)) {
+                let slots = deepstack.expect("features come with slots").slots.unsqueeze(-1);
+                let added =
+                    x.masked_select(&slots).view([-1, x.size()[2]]) + feature.to_kind(x.kind());
+                x = x.masked_scatter(&slots, &added);
+            }
         }
         if depths.contains(&deepest) {
             states.push(x);

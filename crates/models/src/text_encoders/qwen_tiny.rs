@@ -46,7 +46,7 @@ impl Default for TinyQwenTextSpec {
     }
 }
 
-const CORPUS: &[&str] = &[
+pub(crate) const CORPUS: &[&str] = &[
     "a red circle next to a blue square",
     "Two cats sitting on a mat in the morning light, photo, cinematic",
     "A neon sign that reads \"OPEN\" in a rainy street at night",
