@@ -3,7 +3,9 @@
 //! steps from given latents, the pipeline's sigmas with its empirical μ, CFG 3 against the empty
 //! prompt) equal to `Flux2KleinPipeline.__call__`'s final latents and pictures (within 2 levels);
 //! with `is_distilled` the same call runs no CFG, and neither does flowtune; with two reference
-//! images (`image=`) on every row, the negative prompt's included.
+//! images (`image=`) on every row, the negative prompt's included. FLUX.2 [dev] against
+//! `scripts/reference_flux2_dev.py`: `Flux2Pipeline.__call__` with its guidance embedded (4, and 2.5
+//! with two reference images), no CFG.
 
 use flowtune_fixtures::{dir, tensors, Checker, MODEL_RTOL};
 use flowtune_models::{FlowPipeline, PipelineOptions};
@@ -26,11 +28,22 @@ fn ode_run(
     io: &std::collections::HashMap<String, Tensor>,
     references: &[image::RgbImage],
 ) -> (Tensor, Tensor) {
+    ode_run_sized(pipe, io, references, &PROMPTS, (32, 48))
+}
+
+/// [`ode_run`] of `prompts` at `size` (height, width).
+fn ode_run_sized(
+    pipe: &dyn FlowPipeline,
+    io: &std::collections::HashMap<String, Tensor>,
+    references: &[image::RgbImage],
+    prompts: &[&str; 2],
+    (height, width): (i64, i64),
+) -> (Tensor, Tensor) {
     let sampler = SamplerConfig { n: 1, steps: 4, guidance_scale: GUIDANCE, ..Default::default() };
-    let shape = pipe.latent_shape(32, 48).expect("32 × 48");
+    let shape = pipe.latent_shape(height, width).expect("the fixture's size");
     let engine = Engine::new(pipe, &sampler, shape.clone(), 0).expect("engine");
     let sets = if references.is_empty() { vec![] } else { vec![references.to_vec(); 2] };
-    let text = encode_rows(pipe, &PROMPTS, &sets, &shape, None).expect("prompts");
+    let text = encode_rows(pipe, prompts, &sets, &shape, None).expect("prompts");
     let negatives = [pipe.default_negative_prompt(); 2];
     let negative = encode_rows(pipe, &negatives, &sets, &shape, None).expect("negative");
     let request = TrajectoryRequest {
@@ -46,6 +59,17 @@ fn ode_run(
     let out = tch::no_grad(|| sample_trajectory(pipe.denoiser(), &request, noise)).expect("ode");
     let pixels = tch::no_grad(|| pipe.decode_rgb8(&out.final_latents)).expect("decode");
     (out.final_latents, pixels)
+}
+
+/// The fixture's two reference pictures.
+fn reference_pictures(io: &std::collections::HashMap<String, Tensor>) -> Vec<image::RgbImage> {
+    (0..2)
+        .map(|i| {
+            let t = &io[&format!("input.reference_{i}")];
+            let (h, w) = (t.size()[0] as u32, t.size()[1] as u32);
+            image::RgbImage::from_raw(w, h, Vec::<u8>::try_from(t.flatten(0, -1)).unwrap()).unwrap()
+        })
+        .collect()
 }
 
 /// The largest difference in levels between u8 `pixels` and the pipeline's `np` pictures.
@@ -83,13 +107,7 @@ fn flux2_ode_run_matches_the_pipeline_call() {
     println!("ODE run: pictures within {off} levels of Flux2KleinPipeline.__call__");
 
     check.case();
-    let references: Vec<image::RgbImage> = (0..2)
-        .map(|i| {
-            let t = &io[&format!("input.reference_{i}")];
-            let (h, w) = (t.size()[0] as u32, t.size()[1] as u32);
-            image::RgbImage::from_raw(w, h, Vec::<u8>::try_from(t.flatten(0, -1)).unwrap()).unwrap()
-        })
-        .collect();
+    let references = reference_pictures(&io);
     let (latents, pixels) = ode_run(pipe.as_ref(), &io, &references);
     let want = &io["output.reference_final_latents"];
     check.close_within("reference final_latents", &latents, want, MODEL_RTOL);
@@ -123,5 +141,38 @@ fn flux2_ode_run_matches_the_pipeline_call() {
         check.fail(format!("distilled pictures differ from the pipeline's by {off} levels"));
     }
     println!("distilled ODE run: pictures within {off} levels");
+    check.finish();
+}
+
+#[test]
+fn flux2_dev_ode_runs_match_the_pipeline_call() {
+    let io = tensors("flux2_dev_pipeline_io.safetensors");
+    let path = dir().join("flux2_dev_pipeline");
+    let prompts = [
+        "a red circle next to a blue square",
+        "一只猫坐在垫子上, \"OPEN\" 24/7, with a long caption that runs past the sequence length \
+         of the tiny pipeline so that this row is truncated before its end",
+    ];
+    let mut check = Checker::new("flux2_dev_pipeline_io.safetensors");
+    for (key, guidance, references) in
+        [("", 4.0, vec![]), ("reference_", 2.5, reference_pictures(&io))]
+    {
+        check.case();
+        let options = PipelineOptions {
+            max_sequence_length: Some(112),
+            embedded_guidance: Some(guidance),
+            ..PipelineOptions::new(Device::Cpu)
+        };
+        let pipe = flowtune_models::load_pipeline(&path, &options).expect("load the tiny [dev]");
+        assert!(!pipe.denoiser().runs_cfg(GUIDANCE), "[dev] embeds its guidance, no CFG");
+        let (latents, pixels) = ode_run_sized(pipe.as_ref(), &io, &references, &prompts, (48, 32));
+        let want = &io[&format!("output.{key}final_latents")];
+        check.close_within(&format!("{key}final_latents"), &latents, want, MODEL_RTOL);
+        let off = levels_off(&pixels, &io[&format!("output.{key}images")]);
+        if off > 2 {
+            check.fail(format!("{key}pictures differ from Flux2Pipeline's by {off} levels"));
+        }
+        println!("[dev] {key}ODE run (guidance {guidance}): pictures within {off} levels");
+    }
     check.finish();
 }
