@@ -68,13 +68,25 @@ pub fn every_algorithm_trains_and_resumes(
     extra: &[&str],
     adapted: &str,
 ) {
-    let label = family_recipe.trim_end_matches(".yaml");
-    let pipeline = scratch(&format!("{label}-pipeline"));
     let writer = flowtune_models::family_named(family).expect("a built-in family");
-    (writer.write_tiny)(&pipeline, 5).expect("make-tiny");
+    let label = family_recipe.trim_end_matches(".yaml");
+    every_algorithm_trains_and_resumes_on(label, writer.write_tiny, family_recipe, extra, adapted);
+}
+
+/// [`every_algorithm_trains_and_resumes`] on the tiny pipelines `write` makes (a family's
+/// variant), its scratch folders named after `label`.
+pub fn every_algorithm_trains_and_resumes_on(
+    label: &str,
+    write: fn(&Path, u64) -> Result<(), flowtune_models::ModelError>,
+    family_recipe: &str,
+    extra: &[&str],
+    adapted: &str,
+) {
+    let pipeline = scratch(&format!("{label}-pipeline"));
+    write(&pipeline, 5).expect("make-tiny");
     // DiffusionOPD's teacher: the same family with other random weights.
     let teacher = scratch(&format!("{label}-teacher"));
-    (writer.write_tiny)(&teacher, 6).expect("make-tiny");
+    write(&teacher, 6).expect("make-tiny");
     for file in std::iter::once(family_recipe).chain(OTHER_TINY_RECIPES) {
         let run = |out: &Path, steps: u64, resume: &str| {
             let r = recipe(file, family_recipe, extra, &pipeline, &teacher, out, steps, resume);
