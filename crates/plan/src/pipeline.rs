@@ -25,7 +25,8 @@ pub struct Frozen {
 pub struct Pipeline {
     /// `model_index.json`'s `_class_name`.
     pub class: String,
-    /// `model_index.json`'s `is_distilled` (a step-distilled FLUX.2 [klein] runs no CFG).
+    /// No CFG whatever the scale: `model_index.json`'s `is_distilled` (a step-distilled FLUX.2
+    /// [klein]), or FLUX.2 [dev]'s `Flux2Pipeline` (guidance-distilled, the value embedded).
     pub distilled: bool,
     /// The denoisers by folder (`transformer`, and Wan2.2-A14B's `transformer_2`).
     pub denoisers: Vec<(String, Denoiser)>,
@@ -41,7 +42,7 @@ impl Pipeline {
             .string("_class_name")
             .ok_or_else(|| index.bad("_class_name", "missing"))?
             .to_string();
-        let distilled = index.boolean("is_distilled", false)?;
+        let distilled = index.boolean("is_distilled", false)? || class == "Flux2Pipeline";
         let mut pipeline =
             Self { class, distilled, denoisers: vec![], text_encoders: vec![], vae: None };
         for name in COMPONENTS {

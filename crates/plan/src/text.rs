@@ -1,5 +1,6 @@
 //! Text encoders from their `config.json`: parameter counts as transformers 5.24 builds CLIP,
-//! T5/UMT5 encoders, Qwen2.5-VL, Qwen3 and Qwen3-VL's language model (`src/transformers/models/<name>/modeling_<name>.py`).
+//! T5/UMT5 encoders, Qwen2.5-VL, Qwen3, and the language models of Qwen3-VL and Mistral3
+//! (`src/transformers/models/<name>/modeling_<name>.py`).
 
 use crate::json::Json;
 use crate::PlanError;
@@ -15,13 +16,17 @@ pub fn text_encoder(cfg: &Json, class: &str) -> Result<u64, PlanError> {
         "Qwen3Model" | "Qwen3ForCausalLM" => qwen3(cfg, class == "Qwen3ForCausalLM"),
         // Qwen-Image 2.1 runs the language model only (no vision tower, no LM head).
         "Qwen3VLForConditionalGeneration" => qwen3(&cfg.nested_or_self("text_config"), false),
+        // FLUX.2 [dev] runs Mistral's language model only (no Pixtral tower, no LM head).
+        "Mistral3ForConditionalGeneration" => {
+            Ok(Decoder::read(&cfg.nested_or_self("text_config"))?.params(false, 0))
+        }
         other => Err(cfg.bad(
             "architectures",
             format!(
                 "`{other}` is not a text encoder the planner knows; known: CLIPTextModel, \
                  CLIPTextModelWithProjection, T5EncoderModel, UMT5EncoderModel, \
                  Qwen2_5_VLForConditionalGeneration, Qwen3Model, \
-                 Qwen3VLForConditionalGeneration"
+                 Qwen3VLForConditionalGeneration, Mistral3ForConditionalGeneration"
             ),
         )),
     }
@@ -56,7 +61,7 @@ fn t5(cfg: &Json, every_block_bias: bool) -> Result<u64, PlanError> {
     Ok(vocab * d + layers * (4 * d * inner + ff + 2 * d) + tables + d)
 }
 
-/// A Qwen2/Qwen3 decoder stack: embeddings, GQA attention, SwiGLU MLP, RMS norms.
+/// A Qwen2/Qwen3/Mistral decoder stack: embeddings, GQA attention, SwiGLU MLP, RMS norms.
 struct Decoder {
     d: u64,
     layers: u64,
