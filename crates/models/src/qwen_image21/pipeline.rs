@@ -1,10 +1,17 @@
 //! The Qwen-Image 2.1 pipeline: a diffusers `QwenImage21Pipeline` directory loaded as components,
 //! its prompt encoding (the raw chat template with the system prompt, Qwen3-VL's language model,
 //! the last layer's states before the final norm, the system tokens dropped, right-padded with a
-//! mask), latent layout and the author-set sampling sigmas (`sample_sigmas`).
+//! mask), condition images, latent layout and the author-set sampling sigmas (`sample_sigmas`).
 //!
-//! Condition images (`image=`: they need Qwen3-VL's vision tower) are refused by name. The
-//! pipeline encodes whole prompts: `max_sequence_length` is not read.
+//! Condition images (`image=`) are resized once (Pillow's Lanczos, as the pipeline) to the
+//! target's pixel area at their own aspect ratio (diffusers' `calculate_dimensions` with
+//! `output_resolution` = √(H·W): its default 1024 for a 1024² target). That picture fills the
+//! vision slots of the `ti2i` template (`<imageN><|vision_start|><|image_pad|>…<|vision_end|>`,
+//! through Qwen3-VL's image processor and vision tower, deepstack and 3-D positions) and is
+//! VAE-encoded into the condition tokens the transformer reads before the target's. Pictures reach
+//! a family as RGB: opaque, so the pipeline's RGBA conversion (alpha 255 for the VAE, composited
+//! over white for the encoder) is the picture itself. The pipeline encodes whole prompts:
+//! `max_sequence_length` is not read.
 
 use std::path::Path;
 
@@ -13,10 +20,13 @@ use image::RgbImage;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use super::{AutoencoderKlQwenImage21, QwenImage21Transformer};
+use super::{AutoencoderKlQwenImage21, QwenImage21Transformer, IMAGE_SLOTS};
 use crate::family::{image_latent_shape, pipeline_parts, run_on, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
-use crate::text_encoders::qwen3::Qwen3TextEncoder;
+use crate::qwen_image::{calculate_dimensions, CONDITION_LATENTS, CONDITION_SHAPES};
+use crate::resize::{resize, Filter};
+use crate::text_encoders::qwen2_vl_processor::Qwen2VlImageProcessor;
+use crate::text_encoders::qwen3_vl::Qwen3VlEncoder;
 use crate::tokenizer::TextTokenizer;
 use crate::vae::AutoencoderKl;
 use crate::{read_config, ModelError, TextConditioning};
@@ -26,21 +36,34 @@ const SYSTEM_TURN: &str =
     "<|im_start|>system\nComprehend and analyze the provided prompt.<|im_end|>\n";
 /// The user turn around a prompt, then the assistant's opening (`prompt_template_t2i`).
 const USER_TURN: (&str, &str) = ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n");
+/// The image placeholder the processor expands to one token per merged patch.
+const IMAGE_PAD: &str = "<|image_pad|>";
 /// The VAE's spatial factor the pipeline assumes (`vae_scale_factor`).
 const VAE_FACTOR: i64 = 16;
 
-/// Qwen3-VL's language model with the processor's tokenizer.
+/// Prompt states as `encode_prompt` returns them.
+pub struct PromptStates {
+    /// (B, L, hidden), right-padded with zeros.
+    pub embeds: Tensor,
+    /// (B, L) i64, ones on tokens; `None` when no row is padded.
+    pub mask: Option<Tensor>,
+    /// (B, L) i64, ones on the condition images' tokens (`image_pad_mask`).
+    pub image_slots: Tensor,
+}
+
+/// Qwen3-VL (language model and vision tower) with the processor's tokenizer and image processor.
 pub struct QwenImage21PromptEncoder {
-    pub encoder: Qwen3TextEncoder,
+    pub encoder: Qwen3VlEncoder,
     pub tokenizer: TextTokenizer,
+    pub processor: Qwen2VlImageProcessor,
     /// Leading tokens dropped from the states: the system turn's (`_drop_idx`).
     pub drop: usize,
 }
 
 impl QwenImage21PromptEncoder {
-    /// Loads `text_encoder/` (a `Qwen3VLForConditionalGeneration`) and the tokenizer of
-    /// `processor/`; an encoder narrower than the transformer's `context_in_dim` is refused
-    /// naming its `config.json`.
+    /// Loads `text_encoder/` (a `Qwen3VLForConditionalGeneration`) and the tokenizer and image
+    /// processor of `processor/`; an encoder narrower than the transformer's `context_in_dim`, or
+    /// a processor whose patches are not the vision tower's, is refused naming its file.
     pub fn load(
         dir: &PipelineDir,
         options: &PipelineOptions,
@@ -48,53 +71,104 @@ impl QwenImage21PromptEncoder {
     ) -> Result<Self, ModelError> {
         let encoder_dir = dir.component("text_encoder", &["Qwen3VLForConditionalGeneration"])?;
         let kind = options.dtypes.text_encoders;
-        let encoder = Qwen3TextEncoder::load_vl(&encoder_dir, options.encoder_device(), kind)?;
-        if encoder.hidden_size() != context_in_dim {
+        let encoder = Qwen3VlEncoder::load(&encoder_dir, options.encoder_device(), kind)?;
+        if encoder.text.hidden_size() != context_in_dim {
             return Err(ModelError::Input(format!(
                 "{}: hidden_size {} differs from the transformer's context_in_dim {context_in_dim}",
                 encoder_dir.join("config.json").display(),
-                encoder.hidden_size()
+                encoder.text.hidden_size()
             )));
         }
-        let tokenizer = TextTokenizer::load(&dir.tokenizer("processor")?)?;
-        let drop = tokenizer.ids(SYSTEM_TURN)?.len();
-        Ok(Self { encoder, tokenizer, drop })
-    }
-
-    /// The token ids of `prompt` in the template (an empty prompt reads `" "`, as the pipeline).
-    pub fn ids(&self, prompt: &str) -> Result<Vec<u32>, ModelError> {
-        let prompt = if prompt.is_empty() { " " } else { prompt };
-        self.tokenizer.ids(&format!("{SYSTEM_TURN}{}{prompt}{}", USER_TURN.0, USER_TURN.1))
-    }
-
-    /// (B, L, hidden) states of each prompt's tokens after the system turn, right-padded with
-    /// zeros to the longest, and their mask (B, L) (ones on tokens), `None` when no row is
-    /// padded, as `encode_prompt` returns them.
-    pub fn encode(&self, prompts: &[&str]) -> Result<(Tensor, Option<Tensor>), ModelError> {
-        if prompts.is_empty() {
-            return Err(ModelError::Input("Qwen-Image 2.1 prompt encoding needs a prompt".into()));
+        let processor_dir = dir.tokenizer("processor")?;
+        let tokenizer = TextTokenizer::load(&processor_dir)?;
+        let processor = Qwen2VlImageProcessor::load(&processor_dir)?;
+        let v = &encoder.vision.config;
+        let (p, m, t) = (processor.patch_size, processor.merge_size, processor.temporal_patch_size);
+        if (p, m, t) != (v.patch_size, v.spatial_merge_size, v.temporal_patch_size) {
+            return Err(ModelError::Input(format!(
+                "{}: image processor patch_size {p}, merge_size {m}, temporal_patch_size {t}; the \
+                 vision tower has {}, {}, {}",
+                processor_dir.join("processor_config.json").display(),
+                v.patch_size,
+                v.spatial_merge_size,
+                v.temporal_patch_size
+            )));
         }
-        let device = self.encoder.store.device();
-        let mut rows = vec![];
+        let drop = tokenizer.ids(SYSTEM_TURN)?.len();
+        Ok(Self { encoder, tokenizer, processor, drop })
+    }
+
+    /// The token ids of `prompt` in the template after `pictures` (the `ti2i` template's
+    /// placeholders, `<|image_pad|>` expanded to `tokens[i]` tokens for picture i; none: the t2i
+    /// template). An empty prompt reads `" "`, as the pipeline.
+    pub fn ids(&self, prompt: &str, tokens: &[usize]) -> Result<Vec<u32>, ModelError> {
+        let prompt = if prompt.is_empty() { " " } else { prompt };
+        let mut text = format!("{SYSTEM_TURN}{}", USER_TURN.0);
+        for (i, &n) in tokens.iter().enumerate() {
+            let space = if i == 0 { "" } else { " " };
+            let pads = IMAGE_PAD.repeat(n);
+            text.push_str(&format!("{space}<image{}><|vision_start|>{pads}<|vision_end|>", i + 1));
+        }
+        self.tokenizer.ids(&format!("{text}{prompt}{}", USER_TURN.1))
+    }
+
+    /// `encode_prompt` of `prompts`, each with the same condition `pictures` (none allowed), each
+    /// already at its condition size: every prompt is encoded alone, which equals the pipeline's
+    /// left-padded batch (positions follow the mask).
+    pub fn encode(
+        &self,
+        prompts: &[&str],
+        pictures: &[RgbImage],
+    ) -> Result<PromptStates, ModelError> {
+        if prompts.is_empty() || prompts.iter().any(|p| p.contains(IMAGE_PAD)) {
+            return Err(ModelError::Input(format!(
+                "Qwen-Image 2.1 prompt encoding needs at least one prompt, none containing \
+                 {IMAGE_PAD}; got {prompts:?}"
+            )));
+        }
+        let device = self.encoder.text.store.device();
+        let mut pixels = vec![];
+        let mut grids = vec![];
+        for picture in pictures {
+            let (h, w) = (picture.height() as usize, picture.width() as usize);
+            let (values, grid) = self.processor.preprocess(h, w, picture.as_raw(), device)?;
+            pixels.push(values);
+            grids.push(grid);
+        }
+        let merge = self.processor.merge_size;
+        let tokens: Vec<usize> =
+            grids.iter().map(|(t, h, w)| (t * h * w / (merge * merge)) as usize).collect();
+        let features = match pictures.is_empty() {
+            true => None,
+            false => Some(self.encoder.vision.forward(&Tensor::cat(&pixels, 0), &grids)?),
+        };
+        let image_token = self.encoder.image_token_id;
+        let drop = self.drop as i64;
+        let (mut rows, mut slots) = (vec![], vec![]);
         for prompt in prompts {
-            let ids: Vec<i64> = self.ids(prompt)?.into_iter().map(i64::from).collect();
+            let ids: Vec<i64> = self.ids(prompt, &tokens)?.into_iter().map(i64::from).collect();
             let n = ids.len() as i64;
             let ids = Tensor::from_slice(&ids).to_device(device).unsqueeze(0);
-            let states = self.encoder.last_layer(&ids, &ids.ones_like())?.squeeze_dim(0);
-            rows.push(states.narrow(0, self.drop as i64, n - self.drop as i64));
+            let states = match &features {
+                None => self.encoder.text.last_layer(&ids, &ids.ones_like())?,
+                Some(f) => {
+                    self.encoder.last_layer_with_pictures(&ids, &ids.ones_like(), f, &grids)?
+                }
+            };
+            rows.push(states.squeeze_dim(0).narrow(0, drop, n - drop));
+            slots.push(ids.squeeze_dim(0).narrow(0, drop, n - drop).eq(image_token));
         }
         let longest = rows.iter().map(|r| r.size()[0]).max().expect("one row");
-        let mask: Vec<Tensor> = rows
-            .iter()
-            .map(|r| {
-                let ones = Tensor::ones([r.size()[0]], (Kind::Int64, device));
-                ones.constant_pad_nd([0, longest - r.size()[0]])
-            })
-            .collect();
+        let pad = |t: &Tensor| t.to_kind(Kind::Int64).constant_pad_nd([0, longest - t.size()[0]]);
+        let mask: Vec<Tensor> = rows.iter().map(|r| pad(&r.ones_like().select(1, 0))).collect();
         let embeds: Vec<Tensor> =
             rows.iter().map(|r| r.constant_pad_nd([0, 0, 0, longest - r.size()[0]])).collect();
         let padded = rows.iter().any(|r| r.size()[0] < longest);
-        Ok((Tensor::stack(&embeds, 0), padded.then(|| Tensor::stack(&mask, 0))))
+        Ok(PromptStates {
+            embeds: Tensor::stack(&embeds, 0),
+            mask: padded.then(|| Tensor::stack(&mask, 0)),
+            image_slots: Tensor::stack(&slots.iter().map(pad).collect::<Vec<_>>(), 0),
+        })
     }
 }
 
@@ -161,6 +235,16 @@ impl QwenImage21Pipeline {
     }
 }
 
+impl QwenImage21Pipeline {
+    /// Conditioning of prompt states and their mask, in the transformer's dtype and device.
+    fn conditioning(&self, embeds: Tensor, mask: Option<Tensor>) -> TextConditioning {
+        let (kind, device) = (self.transformer.img_in.weight.kind(), self.device());
+        let mut text = TextConditioning::new(embeds.to_kind(kind).to_device(device), None);
+        text.mask = mask.map(|m| m.to_device(device));
+        text
+    }
+}
+
 impl FlowPipeline for QwenImage21Pipeline {
     pipeline_parts!();
 
@@ -170,29 +254,70 @@ impl FlowPipeline for QwenImage21Pipeline {
 
     /// The prompts' states with their mask (`None` when no row is padded).
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        let (embeds, mask) = self.text.encode(prompts)?;
-        let (kind, device) = (self.transformer.img_in.weight.kind(), self.device());
-        let mut text = TextConditioning::new(embeds.to_kind(kind).to_device(device), None);
-        text.mask = mask.map(|m| m.to_device(device));
-        Ok(text)
+        let states = self.text.encode(prompts, &[])?;
+        Ok(self.conditioning(states.embeds, states.mask))
     }
 
-    /// Condition images are refused: the pipeline encodes them with Qwen3-VL's vision tower,
-    /// which flowtune does not run.
+    /// The prompts with every row sharing the condition `pictures` (the pipeline's `image`), for
+    /// targets of `latent_shape`: the states with the pictures in their vision slots, and the
+    /// extras [`CONDITION_LATENTS`] (their normalised VAE latents, one token per cell, in order),
+    /// [`CONDITION_SHAPES`] (their (1, h, w) token grids) and [`IMAGE_SLOTS`] (the slots, up to
+    /// the last: the same for every prompt, whatever its length).
     fn encode_prompts_with_pictures(
         &self,
         prompts: &[&str],
         pictures: &[RgbImage],
-        _latent_shape: &[i64],
+        latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
         if pictures.is_empty() {
             return self.encode_prompts(prompts);
         }
-        Err(ModelError::Input(format!(
-            "{}: QwenImage21Pipeline's condition images (image=) are not supported: the pipeline \
-             encodes them with Qwen3-VL's vision tower, which flowtune does not run",
-            self.dir.root.display()
-        )))
+        let area = (latent_shape[1] * VAE_FACTOR * latent_shape[2] * VAE_FACTOR) as f64;
+        let mut sized = vec![];
+        for picture in pictures {
+            let (w, h) = (picture.width(), picture.height());
+            let (cw, ch) = calculate_dimensions(area, w as f64 / h as f64);
+            if cw == 0 || ch == 0 {
+                return Err(ModelError::Input(format!(
+                    "a {w}×{h} condition picture is sized to {cw}×{ch} at the target's area \
+                     {area} px: its aspect ratio is too extreme for QwenImage21Pipeline"
+                )));
+            }
+            sized.push(resize(picture, cw, ch, Filter::Lanczos));
+        }
+        let states = self.text.encode(prompts, &sized)?;
+        let slots = states.image_slots.get(0);
+        let token_count: i64 = sized.iter().map(|p| (p.width() * p.height()) as i64).sum::<i64>()
+            / (VAE_FACTOR * VAE_FACTOR * 4);
+        if slots.sum(Kind::Int64).int64_value(&[]) != token_count {
+            return Err(ModelError::Input(format!(
+                "{}: the image processor resized the condition pictures ({:?}) to another grid \
+                 than the VAE's (pixel bounds {}‥{}): their encoder slots and latent tokens differ",
+                self.dir.root.join("processor").display(),
+                sized.iter().map(|p| (p.width(), p.height())).collect::<Vec<_>>(),
+                self.text.processor.min_pixels,
+                self.text.processor.max_pixels
+            )));
+        }
+        let last = Vec::<i64>::try_from(&slots)?.iter().rposition(|&s| s != 0).expect("slots");
+        let mut text = self.conditioning(states.embeds, states.mask);
+        let device = self.device();
+        let (b, n) = (prompts.len() as i64, pictures.len() as i64);
+        let (mut tokens, mut grids) = (vec![], vec![]);
+        for picture in &sized {
+            let (w, h) = (picture.width() as i64, picture.height() as i64);
+            let pixels = Tensor::from_slice(picture.as_raw()).view([1, h, w, 3]);
+            let latents = self.encode_rgb8(&pixels)?;
+            tokens.push(latents.flatten(2, 3).transpose(1, 2));
+            grids.extend([1, h / VAE_FACTOR, w / VAE_FACTOR]);
+        }
+        let latents = Tensor::cat(&tokens, 1).to_device(device).expand([b, -1, -1], false);
+        let grids = Tensor::from_slice(&grids).view([1, n, 3]).expand([b, n, 3], false);
+        let slots = slots.narrow(0, 0, last as i64 + 1).unsqueeze(0).expand([b, -1], false);
+        text.extras.insert(CONDITION_LATENTS.into(), latents.contiguous());
+        text.extras.insert(CONDITION_SHAPES.into(), grids.contiguous().to_device(device));
+        text.extras.insert(IMAGE_SLOTS.into(), slots.contiguous().to_device(device));
+        Ok(text)
     }
 
     /// `[C, H/16, W/16]`, one token per latent cell; sides must be multiples of 32 (one encoder

@@ -21,8 +21,8 @@ use crate::{ModelError, TextConditioning};
 
 /// `QwenImage21TemporalTimesteps` multiplies σ by this before the sinusoid.
 const TIME_FACTOR: f64 = 1000.0;
-/// Extra of a conditioning with condition images: the encoder positions (B, L) that are image
-/// slots (nonzero), every row the same. Their latents and grids are [`CONDITION_LATENTS`] and
+/// Extra of a conditioning with condition images: the encoder positions (B, P ≤ L) that are
+/// image slots (nonzero; positions past P are text), every row the same. Their latents and grids are [`CONDITION_LATENTS`] and
 /// [`CONDITION_SHAPES`].
 pub const IMAGE_SLOTS: &str = "image_slots";
 
@@ -279,9 +279,17 @@ impl Denoiser for QwenImage21Transformer {
                         "{CONDITION_LATENTS} without {CONDITION_SHAPES} and {IMAGE_SLOTS}"
                     )));
                 };
+                let p = slots.size()[1];
+                if p > l {
+                    return Err(ModelError::Input(format!(
+                        "{IMAGE_SLOTS} spans {p} encoder positions, the prompt states only {l}"
+                    )));
+                }
                 tokens = Tensor::cat(&[condition.to_kind(kind), tokens], 1);
                 let grids = Vec::<i64>::try_from(grids.get(0).reshape([-1]))?;
-                (slots.ne(0), grids.chunks(3).map(|g| (g[0], g[1], g[2])).collect())
+                // Slots up to the last one: the positions after it are text.
+                let slots = slots.to_kind(Kind::Int64).constant_pad_nd([0, l - p]).ne(0);
+                (slots, grids.chunks(3).map(|g| (g[0], g[1], g[2])).collect())
             }
             None => (Tensor::zeros([b, l], (Kind::Bool, device)), vec![]),
         };

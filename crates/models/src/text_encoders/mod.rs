@@ -8,6 +8,8 @@ pub mod qwen2_5_vl_positions;
 pub mod qwen2_5_vl_vision;
 pub mod qwen2_vl_processor;
 pub mod qwen3;
+pub mod qwen3_vl;
+pub mod qwen3_vl_vision;
 pub mod qwen_decoder;
 pub mod qwen_edit_prompts;
 pub mod qwen_prompts;

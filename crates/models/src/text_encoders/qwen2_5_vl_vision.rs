@@ -127,6 +127,26 @@ impl Qwen25VlVisionConfig {
     }
 }
 
+/// cos and sin (N, head_dim) in f32 of the vision towers' axial rotary angles at (row, column)
+/// `positions`: a quarter of the head's frequencies per axis, rows then columns, repeated for both
+/// rotated halves.
+pub(crate) fn axial_rotary(
+    head_dim: i64,
+    theta: f64,
+    positions: &[[i64; 2]],
+    device: Device,
+) -> (Tensor, Tensor) {
+    let half = head_dim / 2;
+    let exponents = Tensor::arange_start_step(0, half, 2, (Kind::Float, device)) / half as f64;
+    let inv_freq = Tensor::pow_scalar(theta, &exponents).reciprocal();
+    let flat: Vec<i64> = positions.iter().flatten().copied().collect();
+    let pos = Tensor::from_slice(&flat).view([-1, 2, 1]).to_device(device).to_kind(Kind::Float);
+    // (N, 2, F) → rows then columns (N, 2F), repeated for both rotated halves.
+    let freqs = (pos * inv_freq.view([1, 1, -1])).view([positions.len() as i64, -1]);
+    let angles = Tensor::cat(&[&freqs, &freqs], -1);
+    (angles.cos(), angles.sin())
+}
+
 struct Block {
     norm1: RmsNorm,
     norm2: RmsNorm,
@@ -242,19 +262,6 @@ impl Qwen25VlVision {
         Ok(model)
     }
 
-    /// cos and sin (N, head_dim) in f32 of the axial rotary angles at `positions`.
-    fn rotary(&self, positions: &[[i64; 2]], device: Device) -> (Tensor, Tensor) {
-        let half = self.config.head_dim() / 2;
-        let exponents = Tensor::arange_start_step(0, half, 2, (Kind::Float, device)) / half as f64;
-        let inv_freq = Tensor::pow_scalar(self.config.rope_theta(), &exponents).reciprocal();
-        let flat: Vec<i64> = positions.iter().flatten().copied().collect();
-        let pos = Tensor::from_slice(&flat).view([-1, 2, 1]).to_device(device).to_kind(Kind::Float);
-        // (N, 2, F) → rows then columns (N, 2F), repeated for both rotated halves.
-        let freqs = (pos * inv_freq.view([1, 1, -1])).view([positions.len() as i64, -1]);
-        let angles = Tensor::cat(&[&freqs, &freqs], -1);
-        (angles.cos(), angles.sin())
-    }
-
     fn check_inputs(
         &self,
         pixel_values: &Tensor,
@@ -304,7 +311,7 @@ impl Qwen25VlVision {
             .to_kind(kind)
             .linear::<Tensor>(&self.patch_embed.view([d, -1]), None);
         let mut x = x.view([n / unit, unit, d]).index_select(0, &order).view([n, d]);
-        let (cos, sin) = self.rotary(&layout.positions, device);
+        let (cos, sin) = axial_rotary(c.head_dim(), c.rope_theta(), &layout.positions, device);
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
         let rotate = |t: &Tensor| {
             let t32 = t.to_kind(Kind::Float);

@@ -95,16 +95,26 @@ impl Default for Qwen2VlImageProcessor {
 }
 
 impl Qwen2VlImageProcessor {
-    /// `dir/preprocessor_config.json`, or the defaults when the folder has none; `min_pixels` /
+    /// `dir/preprocessor_config.json`, else the `image_processor` of `dir/processor_config.json`
+    /// (Qwen3-VL's processors), or the defaults when the folder has neither; `min_pixels` /
     /// `max_pixels` win over `size.shortest_edge` / `size.longest_edge`, as in transformers.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
-        let file = dir.join("preprocessor_config.json");
-        if !file.exists() {
+        let (file, nested) = (dir.join("preprocessor_config.json"), dir.join("processor_config.json"));
+        let bad = |file: &Path, message: String| ModelError::Format {
+            path: file.display().to_string(),
+            message,
+        };
+        let (file, raw): (_, ConfigFile) = if file.exists() {
+            (file.clone(), read_config(&file)?)
+        } else if nested.exists() {
+            let value: serde_json::Value = read_config(&nested)?;
+            let raw = serde_json::from_value(value["image_processor"].clone())
+                .map_err(|e| bad(&nested, format!("image_processor: {e}")))?;
+            (nested, raw)
+        } else {
             return Ok(Self::default());
-        }
-        let raw: ConfigFile = read_config(&file)?;
-        let bad =
-            |message: String| ModelError::Format { path: file.display().to_string(), message };
+        };
+        let bad = |message: String| bad(&file, message);
         if raw.resample != 3 {
             return Err(bad(format!(
                 "resample {} is not supported; expected 3 (bicubic)",

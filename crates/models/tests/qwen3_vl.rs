@@ -1,0 +1,97 @@
+//! Qwen3-VL's vision tower (merged embeddings and deepstack features) and its language model with
+//! pictures (interleaved 3-D rotary positions, deepstack), and Qwen-Image 2.1's prompt encoding
+//! with condition images, against transformers and diffusers
+//! (`scripts/reference_qwen_image21_images.py`).
+
+use flowtune_fixtures::{dir, tensors, Checker, MATH_RTOL};
+use flowtune_models::qwen_image::calculate_dimensions;
+use flowtune_models::qwen_image21::QwenImage21Pipeline;
+use flowtune_models::resize::{resize, Filter};
+use flowtune_models::text_encoders::qwen3_vl::Qwen3VlEncoder;
+use flowtune_models::PipelineOptions;
+use image::RgbImage;
+use tch::{Device, Kind, Tensor};
+
+/// The script's `PROMPTS`.
+const PROMPTS: [&str; 2] = [
+    "a red circle next to a blue square",
+    "一只猫坐在垫子上, \"OPEN\" 24/7, with a longer caption than the first prompt has",
+];
+
+fn grids(t: &Tensor) -> Vec<(i64, i64, i64)> {
+    let v = Vec::<i64>::try_from(t.reshape([-1])).expect("grid_thw i64");
+    v.chunks(3).map(|g| (g[0], g[1], g[2])).collect()
+}
+
+/// Rows of `states` where `mask` (B, L) is 1, flattened (padding carries no value).
+fn kept(states: &Tensor, mask: &Tensor) -> Tensor {
+    states.masked_select(&mask.ne(0).unsqueeze(-1)).view([-1, states.size()[2]])
+}
+
+#[test]
+fn vision_tower_and_states_with_pictures_match_transformers() {
+    let io = tensors("qwen3_vl_tiny_io.safetensors");
+    let model = Qwen3VlEncoder::load(&dir().join("qwen3_vl_tiny"), Device::Cpu, Kind::Float)
+        .expect("load");
+    assert_eq!(model.mrope_section, [4, 2, 2]);
+    assert_eq!(model.vision.config.deepstack_visual_indexes, [0, 2]);
+    let mut check = Checker::new("qwen3_vl_tiny_io.safetensors");
+    check.case();
+    let grid = grids(&io["input.image_grid_thw"]);
+    let features =
+        tch::no_grad(|| model.vision.forward(&io["input.pixel_values"], &grid)).expect("tower");
+    check.close_within("image_embeds", &features.embeds, &io["output.image_embeds"], MATH_RTOL);
+    assert_eq!(features.deepstack.len(), 2);
+    for (k, feature) in features.deepstack.iter().enumerate() {
+        let want = &io[&format!("output.deepstack.{k}")];
+        check.close_within(&format!("deepstack.{k}"), feature, want, MATH_RTOL);
+    }
+    check.case();
+    let (ids, mask) = (&io["input.input_ids"], &io["input.attention_mask"]);
+    let states = tch::no_grad(|| model.last_layer_with_pictures(ids, mask, &features, &grid))
+        .expect("states");
+    let want = kept(&io["output.last_layer"], mask);
+    check.close_within("last_layer", &kept(&states, mask), &want, MATH_RTOL);
+    check.finish();
+}
+
+fn picture(t: &Tensor) -> RgbImage {
+    let (h, w) = (t.size()[0] as u32, t.size()[1] as u32);
+    RgbImage::from_raw(w, h, Vec::<u8>::try_from(t.reshape([-1])).expect("u8")).expect("RGB")
+}
+
+/// `__call__`'s resize of a condition picture at `output_resolution` 96.
+fn at_96(p: &RgbImage) -> RgbImage {
+    let (w, h) = calculate_dimensions(96.0 * 96.0, p.width() as f64 / p.height() as f64);
+    resize(p, w, h, Filter::Lanczos)
+}
+
+#[test]
+fn prompt_encoding_with_condition_images_matches_the_pipeline() {
+    let io = tensors("qwen_image21_images_io.safetensors");
+    let pipe = QwenImage21Pipeline::load(
+        &dir().join("qwen_image21_pipeline"),
+        &PipelineOptions::new(Device::Cpu),
+    )
+    .expect("load");
+    let mut check = Checker::new("qwen_image21_images_io.safetensors prompts");
+    for (name, keys) in [("one", "a"), ("two", "ab")] {
+        check.case();
+        let pictures: Vec<RgbImage> =
+            keys.chars().map(|k| at_96(&picture(&io[&format!("input.picture_{k}")]))).collect();
+        let states = tch::no_grad(|| pipe.text.encode(&PROMPTS, &pictures)).expect("encode");
+        let want = &io[&format!("output.{name}_embeds")];
+        let mask = io.get(&format!("output.{name}_mask")).expect("prompts of different lengths");
+        assert!(states.mask.as_ref().expect("a mask").equal(mask), "{name} mask");
+        check.close_within(
+            &format!("{name}_embeds"),
+            &kept(&states.embeds, mask),
+            &kept(want, mask),
+            MATH_RTOL,
+        );
+        let slots = &io[&format!("output.{name}_image_pad_mask")];
+        assert!(states.image_slots.equal(slots), "{name} image_pad_mask");
+        println!("{name}: {} slots", slots.get(0).sum(Kind::Int64).int64_value(&[]));
+    }
+    check.finish();
+}
