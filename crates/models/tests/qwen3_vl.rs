@@ -31,8 +31,8 @@ fn kept(states: &Tensor, mask: &Tensor) -> Tensor {
 #[test]
 fn vision_tower_and_states_with_pictures_match_transformers() {
     let io = tensors("qwen3_vl_tiny_io.safetensors");
-    let model = Qwen3VlEncoder::load(&dir().join("qwen3_vl_tiny"), Device::Cpu, Kind::Float)
-        .expect("load");
+    let model =
+        Qwen3VlEncoder::load(&dir().join("qwen3_vl_tiny"), Device::Cpu, Kind::Float).expect("load");
     assert_eq!(model.mrope_section, [4, 2, 2]);
     assert_eq!(model.vision.config.deepstack_visual_indexes, [0, 2]);
     let mut check = Checker::new("qwen3_vl_tiny_io.safetensors");

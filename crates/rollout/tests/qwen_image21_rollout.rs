@@ -2,7 +2,11 @@
 //! `QwenImage21Pipeline` saved by diffusers, its prompt encoding (`encode_prompt` of prompts of
 //! different lengths and of the empty prompt), the author-set sigma grid, and a whole ODE sampling
 //! run (4 Euler steps from given latents, CFG 4 against the empty prompt) equal to `__call__`'s
-//! final latents and pictures (within 2 levels).
+//! final latents and pictures (within 2 levels); with condition images
+//! (`scripts/reference_qwen_image21_images.py`): two non-square pictures on a square target with
+//! CFG 4 (the negative rows carry them too), one on a non-square target without guidance.
+
+use std::collections::HashMap;
 
 use flowtune_fixtures::{dir, tensors, Checker, MODEL_RTOL};
 use flowtune_models::qwen_image21::QwenImage21Pipeline;
@@ -44,45 +48,64 @@ fn prompt_encoding_matches_the_pipeline() {
     check.finish();
 }
 
+/// The final latents of an ODE run of `pipe` from `initial` on the `height` × `width` grid,
+/// every row conditioned on `pictures` (the negative rows too, with CFG `guidance` > 1).
+fn ode_run(
+    pipe: &QwenImage21Pipeline,
+    (height, width): (i64, i64),
+    guidance: f64,
+    pictures: &[image::RgbImage],
+    initial: &Tensor,
+    sigmas: &Tensor,
+) -> Tensor {
+    let sampler =
+        SamplerConfig { n: 1, steps: STEPS, guidance_scale: guidance, ..Default::default() };
+    let shape = pipe.latent_shape(height, width).expect("shape");
+    let engine = Engine::new(pipe, &sampler, shape.clone(), 0).expect("engine");
+    let grid = Tensor::from_slice(&engine.grid.sigmas);
+    assert!(grid.equal(sigmas), "{grid:?} vs the pipeline's {sigmas:?}");
+    let sets = vec![pictures.to_vec(); PROMPTS.len()];
+    let sets = if pictures.is_empty() { vec![] } else { sets };
+    let text = encode_rows(pipe, &PROMPTS, &sets, &shape, None).expect("prompts");
+    let negatives = [pipe.default_negative_prompt(); 2];
+    let negative = (guidance > 1.0)
+        .then(|| encode_rows(pipe, &negatives, &sets, &shape, None).expect("negative"));
+    let request = TrajectoryRequest {
+        grid: &engine.grid,
+        text: &text,
+        guidance: Guidance { scale: guidance, scale_2: None, negative: negative.as_ref() },
+        step: sampler.step_params(engine.grid.sigmas[1] as f64),
+        windows: &[0..0, 0..0],
+        initial,
+    };
+    // No SDE window: every step is Euler and the drawn noise unused.
+    let noise = |_| initial.zeros_like();
+    let out = tch::no_grad(|| sample_trajectory(pipe.denoiser(), &request, noise)).expect("ode");
+    out.final_latents
+}
+
+/// The largest difference in levels between the decoded `latents` and u8 RGB `want`.
+fn levels_off(pipe: &QwenImage21Pipeline, latents: &Tensor, want: &Tensor) -> i64 {
+    let pixels = tch::no_grad(|| pipe.decode_rgb8(latents)).expect("decode");
+    (pixels.to_kind(Kind::Int) - want.to_kind(Kind::Int)).abs().max().int64_value(&[])
+}
+
 #[test]
 fn ode_run_matches_the_pipeline_call() {
     let io = tensors("qwen_image21_pipeline_io.safetensors");
     let pipe = pipeline();
     let mut check = Checker::new("qwen_image21_pipeline_io.safetensors ODE run");
     check.case();
-    let sampler =
-        SamplerConfig { n: 1, steps: STEPS, guidance_scale: GUIDANCE, ..Default::default() };
-    let shape = pipe.latent_shape(64, 96).expect("64 × 96");
-    let engine = Engine::new(&pipe, &sampler, shape.clone(), 0).expect("engine");
-    let sigmas = Tensor::from_slice(&engine.grid.sigmas);
-    assert!(sigmas.equal(&io["output.sigmas"]), "{sigmas:?} vs the pipeline's");
     // Another step count than the author's sigmas samples on linspace(1, 1/N, N), shifted.
-    let six = SamplerConfig { steps: 6, ..sampler.clone() };
-    let grid = Engine::new(&pipe, &six, shape.clone(), 0).expect("engine").grid;
+    let six = SamplerConfig { n: 1, steps: 6, guidance_scale: GUIDANCE, ..Default::default() };
+    let shape = pipe.latent_shape(64, 96).expect("64 × 96");
+    let grid = Engine::new(&pipe, &six, shape, 0).expect("engine").grid;
     assert_eq!((grid.sigmas.len(), grid.sigmas[0]), (7, 1.0), "{:?}", grid.sigmas);
-    let text = encode_rows(&pipe, &PROMPTS, &[], &shape, None).expect("prompts");
-    let negatives = [pipe.default_negative_prompt(); 2];
-    let negative = encode_rows(&pipe, &negatives, &[], &shape, None).expect("negative");
-    let request = TrajectoryRequest {
-        grid: &engine.grid,
-        text: &text,
-        guidance: Guidance { scale: GUIDANCE, scale_2: None, negative: Some(&negative) },
-        step: sampler.step_params(engine.grid.sigmas[1] as f64),
-        windows: &[0..0, 0..0],
-        initial: &io["input.initial_latents"],
-    };
-    // No SDE window: every step is Euler and the drawn noise unused.
-    let noise = |_| io["input.initial_latents"].zeros_like();
-    let out = tch::no_grad(|| sample_trajectory(pipe.denoiser(), &request, noise)).expect("ode");
-    check.close_within(
-        "final_latents",
-        &out.final_latents,
-        &io["output.final_latents"],
-        MODEL_RTOL,
-    );
-    let pixels = tch::no_grad(|| pipe.decode_rgb8(&out.final_latents)).expect("decode");
-    let want = (io["output.images"].narrow(3, 0, 3) * 255.0).round().to_kind(Kind::Int);
-    let off = (pixels.to_kind(Kind::Int) - want).abs().max().int64_value(&[]);
+    let initial = &io["input.initial_latents"];
+    let latents = ode_run(&pipe, (64, 96), GUIDANCE, &[], initial, &io["output.sigmas"]);
+    check.close_within("final_latents", &latents, &io["output.final_latents"], MODEL_RTOL);
+    let want = (io["output.images"].narrow(3, 0, 3) * 255.0).round();
+    let off = levels_off(&pipe, &latents, &want);
     if off > 2 {
         check.fail(format!("pictures differ from the pipeline's by {off} levels"));
     }
@@ -90,17 +113,47 @@ fn ode_run_matches_the_pipeline_call() {
     check.finish();
 }
 
-/// What flowtune does not run is refused by name: condition images (Qwen3-VL's vision tower), a
-/// patchifying transformer or VAE; picture sides that are not multiples of 32.
+fn picture(io: &HashMap<String, Tensor>, key: char) -> image::RgbImage {
+    let t = &io[&format!("input.picture_{key}")];
+    let (h, w) = (t.size()[0] as u32, t.size()[1] as u32);
+    image::RgbImage::from_raw(w, h, Vec::<u8>::try_from(t.reshape([-1])).expect("u8")).expect("RGB")
+}
+
+#[test]
+fn ode_runs_with_condition_images_match_the_pipeline_call() {
+    let io = tensors("qwen_image21_images_io.safetensors");
+    let pipe = pipeline();
+    let mut check = Checker::new("qwen_image21_images_io.safetensors ODE runs");
+    for (name, keys, size, guidance) in
+        [("ode2", "ab", (96, 96), GUIDANCE), ("ode1", "c", (32, 128), 1.0)]
+    {
+        check.case();
+        let pictures: Vec<_> = keys.chars().map(|k| picture(&io, k)).collect();
+        let initial = &io[&format!("input.{name}_initial_latents")];
+        let sigmas = &io[&format!("output.{name}_sigmas")];
+        let latents = ode_run(&pipe, size, guidance, &pictures, initial, sigmas);
+        let want = &io[&format!("output.{name}_final_latents")];
+        check.close_within(&format!("{name} final_latents"), &latents, want, MODEL_RTOL);
+        let off = levels_off(&pipe, &latents, &io[&format!("output.{name}_images")]);
+        if off > 2 {
+            check.fail(format!("{name} pictures differ from the pipeline's by {off} levels"));
+        }
+        println!("{name}: pictures within {off} levels of QwenImage21Pipeline.__call__(image=…)");
+    }
+    check.finish();
+}
+
+/// What flowtune does not run is refused by name: a condition picture too narrow for the target's
+/// area, a patchifying transformer or VAE; picture sides that are not multiples of 32.
 #[test]
 fn unsupported_parts_are_refused_by_name() {
     use flowtune_models::qwen_image21::{QwenImage21TransformerConfig, QwenImage21VaeConfig};
 
     let pipe = pipeline();
-    let picture = image::RgbImage::new(64, 64);
+    let picture = image::RgbImage::new(640, 8);
     let shape = pipe.latent_shape(64, 64).unwrap();
     let err = pipe.encode_prompts_with_pictures(&["x"], &[picture], &shape).err().unwrap();
-    assert!(err.to_string().contains("condition images (image=) are not supported"), "{err}");
+    assert!(err.to_string().contains("aspect ratio is too extreme"), "{err}");
     let err = pipe.latent_shape(64, 80).unwrap_err().to_string();
     assert!(err.contains("80: expected a positive multiple of 32"), "{err}");
     let config = QwenImage21TransformerConfig { patch_size: 2, ..Default::default() };

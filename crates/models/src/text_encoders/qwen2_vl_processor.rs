@@ -99,7 +99,8 @@ impl Qwen2VlImageProcessor {
     /// (Qwen3-VL's processors), or the defaults when the folder has neither; `min_pixels` /
     /// `max_pixels` win over `size.shortest_edge` / `size.longest_edge`, as in transformers.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
-        let (file, nested) = (dir.join("preprocessor_config.json"), dir.join("processor_config.json"));
+        let (file, nested) =
+            (dir.join("preprocessor_config.json"), dir.join("processor_config.json"));
         let bad = |file: &Path, message: String| ModelError::Format {
             path: file.display().to_string(),
             message,

@@ -62,7 +62,9 @@ impl Qwen3VlEncoder {
             rope.and_then(|r| r.mrope_section).unwrap_or_else(|| DEFAULT_MROPE_SECTION.to_vec());
         let text = Qwen3TextEncoder::load_vl(dir, device, kind)?;
         let half = text.head_dim() / 2;
-        if section.len() != 3 || section.iter().any(|&n| n < 0) || section.iter().sum::<i64>() != half
+        if section.len() != 3
+            || section.iter().any(|&n| n < 0)
+            || section.iter().sum::<i64>() != half
         {
             return Err(ModelError::Format {
                 path: path.display().to_string(),

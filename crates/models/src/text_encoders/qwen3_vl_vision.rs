@@ -299,10 +299,16 @@ impl Qwen3VlVision {
         let axis = |index: i64, size: i64| {
             let src = index as f32 * (side - 1) as f32 / (size - 1).max(1) as f32;
             let floor = src.floor();
-            let tap = |o: i64| ((floor as i64 + o).clamp(0, side - 1), 0f32.max(1.0 - (src - floor - o as f32).abs()));
+            let tap = |o: i64| {
+                (
+                    (floor as i64 + o).clamp(0, side - 1),
+                    0f32.max(1.0 - (src - floor - o as f32).abs()),
+                )
+            };
             [tap(0), tap(1)]
         };
-        let sizes = grids.iter().flat_map(|&(t, h, w)| std::iter::repeat_n((h, w), (t * h * w) as usize));
+        let sizes =
+            grids.iter().flat_map(|&(t, h, w)| std::iter::repeat_n((h, w), (t * h * w) as usize));
         let (mut indices, mut weights) = (vec![], vec![]);
         for (&[row, col], (h, w)) in positions.iter().zip(sizes) {
             for (ri, rw) in axis(row, h) {
@@ -316,7 +322,11 @@ impl Qwen3VlVision {
         let n = positions.len() as i64;
         let table = self.pos_embed.index_select(0, &Tensor::from_slice(&indices).to_device(device));
         let weights = Tensor::from_slice(&weights).to_device(device).view([n, 4, 1]);
-        (table.view([n, 4, -1]).to_kind(Kind::Float) * weights).sum_dim_intlist(1, false, Kind::Float)
+        (table.view([n, 4, -1]).to_kind(Kind::Float) * weights).sum_dim_intlist(
+            1,
+            false,
+            Kind::Float,
+        )
     }
 
     /// The merged embeddings and deepstack features of `pixel_values` (Σ t·h·w, C·T·P·P) laid out
@@ -335,7 +345,8 @@ impl Qwen3VlVision {
         let (n, d) = (pixel_values.size()[0], c.hidden_size);
         let positions = self.positions(grid_thw);
         let weight = self.patch_weight.view([d, -1]);
-        let x = pixel_values.to_device(device).to_kind(kind).linear(&weight, Some(&self.patch_bias));
+        let x =
+            pixel_values.to_device(device).to_kind(kind).linear(&weight, Some(&self.patch_bias));
         let mut x = x + self.position_embeds(grid_thw, &positions).to_kind(kind);
         let (cos, sin) = axial_rotary(c.head_dim(), c.rope_theta(), &positions, device);
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
