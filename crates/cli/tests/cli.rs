@@ -199,10 +199,12 @@ fn debug_forward_runs_wan() {
     check_forward_with_lora("wan_ti2v_tiny", "6");
 }
 
-/// FLUX.2's transformer runs with its LoRA on the [klein] fixture (reference-image tokens).
+/// FLUX.2's transformer runs with its LoRA on the [klein] fixture (reference-image tokens) and
+/// the [dev] one (its guidance embedding reads `guidance`).
 #[test]
 fn debug_forward_runs_flux2() {
     check_forward_with_lora("flux2_klein_tiny", "8");
+    check_forward_with_lora("flux2_dev_tiny", "6");
 }
 
 /// Qwen-Image 2.1's transformer runs with its LoRA on the fixture with a condition image and a

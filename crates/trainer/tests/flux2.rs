@@ -16,14 +16,15 @@ fn every_algorithm_trains_and_resumes_on_flux2() {
 }
 
 /// FLUX.2 [dev] (Mistral3 text encoder, distilled guidance through its embedding, no CFG): the
-/// same recipes with `model.guidance` train, are on-policy at step 1 and resume bit for bit.
+/// tiny recipes (`flow_grpo_flux2_dev_tiny.yaml` and the others with its guidance 3) train, are
+/// on-policy at step 1 and resume bit for bit.
 #[test]
 fn every_algorithm_trains_and_resumes_on_flux2_dev() {
     use flowtune_models::flux2::{write_tiny_flux2, TinyFlux2Spec};
     common::families::every_algorithm_trains_and_resumes_on(
         "flux2-dev",
         |dir, seed| write_tiny_flux2(dir, &TinyFlux2Spec { seed, dev: true, ..Default::default() }),
-        "flow_grpo_flux2_tiny.yaml",
+        "flow_grpo_flux2_dev_tiny.yaml",
         &["model.max_sequence_length=16", "model.guidance=3.0", "rollout.guidance_scale=1.0"],
         "attn.to_qkv_mlp_proj.lora_B",
     );
