@@ -4,7 +4,7 @@ use super::TinyQwenImage21Spec;
 use super::{write_tiny_qwen_image21, QwenImage21Pipeline, QwenImage21Transformer};
 use crate::registry::Family;
 
-/// Qwen-Image 2.1 (`QwenImage21Pipeline`), from text; condition images are refused by name.
+/// Qwen-Image 2.1 (`QwenImage21Pipeline`), from text and with condition images.
 pub const FAMILY: Family = Family {
     name: "qwen_image21",
     pipeline_classes: &["QwenImage21Pipeline"],
@@ -20,9 +20,9 @@ pub const FAMILY: Family = Family {
         (
             "text_encoder",
             "Qwen3VLForConditionalGeneration (the language model's last layer before its final \
-             norm; the vision tower is not run: condition images are refused)",
+             norm; the vision tower and deepstack fill the condition images' slots)",
         ),
-        ("processor", "Qwen3VLProcessor (its Qwen2 BPE tokenizer)"),
+        ("processor", "Qwen3VLProcessor (its Qwen2 BPE tokenizer and Qwen2-VL image processor)"),
         (
             "scheduler",
             "FlowMatchEulerDiscreteScheduler (the author's sample_sigmas, μ of the tokens)",

@@ -1,6 +1,6 @@
-//! Qwen-Image 2.1 (`QwenImage21Pipeline`: a single-stream block-causal transformer, Qwen3-VL's
-//! language model as text encoder, a 64-channel picture VAE) in the diffusers layout, from text.
-//! Condition images are refused by name.
+//! Qwen-Image 2.1 (`QwenImage21Pipeline`: a single-stream block-causal transformer, Qwen3-VL as
+//! text and condition-image encoder, a 64-channel picture VAE) in the diffusers layout, from text
+//! and with condition images.
 
 mod block;
 mod config;
@@ -14,7 +14,7 @@ mod vae;
 pub use config::QwenImage21TransformerConfig;
 pub use family::FAMILY;
 pub use layout::{JointLayout, TOKENS_PER_SLOT};
-pub use pipeline::{QwenImage21Pipeline, QwenImage21PromptEncoder};
+pub use pipeline::{PromptStates, QwenImage21Pipeline, QwenImage21PromptEncoder};
 pub use tiny::{write_tiny_qwen_image21, TinyQwenImage21Spec};
 pub use transformer::{QwenImage21Transformer, ZeroCenterRmsNorm, IMAGE_SLOTS};
 pub use vae::{write_tiny_qwen_image21_vae, AutoencoderKlQwenImage21, QwenImage21VaeConfig};

@@ -1,7 +1,7 @@
 //! `flowtune make-tiny qwen-image21`: a random `QwenImage21Pipeline` directory in the diffusers
-//! layout, for tests and examples. The text encoder is a `Qwen3VLForConditionalGeneration`
-//! config with the language model's weights only (what flowtune runs; transformers initialises
-//! the missing vision tower and LM head at random when it loads the folder).
+//! layout, for tests and examples. The text encoder is a `Qwen3VLForConditionalGeneration` with
+//! the language model's and a one-block vision tower's weights (what flowtune runs; transformers
+//! initialises the missing LM head at random when it loads the folder).
 
 use std::path::Path;
 
@@ -18,6 +18,7 @@ use crate::sd3::tiny::{
 };
 use crate::sd3::WeightInit;
 use crate::text_encoders::qwen3::Qwen3TextEncoder;
+use crate::text_encoders::qwen3_vl_vision::{Qwen3VlVision, Qwen3VlVisionConfig};
 use crate::text_encoders::qwen_decoder::DecoderShape;
 use crate::text_encoders::qwen_tiny::write_tokenizer;
 use crate::tokenizer::qwen2::ADDED_TOKENS;
@@ -82,7 +83,7 @@ pub fn write_tiny_qwen_image21(dir: &Path, spec: &TinyQwenImage21Spec) -> Result
     let mut rng = SampleRng::new(spec.seed);
     let base = write_processor(&dir.join("processor"), spec.bpe_vocab_size)?;
     let text = DecoderShape { vocab_size: (base + ADDED_TOKENS.len()) as i64, ..spec.text.clone() };
-    write_text_encoder(&dir.join("text_encoder"), &text, base, &mut rng)?;
+    write_text_encoder(&dir.join("text_encoder"), &text, base, &mut rng, spec.seed)?;
 
     let config = QwenImage21TransformerConfig {
         in_channels: spec.latent_channels,
@@ -145,7 +146,8 @@ fn write_processor(out: &Path, bpe_vocab_size: usize) -> Result<usize, ModelErro
     image["image_processor_type"] = json!("Qwen2VLImageProcessor");
     image["image_mean"] = json!([0.5, 0.5, 0.5]);
     image["image_std"] = json!([0.5, 0.5, 0.5]);
-    image["size"] = json!({"longest_edge": 16777216, "shortest_edge": 65536});
+    // Pixel bounds that take the tiny pipelines' condition pictures (from 32²) as they are.
+    image["size"] = json!({"longest_edge": 16777216, "shortest_edge": 1024});
     let mut video = image.clone();
     video["video_processor_type"] = json!("Qwen3VLVideoProcessor");
     video["fps"] = json!(2);
@@ -158,16 +160,31 @@ fn write_processor(out: &Path, bpe_vocab_size: usize) -> Result<usize, ModelErro
     Ok(base)
 }
 
-/// A random language model under `model.language_model.` and a `Qwen3VLForConditionalGeneration`
-/// config with a one-block vision tower.
+/// A random language model under `model.language_model.` and a one-block vision tower under
+/// `model.visual.` (drawn from its own stream seeded `seed + 2`, so the other components are those
+/// of the text-only pipelines), with their `Qwen3VLForConditionalGeneration` config.
 fn write_text_encoder(
     out: &Path,
     text: &DecoderShape,
     base: usize,
     rng: &mut SampleRng,
+    seed: u64,
 ) -> Result<(), ModelError> {
     let encoder = Qwen3TextEncoder::new(text, Device::Cpu, Kind::Float);
     randomize(&encoder.store, rng, WeightInit::Normal(0.1))?;
+    let vision_config = Qwen3VlVisionConfig {
+        depth: 1,
+        hidden_size: 16,
+        intermediate_size: 16,
+        num_heads: 2,
+        out_hidden_size: text.hidden_size,
+        deepstack_visual_indexes: vec![0],
+        num_position_embeddings: 16,
+        ..Default::default()
+    };
+    let vision = Qwen3VlVision::new(&vision_config, Device::Cpu, Kind::Float);
+    randomize(&vision.store, &mut SampleRng::new(seed + 2), WeightInit::Normal(0.1))?;
+    let v = &vision_config;
     let token = |name: &str| base + ADDED_TOKENS.iter().position(|t| *t == name).expect("added");
     let half = text.head_dim / 2;
     let section = [half - 2 * (half / 3), half / 3, half / 3];
@@ -202,23 +219,26 @@ fn write_text_encoder(
         },
         "vision_config": {
             "model_type": "qwen3_vl",
-            "depth": 1,
-            "hidden_size": 16,
-            "intermediate_size": 16,
-            "num_heads": 2,
-            "out_hidden_size": text.hidden_size,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "deepstack_visual_indexes": [0],
-            "num_position_embeddings": 16
+            "depth": v.depth,
+            "hidden_act": v.hidden_act,
+            "hidden_size": v.hidden_size,
+            "intermediate_size": v.intermediate_size,
+            "num_heads": v.num_heads,
+            "out_hidden_size": v.out_hidden_size,
+            "patch_size": v.patch_size,
+            "spatial_merge_size": v.spatial_merge_size,
+            "temporal_patch_size": v.temporal_patch_size,
+            "deepstack_visual_indexes": v.deepstack_visual_indexes,
+            "num_position_embeddings": v.num_position_embeddings
         }
     });
     write_component(out, &encoder.store, "model.safetensors", &config)?;
     let file = out.join("model.safetensors");
-    let tensors: Vec<(String, Tensor)> = Tensor::read_safetensors(&file)?
+    let mut tensors: Vec<(String, Tensor)> = Tensor::read_safetensors(&file)?
         .into_iter()
         .map(|(name, t)| (format!("model.language_model.{name}"), t))
         .collect();
+    tensors
+        .extend(vision.store.variables().into_iter().map(|(name, t)| (format!("model.{name}"), t)));
     Ok(Tensor::write_safetensors(&tensors, &file)?)
 }
