@@ -191,6 +191,10 @@ fn edited_index(label: &str, edit: impl Fn(&mut serde_json::Value)) -> flowtune_
 #[test]
 fn unsupported_parts_are_refused_by_name() {
     let options = PipelineOptions::new(Device::Cpu);
+    let dev = edited_index("flux2-dev-qwen3", |i| i["_class_name"] = "Flux2Pipeline".into());
+    let err = flowtune_models::load_pipeline(&dev, &options).err().expect("[dev]").to_string();
+    assert!(err.contains("Mistral3ForConditionalGeneration") && err.contains("Qwen3"), "{err}");
+
     let shallow = edited_index("flux2-shallow", |_| {});
     let encoder = dir().join("flux2_klein_pipeline/text_encoder");
     std::fs::remove_file(shallow.join("text_encoder")).unwrap();

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use super::qwen_decoder::{DecoderShape, QwenDecoder};
+use super::qwen_decoder::{plain_rope_theta, DecoderShape, QwenDecoder, RopeFields};
 use crate::nn::Scope;
 use crate::{read_config, ModelError};
 
@@ -25,12 +25,6 @@ const IGNORED_PREFIXES: &[&str] = &[
 /// transformers ≥ 4.52 saves `model.language_model.…`; older checkpoints `language_model.model.…`.
 const RENAMED_PREFIXES: &[(&str, &str)] =
     &[("model.language_model.", ""), ("language_model.model.", "")];
-
-#[derive(Debug, Clone, Default, Deserialize)]
-struct RopeFields {
-    rope_theta: Option<f64>,
-    rope_type: Option<String>,
-}
 
 /// `text_config` of a Mistral3 `config.json`, with transformers' `MistralConfig` defaults.
 #[derive(Debug, Clone, Deserialize)]
@@ -81,12 +75,8 @@ pub fn mistral3_text_shape(path: &Path) -> Result<(DecoderShape, Option<i64>), M
     if f.hidden_act != "silu" {
         return Err(bad(format!("text_config.hidden_act `{}`: expected silu", f.hidden_act)));
     }
-    let rope = f.rope_parameters.or(f.rope_scaling).unwrap_or_default();
-    if let Some(kind) = rope.rope_type.as_deref().filter(|k| *k != "default") {
-        return Err(bad(format!(
-            "text_config rope type `{kind}` is not supported; expected default"
-        )));
-    }
+    let rope_theta = plain_rope_theta(f.rope_parameters, f.rope_scaling, f.rope_theta)
+        .map_err(|e| bad(format!("text_config {e}")))?;
     let heads = f.num_attention_heads;
     let kv_heads = f.num_key_value_heads.unwrap_or(heads);
     let head_dim = f.head_dim.unwrap_or(if heads > 0 { f.hidden_size / heads } else { 0 });
@@ -105,7 +95,7 @@ pub fn mistral3_text_shape(path: &Path) -> Result<(DecoderShape, Option<i64>), M
         num_key_value_heads: kv_heads,
         head_dim,
         rms_norm_eps: f.rms_norm_eps,
-        rope_theta: rope.rope_theta.or(f.rope_theta).unwrap_or(10_000.0),
+        rope_theta,
         qkv_bias: false,
         qk_norm: false,
     };

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use super::qwen_decoder::{DecoderShape, QwenDecoder};
+use super::qwen_decoder::{plain_rope_theta, DecoderShape, QwenDecoder, RopeFields};
 use crate::nn::Scope;
 use crate::{read_config, ModelError};
 
@@ -17,12 +17,6 @@ use crate::{read_config, ModelError};
 const IGNORED_PREFIXES: &[&str] = &["lm_head."];
 /// `Qwen3ForCausalLM` keys carry `model.`; `Qwen3Model`'s do not.
 const RENAMED_PREFIXES: &[(&str, &str)] = &[("model.", "")];
-
-#[derive(Debug, Clone, Default, Deserialize)]
-struct RopeFields {
-    rope_theta: Option<f64>,
-    rope_type: Option<String>,
-}
 
 /// `config.json` of a Qwen3 text model, with transformers' `Qwen3Config` defaults.
 #[derive(Debug, Clone, Deserialize)]
@@ -91,10 +85,8 @@ fn shape_of(f: Qwen3Fields, path: &Path) -> Result<DecoderShape, ModelError> {
             f.hidden_act, f.attention_bias, f.use_sliding_window
         )));
     }
-    let rope = f.rope_parameters.or(f.rope_scaling).unwrap_or_default();
-    if let Some(kind) = rope.rope_type.as_deref().filter(|k| *k != "default") {
-        return Err(bad(format!("rope type `{kind}` is not supported; expected default")));
-    }
+    let rope_theta =
+        plain_rope_theta(f.rope_parameters, f.rope_scaling, f.rope_theta).map_err(bad)?;
     let heads = f.num_attention_heads;
     let kv_heads = f.num_key_value_heads.unwrap_or(heads);
     if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || f.head_dim % 2 != 0 {
@@ -113,7 +105,7 @@ fn shape_of(f: Qwen3Fields, path: &Path) -> Result<DecoderShape, ModelError> {
         num_key_value_heads: kv_heads,
         head_dim: f.head_dim,
         rms_norm_eps: f.rms_norm_eps,
-        rope_theta: rope.rope_theta.or(f.rope_theta).unwrap_or(10_000.0),
+        rope_theta,
         qkv_bias: false,
         qk_norm: true,
     })

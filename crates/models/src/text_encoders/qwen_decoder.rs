@@ -10,6 +10,27 @@ use super::qwen2_5_vl_positions::text_positions;
 use crate::nn::{attention, Embedding, Linear, RmsNorm, Scope};
 use crate::ModelError;
 
+/// `rope_parameters` (transformers 5) or `rope_scaling` of a text config: θ and the rotary kind.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub(crate) struct RopeFields {
+    rope_theta: Option<f64>,
+    rope_type: Option<String>,
+}
+
+/// θ of plain rotary positions from `parameters`, else `scaling`, else the flat `rope_theta`
+/// (10 000 when none gives it); another rotary kind is refused.
+pub(crate) fn plain_rope_theta(
+    parameters: Option<RopeFields>,
+    scaling: Option<RopeFields>,
+    flat: Option<f64>,
+) -> Result<f64, String> {
+    let rope = parameters.or(scaling).unwrap_or_default();
+    if let Some(kind) = rope.rope_type.as_deref().filter(|k| *k != "default") {
+        return Err(format!("rope type `{kind}` is not supported; expected default"));
+    }
+    Ok(rope.rope_theta.or(flat).unwrap_or(10_000.0))
+}
+
 /// Sizes and switches of a decoder stack.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecoderShape {
