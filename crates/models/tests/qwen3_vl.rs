@@ -95,3 +95,64 @@ fn prompt_encoding_with_condition_images_matches_the_pipeline() {
     }
     check.finish();
 }
+
+/// What the tower and encoder do not run is refused naming the file and key: another vision
+/// activation or rotary type, a non-square position table, interleaved sections that do not cover
+/// the head; a processor that would resize the pipeline's condition pictures (their encoder
+/// slots would no longer match the VAE's tokens).
+#[test]
+fn unsupported_settings_are_refused_by_name() {
+    use flowtune_models::text_encoders::qwen3_vl_vision::Qwen3VlVisionConfig;
+    use flowtune_models::FlowPipeline;
+
+    let scratch = flowtune_fixtures::scratch("qwen3-vl-refusals");
+    let config = scratch.join("config.json");
+    for (vision, key) in [
+        (r#"{"hidden_act": "silu"}"#, "hidden_act `silu`"),
+        (r#"{"rope_parameters": {"rope_type": "default"}}"#, "rope_type `default`"),
+        (r#"{"num_position_embeddings": 12}"#, "num_position_embeddings 12"),
+        (r#"{"depth": 2, "deepstack_visual_indexes": [1, 2]}"#, "block 2 is beyond depth 2"),
+    ] {
+        std::fs::write(&config, format!(r#"{{"vision_config": {vision}}}"#)).expect("write");
+        let err = Qwen3VlVisionConfig::from_file(&config).expect_err(key).to_string();
+        assert!(err.contains(key) && err.contains("config.json"), "{err}");
+    }
+    let copy = scratch.join("qwen3_vl_tiny");
+    std::fs::create_dir_all(&copy).expect("mkdir");
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(dir().join("qwen3_vl_tiny").join(file), copy.join(file)).expect("copy");
+    }
+    let text = std::fs::read_to_string(copy.join("config.json")).expect("read");
+    std::fs::write(
+        copy.join("config.json"),
+        text.replace("\"mrope_section\": [\n        4,", "\"mrope_section\": [\n        3,"),
+    )
+    .expect("write");
+    let err = Qwen3VlEncoder::load(&copy, Device::Cpu, Kind::Float).err().expect("7 of 8");
+    assert!(err.to_string().contains("mrope_section [3, 2, 2]"), "{err}");
+
+    let pipeline = scratch.join("pipeline");
+    copy_dir(&dir().join("qwen_image21_pipeline"), &pipeline);
+    let processor = pipeline.join("processor/processor_config.json");
+    let text = std::fs::read_to_string(&processor).expect("read");
+    std::fs::write(&processor, text.replace("\"shortest_edge\": 3136", "\"shortest_edge\": 65536"))
+        .expect("write");
+    let pipe = QwenImage21Pipeline::load(&pipeline, &PipelineOptions::new(Device::Cpu)).unwrap();
+    let shape = pipe.latent_shape(64, 64).expect("shape");
+    let picture = RgbImage::new(64, 64);
+    let err = pipe.encode_prompts_with_pictures(&["x"], &[picture], &shape).err().expect("resized");
+    assert!(err.to_string().contains("resized the condition pictures"), "{err}");
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let path = entry.expect("entry").path();
+        let target = to.join(path.file_name().expect("name"));
+        if path.is_dir() {
+            copy_dir(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).expect("copy");
+        }
+    }
+}
