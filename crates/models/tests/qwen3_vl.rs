@@ -156,3 +156,16 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// The released Qwen-Image 2.1 text encoder's vision settings (Qwen3-VL-8B's) are ones the tower
+/// runs.
+#[test]
+fn the_released_vision_config_is_read() {
+    use flowtune_models::text_encoders::qwen3_vl_vision::Qwen3VlVisionConfig;
+
+    let root = dir().join("../examples/models/qwen-image-2.1/text_encoder/config.json");
+    let config = Qwen3VlVisionConfig::from_file(&root).expect("released config");
+    assert_eq!(config.deepstack_visual_indexes, [8, 16, 24]);
+    assert_eq!((config.depth, config.head_dim(), config.patch_dim()), (27, 72, 1536));
+    assert_eq!((config.num_position_embeddings, config.out_hidden_size), (2304, 4096));
+}
