@@ -20,7 +20,9 @@ already carries a random vision tower). Writes:
   (`embeds`, `mask` when padded, `image_pad_mask`), and two whole ODE runs of `__call__` with given latents
   (`ode2_*`: pictures a and b, a 96 x 96 target at output resolution 96, CFG 4 against the empty prompt;
   `ode1_*`: picture c, a 32 x 128 target at output resolution 64, no guidance): initial and final latents, the
-  sigmas and the decoded pictures (RGB, u8 levels).
+  sigmas and the decoded pictures (RGB, u8 levels). Then an RGBA picture (`input.picture_rgba`, 60 x 44, alpha from
+  0 through a ramp to 255): Pillow's resize of it at output resolution 64 (`output.rgba_resized`), that composited
+  over white (`output.rgba_over_white`), and an ODE run on a 64 x 64 target without guidance (`rgba_*`).
 """
 import sys
 
@@ -98,7 +100,7 @@ def resized(pipe, picture, resolution):
     """`__call__`'s resize of one condition picture at `output_resolution`."""
     from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_dimensions
 
-    img = Image.fromarray(picture.numpy()).convert("RGBA")
+    img = Image.fromarray(picture.numpy()).convert("RGBA")  # u8 H x W x 3 or 4
     w, h, _ = calculate_dimensions(resolution * resolution, img.size[0] / img.size[1])
     return pipe.image_processor.resize(img, width=w, height=h)
 
@@ -137,7 +139,37 @@ def pipeline_case(out_dir, g):
             torch.uint8)
         io[f"output.{name}_sigmas"] = pipe.scheduler.sigmas.clone()
         print(name, "images", images.shape, "sigmas", [round(float(v), 4) for v in pipe.scheduler.sigmas])
+    # An RGBA picture (transparent, translucent and opaque areas): the encoder sees it over white, the VAE with alpha.
+    rgba = torch.cat([smooth_picture(g, 60, 44), alpha_ramp(60, 44)], dim=2)
+    io["input.picture_rgba"] = rgba
+    sized = resized(pipe, rgba, 64)
+    io["output.rgba_resized"] = torch.from_numpy(np.asarray(sized).copy())
+    white = Image.new("RGB", sized.size, (255, 255, 255))
+    white.paste(sized, mask=sized.getchannel("A"))
+    io["output.rgba_over_white"] = torch.from_numpy(np.asarray(white).copy())
+    x = torch.randn(len(PROMPTS), pipe.transformer.config.in_channels, 4, 4, generator=g)
+    io["input.rgba_initial_latents"] = x
+    final = {}
+
+    def keep_rgba(pipe_, i, t, kwargs):
+        final["latents"] = kwargs["latents"]
+        return {}
+
+    images = pipe(prompt=list(PROMPTS), image=Image.fromarray(rgba.numpy(), "RGBA"), height=64, width=64,
+                  output_resolution=64, latents=x.flatten(2).transpose(1, 2).clone(), output_type="np",
+                  callback_on_step_end=keep_rgba).images
+    io["output.rgba_final_latents"] = final["latents"].transpose(1, 2).reshape(x.shape)
+    io["output.rgba_images"] = (torch.from_numpy(np.ascontiguousarray(images[..., :3])) * 255).round().to(torch.uint8)
+    io["output.rgba_sigmas"] = pipe.scheduler.sigmas.clone()
+    print("rgba: resized", sized.size, "images", images.shape)
     save_file({k: v.contiguous() for k, v in io.items()}, f"{out_dir}/qwen_image21_images_io.safetensors")
+
+
+def alpha_ramp(width, height):
+    """An alpha channel: transparent on the left, a ramp through translucent values, opaque on the right."""
+    ramp = (torch.arange(width, dtype=torch.float32) - width / 4) / (width / 2)
+    row = (ramp.clamp(0, 1) * 255).round().to(torch.uint8)
+    return row.view(1, width, 1).expand(height, width, 1).contiguous()
 
 
 def main(out_dir):

@@ -169,3 +169,27 @@ fn the_released_vision_config_is_read() {
     assert_eq!((config.depth, config.head_dim(), config.patch_dim()), (27, 72, 1536));
     assert_eq!((config.num_position_embeddings, config.out_hidden_size), (2304, 4096));
 }
+
+/// Pillow's resize of an RGBA picture (through premultiplied alpha) and its compositing over
+/// white, byte for byte: what `__call__` feeds the VAE and the encoder.
+#[test]
+fn rgba_pictures_resize_and_composite_as_pillow() {
+    use flowtune_models::resize::{over_white, resize_rgba};
+
+    let io = tensors("qwen_image21_images_io.safetensors");
+    let t = &io["input.picture_rgba"];
+    let (h, w) = (t.size()[0] as u32, t.size()[1] as u32);
+    let bytes = Vec::<u8>::try_from(t.reshape([-1])).expect("u8");
+    let rgba = image::RgbaImage::from_raw(w, h, bytes).expect("RGBA");
+    let (cw, ch) = calculate_dimensions(64.0 * 64.0, w as f64 / h as f64);
+    let sized = resize_rgba(&rgba, cw, ch, Filter::Lanczos);
+    let want = &io["output.rgba_resized"];
+    let got = Tensor::from_slice(sized.as_raw()).view([ch as i64, cw as i64, 4]);
+    assert!(got.equal(want), "resized RGBA differs from Pillow's");
+    let seen = over_white(&sized);
+    let got = Tensor::from_slice(seen.as_raw()).view([ch as i64, cw as i64, 3]);
+    assert!(got.equal(&io["output.rgba_over_white"]), "composite differs from Pillow's");
+    let alphas = io["output.rgba_resized"].select(2, 3);
+    let translucent = alphas.gt(0).logical_and(&alphas.lt(255)).sum(Kind::Int64).int64_value(&[]);
+    assert!(translucent > 0, "the picture has translucent pixels");
+}

@@ -4,13 +4,14 @@
 //! run (4 Euler steps from given latents, CFG 4 against the empty prompt) equal to `__call__`'s
 //! final latents and pictures (within 2 levels); with condition images
 //! (`scripts/reference_qwen_image21_images.py`): two non-square pictures on a square target with
-//! CFG 4 (the negative rows carry them too), one on a non-square target without guidance.
+//! CFG 4 (the negative rows carry them too), one on a non-square target without guidance, and an
+//! RGBA picture (over white for the encoder, with its alpha for the VAE).
 
 use std::collections::HashMap;
 
 use flowtune_fixtures::{dir, tensors, Checker, MODEL_RTOL};
 use flowtune_models::qwen_image21::QwenImage21Pipeline;
-use flowtune_models::{FlowPipeline, PipelineOptions};
+use flowtune_models::{FlowPipeline, PipelineOptions, TextConditioning};
 use flowtune_rollout::{encode_rows, sample_trajectory, Engine, Guidance, TrajectoryRequest};
 use flowtune_sampling::SamplerConfig;
 use tch::{Device, Kind, Tensor};
@@ -48,13 +49,13 @@ fn prompt_encoding_matches_the_pipeline() {
     check.finish();
 }
 
-/// The final latents of an ODE run of `pipe` from `initial` on the `height` × `width` grid,
-/// every row conditioned on `pictures` (the negative rows too, with CFG `guidance` > 1).
+/// The final latents of an ODE run of `pipe` from `initial` on the `height` × `width` grid, the
+/// rows (and with CFG `guidance` > 1 the negative rows) conditioned by `encode(rows, shape)`.
 fn ode_run(
     pipe: &QwenImage21Pipeline,
     (height, width): (i64, i64),
     guidance: f64,
-    pictures: &[image::RgbImage],
+    encode: impl Fn(&[&str], &[i64]) -> TextConditioning,
     initial: &Tensor,
     sigmas: &Tensor,
 ) -> Tensor {
@@ -64,12 +65,9 @@ fn ode_run(
     let engine = Engine::new(pipe, &sampler, shape.clone(), 0).expect("engine");
     let grid = Tensor::from_slice(&engine.grid.sigmas);
     assert!(grid.equal(sigmas), "{grid:?} vs the pipeline's {sigmas:?}");
-    let sets = vec![pictures.to_vec(); PROMPTS.len()];
-    let sets = if pictures.is_empty() { vec![] } else { sets };
-    let text = encode_rows(pipe, &PROMPTS, &sets, &shape, None).expect("prompts");
+    let text = encode(&PROMPTS, &shape);
     let negatives = [pipe.default_negative_prompt(); 2];
-    let negative = (guidance > 1.0)
-        .then(|| encode_rows(pipe, &negatives, &sets, &shape, None).expect("negative"));
+    let negative = (guidance > 1.0).then(|| encode(&negatives, &shape));
     let request = TrajectoryRequest {
         grid: &engine.grid,
         text: &text,
@@ -82,6 +80,17 @@ fn ode_run(
     let noise = |_| initial.zeros_like();
     let out = tch::no_grad(|| sample_trajectory(pipe.denoiser(), &request, noise)).expect("ode");
     out.final_latents
+}
+
+/// [`encode_rows`] with every row on `pictures`.
+fn rows_with<'a>(
+    pipe: &'a QwenImage21Pipeline,
+    pictures: &'a [image::RgbImage],
+) -> impl Fn(&[&str], &[i64]) -> TextConditioning + 'a {
+    move |rows, shape| {
+        let sets = if pictures.is_empty() { vec![] } else { vec![pictures.to_vec(); rows.len()] };
+        encode_rows(pipe, rows, &sets, shape, None).expect("rows")
+    }
 }
 
 /// The largest difference in levels between the decoded `latents` and u8 RGB `want`.
@@ -102,7 +111,8 @@ fn ode_run_matches_the_pipeline_call() {
     let grid = Engine::new(&pipe, &six, shape, 0).expect("engine").grid;
     assert_eq!((grid.sigmas.len(), grid.sigmas[0]), (7, 1.0), "{:?}", grid.sigmas);
     let initial = &io["input.initial_latents"];
-    let latents = ode_run(&pipe, (64, 96), GUIDANCE, &[], initial, &io["output.sigmas"]);
+    let encode = rows_with(&pipe, &[]);
+    let latents = ode_run(&pipe, (64, 96), GUIDANCE, encode, initial, &io["output.sigmas"]);
     check.close_within("final_latents", &latents, &io["output.final_latents"], MODEL_RTOL);
     let want = (io["output.images"].narrow(3, 0, 3) * 255.0).round();
     let off = levels_off(&pipe, &latents, &want);
@@ -131,7 +141,7 @@ fn ode_runs_with_condition_images_match_the_pipeline_call() {
         let pictures: Vec<_> = keys.chars().map(|k| picture(&io, k)).collect();
         let initial = &io[&format!("input.{name}_initial_latents")];
         let sigmas = &io[&format!("output.{name}_sigmas")];
-        let latents = ode_run(&pipe, size, guidance, &pictures, initial, sigmas);
+        let latents = ode_run(&pipe, size, guidance, rows_with(&pipe, &pictures), initial, sigmas);
         let want = &io[&format!("output.{name}_final_latents")];
         check.close_within(&format!("{name} final_latents"), &latents, want, MODEL_RTOL);
         let off = levels_off(&pipe, &latents, &io[&format!("output.{name}_images")]);
@@ -140,6 +150,24 @@ fn ode_runs_with_condition_images_match_the_pipeline_call() {
         }
         println!("{name}: pictures within {off} levels of QwenImage21Pipeline.__call__(image=…)");
     }
+    check.case();
+    let t = &io["input.picture_rgba"];
+    let (h, w) = (t.size()[0] as u32, t.size()[1] as u32);
+    let bytes = Vec::<u8>::try_from(t.reshape([-1])).expect("u8");
+    let rgba = image::RgbaImage::from_raw(w, h, bytes).expect("RGBA");
+    let encode = |rows: &[&str], shape: &[i64]| {
+        let text = pipe.encode_prompts_with_rgba(rows, std::slice::from_ref(&rgba), shape);
+        tch::no_grad(|| text).expect("rgba rows")
+    };
+    let initial = &io["input.rgba_initial_latents"];
+    let latents = ode_run(&pipe, (64, 64), 1.0, encode, initial, &io["output.rgba_sigmas"]);
+    let want = &io["output.rgba_final_latents"];
+    check.close_within("rgba final_latents", &latents, want, MODEL_RTOL);
+    let off = levels_off(&pipe, &latents, &io["output.rgba_images"]);
+    if off > 2 {
+        check.fail(format!("RGBA pictures differ from the pipeline's by {off} levels"));
+    }
+    println!("rgba: pictures within {off} levels of QwenImage21Pipeline.__call__(image=RGBA)");
     check.finish();
 }
 

@@ -8,15 +8,15 @@
 //! `output_resolution` = √(H·W): its default 1024 for a 1024² target). That picture fills the
 //! vision slots of the `ti2i` template (`<imageN><|vision_start|><|image_pad|>…<|vision_end|>`,
 //! through Qwen3-VL's image processor and vision tower, deepstack and 3-D positions) and is
-//! VAE-encoded into the condition tokens the transformer reads before the target's. Pictures reach
-//! a family as RGB: opaque, so the pipeline's RGBA conversion (alpha 255 for the VAE, composited
-//! over white for the encoder) is the picture itself. The pipeline encodes whole prompts:
-//! `max_sequence_length` is not read.
+//! VAE-encoded into the condition tokens the transformer reads before the target's. RGBA pictures
+//! ([`QwenImage21Pipeline::encode_prompts_with_rgba`]) are composited over white for the encoder
+//! and VAE-encoded with their alpha; pictures from prompt rows arrive as RGB, opaque. The pipeline
+//! encodes whole prompts: `max_sequence_length` is not read.
 
 use std::path::Path;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
-use image::RgbImage;
+use image::{DynamicImage, RgbImage, RgbaImage};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
@@ -24,7 +24,7 @@ use super::{AutoencoderKlQwenImage21, QwenImage21Transformer, IMAGE_SLOTS};
 use crate::family::{image_latent_shape, pipeline_parts, run_on, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::qwen_image::{calculate_dimensions, CONDITION_LATENTS, CONDITION_SHAPES};
-use crate::resize::{resize, Filter};
+use crate::resize::{over_white, resize_rgba, Filter};
 use crate::text_encoders::qwen2_vl_processor::Qwen2VlImageProcessor;
 use crate::text_encoders::qwen3_vl::Qwen3VlEncoder;
 use crate::tokenizer::TextTokenizer;
@@ -243,35 +243,21 @@ impl QwenImage21Pipeline {
         text.mask = mask.map(|m| m.to_device(device));
         text
     }
-}
 
-impl FlowPipeline for QwenImage21Pipeline {
-    pipeline_parts!();
-
-    fn device(&self) -> Device {
-        self.transformer.img_in.weight.device()
-    }
-
-    /// The prompts' states with their mask (`None` when no row is padded).
-    fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        let states = self.text.encode(prompts, &[])?;
-        Ok(self.conditioning(states.embeds, states.mask))
-    }
-
-    /// The prompts with every row sharing the condition `pictures` (the pipeline's `image`), for
-    /// targets of `latent_shape`: the states with the pictures in their vision slots, and the
-    /// extras [`CONDITION_LATENTS`] (their normalised VAE latents, one token per cell, in order),
+    /// The prompts with every row sharing the condition `pictures` (at least one), for targets of
+    /// `latent_shape`, as `__call__(image=…)` encodes them: each resized once (Pillow's Lanczos
+    /// through premultiplied alpha) to the target's area at its own aspect ratio; the encoder
+    /// reads it composited over white, the VAE all its channels (RGB alone for a 3-channel VAE).
+    /// The conditioning holds the states with the pictures in their vision slots, and the extras
+    /// [`CONDITION_LATENTS`] (their normalised VAE latents, one token per cell, in order),
     /// [`CONDITION_SHAPES`] (their (1, h, w) token grids) and [`IMAGE_SLOTS`] (the slots, up to
     /// the last: the same for every prompt, whatever its length).
-    fn encode_prompts_with_pictures(
+    pub fn encode_prompts_with_rgba(
         &self,
         prompts: &[&str],
-        pictures: &[RgbImage],
+        pictures: &[RgbaImage],
         latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
-        if pictures.is_empty() {
-            return self.encode_prompts(prompts);
-        }
         let area = (latent_shape[1] * VAE_FACTOR * latent_shape[2] * VAE_FACTOR) as f64;
         let mut sized = vec![];
         for picture in pictures {
@@ -283,9 +269,10 @@ impl FlowPipeline for QwenImage21Pipeline {
                      {area} px: its aspect ratio is too extreme for QwenImage21Pipeline"
                 )));
             }
-            sized.push(resize(picture, cw, ch, Filter::Lanczos));
+            sized.push(resize_rgba(picture, cw, ch, Filter::Lanczos));
         }
-        let states = self.text.encode(prompts, &sized)?;
+        let seen: Vec<RgbImage> = sized.iter().map(over_white).collect();
+        let states = self.text.encode(prompts, &seen)?;
         let slots = states.image_slots.get(0);
         let token_count: i64 = sized.iter().map(|p| (p.width() * p.height()) as i64).sum::<i64>()
             / (VAE_FACTOR * VAE_FACTOR * 4);
@@ -303,11 +290,16 @@ impl FlowPipeline for QwenImage21Pipeline {
         let mut text = self.conditioning(states.embeds, states.mask);
         let device = self.device();
         let (b, n) = (prompts.len() as i64, pictures.len() as i64);
+        let channels = self.vae.config.in_channels;
         let (mut tokens, mut grids) = (vec![], vec![]);
         for picture in &sized {
             let (w, h) = (picture.width() as i64, picture.height() as i64);
-            let pixels = Tensor::from_slice(picture.as_raw()).view([1, h, w, 3]);
-            let latents = self.encode_rgb8(&pixels)?;
+            let pixels =
+                Tensor::from_slice(picture.as_raw()).view([1, h, w, 4]).narrow(3, 0, channels);
+            let latents = run_on(self.vae.store.device(), &pixels, |p| {
+                let x = p.permute([0, 3, 1, 2]).to_kind(Kind::Float) / 127.5 - 1.0;
+                self.vae.encode(&x).to_kind(Kind::Float)
+            });
             tokens.push(latents.flatten(2, 3).transpose(1, 2));
             grids.extend([1, h / VAE_FACTOR, w / VAE_FACTOR]);
         }
@@ -318,6 +310,37 @@ impl FlowPipeline for QwenImage21Pipeline {
         text.extras.insert(CONDITION_SHAPES.into(), grids.contiguous().to_device(device));
         text.extras.insert(IMAGE_SLOTS.into(), slots.contiguous().to_device(device));
         Ok(text)
+    }
+}
+
+impl FlowPipeline for QwenImage21Pipeline {
+    pipeline_parts!();
+
+    fn device(&self) -> Device {
+        self.transformer.img_in.weight.device()
+    }
+
+    /// The prompts' states with their mask (`None` when no row is padded).
+    fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
+        let states = self.text.encode(prompts, &[])?;
+        Ok(self.conditioning(states.embeds, states.mask))
+    }
+
+    /// The prompts with every row sharing the condition `pictures` (the pipeline's `image`), for
+    /// targets of `latent_shape`: [`QwenImage21Pipeline::encode_prompts_with_rgba`] of the
+    /// opaque pictures.
+    fn encode_prompts_with_pictures(
+        &self,
+        prompts: &[&str],
+        pictures: &[RgbImage],
+        latent_shape: &[i64],
+    ) -> Result<TextConditioning, ModelError> {
+        if pictures.is_empty() {
+            return self.encode_prompts(prompts);
+        }
+        let opaque: Vec<RgbaImage> =
+            pictures.iter().map(|p| DynamicImage::ImageRgb8(p.clone()).to_rgba8()).collect();
+        self.encode_prompts_with_rgba(prompts, &opaque, latent_shape)
     }
 
     /// `[C, H/16, W/16]`, one token per latent cell; sides must be multiples of 32 (one encoder
