@@ -1,9 +1,10 @@
-//! Pillow's (13) `Image.resize` for 8-bit RGB and RGBA pictures (RGBA through premultiplied
-//! alpha), and its compositing of RGBA over white, reproduced exactly: separable convolution
-//! (width first, then height, unless the height shrinks much more) with the filter stretched by
-//! the downscale factor, weights normalised per output pixel and turned into 22-bit fixed point,
-//! sums rounded half up and clamped to 8 bits after each pass. diffusers' image processors resize with Lanczos, Qwen2-VL's
-//! with bicubic; matching Pillow bit for bit keeps reference pictures and latents identical.
+//! Pillow's (13) `Image.resize` for 8-bit RGB and RGBA pictures (RGBA through premultiplied alpha),
+//! and its compositing of RGBA over white, reproduced exactly: separable convolution (width first,
+//! then height, unless the height shrinks much more) with the filter stretched by the downscale
+//! factor, weights normalised per output pixel and turned into 22-bit fixed point, sums rounded
+//! half up and clamped to 8 bits after each pass. diffusers' image processors resize with Lanczos,
+//! Qwen2-VL's with bicubic; matching Pillow bit for bit keeps reference pictures and latents
+//! identical.
 
 use image::{RgbImage, RgbaImage};
 
