@@ -244,20 +244,23 @@ impl QwenImage21Pipeline {
         text
     }
 
-    /// The prompts with every row sharing the condition `pictures` (at least one), for targets of
-    /// `latent_shape`, as `__call__(image=…)` encodes them: each resized once (Pillow's Lanczos
-    /// through premultiplied alpha) to the target's area at its own aspect ratio; the encoder
-    /// reads it composited over white, the VAE all its channels (RGB alone for a 3-channel VAE).
-    /// The conditioning holds the states with the pictures in their vision slots, and the extras
-    /// [`CONDITION_LATENTS`] (their normalised VAE latents, one token per cell, in order),
-    /// [`CONDITION_SHAPES`] (their (1, h, w) token grids) and [`IMAGE_SLOTS`] (the slots, up to
-    /// the last: the same for every prompt, whatever its length).
+    /// The prompts with every row sharing the condition `pictures` (none: the text alone), for
+    /// targets of `latent_shape`, as `__call__(image=…)` encodes them: each resized once
+    /// (Pillow's Lanczos through premultiplied alpha) to the target's area at its own aspect
+    /// ratio; the encoder reads it composited over white, the VAE all its channels (RGB alone
+    /// for a 3-channel VAE). The conditioning holds the states with the pictures in their vision
+    /// slots, and the extras [`CONDITION_LATENTS`] (their normalised VAE latents, one token per
+    /// cell, in order), [`CONDITION_SHAPES`] (their (1, h, w) token grids) and [`IMAGE_SLOTS`]
+    /// (the slots, up to the last: the same for every prompt, whatever its length).
     pub fn encode_prompts_with_rgba(
         &self,
         prompts: &[&str],
         pictures: &[RgbaImage],
         latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
+        if pictures.is_empty() {
+            return self.encode_prompts(prompts);
+        }
         let area = (latent_shape[1] * VAE_FACTOR * latent_shape[2] * VAE_FACTOR) as f64;
         let mut sized = vec![];
         for picture in pictures {
@@ -335,9 +338,6 @@ impl FlowPipeline for QwenImage21Pipeline {
         pictures: &[RgbImage],
         latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
-        if pictures.is_empty() {
-            return self.encode_prompts(prompts);
-        }
         let opaque: Vec<RgbaImage> =
             pictures.iter().map(|p| DynamicImage::ImageRgb8(p.clone()).to_rgba8()).collect();
         self.encode_prompts_with_rgba(prompts, &opaque, latent_shape)
