@@ -193,3 +193,40 @@ fn rgba_pictures_resize_and_composite_as_pillow() {
     let translucent = alphas.gt(0).logical_and(&alphas.lt(255)).sum(Kind::Int64).int64_value(&[]);
     assert!(translucent > 0, "the picture has translucent pixels");
 }
+
+/// In bf16 (tower, language model, transformer and VAE) condition images encode close to the f32
+/// run: the dtype casts of the tower's positions and rotary angles, the merged and deepstack
+/// features and the VAE's condition tokens hold.
+#[test]
+fn condition_images_encode_in_bf16() {
+    use flowtune_models::qwen_image::CONDITION_LATENTS;
+    use flowtune_models::{Dtypes, FlowPipeline};
+
+    let io = tensors("qwen_image21_images_io.safetensors");
+    let path = dir().join("qwen_image21_pipeline");
+    let pictures: Vec<RgbImage> =
+        "ab".chars().map(|k| picture(&io[&format!("input.picture_{k}")])).collect();
+    let encode = |kind: Kind| {
+        let options =
+            PipelineOptions { dtypes: Dtypes::all(kind), ..PipelineOptions::new(Device::Cpu) };
+        let pipe = QwenImage21Pipeline::load(&path, &options).expect("load");
+        let shape = pipe.latent_shape(96, 96).expect("shape");
+        tch::no_grad(|| pipe.encode_prompts_with_pictures(&PROMPTS, &pictures, &shape))
+            .expect("encode")
+    };
+    let (full, half) = (encode(Kind::Float), encode(Kind::BFloat16));
+    assert_eq!(half.embeds.kind(), Kind::BFloat16);
+    let relative = |a: &Tensor, b: &Tensor| {
+        let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
+        (
+            (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[]),
+            a.isfinite().all().int64_value(&[]),
+        )
+    };
+    let (embeds, finite) = relative(&half.embeds, &full.embeds);
+    assert!(finite == 1 && embeds < 5e-2, "bf16 states off by {embeds:.2e}");
+    let (latents, finite) =
+        relative(&half.extras[CONDITION_LATENTS], &full.extras[CONDITION_LATENTS]);
+    assert!(finite == 1 && latents < 5e-2, "bf16 condition latents off by {latents:.2e}");
+    println!("bf16 vs f32: states {embeds:.2e}, condition latents {latents:.2e}");
+}
