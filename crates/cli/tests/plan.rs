@@ -254,11 +254,8 @@ fn counts_match_the_weights_of_tiny_pipelines() {
             assert_eq!(want, stored_elements(&dir.join(name)), "{args:?} {name}");
         }
         for t in &pipe.text_encoders {
-            // FLUX.2 [dev] loads Mistral3's language model only, not its Pixtral tower; the
-            // planner counts Qwen-Image 2.1's language model only so far, not the Qwen3-VL
-            // vision tower its condition images run through.
-            let language_only = args.contains(&"--dev") || args[0] == "qwen-image21";
-            let prefix = if language_only { "model.language_model." } else { "" };
+            // FLUX.2 [dev] loads Mistral3's language model only, not its Pixtral tower.
+            let prefix = if args.contains(&"--dev") { "model.language_model." } else { "" };
             let stored = stored_elements_under(&dir.join(&t.name), prefix);
             assert_eq!(t.params, stored, "{args:?} {}", t.name);
         }

@@ -14,8 +14,9 @@ pub fn text_encoder(cfg: &Json, class: &str) -> Result<u64, PlanError> {
         "UMT5EncoderModel" => t5(cfg, true),
         "Qwen2_5_VLForConditionalGeneration" => qwen2_5_vl(cfg),
         "Qwen3Model" | "Qwen3ForCausalLM" => qwen3(cfg, class == "Qwen3ForCausalLM"),
-        // Qwen-Image 2.1 runs the language model only (no vision tower, no LM head).
-        "Qwen3VLForConditionalGeneration" => qwen3(&cfg.nested_or_self("text_config"), false),
+        // Qwen-Image 2.1 runs the language model and the vision tower (no LM head).
+        "Qwen3VLForConditionalGeneration" => Ok(qwen3(&cfg.nested_or_self("text_config"), false)?
+            + qwen3_vl_vision(&cfg.nested_or_self("vision_config"))?),
         // FLUX.2 [dev] runs Mistral's language model only (no Pixtral tower, no LM head).
         "Mistral3ForConditionalGeneration" => {
             Ok(Decoder::read(&cfg.nested_or_self("text_config"))?.params(false, 0))
@@ -120,6 +121,36 @@ fn vision(cfg: &Json) -> Result<u64, PlanError> {
     let block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * (d * f + f) + (f * d + d);
     let merger = d + (merged * merged + merged) + (merged * out + out);
     Ok(d * channels * t * p * p + depth * block + merger)
+}
+
+/// Qwen3-VL's ViT: 3-D patch embedding with bias, a learned position table, LayerNorm blocks with
+/// a fused biased qkv and a GELU MLP, the 2×2 merger and one deepstack merger (LayerNorm after the
+/// shuffle) per `deepstack_visual_indexes` entry.
+fn qwen3_vl_vision(cfg: &Json) -> Result<u64, PlanError> {
+    let d = cfg.int("hidden_size", Some(1152))?;
+    let f = cfg.int("intermediate_size", Some(4304))?;
+    let depth = cfg.int("depth", Some(27))?;
+    let (p, t) = (cfg.int("patch_size", Some(16))?, cfg.int("temporal_patch_size", Some(2))?);
+    let channels = cfg.int("in_channels", Some(3))?;
+    let positions = cfg.int("num_position_embeddings", Some(2304))?;
+    let merged = d * cfg.int("spatial_merge_size", Some(2))?.pow(2);
+    let out = cfg.int("out_hidden_size", Some(3584))?;
+    let deepstack = match cfg.get("deepstack_visual_indexes") {
+        Some(v) => v.as_array().map(Vec::len).ok_or_else(|| {
+            cfg.bad("deepstack_visual_indexes", "expected a list of block indices")
+        })? as u64,
+        None => 3,
+    };
+    let block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d);
+    let mlp = (merged * merged + merged) + (merged * out + out);
+    let merger = 2 * d + mlp;
+    let deepstack_merger = 2 * merged + mlp;
+    Ok(d * channels * t * p * p
+        + d
+        + positions * d
+        + depth * block
+        + merger
+        + deepstack * deepstack_merger)
 }
 
 /// Qwen3: GQA attention with per-head q/k RMS norms, no biases; an LM head only when untied.
