@@ -195,6 +195,19 @@ fn unsupported_parts_are_refused_by_name() {
     let err = flowtune_models::load_pipeline(&dev, &options).err().expect("[dev]").to_string();
     assert!(err.contains("Mistral3ForConditionalGeneration") && err.contains("Qwen3"), "{err}");
 
+    // A VAE whose 2×2 patches are narrower than the transformer's tokens.
+    let narrow = flowtune_fixtures::scratch("flux2-narrow-vae");
+    let spec =
+        flowtune_models::flux2::TinyFlux2Spec { vae_latent_channels: 4, ..Default::default() };
+    flowtune_models::flux2::write_tiny_flux2(&narrow, &spec).unwrap();
+    let mixed = edited_index("flux2-mixed-vae", |_| {});
+    std::fs::remove_file(mixed.join("vae")).unwrap();
+    std::os::unix::fs::symlink(narrow.join("vae"), mixed.join("vae")).unwrap();
+    let err = flowtune_models::load_pipeline(&mixed, &options).err().expect("mixed").to_string();
+    assert!(
+        err.contains("vae/config.json: latent_channels 4") && err.contains("in_channels is 32")
+    );
+
     let shallow = edited_index("flux2-shallow", |_| {});
     let encoder = dir().join("flux2_klein_pipeline/text_encoder");
     std::fs::remove_file(shallow.join("text_encoder")).unwrap();

@@ -203,12 +203,19 @@ impl Flux2Pipeline {
         )?;
         transformer.config.is_distilled = raw["is_distilled"].as_bool().unwrap_or(false);
         let text = Flux2PromptEncoder::load(&dir, options, transformer.config.joint_attention_dim)?;
+        let vae_dir = dir.component("vae", &["AutoencoderKLFlux2"])?;
+        let vae = Flux2Vae::load(&vae_dir, options.vae_device(), dtypes.vae)?;
+        let (tokens, latent) = (transformer.config.in_channels, vae.config.latent_channels);
+        if tokens != 4 * latent {
+            return Err(ModelError::Input(format!(
+                "{}: latent_channels {latent} make 2×2 patches of {} channels; the transformer's \
+                 in_channels is {tokens}",
+                vae_dir.join("config.json").display(),
+                4 * latent
+            )));
+        }
         Ok(Self {
-            vae: Flux2Vae::load(
-                &dir.component("vae", &["AutoencoderKLFlux2"])?,
-                options.vae_device(),
-                dtypes.vae,
-            )?,
+            vae,
             text,
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
             max_sequence_length: options.max_sequence_length.unwrap_or(MAX_SEQUENCE_LENGTH),

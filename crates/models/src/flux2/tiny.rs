@@ -170,7 +170,11 @@ fn write_flux2_vae(
         block_out_channels: spec.vae_channels.clone(),
         down_block_types: vec!["DownEncoderBlock2D".into(); levels],
         up_block_types: vec!["UpDecoderBlock2D".into(); levels],
-        latent_channels: spec.vae_latent_channels,
+        // A real transformer config reads 2×2 patches of its own latent width.
+        latent_channels: spec
+            .transformer
+            .as_ref()
+            .map_or(spec.vae_latent_channels, |t| t.in_channels / 4),
         layers_per_block: 1,
         norm_num_groups: 4,
         sample_size: 64,
