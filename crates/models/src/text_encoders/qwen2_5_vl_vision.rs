@@ -88,21 +88,8 @@ impl Qwen25VlVisionConfig {
                 config.hidden_act
             )));
         }
-        let rope_type = config.rope_parameters.as_ref().and_then(|r| r.rope_type.as_deref());
-        if rope_type.is_some_and(|t| t != "axial") {
-            return Err(bad(format!(
-                "vision_config.rope_parameters.rope_type `{}` is not supported; expected axial",
-                rope_type.unwrap_or_default()
-            )));
-        }
-        let heads = config.num_heads;
-        if heads <= 0 || config.hidden_size % heads != 0 || (config.hidden_size / heads) % 4 != 0 {
-            return Err(bad(format!(
-                "vision_config.hidden_size {} / num_heads {heads}: expected a head width divisible \
-                 by 4",
-                config.hidden_size
-            )));
-        }
+        check_heads_and_rope(config.rope_parameters.as_ref(), config.hidden_size, config.num_heads)
+            .map_err(bad)?;
         if config.window_size / config.spatial_merge_size / config.patch_size < 1 {
             return Err(bad(format!(
                 "vision_config.window_size {}: expected at least spatial_merge_size × patch_size",
@@ -125,6 +112,90 @@ impl Qwen25VlVisionConfig {
     fn rope_theta(&self) -> f64 {
         self.rope_parameters.as_ref().and_then(|r| r.rope_theta).unwrap_or(10000.0)
     }
+}
+
+/// The checks both vision towers make of `vision_config`: axial rotary positions, and heads whose
+/// width splits into the four rotary quarters.
+pub(crate) fn check_heads_and_rope(
+    rope: Option<&VisionRope>,
+    hidden_size: i64,
+    heads: i64,
+) -> Result<(), String> {
+    let rope_type = rope.and_then(|r| r.rope_type.as_deref());
+    if rope_type.is_some_and(|t| t != "axial") {
+        return Err(format!(
+            "vision_config.rope_parameters.rope_type `{}` is not supported; expected axial",
+            rope_type.unwrap_or_default()
+        ));
+    }
+    if heads <= 0 || hidden_size % heads != 0 || (hidden_size / heads) % 4 != 0 {
+        return Err(format!(
+            "vision_config.hidden_size {hidden_size} / num_heads {heads}: expected a head width \
+             divisible by 4"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `pixel_values` are (Σ t·h·w, `patch_dim`) rows of `grids` whose sides are multiples
+/// of `merge`; `model` names the tower in the error.
+pub(crate) fn check_patch_grids(
+    model: &str,
+    pixel_values: &Tensor,
+    grids: &[(i64, i64, i64)],
+    patch_dim: i64,
+    merge: i64,
+) -> Result<(), ModelError> {
+    let size = pixel_values.size();
+    let tokens: i64 = grids.iter().map(|(t, h, w)| t * h * w).sum();
+    if grids.is_empty() || size.len() != 2 || size[1] != patch_dim || size[0] != tokens {
+        return Err(ModelError::Input(format!(
+            "{model} pixel_values must be (Σ t·h·w = {tokens}, {patch_dim}) over at least one \
+             grid, got {size:?}"
+        )));
+    }
+    let bad_grid = |(t, h, w): &&(i64, i64, i64)| {
+        *t < 1 || *h < 1 || *w < 1 || h % merge != 0 || w % merge != 0
+    };
+    if let Some(g) = grids.iter().find(bad_grid) {
+        return Err(ModelError::Input(format!(
+            "{model} grid_thw {g:?}: expected t ≥ 1 and h, w positive multiples of {merge}"
+        )));
+    }
+    Ok(())
+}
+
+/// Attention of a block's fused `qkv` output (N, 3, heads, head_dim) with the axial rotary `cos`
+/// and `sin` (N, head_dim, applied in f32), within each run of `segments` tokens: (N, hidden).
+pub(crate) fn segment_attention(
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    segments: &[i64],
+) -> Tensor {
+    let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
+    let rotate = |t: &Tensor| {
+        let t32 = t.to_kind(Kind::Float);
+        let half = t32.size()[2] / 2;
+        let rotated = Tensor::cat(&[-t32.narrow(2, half, half), t32.narrow(2, 0, half)], 2);
+        (t32 * &cos + rotated * &sin).to_kind(t.kind())
+    };
+    // (heads, N, head_dim) each.
+    let q = rotate(&qkv.select(1, 0)).transpose(0, 1);
+    let k = rotate(&qkv.select(1, 1)).transpose(0, 1);
+    let v = qkv.select(1, 2).transpose(0, 1);
+    let parts: Vec<Tensor> = q
+        .split_with_sizes(segments, 1)
+        .iter()
+        .zip(k.split_with_sizes(segments, 1))
+        .zip(v.split_with_sizes(segments, 1))
+        .map(|((q, k), v)| {
+            attention(&q.unsqueeze(0), &k.unsqueeze(0), &v.unsqueeze(0), None, false, None)
+                .squeeze_dim(0)
+        })
+        .collect();
+    let n = qkv.size()[0];
+    Tensor::cat(&parts, 1).transpose(0, 1).reshape([n, -1])
 }
 
 /// cos and sin (N, head_dim) in f32 of the vision towers' axial rotary angles at (row, column)
@@ -262,32 +333,6 @@ impl Qwen25VlVision {
         Ok(model)
     }
 
-    fn check_inputs(
-        &self,
-        pixel_values: &Tensor,
-        grids: &[(i64, i64, i64)],
-    ) -> Result<(), ModelError> {
-        let c = &self.config;
-        let m = c.spatial_merge_size;
-        let size = pixel_values.size();
-        let tokens: i64 = grids.iter().map(|(t, h, w)| t * h * w).sum();
-        if grids.is_empty() || size.len() != 2 || size[1] != c.patch_dim() || size[0] != tokens {
-            return Err(ModelError::Input(format!(
-                "Qwen2.5-VL pixel_values must be (Σ t·h·w = {tokens}, {}) over at least one grid, \
-                 got {size:?}",
-                c.patch_dim()
-            )));
-        }
-        if let Some(g) =
-            grids.iter().find(|(t, h, w)| *t < 1 || h % m != 0 || w % m != 0 || *h < 1 || *w < 1)
-        {
-            return Err(ModelError::Input(format!(
-                "Qwen2.5-VL grid_thw {g:?}: expected t ≥ 1 and h, w positive multiples of {m}"
-            )));
-        }
-        Ok(())
-    }
-
     /// The merged image embeddings (Σ t·h·w / merge², out_hidden_size) of `pixel_values`
     /// (Σ t·h·w, C·T·P·P) laid out as the image processor writes them, one `(t, h, w)` patch grid
     /// per image: transformers' `model.visual(pixel_values, grid_thw).pooler_output`.
@@ -296,8 +341,14 @@ impl Qwen25VlVision {
         pixel_values: &Tensor,
         grid_thw: &[(i64, i64, i64)],
     ) -> Result<Tensor, ModelError> {
-        self.check_inputs(pixel_values, grid_thw)?;
         let c = &self.config;
+        check_patch_grids(
+            "Qwen2.5-VL",
+            pixel_values,
+            grid_thw,
+            c.patch_dim(),
+            c.spatial_merge_size,
+        )?;
         let device = self.patch_embed.device();
         let kind = self.patch_embed.kind();
         let unit = c.spatial_merge_size * c.spatial_merge_size;
@@ -312,33 +363,12 @@ impl Qwen25VlVision {
             .linear::<Tensor>(&self.patch_embed.view([d, -1]), None);
         let mut x = x.view([n / unit, unit, d]).index_select(0, &order).view([n, d]);
         let (cos, sin) = axial_rotary(c.head_dim(), c.rope_theta(), &layout.positions, device);
-        let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
-        let rotate = |t: &Tensor| {
-            let t32 = t.to_kind(Kind::Float);
-            let half = t32.size()[2] / 2;
-            let rotated = Tensor::cat(&[-t32.narrow(2, half, half), t32.narrow(2, 0, half)], 2);
-            (t32 * &cos + rotated * &sin).to_kind(t.kind())
-        };
         let heads = c.num_heads;
         for (i, block) in self.blocks.iter().enumerate() {
             let segments =
                 if c.fullatt_block_indexes.contains(&i) { &layout.frames } else { &layout.windows };
             let qkv = block.qkv.forward(&block.norm1.forward(&x)).view([n, 3, heads, -1]);
-            // (heads, N, head_dim) each, attention within each segment.
-            let q = rotate(&qkv.select(1, 0)).transpose(0, 1);
-            let k = rotate(&qkv.select(1, 1)).transpose(0, 1);
-            let v = qkv.select(1, 2).transpose(0, 1);
-            let parts: Vec<Tensor> = q
-                .split_with_sizes(segments, 1)
-                .iter()
-                .zip(k.split_with_sizes(segments, 1))
-                .zip(v.split_with_sizes(segments, 1))
-                .map(|((q, k), v)| {
-                    attention(&q.unsqueeze(0), &k.unsqueeze(0), &v.unsqueeze(0), None, false, None)
-                        .squeeze_dim(0)
-                })
-                .collect();
-            let attn = Tensor::cat(&parts, 1).transpose(0, 1).reshape([n, d]);
+            let attn = segment_attention(&qkv, &cos, &sin, segments);
             x = &x + block.proj.forward(&attn);
             let h = block.norm2.forward(&x);
             let gated = block.gate_proj.forward(&h).silu() * block.up_proj.forward(&h);

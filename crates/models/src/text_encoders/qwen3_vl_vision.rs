@@ -14,8 +14,10 @@ use serde::Deserialize;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use super::qwen2_5_vl_vision::{axial_rotary, VisionRope};
-use crate::nn::{attention, LayerNorm, Linear, Scope};
+use super::qwen2_5_vl_vision::{
+    axial_rotary, check_heads_and_rope, check_patch_grids, segment_attention, VisionRope,
+};
+use crate::nn::{LayerNorm, Linear, Scope};
 use crate::{read_config, ModelError};
 
 /// Checkpoint parts that are not the vision tower.
@@ -83,21 +85,8 @@ impl Qwen3VlVisionConfig {
                 config.hidden_act
             )));
         }
-        let rope_type = config.rope_parameters.as_ref().and_then(|r| r.rope_type.as_deref());
-        if rope_type.is_some_and(|t| t != "axial") {
-            return Err(bad(format!(
-                "vision_config.rope_parameters.rope_type `{}` is not supported; expected axial",
-                rope_type.unwrap_or_default()
-            )));
-        }
-        let heads = config.num_heads;
-        if heads <= 0 || config.hidden_size % heads != 0 || (config.hidden_size / heads) % 4 != 0 {
-            return Err(bad(format!(
-                "vision_config.hidden_size {} / num_heads {heads}: expected a head width divisible \
-                 by 4",
-                config.hidden_size
-            )));
-        }
+        check_heads_and_rope(config.rope_parameters.as_ref(), config.hidden_size, config.num_heads)
+            .map_err(bad)?;
         let side = config.side();
         if side < 1 || side * side != config.num_position_embeddings {
             return Err(bad(format!(
@@ -245,32 +234,6 @@ impl Qwen3VlVision {
         Ok(model)
     }
 
-    fn check_inputs(
-        &self,
-        pixel_values: &Tensor,
-        grids: &[(i64, i64, i64)],
-    ) -> Result<(), ModelError> {
-        let c = &self.config;
-        let m = c.spatial_merge_size;
-        let size = pixel_values.size();
-        let tokens: i64 = grids.iter().map(|(t, h, w)| t * h * w).sum();
-        if grids.is_empty() || size.len() != 2 || size[1] != c.patch_dim() || size[0] != tokens {
-            return Err(ModelError::Input(format!(
-                "Qwen3-VL pixel_values must be (Σ t·h·w = {tokens}, {}) over at least one grid, \
-                 got {size:?}",
-                c.patch_dim()
-            )));
-        }
-        if let Some(g) =
-            grids.iter().find(|(t, h, w)| *t < 1 || *h < 1 || *w < 1 || h % m != 0 || w % m != 0)
-        {
-            return Err(ModelError::Input(format!(
-                "Qwen3-VL grid_thw {g:?}: expected t ≥ 1 and h, w positive multiples of {m}"
-            )));
-        }
-        Ok(())
-    }
-
     /// (row, column) of every patch of `grids` in the processor's merge-block order.
     fn positions(&self, grids: &[(i64, i64, i64)]) -> Vec<[i64; 2]> {
         let m = self.config.spatial_merge_size;
@@ -338,8 +301,8 @@ impl Qwen3VlVision {
         pixel_values: &Tensor,
         grid_thw: &[(i64, i64, i64)],
     ) -> Result<VisionFeatures, ModelError> {
-        self.check_inputs(pixel_values, grid_thw)?;
         let c = &self.config;
+        check_patch_grids("Qwen3-VL", pixel_values, grid_thw, c.patch_dim(), c.spatial_merge_size)?;
         let device = self.pos_embed.device();
         let kind = self.pos_embed.kind();
         let (n, d) = (pixel_values.size()[0], c.hidden_size);
@@ -349,33 +312,13 @@ impl Qwen3VlVision {
             pixel_values.to_device(device).to_kind(kind).linear(&weight, Some(&self.patch_bias));
         let mut x = x + self.position_embeds(grid_thw, &positions).to_kind(kind);
         let (cos, sin) = axial_rotary(c.head_dim(), c.rope_theta(), &positions, device);
-        let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
-        let rotate = |t: &Tensor| {
-            let t32 = t.to_kind(Kind::Float);
-            let half = t32.size()[2] / 2;
-            let rotated = Tensor::cat(&[-t32.narrow(2, half, half), t32.narrow(2, 0, half)], 2);
-            (t32 * &cos + rotated * &sin).to_kind(t.kind())
-        };
         let frames: Vec<i64> =
             grid_thw.iter().flat_map(|&(t, h, w)| std::iter::repeat_n(h * w, t as usize)).collect();
         let mut deepstack = vec![];
         for (i, block) in self.blocks.iter().enumerate() {
             let qkv = block.qkv.forward(&block.norm1.forward(&x)).view([n, 3, c.num_heads, -1]);
-            // (heads, N, head_dim) each, attention within each picture's frame.
-            let q = rotate(&qkv.select(1, 0)).transpose(0, 1);
-            let k = rotate(&qkv.select(1, 1)).transpose(0, 1);
-            let v = qkv.select(1, 2).transpose(0, 1);
-            let parts: Vec<Tensor> = q
-                .split_with_sizes(&frames, 1)
-                .iter()
-                .zip(k.split_with_sizes(&frames, 1))
-                .zip(v.split_with_sizes(&frames, 1))
-                .map(|((q, k), v)| {
-                    attention(&q.unsqueeze(0), &k.unsqueeze(0), &v.unsqueeze(0), None, false, None)
-                        .squeeze_dim(0)
-                })
-                .collect();
-            let attn = Tensor::cat(&parts, 1).transpose(0, 1).reshape([n, d]);
+            // Attention within each picture's frame.
+            let attn = segment_attention(&qkv, &cos, &sin, &frames);
             x = &x + block.proj.forward(&attn);
             let h = block.fc1.forward(&block.norm2.forward(&x)).gelu("tanh");
             x = &x + block.fc2.forward(&h);
