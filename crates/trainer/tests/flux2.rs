@@ -35,59 +35,17 @@ fn every_algorithm_trains_and_resumes_on_flux2_dev() {
 /// included; the run is on-policy at its first step, trains and resumes bit for bit.
 #[test]
 fn reference_images_train_on_policy_and_resume() {
-    use std::path::Path;
-
-    use common::{lora_moved, root, scratch, tensors};
-    use flowtune_config::Recipe;
     use flowtune_models::flux2::{write_tiny_flux2, TinyFlux2Spec};
-    use flowtune_trainer::train;
-    use tch::Device;
 
-    let dir = scratch("flux2-references");
+    let dir = common::scratch("flux2-references");
     let model = dir.join("pipeline");
     // A 4× VAE: the smallest pictures the pipeline takes (64²) are 8 × 8 reference tokens.
     let spec = TinyFlux2Spec { seed: 4, vae_channels: vec![8, 16, 16], ..Default::default() };
     write_tiny_flux2(&model, &spec).expect("make-tiny flux2");
-    for (name, shade) in [("a.png", 40u8), ("b.png", 200)] {
-        let picture = image::RgbImage::from_fn(72, 64, |x, y| {
-            image::Rgb([shade, (x * 3) as u8, (y * 5) as u8])
-        });
-        picture.save(dir.join(name)).unwrap();
-    }
-    let prompts = dir.join("references.jsonl");
-    std::fs::write(
-        &prompts,
-        "{\"prompt\": \"the same square, in red\", \"images\": [\"a.png\"]}\n\
-         {\"prompt\": \"this scene at night\", \"extra_info\": {\"image\": \"b.png\"}}\n",
-    )
-    .unwrap();
-    let run = |out: &Path, steps: u64, resume: &str| {
-        let overrides = [
-            format!("model.path={}", model.display()),
-            format!("data.train_files=[{}]", prompts.display()),
-            format!("trainer.output_dir={}", out.display()),
-            format!("trainer.total_steps={steps}"),
-            "trainer.save_freq=1".into(),
-            format!("trainer.resume={resume}"),
-        ];
-        let recipe = Recipe::load(&root().join("examples/flow_grpo_flux2_tiny.yaml"), &overrides)
-            .expect("recipe");
-        train(&recipe, Device::Cpu).expect("train")
-    };
-    let summary = run(&dir.join("run"), 2, "none");
-    let first = &summary.metrics[0];
-    assert!(first.values().all(|v| v.is_finite()), "{first:?}");
-    assert!((first["actor/ratio_mean"] - 1.0).abs() <= 1e-6, "on-policy: {first:?}");
-    assert!(first["rollout_corr/logprob_abs_diff_max"] <= 1e-5, "{first:?}");
-    let lora = tensors(&summary.export);
-    assert!(lora_moved(&lora), "the LoRA trained");
-    let resumed = dir.join("resumed");
-    run(&resumed, 1, "none");
-    let again = run(&resumed, 2, "auto");
-    assert_eq!(again.steps_run, 1, "resumed from step 1");
-    let after = tensors(&again.export);
-    for (key, t) in &lora {
-        assert!(t.equal(&after[key]), "{key} differs after resuming");
-    }
-    common::assert_same_metrics("references: ", &summary.metrics[1], &again.metrics[0]);
+    common::families::picture_rows_train_on_policy_and_resume(
+        &dir,
+        &model,
+        "flow_grpo_flux2_tiny.yaml",
+        "references",
+    );
 }

@@ -32,19 +32,7 @@ fn edit_plus_trains_on_rows_with_condition_pictures() {
     let model = dir.join("pipeline");
     let spec = TinyQwenImageSpec { seed: 4, edit: true, zero_cond_t: true, ..Default::default() };
     write_tiny_qwen_image(&model, &spec).expect("make-tiny qwen-image --edit");
-    for (name, shade) in [("a.png", 40u8), ("b.png", 200)] {
-        let picture = image::RgbImage::from_fn(48, 32, |x, y| {
-            image::Rgb([shade, (x * 5) as u8, (y * 7) as u8])
-        });
-        picture.save(dir.join(name)).unwrap();
-    }
-    let prompts = dir.join("edits.jsonl");
-    std::fs::write(
-        &prompts,
-        "{\"prompt\": \"make the square red\", \"images\": [\"a.png\"]}\n\
-         {\"prompt\": \"turn the sky green at night\", \"extra_info\": {\"image\": \"b.png\"}}\n",
-    )
-    .unwrap();
+    let prompts = common::families::picture_rows(&dir);
     let recipe = |out: &Path, steps: u64, resume: &str| -> Recipe {
         let overrides = [
             format!("model.path={}", model.display()),

@@ -127,3 +127,62 @@ pub fn every_algorithm_trains_and_resumes_on(
         super::assert_same_metrics(&format!("{file}: "), &summary.metrics[1], &again.metrics[0]);
     }
 }
+
+/// Two 72 × 64 pictures in `dir` and the prompt rows that carry them (one as `images`, one as
+/// `extra_info.image`); returns the prompt file.
+pub fn picture_rows(dir: &Path) -> std::path::PathBuf {
+    for (name, shade) in [("a.png", 40u8), ("b.png", 200)] {
+        let picture = image::RgbImage::from_fn(72, 64, |x, y| {
+            image::Rgb([shade, (x * 3) as u8, (y * 5) as u8])
+        });
+        picture.save(dir.join(name)).unwrap();
+    }
+    let prompts = dir.join("pictures.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"prompt\": \"the same square, in red\", \"images\": [\"a.png\"]}\n\
+         {\"prompt\": \"this scene at night, with a longer caption\", \"extra_info\": {\"image\": \"b.png\"}}\n",
+    )
+    .unwrap();
+    prompts
+}
+
+/// `examples/<family_recipe>` on the tiny pipeline at `model` with the [`picture_rows`] of `dir`:
+/// the run is on-policy at its first step, trains, and resumes bit for bit (`label` names it).
+pub fn picture_rows_train_on_policy_and_resume(
+    dir: &Path,
+    model: &Path,
+    family_recipe: &str,
+    label: &str,
+) {
+    let prompts = picture_rows(dir);
+    let run = |out: &Path, steps: u64, resume: &str| {
+        let overrides = [
+            format!("model.path={}", model.display()),
+            format!("data.train_files=[{}]", prompts.display()),
+            format!("trainer.output_dir={}", out.display()),
+            format!("trainer.total_steps={steps}"),
+            "trainer.save_freq=1".into(),
+            format!("trainer.resume={resume}"),
+        ];
+        let recipe =
+            Recipe::load(&root().join("examples").join(family_recipe), &overrides).expect("recipe");
+        train(&recipe, Device::Cpu).expect("train")
+    };
+    let summary = run(&dir.join("run"), 2, "none");
+    let first = &summary.metrics[0];
+    assert!(first.values().all(|v| v.is_finite()), "{label}: {first:?}");
+    assert!((first["actor/ratio_mean"] - 1.0).abs() <= 1e-6, "{label}: on-policy: {first:?}");
+    assert!(first["rollout_corr/logprob_abs_diff_max"] <= 1e-5, "{label}: {first:?}");
+    let lora = tensors(&summary.export);
+    assert!(lora_moved(&lora), "{label}: the LoRA trained");
+    let resumed = dir.join("resumed");
+    run(&resumed, 1, "none");
+    let again = run(&resumed, 2, "auto");
+    assert_eq!(again.steps_run, 1, "{label}: resumed from step 1");
+    let after = tensors(&again.export);
+    for (key, t) in &lora {
+        assert!(t.equal(&after[key]), "{label}: {key} differs after resuming");
+    }
+    super::assert_same_metrics(&format!("{label}: "), &summary.metrics[1], &again.metrics[0]);
+}
