@@ -70,15 +70,29 @@ fn flux2_klein_base_4b() {
     );
 }
 
+/// FLUX.2 [dev]: diffusers' default transformer; the text encoder counts Mistral Small 3's
+/// language model only (flowtune runs neither the Pixtral tower nor the LM head).
+#[test]
+fn flux2_dev() {
+    check(
+        "flux.2-dev",
+        &[
+            ("transformer", 32_223_281_152, 0),
+            ("text_encoder", 22_901_314_560, 0),
+            ("vae", 84_046_115, 0),
+        ],
+    );
+}
+
 /// diffusers' default Qwen-Image 2.1 configs; the text encoder counts Qwen3-VL's language model
-/// only (flowtune runs neither the vision tower, 576,388,336, nor the LM head).
+/// (7,568,405,504) and vision tower (576,388,336), not the LM head.
 #[test]
 fn qwen_image21() {
     check(
         "qwen-image-2.1",
         &[
             ("transformer", 7_115_124_736, 0),
-            ("text_encoder", 7_568_405_504, 0),
+            ("text_encoder", 7_568_405_504 + 576_388_336, 0),
             ("vae", 337_740_404, 0),
         ],
     );
@@ -176,6 +190,7 @@ fn lora_counts() {
         "ff_context.linear_out",
     ]);
     assert_eq!(lora("flux.2-klein-base-4b", &flux2), 76_677_120);
+    assert_eq!(lora("flux.2-dev", &flux2), 308_281_344);
     // Qwen-Image 2.1's recipe targets: 32 blocks × 64 · (4 · 8192 + 3 · 16384).
     let qwen21 = [
         "attn.to_q",
