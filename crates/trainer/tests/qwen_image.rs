@@ -5,10 +5,7 @@
 
 mod common;
 
-use std::path::Path;
-
-use common::{lora_moved, root, scratch, tensors};
-use flowtune_config::Recipe;
+use common::{lora_moved, scratch, tensors};
 use flowtune_trainer::train;
 use tch::Device;
 
@@ -33,21 +30,15 @@ fn edit_plus_trains_on_rows_with_condition_pictures() {
     let spec = TinyQwenImageSpec { seed: 4, edit: true, zero_cond_t: true, ..Default::default() };
     write_tiny_qwen_image(&model, &spec).expect("make-tiny qwen-image --edit");
     let prompts = common::families::picture_rows(&dir);
-    let recipe = |out: &Path, steps: u64, resume: &str| -> Recipe {
-        let overrides = [
-            format!("model.path={}", model.display()),
-            format!("data.train_files=[{}]", prompts.display()),
-            format!("trainer.output_dir={}", out.display()),
-            format!("trainer.total_steps={steps}"),
-            "trainer.save_freq=1".into(),
-            format!("trainer.resume={resume}"),
-        ];
-        Recipe::load(&root().join("examples/flow_grpo_qwen_image_tiny.yaml"), &overrides)
-            .expect("recipe")
-    };
+    let recipe = common::families::picture_recipe(
+        "flow_grpo_qwen_image_tiny.yaml",
+        &model,
+        &prompts,
+        (&dir.join("run"), 1, "none"),
+    );
     // One step (a whole step costs minutes on CPU: diffusers VAE-encodes condition pictures at
     // about 1024², 4056 tokens each here); resuming is the plain pipeline's test above.
-    let run = train(&recipe(&dir.join("run"), 1, "none"), Device::Cpu).expect("train");
+    let run = train(&recipe, Device::Cpu).expect("train");
     let first = &run.metrics[0];
     assert!(first.values().all(|v| v.is_finite()), "{first:?}");
     assert!((first["actor/ratio_mean"] - 1.0).abs() <= 1e-6, "on-policy: {first:?}");

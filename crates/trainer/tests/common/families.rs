@@ -147,6 +147,25 @@ pub fn picture_rows(dir: &Path) -> std::path::PathBuf {
     prompts
 }
 
+/// `examples/<family_recipe>` on `model` training on `prompts` for `steps` into `out`, saving
+/// every step, with `trainer.resume=<resume>`.
+pub fn picture_recipe(
+    family_recipe: &str,
+    model: &Path,
+    prompts: &Path,
+    (out, steps, resume): (&Path, u64, &str),
+) -> Recipe {
+    let overrides = [
+        format!("model.path={}", model.display()),
+        format!("data.train_files=[{}]", prompts.display()),
+        format!("trainer.output_dir={}", out.display()),
+        format!("trainer.total_steps={steps}"),
+        "trainer.save_freq=1".into(),
+        format!("trainer.resume={resume}"),
+    ];
+    Recipe::load(&root().join("examples").join(family_recipe), &overrides).expect("recipe")
+}
+
 /// `examples/<family_recipe>` on the tiny pipeline at `model` with the [`picture_rows`] of `dir`:
 /// the run is on-policy at its first step, trains, and resumes bit for bit (`label` names it).
 pub fn picture_rows_train_on_policy_and_resume(
@@ -157,16 +176,7 @@ pub fn picture_rows_train_on_policy_and_resume(
 ) {
     let prompts = picture_rows(dir);
     let run = |out: &Path, steps: u64, resume: &str| {
-        let overrides = [
-            format!("model.path={}", model.display()),
-            format!("data.train_files=[{}]", prompts.display()),
-            format!("trainer.output_dir={}", out.display()),
-            format!("trainer.total_steps={steps}"),
-            "trainer.save_freq=1".into(),
-            format!("trainer.resume={resume}"),
-        ];
-        let recipe =
-            Recipe::load(&root().join("examples").join(family_recipe), &overrides).expect("recipe");
+        let recipe = picture_recipe(family_recipe, model, &prompts, (out, steps, resume));
         train(&recipe, Device::Cpu).expect("train")
     };
     let summary = run(&dir.join("run"), 2, "none");
