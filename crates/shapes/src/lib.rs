@@ -27,7 +27,7 @@ pub use diversity::{entropy_bits, ColorCounts};
 pub use evaluate::{evaluate, Evaluation, POSITION_MARGIN};
 pub use palette::{classify_pixel, Color, BACKGROUND, MAX_RESIDUAL};
 pub use prompt::ParseError;
-pub use render::{render, size_range, GAP, MARGIN, RELATION_OFFSET};
+pub use render::{fade, render, size_range, FADED_STRENGTH, GAP, MARGIN, RELATION_OFFSET};
 pub use task::{sample_tasks, Category, Position, Relation, Requirement, Shape, Task};
 pub use vocabulary::{vocabulary, MAX_PROMPT_WORDS};
 

@@ -105,6 +105,21 @@ fn compatible(a: &Object, b: &Object, requirements: &[Requirement]) -> bool {
     apart && related(a, b) && related(b, a)
 }
 
+/// How much of its colour a faded picture keeps over the background: below the detector's
+/// half-way threshold (see [`classify_pixel`](crate::classify_pixel)), so nothing in it is found.
+pub const FADED_STRENGTH: f64 = 0.3;
+
+/// Blends every pixel toward the background, keeping `strength` of its difference from it: a
+/// pale, washed-out copy of the picture (a poor scan), where `strength` is below ½ too pale to score.
+pub fn fade(image: &mut RgbImage, strength: f64) {
+    for pixel in image.pixels_mut() {
+        for (value, background) in pixel.0.iter_mut().zip(BACKGROUND.0) {
+            let (v, b) = (f64::from(*value), f64::from(background));
+            *value = (b + strength * (v - b)).round() as u8;
+        }
+    }
+}
+
 /// Fills the pixels whose centres lie inside the object.
 fn draw(image: &mut RgbImage, object: &Object) {
     let side = f64::from(image.width());
@@ -134,6 +149,23 @@ fn draw(image: &mut RgbImage, object: &Object) {
 mod tests {
     use super::*;
     use crate::{sample_tasks, Position};
+
+    #[test]
+    fn faded_pictures_keep_their_layout_but_score_nothing() {
+        let task = Task::parse("a photo of a red circle and a blue square").unwrap();
+        let vivid = render(&task, 3, 32);
+        let mut faded = vivid.clone();
+        fade(&mut faded, FADED_STRENGTH);
+        assert_eq!(faded.get_pixel(0, 0), &BACKGROUND);
+        assert_eq!(crate::detect(&vivid).len(), 2);
+        assert!(crate::detect(&faded).is_empty());
+        // Red (220, 30, 30) keeps 0.3 of its difference from white: (244.5, 187.5, 187.5), rounded.
+        let red = vivid.pixels().zip(faded.pixels()).find(|(v, _)| v.0 == [220, 30, 30]);
+        assert_eq!(red.map(|(_, f)| f.0), Some([245, 188, 188]));
+        let mut kept = vivid.clone();
+        fade(&mut kept, 1.0);
+        assert_eq!(kept, vivid);
+    }
 
     #[test]
     fn images_are_seeded() {

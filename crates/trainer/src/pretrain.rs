@@ -36,6 +36,8 @@ pub struct PretrainConfig {
     /// Share of examples whose picture is a near miss of the caption; applied by the caller's
     /// `examples`, recorded here with the other settings.
     pub caption_noise: f64,
+    /// Share of examples whose picture is faded; applied by the caller's `examples` too.
+    pub faded: f64,
     /// EMA of the weights, which is what gets saved; `None` saves the live weights.
     pub ema_decay: Option<f64>,
     pub resolution: i64,

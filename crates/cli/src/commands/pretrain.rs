@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use flowtune_sampling::row_seed;
-use flowtune_shapes::{render, Category, Task};
+use flowtune_shapes::{fade, render, Category, Task, FADED_STRENGTH};
 use flowtune_trainer::pretrain::{pretrain, PretrainConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -49,6 +49,10 @@ pub struct PretrainArgs {
     /// colour, count, shape or relation): a model that knows the task but samples it unreliably.
     #[arg(long, default_value_t = 0.0)]
     caption_noise: f64,
+    /// Share of examples whose picture is faded (`flowtune_shapes::fade` to `FADED_STRENGTH`): a
+    /// lower-quality share of the data, which the model learns to draw as often.
+    #[arg(long, default_value_t = 0.0)]
+    faded: f64,
     /// EMA decay of the saved weights; 0 saves the live weights.
     #[arg(long, default_value_t = 0.999)]
     ema_decay: f64,
@@ -64,11 +68,12 @@ pub struct PretrainArgs {
 
 pub fn run(a: PretrainArgs, device: &DeviceArg) -> Result<(), Failure> {
     let device = device.resolve()?;
-    if !(0.0..=1.0).contains(&a.caption_noise) {
-        return Err(Failure::input(anyhow::anyhow!(
-            "--caption-noise {}: expected a probability in [0, 1]",
-            a.caption_noise
-        )));
+    for (flag, share) in [("--caption-noise", a.caption_noise), ("--faded", a.faded)] {
+        if !(0.0..=1.0).contains(&share) {
+            return Err(Failure::input(anyhow::anyhow!(
+                "{flag} {share}: expected a probability in [0, 1]"
+            )));
+        }
     }
     let config = PretrainConfig {
         model: a.model,
@@ -81,15 +86,18 @@ pub fn run(a: PretrainArgs, device: &DeviceArg) -> Result<(), Failure> {
         max_grad_norm: a.max_grad_norm,
         caption_dropout: a.caption_dropout,
         caption_noise: a.caption_noise,
+        faded: a.faded,
         ema_decay: (a.ema_decay > 0.0).then_some(a.ema_decay),
         resolution: a.resolution,
         seed: a.seed,
         save_every: a.save_every.max(1),
     };
-    let (seed, resolution, noise) = (a.seed, a.resolution as u32, a.caption_noise);
+    let (seed, resolution, noise, faded) =
+        (a.seed, a.resolution as u32, a.caption_noise, a.faded);
     let DataSource::Shapes = a.data;
     // Example i: a task of category i mod 6 and its scene, both from a seed of (seed, i); with
-    // probability `noise` (drawn from a seed of its own) the scene is of a near miss instead.
+    // probability `noise` (drawn from a seed of its own) the scene is of a near miss instead, and
+    // with probability `faded` (from a third seed) it is faded.
     let examples = move |index: u64| {
         let example_seed = row_seed(seed, index, 0);
         let mut rng = ChaCha8Rng::seed_from_u64(example_seed);
@@ -100,7 +108,12 @@ pub fn run(a: PretrainArgs, device: &DeviceArg) -> Result<(), Failure> {
             true => task.slip(&mut noise_rng),
             false => task.clone(),
         };
-        (task.prompt, render(&drawn, example_seed, resolution))
+        let mut image = render(&drawn, example_seed, resolution);
+        let mut fade_rng = ChaCha8Rng::seed_from_u64(row_seed(seed, index, 2));
+        if faded > 0.0 && fade_rng.random_bool(faded) {
+            fade(&mut image, FADED_STRENGTH);
+        }
+        (task.prompt, image)
     };
     let summary = pretrain(&config, &examples, device).map_err(Failure::training)?;
     println!(
