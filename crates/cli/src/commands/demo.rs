@@ -1,6 +1,7 @@
 //! `flowtune demo`: FlowGRPO with LoRA on the shipped shapes base model, validated before and
 //! after, leaving pictures (before/after grids, the reward curve), a per-category table and
-//! `summary.json` in the output folder.
+//! `summary.json` in the output folder (with the held-out prompts' accuracy where the recipe
+//! validates on them too).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -11,7 +12,7 @@ use flowtune_config::Recipe;
 use flowtune_report::{line_plot, Series};
 use flowtune_trainer::train;
 
-use super::shapes_log::RunLog;
+use super::shapes_log::{RunLog, HELDOUT_SOURCE};
 use crate::device::DeviceArg;
 use crate::Failure;
 
@@ -105,6 +106,17 @@ fn report(out: &Path, seed: u64, wall_seconds: f64) -> anyhow::Result<()> {
         last.color_entropy,
         5f64.log2()
     );
+    let heldout = match (log.heldout.first(), log.heldout.last()) {
+        (Some(b), Some(a)) => {
+            println!(
+                "held-out prompts ({HELDOUT_SOURCE}): {:.1}% → {:.1}%",
+                100.0 * b.accuracy,
+                100.0 * a.accuracy
+            );
+            serde_json::json!({ "before": b.accuracy, "after": a.accuracy })
+        }
+        _ => serde_json::Value::Null,
+    };
     println!("wall time {wall_seconds:.0} s; pictures and summary.json in {}", out.display());
     let summary = serde_json::json!({
         "accuracy_before": first.accuracy,
@@ -112,6 +124,7 @@ fn report(out: &Path, seed: u64, wall_seconds: f64) -> anyhow::Result<()> {
         "per_category": per_category,
         "color_entropy_before": first.color_entropy,
         "color_entropy_after": last.color_entropy,
+        "heldout_accuracy": heldout,
         "wall_seconds": wall_seconds,
         "seed": seed,
         "steps": last.step,

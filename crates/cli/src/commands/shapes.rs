@@ -34,6 +34,10 @@ pub struct PromptsArgs {
     count: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The rows' `data_source`: validation logs `val-core/<source>/…` per source, so a second
+    /// prompt set validated beside the first needs a name of its own.
+    #[arg(long, default_value = "shapes")]
+    source: String,
 }
 
 #[derive(Args)]
@@ -80,7 +84,7 @@ pub fn run(command: ShapesCommand) -> Result<(), Failure> {
     match command {
         ShapesCommand::Prompts(a) => {
             let tasks = sample_tasks(a.seed, a.count);
-            flowtune_shapes::write_prompts_jsonl(&a.out, &tasks, "shapes")
+            flowtune_shapes::write_prompts_jsonl(&a.out, &tasks, &a.source)
                 .with_context(|| a.out.display().to_string())
                 .map_err(Failure::input)?;
             println!("wrote {} prompts to {}", tasks.len(), a.out.display());
