@@ -27,6 +27,10 @@ pub struct DemoArgs {
     /// The run's seed (sampling noise, data order, adapter initialisation).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Prompts validated beside the recipe's (data source `shapes_heldout`): drawn with a seed
+    /// no setting was tuned on (`flowtune shapes prompts --seed 20261127 --source shapes_heldout`).
+    #[arg(long, default_value = "examples/shapes/heldout.jsonl")]
+    heldout: PathBuf,
     /// More recipe overrides like `trainer.total_steps=10`.
     overrides: Vec<String>,
 }
@@ -39,7 +43,8 @@ pub fn run(a: DemoArgs, device: &DeviceArg) -> Result<(), Failure> {
         "trainer.val_before_train=true".into(),
         "trainer.resume=none".into(),
     ]);
-    let recipe = Recipe::load(&a.recipe, &overrides).map_err(Failure::input)?;
+    let mut recipe = Recipe::load(&a.recipe, &overrides).map_err(Failure::input)?;
+    recipe.data.val_files.push(a.heldout.clone());
     let device = device.resolve()?;
     if a.out.exists() {
         std::fs::remove_dir_all(&a.out)
