@@ -43,7 +43,7 @@ fn flow_grpo_raises_shapes_accuracy_on_fixed_prompts_and_seeds() {
     let accuracy = |m: &serde_json::Value| m["val-core/shapes/acc"].as_f64().unwrap();
     let (before, after) = (accuracy(&lines[0]), accuracy(lines.last().unwrap()));
     println!("shapes accuracy on {} fixed prompts: {before:.3} → {after:.3}", 180);
-    // This machine: 0.200 → 0.278.
+    // This machine: 0.422 → 0.500 (the faded base model, window on the first three steps).
     assert!(after >= before + 0.04, "accuracy {before:.3} → {after:.3}");
 }
 

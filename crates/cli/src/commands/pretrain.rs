@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use flowtune_sampling::row_seed;
-use flowtune_shapes::{fade, render, Category, Task, FADED_STRENGTH};
+use flowtune_shapes::{fade, render, Category, RgbImage, Task, FADED_STRENGTH};
 use flowtune_trainer::pretrain::{pretrain, PretrainConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -92,29 +92,10 @@ pub fn run(a: PretrainArgs, device: &DeviceArg) -> Result<(), Failure> {
         seed: a.seed,
         save_every: a.save_every.max(1),
     };
-    let (seed, resolution, noise, faded) =
-        (a.seed, a.resolution as u32, a.caption_noise, a.faded);
     let DataSource::Shapes = a.data;
-    // Example i: a task of category i mod 6 and its scene, both from a seed of (seed, i); with
-    // probability `noise` (drawn from a seed of its own) the scene is of a near miss instead, and
-    // with probability `faded` (from a third seed) it is faded.
-    let examples = move |index: u64| {
-        let example_seed = row_seed(seed, index, 0);
-        let mut rng = ChaCha8Rng::seed_from_u64(example_seed);
-        let category = Category::ALL[(index % Category::ALL.len() as u64) as usize];
-        let task = Task::sample(&mut rng, category);
-        let mut noise_rng = ChaCha8Rng::seed_from_u64(row_seed(seed, index, 1));
-        let drawn = match noise > 0.0 && noise_rng.random_bool(noise) {
-            true => task.slip(&mut noise_rng),
-            false => task.clone(),
-        };
-        let mut image = render(&drawn, example_seed, resolution);
-        let mut fade_rng = ChaCha8Rng::seed_from_u64(row_seed(seed, index, 2));
-        if faded > 0.0 && fade_rng.random_bool(faded) {
-            fade(&mut image, FADED_STRENGTH);
-        }
-        (task.prompt, image)
-    };
+    let (seed, resolution) = (a.seed, a.resolution as u32);
+    let (noise, faded) = (a.caption_noise, a.faded);
+    let examples = move |index: u64| shapes_example(seed, index, noise, faded, resolution);
     let summary = pretrain(&config, &examples, device).map_err(Failure::training)?;
     println!(
         "pre-trained {} steps in {:.0} s (final loss {:.4}); pipeline written to {}",
@@ -124,4 +105,59 @@ pub fn run(a: PretrainArgs, device: &DeviceArg) -> Result<(), Failure> {
         config.out.display()
     );
     Ok(())
+}
+
+/// Training example `index`: a task of category `index` mod 6 and its scene, both from a seed of
+/// (`seed`, `index`); with probability `noise` (drawn from a seed of its own) the scene is of a
+/// near miss instead, and with probability `faded` (from a third seed) it is faded.
+fn shapes_example(
+    seed: u64,
+    index: u64,
+    noise: f64,
+    faded: f64,
+    resolution: u32,
+) -> (String, RgbImage) {
+    let example_seed = row_seed(seed, index, 0);
+    let mut rng = ChaCha8Rng::seed_from_u64(example_seed);
+    let category = Category::ALL[(index % Category::ALL.len() as u64) as usize];
+    let task = Task::sample(&mut rng, category);
+    let mut noise_rng = ChaCha8Rng::seed_from_u64(row_seed(seed, index, 1));
+    let drawn = match noise > 0.0 && noise_rng.random_bool(noise) {
+        true => task.slip(&mut noise_rng),
+        false => task.clone(),
+    };
+    let mut image = render(&drawn, example_seed, resolution);
+    let mut fade_rng = ChaCha8Rng::seed_from_u64(row_seed(seed, index, 2));
+    if faded > 0.0 && fade_rng.random_bool(faded) {
+        fade(&mut image, FADED_STRENGTH);
+    }
+    (task.prompt, image)
+}
+
+#[cfg(test)]
+mod tests {
+    use flowtune_shapes::{detect, score};
+
+    use super::*;
+
+    #[test]
+    fn a_faded_share_of_examples_scores_nothing_and_the_rest_are_unchanged() {
+        let (n, share) = (600, 0.5);
+        let mut faded = 0;
+        for index in 0..n {
+            let (prompt, plain) = shapes_example(7, index, 0.0, 0.0, 32);
+            let (same_prompt, image) = shapes_example(7, index, 0.0, share, 32);
+            assert_eq!(prompt, same_prompt);
+            let task = Task::parse(&prompt).unwrap();
+            assert!(score(&task, &plain).correct, "{prompt}: the plain scene is right");
+            if image == plain {
+                continue;
+            }
+            faded += 1;
+            assert!(detect(&image).is_empty(), "{prompt}: a faded scene shows no object");
+        }
+        // Binomial(600, ½): ±3 standard deviations is ±37.
+        assert!((faded as i64 - 300).abs() <= 37, "{faded} of {n} faded");
+        assert_eq!(shapes_example(7, 3, 0.4, share, 32), shapes_example(7, 3, 0.4, share, 32));
+    }
 }
