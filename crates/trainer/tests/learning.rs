@@ -63,6 +63,6 @@ fn flow_grpo_raises_jpeg_incompressibility_over_20_steps() {
     let first: f64 = reward[..3].iter().sum::<f64>() / 3.0;
     let last: f64 = reward[17..].iter().sum::<f64>() / 3.0;
     println!("jpeg_incompressibility (kB): steps 1-3 {first:.3} → steps 18-20 {last:.3}");
-    // This machine: 1.621 → 2.268 kB.
+    // This machine: 1.369 → 1.818 kB (the faded base model).
     assert!(last > first * 1.15, "{first:.3} → {last:.3}");
 }
