@@ -1,7 +1,7 @@
 //! `flowtune demo`: FlowGRPO with LoRA on the shipped shapes base model, validated before and
 //! after, leaving pictures (before/after grids, the reward curve), a per-category table and
-//! `summary.json` in the output folder (with the held-out prompts' accuracy where the recipe
-//! validates on them too).
+//! `summary.json` in the output folder; the held-out prompts (`--heldout`) are validated beside
+//! the recipe's and reported on their own.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
