@@ -43,8 +43,8 @@ fn flow_grpo_raises_shapes_accuracy_on_fixed_prompts_and_seeds() {
     let accuracy = |m: &serde_json::Value| m["val-core/shapes/acc"].as_f64().unwrap();
     let (before, after) = (accuracy(&lines[0]), accuracy(lines.last().unwrap()));
     println!("shapes accuracy on {} fixed prompts: {before:.3} → {after:.3}", 180);
-    // This machine: 0.356 → 0.472 (the `--faded 0.65` base model, the demo recipe).
-    assert!(after >= before + 0.04, "accuracy {before:.3} → {after:.3}");
+    // This machine: 0.206 → 0.417 (the `--faded 0.75` base model, the demo recipe).
+    assert!(after >= before + 0.10, "accuracy {before:.3} → {after:.3}");
 }
 
 #[test]
@@ -63,6 +63,6 @@ fn flow_grpo_raises_jpeg_incompressibility_over_20_steps() {
     let first: f64 = reward[..3].iter().sum::<f64>() / 3.0;
     let last: f64 = reward[17..].iter().sum::<f64>() / 3.0;
     println!("jpeg_incompressibility (kB): steps 1-3 {first:.3} → steps 18-20 {last:.3}");
-    // This machine: 1.375 → 1.729 kB (the `--faded 0.65` base model, the KL term on).
+    // This machine: 1.225 → 1.865 kB (the `--faded 0.75` base model, the KL term on).
     assert!(last > first * 1.15, "{first:.3} → {last:.3}");
 }
