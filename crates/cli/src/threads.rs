@@ -2,8 +2,9 @@
 //! OpenMP parallel regions; libgomp's workers spin between them by default. When anything else
 //! holds a core (a reward on CPU threads beside the rollout, another program), a spinning worker
 //! keeps the one that lost its core from running, and every region stalls for a time slice: on a
-//! 2-core machine one busy core made a step 3.3× slower. Workers that sleep at once instead cost
-//! a quiet machine about a third more and hold a loaded step to about 1.4× (README, "Threads").
+//! 2-core machine one busy core made a step 3.2× slower. Workers that sleep at once instead cost
+//! a quiet demo step about a fifth more and leave a loaded one near one thread's pace (README,
+//! "CPU threads beside other work").
 
 use std::os::unix::process::CommandExt;
 
