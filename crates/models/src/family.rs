@@ -89,6 +89,9 @@ pub struct PipelineOptions {
     pub num_frames: Option<usize>,
     /// Frozen components on the CPU.
     pub offload: Offload,
+    /// Seeded random weights instead of the checkpoint files, and stand-in prompt embeddings
+    /// instead of the text encoders, which are then not built ([`crate::random`]).
+    pub random: Option<crate::RandomWeights>,
 }
 
 impl PipelineOptions {
@@ -102,6 +105,7 @@ impl PipelineOptions {
             embedded_guidance: None,
             num_frames: None,
             offload: Offload::None,
+            random: None,
         }
     }
 

@@ -19,6 +19,7 @@ pub mod pipeline;
 pub mod prompt_clean;
 pub mod qwen_image;
 pub mod qwen_image21;
+pub mod random;
 pub mod registry;
 pub mod resize;
 pub mod sd3;
@@ -39,6 +40,7 @@ pub use denoiser::{
 pub use family::{Dtype, Dtypes, FlowPipeline, Offload, PipelineOptions};
 pub use lora::{AdapterSwitch, LoraConfig};
 pub use model_weights::{ModelWeights, WeightsBuilder};
+pub use random::{with_random_weights, RandomWeights, StandInText};
 pub use registry::{
     denoiser_family, families, family_named, family_of, load_denoiser, load_pipeline, Family,
 };

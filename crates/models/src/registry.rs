@@ -87,7 +87,8 @@ pub fn family_named(name: &str) -> Result<&'static Family, ModelError> {
     })
 }
 
-/// Loads the pipeline directory at `path` through the family its `model_index.json` names.
+/// Loads the pipeline directory at `path` through the family its `model_index.json` names (with
+/// random weights and stand-in text when [`PipelineOptions::random`] says so).
 pub fn load_pipeline(
     path: &Path,
     options: &PipelineOptions,
@@ -96,7 +97,13 @@ pub fn load_pipeline(
     let family = family_of(&dir.index.class_name).map_err(|e| {
         ModelError::Input(format!("{}: {e}", dir.root.join("model_index.json").display()))
     })?;
-    let pipe = (family.load)(&dir, options)?;
+    let pipe = match options.random {
+        None => (family.load)(&dir, options)?,
+        Some(random) => {
+            let inner = crate::with_random_weights(random.seed, || (family.load)(&dir, options))?;
+            Box::new(crate::StandInText { inner, random })
+        }
+    };
     match options.embedded_guidance {
         Some(g) if !pipe.embeds_guidance() => Err(ModelError::Input(format!(
             "{}: embedded guidance {g} (model.guidance / --embedded-guidance) needs a \

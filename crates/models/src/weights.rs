@@ -42,8 +42,11 @@ fn io(path: &Path, e: impl std::fmt::Display) -> ModelError {
 }
 
 /// The safetensors files of a component directory: the shards named by an index file, or the one
-/// `*.safetensors` file.
+/// `*.safetensors` file. None under [`crate::random::with_random_weights`], which needs no files.
 pub fn checkpoint_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    if crate::random::active_seed().is_some() {
+        return Ok(vec![]);
+    }
     let entries = std::fs::read_dir(dir).map_err(|e| io(dir, e))?;
     let mut singles = vec![];
     let mut indexes = vec![];
@@ -103,7 +106,8 @@ fn kind_of(dtype: Dtype) -> Option<Kind> {
 
 /// Copies every variable of `vs` from the checkpoint files, failing on a missing, unexpected or
 /// misshaped tensor. Floating variables are converted to `options.kind` first, if given (free when
-/// the store was built in that kind, as every model's is).
+/// the store was built in that kind, as every model's is). Under
+/// [`crate::random::with_random_weights`] the variables are filled with seeded values instead.
 pub fn load_weights(
     vs: &mut VarStore,
     files: &[PathBuf],
@@ -111,6 +115,9 @@ pub fn load_weights(
 ) -> Result<(), ModelError> {
     if let Some(kind) = options.kind {
         vs.set_kind(kind);
+    }
+    if let Some(seed) = crate::random::active_seed() {
+        return crate::random::fill(vs, seed);
     }
     let variables = vs.variables();
     let mut remaining: BTreeSet<&str> = variables.keys().map(String::as_str).collect();

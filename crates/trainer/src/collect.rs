@@ -64,7 +64,8 @@ impl Collected {
     }
 }
 
-/// Samples and scores step `k`'s prompts; logs `timing_s/{gen,reward}` and `critic/rewards/*`.
+/// Samples and scores step `k`'s prompts; logs `timing_s/{gen,reward}`, `perf/tflops/rollout`
+/// and `critic/rewards/*`.
 pub(crate) fn collect(
     run: &Run<'_>,
     loader: &mut PromptLoader,
@@ -78,6 +79,7 @@ pub(crate) fn collect(
     let groups = comm.share(rows.len() / recipe.rollout.n);
     let local = groups.start * recipe.rollout.n..groups.end * recipe.rollout.n;
     let timer = Instant::now();
+    let work = flowtune_models::flops::counted();
     let seeds = engine.row_seeds(records.len(), k);
     let Scored { batch, scores, reward_seconds } = rollout_and_score(
         engine,
@@ -87,8 +89,12 @@ pub(crate) fn collect(
         run.scorers(),
         recipe.reward.on_error,
     )?;
-    m.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
+    let gen = timer.elapsed().as_secs_f64();
+    m.insert("timing_s/gen".into(), gen);
     m.insert("timing_s/reward".into(), reward_seconds);
+    // The rewards score on their own thread, so this thread's count is the rollout's alone.
+    let work = flowtune_models::flops::counted() - work;
+    m.insert("perf/tflops/rollout".into(), work / gen / 1e12);
     let scores = ScoredBatch::concat(comm.gather(&scores)?);
     if comm.is_main() {
         for e in &scores.errors {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use flowtune_config::{Finetune, Recipe, Resume, Sharding, StateOffload};
 use flowtune_data::PromptDataset;
-use flowtune_models::{Dtypes, FlowPipeline, PipelineOptions};
+use flowtune_models::{Dtypes, FlowPipeline, PipelineOptions, RandomWeights};
 use flowtune_objectives::Metrics;
 use flowtune_rollout::Engine;
 use tch::Device;
@@ -39,6 +39,21 @@ pub struct TrainSummary {
     pub rank: usize,
 }
 
+/// How a run goes besides its recipe (`flowtune bench step` measures with these).
+#[derive(Debug, Clone, Copy)]
+pub struct TrainOptions {
+    /// Seeded random weights and stand-in prompt embeddings instead of the checkpoint files.
+    pub random_weights: Option<RandomWeights>,
+    /// Checkpoints and the exported weights are written (off: a measurement leaves nothing).
+    pub write: bool,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        Self { random_weights: None, write: true }
+    }
+}
+
 /// How `recipe` loads its pipeline on `device`.
 fn pipeline_options(recipe: &Recipe, device: Device) -> PipelineOptions {
     let m = &recipe.model;
@@ -54,6 +69,7 @@ fn pipeline_options(recipe: &Recipe, device: Device) -> PipelineOptions {
         embedded_guidance: m.guidance,
         num_frames: m.num_frames,
         offload: m.offload,
+        random: None,
     }
 }
 
@@ -108,6 +124,15 @@ fn sharding_name(recipe: &Recipe) -> String {
 /// launched job (see [`Comm::from_env`]) it joins the other ranks first; a CUDA run then computes
 /// on `cuda:LOCAL_RANK`.
 pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError> {
+    train_with(recipe, device, TrainOptions::default())
+}
+
+/// [`train`] with `options`.
+pub fn train_with(
+    recipe: &Recipe,
+    device: Device,
+    options: TrainOptions,
+) -> Result<TrainSummary, TrainError> {
     let registered = flowtune_objectives::algorithm(&recipe.algorithm)?;
     let algorithm = crate::algorithm::for_objective(registered.objective);
     let t = &recipe.trainer;
@@ -128,7 +153,9 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io(out_dir, e))?;
     let ckpt_root = out_dir.join("checkpoints");
 
-    let options = pipeline_options(recipe, device);
+    let write = options.write;
+    let options =
+        PipelineOptions { random: options.random_weights, ..pipeline_options(recipe, device) };
     let mut pipe = flowtune_models::load_pipeline(&recipe.model.path, &options)?;
     let teachers = crate::teacher::load(recipe, &options, pipe.as_ref())?;
     let latent_shape = pipe
@@ -256,7 +283,8 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
         // checkpoint
         let timer = Instant::now();
         let stop = comm.any(interrupted.load(Ordering::SeqCst))?;
-        if (t.save_freq > 0 && k.is_multiple_of(t.save_freq)) || last_step || stop {
+        let due = (t.save_freq > 0 && k.is_multiple_of(t.save_freq)) || last_step || stop;
+        if due && write {
             let state = LoopState {
                 step: k,
                 loader: source.loader().state,
@@ -302,6 +330,16 @@ pub fn train(recipe: &Recipe, device: Device) -> Result<TrainSummary, TrainError
     }
     run.bar.finish_and_clear();
     let main = comm.is_main();
+    if !write {
+        comm.barrier()?;
+        let export = PathBuf::new();
+        return Ok(TrainSummary {
+            metrics: all,
+            export,
+            steps_run: last - start,
+            rank: comm.rank(),
+        });
+    }
     let export = export_weights(pipe.as_ref(), out_dir, false, main)?;
     if let Some(ema) = learner.ema.as_mut() {
         ema.with_swapped(&learner.optimizer.params, || {

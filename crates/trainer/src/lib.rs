@@ -30,7 +30,7 @@ pub mod tensorboard;
 mod update;
 mod validation;
 
-pub use fit::{train, TrainSummary};
+pub use fit::{train, train_with, TrainOptions, TrainSummary};
 pub use perf::status_bytes;
 
 use std::path::{Path, PathBuf};

@@ -57,8 +57,8 @@ pub(crate) fn known_peak_tflops(gpu: &str, kind: Kind) -> Option<f64> {
     Some(if matches!(kind, Kind::BFloat16 | Kind::Half) { *half } else { *single })
 }
 
-/// `perf/tflops` (model TFLOP/s of this rank over the step); `perf/mfu` and `perf/mfu/actor`
-/// (the step's and the actor update's TFLOP/s over `peak_tflops`, or the GPU's known peak for
+/// `perf/tflops` (model TFLOP/s of this rank over the step); `perf/mfu`, `perf/mfu/actor` and
+/// `perf/mfu/rollout` (the step's, the actor update's and the rollout's TFLOP/s over `peak_tflops`, or the GPU's known peak for
 /// `kind`); `perf/max_memory_rss_gb` and `perf/memory_rss_gb` (resident at the step's end),
 /// and on a GPU `perf/max_memory_allocated_gb` and
 /// `perf/max_memory_reserved_gb` since [`start_step`].
@@ -77,8 +77,10 @@ pub(crate) fn step_metrics(
     });
     if let Some(peak) = peak {
         m.insert("perf/mfu".into(), tflops / peak);
-        if let Some(actor) = m.get("perf/tflops/actor").copied() {
-            m.insert("perf/mfu/actor".into(), actor / peak);
+        for phase in ["actor", "rollout"] {
+            if let Some(tflops) = m.get(&format!("perf/tflops/{phase}")).copied() {
+                m.insert(format!("perf/mfu/{phase}"), tflops / peak);
+            }
         }
     }
     if let Some(gb) = peak_rss_gb() {

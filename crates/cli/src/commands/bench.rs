@@ -1,7 +1,7 @@
 //! `flowtune bench transformer`: forward and forward+backward (LoRA) throughput of a transformer
 //! directory, in image tokens per second (compare with `scripts/bench_transformer_diffusers.py` on
-//! the same weights and shapes); `bench rollout`, and the dispatch to `bench shapes` and
-//! `bench reward`.
+//! the same weights and shapes); `bench rollout`, and the dispatch to `bench shapes`,
+//! `bench reward`, `bench load` and `bench step`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -27,6 +27,9 @@ pub enum BenchCommand {
     Reward(super::bench_reward::RewardArgs),
     /// Memory of loading a transformer directory: weights, resident peak, GPU peak (JSON).
     Load(super::bench_load::LoadArgs),
+    /// Whole training steps of a recipe: seconds per phase, images/s per GPU, MFU of rollout and
+    /// update, peak memory beside the plan (JSON with `--json`).
+    Step(super::bench_step::StepArgs),
 }
 
 #[derive(Args)]
@@ -165,6 +168,7 @@ pub fn run(command: BenchCommand, device: &DeviceArg) -> Result<(), Failure> {
         BenchCommand::Shapes(a) => return super::bench_shapes::run(a, device),
         BenchCommand::Reward(a) => return super::bench_reward::run(a),
         BenchCommand::Load(a) => return super::bench_load::run(a, device),
+        BenchCommand::Step(a) => return super::bench_step::run(a, &DeviceArg(device)),
     };
     let kind = a.dtype.kind();
     let family = flowtune_models::denoiser_family(&a.component).map_err(Failure::input)?;

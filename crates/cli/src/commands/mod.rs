@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_load;
 pub mod bench_reward;
 pub mod bench_shapes;
+pub mod bench_step;
 pub mod config;
 pub mod data;
 pub mod debug;

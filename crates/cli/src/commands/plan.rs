@@ -107,7 +107,7 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
 }
 
 /// The planner's view of a recipe on `gpus` ranks.
-fn setup(
+pub(crate) fn setup(
     recipe: &Recipe,
     pipe: &Pipeline,
     gpus: u64,

@@ -175,7 +175,8 @@ pub struct Flux2Pipeline {
     pub dir: PipelineDir,
     pub transformer: Flux2Transformer,
     pub vae: Flux2Vae,
-    pub text: Flux2PromptEncoder,
+    /// `None` with random weights ([`crate::StandInText`] encodes).
+    pub text: Option<Flux2PromptEncoder>,
     pub scheduler: SchedulerConfig,
     /// Text tokens per prompt (`max_sequence_length`).
     pub max_sequence_length: usize,
@@ -202,7 +203,14 @@ impl Flux2Pipeline {
             options.lora.as_ref(),
         )?;
         transformer.config.is_distilled = raw["is_distilled"].as_bool().unwrap_or(false);
-        let text = Flux2PromptEncoder::load(&dir, options, transformer.config.joint_attention_dim)?;
+        let text = match options.random {
+            Some(_) => None,
+            None => Some(Flux2PromptEncoder::load(
+                &dir,
+                options,
+                transformer.config.joint_attention_dim,
+            )?),
+        };
         let vae_dir = dir.component("vae", &["AutoencoderKLFlux2"])?;
         let vae = Flux2Vae::load(&vae_dir, options.vae_device(), dtypes.vae)?;
         let (tokens, latent) = (transformer.config.in_channels, vae.config.latent_channels);
@@ -241,7 +249,9 @@ impl FlowPipeline for Flux2Pipeline {
     /// The text encoder's states of `max_sequence_length` tokens per prompt; no mask. [dev]
     /// adds the guidance value as the [`GUIDANCE`] extra.
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        let embeds = self.text.encode(prompts, self.max_sequence_length)?;
+        let encoder =
+            self.text.as_ref().ok_or_else(|| crate::random::no_text_encoder(&self.dir))?;
+        let embeds = encoder.encode(prompts, self.max_sequence_length)?;
         let kind = self.transformer.x_embedder.weight.kind();
         let device = self.device();
         let mut text = TextConditioning::new(embeds.to_kind(kind).to_device(device), None);

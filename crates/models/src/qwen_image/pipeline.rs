@@ -24,6 +24,8 @@ const MAX_SEQUENCE_LENGTH: usize = 512;
 pub enum QwenText {
     Plain(Box<QwenPromptEncoder>),
     Edit(Box<QwenEditPromptEncoder>),
+    /// Not built: random weights, prompts encoded by [`crate::StandInText`].
+    StandIn,
 }
 
 /// Every component of a Qwen-Image (or Qwen-Image-Edit-Plus) pipeline.
@@ -60,7 +62,9 @@ impl QwenImagePipeline {
                 options.vae_device(),
                 dtypes.vae,
             )?,
-            text: {
+            text: if options.random.is_some() {
+                QwenText::StandIn
+            } else {
                 let encoder =
                     dir.component("text_encoder", &["Qwen2_5_VLForConditionalGeneration"])?;
                 let tokenizer = dir.tokenizer("tokenizer")?;
@@ -116,6 +120,7 @@ impl FlowPipeline for QwenImagePipeline {
                 Ok(self.conditioning(embeds, mask))
             }
             QwenText::Edit(_) => self.encode_edit(prompts, &[]),
+            QwenText::StandIn => Err(crate::random::no_text_encoder(&self.dir)),
         }
     }
 

@@ -51,7 +51,8 @@ pub struct WanPipeline {
     pub dir: PipelineDir,
     pub transformer: WanDenoiser,
     pub vae: AutoencoderKlWan,
-    pub text: WanTextEncoder,
+    /// UMT5 and its tokenizer; `None` with random weights ([`crate::StandInText`] encodes).
+    pub text: Option<WanTextEncoder>,
     pub scheduler: SchedulerConfig,
     /// Pixel frames of every sample (4k + 1 for the released VAEs).
     pub num_frames: usize,
@@ -112,15 +113,21 @@ impl WanPipeline {
                 })
             }
         };
-        let mut text = WanTextEncoder::load(
-            &dir.tokenizer("tokenizer")?,
-            &dir.component("text_encoder", &["UMT5EncoderModel"])?,
-            options.encoder_device(),
-            dtypes.text_encoders,
-        )?;
-        if let Some(n) = options.max_sequence_length {
-            text.max_sequence_length = n;
-        }
+        let text = match options.random {
+            Some(_) => None,
+            None => {
+                let mut text = WanTextEncoder::load(
+                    &dir.tokenizer("tokenizer")?,
+                    &dir.component("text_encoder", &["UMT5EncoderModel"])?,
+                    options.encoder_device(),
+                    dtypes.text_encoders,
+                )?;
+                if let Some(n) = options.max_sequence_length {
+                    text.max_sequence_length = n;
+                }
+                Some(text)
+            }
+        };
         let vae = AutoencoderKlWan::load(
             &dir.component("vae", &["AutoencoderKLWan"])?,
             options.vae_device(),
@@ -226,7 +233,8 @@ impl FlowPipeline for WanPipeline {
     /// UMT5's last hidden state of each cleaned prompt, zero past its tokens up to
     /// `max_sequence_length` (WanPipeline's `prompt_embeds`, read without a mask).
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        let (embeds, _) = self.text.encode(prompts)?;
+        let text = self.text.as_ref().ok_or_else(|| crate::random::no_text_encoder(&self.dir))?;
+        let (embeds, _) = text.encode(prompts)?;
         let kind = self.transformer.first().patch_embedding.0.kind();
         Ok(TextConditioning::new(embeds.to_kind(kind).to_device(self.device()), None))
     }
