@@ -7,8 +7,12 @@ width, the real MLP ratio) with B and B + 1 blocks; every tensor autograd saves 
 difference over the tokens the block sees times its hidden width. Weights require gradients, as under
 LoRA, where every adapted linear keeps its input.
 
+On a GPU (`--device cuda`) the blocks run where training runs them: attention through the fused
+SDPA kernels, which save their log-sum-exp rather than the attention matrix. `--json OUT` writes the
+constants by block, as `flowtune plan --constants OUT` reads them.
+
 Usage (torch and diffusers 0.42.1):
-    python scripts/measure_activation_constants.py [--side 32 --text-len 64]
+    python scripts/measure_activation_constants.py [--side 32 --text-len 64 --device cpu --json OUT]
 """
 import argparse
 import json
@@ -43,7 +47,8 @@ def saved_bytes(model, args, dtype):
             seen[s.data_ptr()] = s.nbytes()
         return t
 
-    cast = lambda v: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v
+    dev = next(model.parameters()).device
+    cast = lambda v: (v.to(dev, dtype) if v.is_floating_point() else v.to(dev)) if torch.is_tensor(v) else v
     args = {k: ([cast(x) for x in v] if isinstance(v, list) and v and torch.is_tensor(v[0]) else cast(v))
             for k, v in args.items()}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -117,22 +122,28 @@ def wan(blocks, name, a):
     return m, args, width, (a.side // 2) ** 2
 
 
-def constant(build, dtype):
+def constant(build, dtype, device):
     """c of the block `build(b)` adds when going from b = 1 to 2 blocks (SD3: 2 to 3, its last
     block being the context-pre-only one)."""
     torch.manual_seed(0)
     sizes = []
     for blocks in (1, 2):
         model, args, width, tokens = build(blocks)
-        model = model.to(dtype)
+        model = model.to(device, dtype)
         sizes.append(saved_bytes(model, args, dtype))
     return (sizes[1] - sizes[0]) / (tokens * width)
+
+
+# The planner's names of the blocks below (crates/plan/src/denoisers.rs), in order.
+KEYS = ["sd3_dual", "sd3_plain", "flux_double", "flux_single", "qwen_image", "z_image", "wan_a14b", "wan_5b"]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--side", type=int, default=32, help="latent side (image tokens: (side/2)²)")
     ap.add_argument("--text-len", type=int, default=64)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", help="also write the constants here, by block")
     a = ap.parse_args()
     torch.set_grad_enabled(True)
     rows = [
@@ -147,9 +158,15 @@ def main():
     ]
     print("| block | c bf16 | c f32 | f32 / bf16 |")
     print("|---|---|---|---|")
-    for name, build in rows:
-        bf16, f32 = constant(build, torch.bfloat16), constant(build, torch.float32)
+    found = {}
+    for (name, build), key in zip(rows, KEYS):
+        bf16, f32 = (constant(build, dt, a.device) for dt in (torch.bfloat16, torch.float32))
+        found[key] = {"bf16": round(bf16, 2), "f32": round(f32, 2)}
         print(f"| {name} | {bf16:.1f} | {f32:.1f} | {f32 / bf16:.2f} |", flush=True)
+    if a.json:
+        device = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
+        with open(a.json, "w") as f:
+            json.dump({"device": device, "side": a.side, "text_len": a.text_len, "constants": found}, f, indent=1)
 
 
 if __name__ == "__main__":

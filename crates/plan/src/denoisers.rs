@@ -46,6 +46,8 @@ pub struct Denoiser {
 /// the dtype the block runs in.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Saved {
+    /// The block's name in measured constant files (`qwen_image`).
+    pub name: &'static str,
     pub bf16: f64,
     pub f32: f64,
 }
@@ -66,14 +68,14 @@ impl Saved {
 pub mod c {
     use super::Saved;
 
-    pub const SD3_DUAL: Saved = Saved { bf16: 82.1, f32: 132.7 };
-    pub const SD3_PLAIN: Saved = Saved { bf16: 58.3, f32: 100.5 };
-    pub const FLUX_DOUBLE: Saved = Saved { bf16: 56.2, f32: 96.3 };
-    pub const FLUX_SINGLE: Saved = Saved { bf16: 50.1, f32: 84.2 };
-    pub const QWEN_IMAGE: Saved = Saved { bf16: 56.3, f32: 96.4 };
-    pub const Z_IMAGE: Saved = Saved { bf16: 94.2, f32: 130.8 };
-    pub const WAN_A14B: Saved = Saved { bf16: 81.4, f32: 113.9 };
-    pub const WAN_5B: Saved = Saved { bf16: 89.3, f32: 129.6 };
+    pub const SD3_DUAL: Saved = Saved { name: "sd3_dual", bf16: 82.1, f32: 132.7 };
+    pub const SD3_PLAIN: Saved = Saved { name: "sd3_plain", bf16: 58.3, f32: 100.5 };
+    pub const FLUX_DOUBLE: Saved = Saved { name: "flux_double", bf16: 56.2, f32: 96.3 };
+    pub const FLUX_SINGLE: Saved = Saved { name: "flux_single", bf16: 50.1, f32: 84.2 };
+    pub const QWEN_IMAGE: Saved = Saved { name: "qwen_image", bf16: 56.3, f32: 96.4 };
+    pub const Z_IMAGE: Saved = Saved { name: "z_image", bf16: 94.2, f32: 130.8 };
+    pub const WAN_A14B: Saved = Saved { name: "wan_a14b", bf16: 81.4, f32: 113.9 };
+    pub const WAN_5B: Saved = Saved { name: "wan_5b", bf16: 89.3, f32: 129.6 };
 }
 
 /// Reads the denoiser whose config is `cfg`, by its `_class_name`.

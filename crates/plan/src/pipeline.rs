@@ -84,6 +84,18 @@ impl Pipeline {
         Ok(pipeline)
     }
 
+    /// Takes measured activation constants (`scripts/measure_activation_constants.py --json`,
+    /// e.g. on a GPU) in place of the built-in ones, by block name: `name → (bf16, f32)`.
+    pub fn use_constants(&mut self, measured: &std::collections::BTreeMap<String, (f64, f64)>) {
+        for (_, den) in &mut self.denoisers {
+            for (_, saved, _) in &mut den.blocks {
+                if let Some(&(bf16, f32)) = measured.get(saved.name) {
+                    (saved.bf16, saved.f32) = (bf16, f32);
+                }
+            }
+        }
+    }
+
     /// The first denoiser (the shapes of all are the same in a two-expert pipeline).
     pub fn denoiser(&self) -> &Denoiser {
         &self.denoisers[0].1

@@ -48,6 +48,10 @@ pub struct StepArgs {
     /// brightness.
     #[arg(long, default_value = "brightness")]
     reward: String,
+    /// Activation constants measured by `scripts/measure_activation_constants.py --json` for the
+    /// plan's figure (as `flowtune plan --constants`).
+    #[arg(long)]
+    constants: Option<PathBuf>,
     /// Writes the report as JSON here too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -146,6 +150,9 @@ pub fn run(a: StepArgs, device: &DeviceArg) -> Result<(), Failure> {
 
     // The plan of the same recipe, first: it reads configs only.
     let mut pipe = Pipeline::read(&model_dir).map_err(Failure::input)?;
+    if let Some(path) = &a.constants {
+        pipe.use_constants(&super::plan::read_constants(path).map_err(Failure::input)?);
+    }
     let gpus = std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok()).unwrap_or(1);
     let gpu = match device {
         Device::Cuda(i) => flowtune_cuda::device_info(i),
@@ -186,7 +193,16 @@ pub fn run(a: StepArgs, device: &DeviceArg) -> Result<(), Failure> {
         "layers": a.layers,
         "text_tokens": random.map(|r| r.text_tokens),
         "reward": a.reward,
-        "samples_per_rank": per_gpu * get(&m, "timing_s/step").unwrap_or(f64::NAN),
+        "shape": {
+            "samples_per_rank": setup.samples(),
+            "resolution": recipe.model.resolution,
+            "rollout_steps": recipe.rollout.steps,
+            "cfg": setup.cfg,
+            "window_steps": setup.window_steps,
+            "micro_batch": setup.micro_batch,
+            // Policy-gradient forward + backward passes of one micro-batch each.
+            "micro_steps": setup.window_steps * setup.samples().div_ceil(setup.micro_batch.max(1)),
+        },
         "seconds": seconds,
         "images_per_s_per_gpu": per_gpu,
         "tokens_per_sample": planned.tokens,

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use flowtune_models::lora::LoraConfig;
+use flowtune_models::Dtype;
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig, SigmaGrid};
 use serde_json::json;
 
@@ -29,6 +30,14 @@ pub enum DebugCommand {
         /// LoRA alpha, for files without diffusers' adapter metadata (default: the rank).
         #[arg(long, requires = "lora")]
         lora_alpha: Option<f64>,
+        /// A denoiser's dtype (f32 | bf16 | f16); its activations go in that dtype, outputs come
+        /// back as f32. Other components run in f32.
+        #[arg(long, default_value = "f32", value_parser = super::bench::parse_dtype)]
+        dtype: Dtype,
+        /// Compares every output with the inputs file's tensor of the same name (a fixture's
+        /// `output.*`): fails when ‖out − expected‖ / ‖expected‖ exceeds this.
+        #[arg(long)]
+        check: Option<f64>,
     },
     /// Write random LoRA adapters for a denoiser directory of any family (diffusers/PEFT layout).
     MakeLora {
@@ -82,9 +91,11 @@ fn parse_pipeline(text: &str) -> Result<Pipeline, String> {
 
 pub fn run(command: DebugCommand, device: &DeviceArg) -> Result<(), Failure> {
     match command {
-        DebugCommand::Forward { component, inputs, out, lora, lora_alpha } => {
+        DebugCommand::Forward { component, inputs, out, lora, lora_alpha, dtype, check } => {
             let lora = lora.as_deref().map(|f| (f, lora_alpha));
-            super::forward::forward(&component, &inputs, &out, lora, device.resolve()?)
+            let device = device.resolve()?;
+            let run = super::forward::Run { lora, device, kind: dtype.kind(), check };
+            super::forward::forward(&component, &inputs, &out, &run)
         }
         DebugCommand::MakeLora { component, out, rank, alpha, seed, target_modules } => {
             let config = LoraConfig { rank, alpha, target_modules, ..Default::default() };

@@ -49,17 +49,67 @@ fn input<'a>(
         .ok_or_else(|| Failure::input(anyhow!("{}: no tensor `{name}`", file.display())))
 }
 
-/// The denoiser in `component` (f32), of a registered family or Wan's.
+/// The denoiser in `component` (as `kind`), of a registered family or Wan's.
 fn load_denoiser(
     component: &Path,
     device: Device,
+    kind: Kind,
     lora: Option<&LoraConfig>,
 ) -> Result<Box<dyn TrainableDenoiser>, Failure> {
     if class_of(component)? == WAN_TRANSFORMER {
-        let model = WanTransformer::load(component, device, Kind::Float, lora);
+        let model = WanTransformer::load(component, device, kind, lora);
         return Ok(Box::new(model.map_err(Failure::input)?));
     }
-    flowtune_models::load_denoiser(component, device, Kind::Float, lora).map_err(Failure::input)
+    flowtune_models::load_denoiser(component, device, kind, lora).map_err(Failure::input)
+}
+
+/// How `debug forward` runs: an optional LoRA file (with its alpha), the device, a denoiser's
+/// dtype, and the relative error tolerated against the inputs file's own outputs.
+pub struct Run<'a> {
+    pub lora: Option<(&'a Path, Option<f64>)>,
+    pub device: Device,
+    pub kind: Kind,
+    pub check: Option<f64>,
+}
+
+/// `inputs` for a denoiser of `kind`: floating tensors of two or more dimensions (latents, text
+/// states, pooled vectors) in that kind; timesteps, masks, shapes and position ids as given.
+fn as_kind(inputs: &HashMap<String, Tensor>, kind: Kind) -> HashMap<String, Tensor> {
+    let cast = |n: &str, t: &Tensor| t.is_floating_point() && t.dim() >= 2 && !n.ends_with("_ids");
+    inputs
+        .iter()
+        .map(|(n, t)| (n.clone(), if cast(n, t) { t.to_kind(kind) } else { t.shallow_clone() }))
+        .collect()
+}
+
+/// Fails when an output is further than `tolerance` (relative norm) from the expected tensor of
+/// the same name in `expected`; prints each error.
+fn check(
+    outputs: &[(String, Tensor)],
+    expected: &HashMap<String, Tensor>,
+    file: &Path,
+    tolerance: f64,
+) -> Result<(), Failure> {
+    for (name, out) in outputs {
+        let want = expected.get(name).ok_or_else(|| {
+            Failure::input(anyhow!("{}: no `{name}` to check against", file.display()))
+        })?;
+        let want = want.to_device(Device::Cpu).to_kind(Kind::Double);
+        let got = out.to_kind(Kind::Double);
+        let error = (&got - &want).norm().double_value(&[]) / want.norm().double_value(&[]);
+        let ok = error <= tolerance;
+        println!(
+            "{name}: relative error {error:.3e} (tolerance {tolerance:.1e}) {}",
+            if ok { "ok" } else { "FAILED" }
+        );
+        if !ok {
+            return Err(Failure::Runtime(anyhow!(
+                "{name}: relative error {error:.3e} over the tolerance {tolerance:.1e} against {}",
+                file.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Runs `component` on `inputs_file` and writes `out`.
@@ -67,9 +117,9 @@ pub fn forward(
     component: &Path,
     inputs_file: &Path,
     out: &Path,
-    lora_file: Option<(&Path, Option<f64>)>,
-    device: Device,
+    run: &Run<'_>,
 ) -> Result<(), Failure> {
+    let Run { lora: lora_file, device, kind, .. } = *run;
     let inputs: HashMap<String, Tensor> = Tensor::read_safetensors(inputs_file)
         .with_context(|| format!("cannot read {}", inputs_file.display()))
         .map_err(Failure::BadInput)?
@@ -91,18 +141,18 @@ pub fn forward(
                 }
                 None => None,
             };
-            let mut model = load_denoiser(component, device, lora.as_ref())?;
+            let mut model = load_denoiser(component, device, kind, lora.as_ref())?;
             if let Some((f, _)) = lora_file {
                 model.load_lora(f).map_err(Failure::input)?;
             }
-            let named = inputs
+            let named = as_kind(&inputs, kind)
                 .iter()
                 .filter_map(|(n, t)| n.strip_prefix("input.").map(|k| (k.to_string(), t.shallow_clone())))
                 .collect();
             let sample = tch::no_grad(|| model.forward_named(&named))
                 .map_err(|e| Failure::input(anyhow!("{}: {e}", inputs_file.display())))?;
             let name = if lora_file.is_some() { "output.sample_with_lora" } else { "output.sample" };
-            vec![(name.into(), sample)]
+            vec![(name.into(), sample.to_kind(Kind::Float))]
         }
         "AutoencoderKL" => {
             let vae = AutoencoderKl::load(component, device, Kind::Float).map_err(Failure::input)?;
@@ -184,7 +234,10 @@ pub fn forward(
     for (n, t) in &cpu {
         println!("{n}: {:?}", t.size());
     }
-    Ok(())
+    match run.check {
+        Some(tolerance) => check(&cpu, &inputs, inputs_file, tolerance),
+        None => Ok(()),
+    }
 }
 
 /// Writes random (non-zero) adapters for a denoiser directory of any registered family.
@@ -194,7 +247,7 @@ pub fn make_lora(
     config: &LoraConfig,
     seed: u64,
 ) -> Result<(), Failure> {
-    let model = load_denoiser(component, Device::Cpu, Some(config))?;
+    let model = load_denoiser(component, Device::Cpu, Kind::Float, Some(config))?;
     let store = &model.adapters().expect("built with LoRA").store;
     let mut rng = SampleRng::new(seed);
     let mut vars: Vec<(String, Tensor)> = store.variables().into_iter().collect();

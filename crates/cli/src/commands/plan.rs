@@ -1,7 +1,10 @@
 //! `flowtune plan RECIPE [KEY=VALUE…] [--gpus N] [--gpu-memory GiB] [--json]`: what a training
 //! step holds per rank, from the pipeline's configs alone, and whether it fits.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 
 use clap::Args;
 use flowtune_config::{Finetune, Offload, Recipe, Sharding, StateOffload};
@@ -27,6 +30,30 @@ pub struct PlanArgs {
     /// Machine-readable output (with a boolean `fits`).
     #[arg(long)]
     json: bool,
+    /// Activation constants measured by `scripts/measure_activation_constants.py --json` (on the
+    /// GPU that will train) in place of the built-in ones.
+    #[arg(long)]
+    constants: Option<PathBuf>,
+}
+
+/// The constants of a `measure_activation_constants.py --json` file: block name → (bf16, f32).
+pub(crate) fn read_constants(path: &Path) -> anyhow::Result<BTreeMap<String, (f64, f64)>> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| path.display().to_string())?;
+    let blocks = v["constants"].as_object().ok_or_else(|| {
+        anyhow::anyhow!("{}: expected {{\"constants\": {{block: {{bf16, f32}}}}}}", path.display())
+    })?;
+    blocks
+        .iter()
+        .map(|(name, c)| match (c["bf16"].as_f64(), c["f32"].as_f64()) {
+            (Some(b), Some(f)) if b > 0.0 && f > 0.0 => Ok((name.clone(), (b, f))),
+            _ => Err(anyhow::anyhow!(
+                "{}: constants.{name}: expected positive `bf16` and `f32` numbers",
+                path.display()
+            )),
+        })
+        .collect()
 }
 
 pub fn run(args: PlanArgs) -> Result<(), Failure> {
@@ -46,7 +73,10 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
     }
     // A Hub id reads its configs from the local Hugging Face cache, as training does.
     let dir = &flowtune_models::hub::resolve(&recipe.model.path).map_err(Failure::input)?;
-    let pipe = Pipeline::read(dir).map_err(Failure::input)?;
+    let mut pipe = Pipeline::read(dir).map_err(Failure::input)?;
+    if let Some(path) = &args.constants {
+        pipe.use_constants(&read_constants(path).map_err(Failure::input)?);
+    }
     let sp = recipe.trainer.sequence_parallel_size as u64;
     if gpus % sp != 0 {
         return Err(Failure::input(anyhow::anyhow!(
