@@ -6,7 +6,7 @@ export FLOWTUNE_CACHE ?= $(HOME)/.cache/flowtune
 export FLOWTUNE_VENV ?= $(FLOWTUNE_CACHE)/venv
 ENV := source scripts/env.sh &&
 
-.PHONY: demo test setup build fmt
+.PHONY: demo test setup build fmt gpu-bundle
 
 ## demo: Flow-GRPO on the shipped shapes model (CPU, minutes); pictures and summary in runs/demo
 demo: build
@@ -31,3 +31,7 @@ build: setup
 ## fmt: format the workspace
 fmt:
 	cargo fmt --all
+
+## gpu-bundle: the GPU suite's binary, scripts, configs, fixtures and diffusers wheel in gpu-bundle/ (ignored, ≤ 60 MiB)
+gpu-bundle: build
+	scripts/gpu/bundle.sh

@@ -55,7 +55,8 @@ for d in "$site"/nvidia/*/lib "$site"/nvidia/cu*/lib; do [[ -d "$d" ]] && libs="
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # diffusers for the anchors: importable already, or installed from the carried wheels.
 if ! "$PYTHON" -c 'import diffusers' 2>/dev/null; then
-    wheels="${FLOWTUNE_WHEELS:-gpu-bundle/wheels}"
+    wheels="${FLOWTUNE_WHEELS:-wheels}"
+    [[ -d gpu-bundle/wheels ]] && wheels="${FLOWTUNE_WHEELS:-gpu-bundle/wheels}"
     if compgen -G "$wheels/*.whl" >/dev/null; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$wheels"/*.whl
         export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# `make gpu-bundle`: everything the GPU suite needs in one ignored folder, gpu-bundle/ (at most
+# 60 MiB), for a GPU machine with torch 2.11's libraries and Python but no Rust and no network:
+# the flowtune binary (debug sections stripped), the suite's scripts, the recipes and configs it
+# runs, the parity fixtures, and the diffusers wheel for the anchors. On that machine:
+#   bash gpu-bundle/scripts/gpu/suite.sh --out DIR
+# The device tool sends the whole checkout with the bundle and takes at most 64 MiB: the checkout's
+# tracked files are larger (fixtures/, examples/shapes/), so `scripts/gpu/slim.sh` takes those out
+# of the work tree before the call and `git checkout -- fixtures examples/shapes` puts them back.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+B=gpu-bundle
+LIMIT=$((60 * 1024 * 1024))
+rm -rf "$B"
+mkdir -p "$B/scripts/gpu" "$B/examples/prompts" "$B/fixtures" "$B/wheels"
+strip --strip-debug -o "$B/flowtune" target/release/flowtune
+cp scripts/gpu/*.sh scripts/gpu/*.py "$B/scripts/gpu/"
+cp scripts/bench_rollout_diffusers.py scripts/bench_transformer_diffusers.py \
+    scripts/measure_activation_constants.py "$B/scripts/"
+for r in flow_grpo_qwen_image flow_grpo_wan flow_grpo_flux2 flow_grpo_tiny flow_grpo_qwen_image_tiny \
+    flow_grpo_wan_tiny flow_grpo_flux2_tiny; do
+    cp "examples/$r.yaml" "$B/examples/"
+done
+cp examples/prompts/tiny.txt "$B/examples/prompts/"
+mkdir -p "$B/examples/models"
+for m in qwen-image wan2.2-ti2v-5b flux.2-klein-base-4b; do
+    cp -r "examples/models/$m" "$B/examples/models/"
+done
+for f in sd3_tiny flux_dev_tiny qwen_image_tiny wan_t2v_tiny z_image_tiny; do
+    cp -r "fixtures/$f" "fixtures/${f}_io.safetensors" "$B/fixtures/"
+done
+scripts/setup-anchors.sh "$B/wheels"
+bytes=$(du -sb "$B" | cut -f1)
+if ((bytes > LIMIT)); then
+    echo "gpu-bundle: $((bytes / 1048576)) MiB, over the 60 MiB limit" >&2
+    exit 1
+fi
+echo "gpu-bundle: $((bytes / 1048576)) MiB in $B/ (run: bash $B/scripts/gpu/suite.sh --out DIR)"
