@@ -1,5 +1,6 @@
-"""Gathers the GPU suite's parts (scripts/gpu/suite.sh) into docs/perf/gpu/<date>-<gpu>.json and one
-Markdown row per part (<date>-<gpu>.md). Standard library only.
+"""Gathers the GPU suite's parts (scripts/gpu/suite.sh) into docs/perf/gpu/<date>-<gpu>.json, one
+Markdown row per part (<date>-<gpu>.md) and the parts' whole logs (<date>-<gpu>.log, not committed).
+Standard library only.
 
 Usage: python scripts/gpu/collect.py PARTS_DIR --out DIR [--tiny 0|1]
 """
@@ -116,12 +117,15 @@ def main():
         ("e activation constants", p["e"], "measured" if p["e"]["constants"] else "no result"),
         ("f Wan2.2-5B / FLUX.2 [klein]", p["f"], f"{step_row(p['f']['wan'])}; {step_row(p['f']['flux2'])}"),
     ]
+    with open(stem + ".log", "w") as f:
+        for key in "abcdef":
+            f.write(f"==== part {key}\n{read(os.path.join(a.parts, f'{key}.log')) or ''}\n")
     with open(stem + ".md", "w") as f:
         f.write("| date | GPU | part | status | figures |\n|---|---|---|---|---|\n")
         for name, info, figures in rows:
             f.write(f"| {result['date']} | {gpu} | {name} | {info['status']} ({fmt(info['seconds'], '{} s')}) | {figures} |\n")
     print(open(stem + ".md").read())
-    print(f"wrote {stem}.json and {stem}.md")
+    print(f"wrote {stem}.json, {stem}.md and {stem}.log")
 
 
 if __name__ == "__main__":
