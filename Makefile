@@ -18,11 +18,12 @@ test: setup
 	$(ENV) cargo clippy --release --workspace --all-targets -- -D warnings
 	$(ENV) cargo test --release --workspace -- --nocapture
 
-## setup: install torch==2.11.0 (+ the CUDA headers flowtune-dist's NCCL needs) into $(FLOWTUNE_VENV) and the OCR models into $(FLOWTUNE_CACHE)/ocr (once)
+## setup: install torch==2.11.0 (+ the CUDA headers flowtune-dist's NCCL needs) into $(FLOWTUNE_VENV), the OCR models into $(FLOWTUNE_CACHE)/ocr and diffusers for the GPU suite's anchors into $(FLOWTUNE_CACHE)/anchors (once)
 setup:
 	scripts/setup.sh
 	scripts/setup-dist.sh
 	scripts/setup-rewards.sh
+	scripts/setup-anchors.sh
 
 ## build: the release binary target/release/flowtune
 build: setup

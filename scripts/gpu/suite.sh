@@ -62,7 +62,7 @@ if ! "$PYTHON" -c 'import diffusers' 2>/dev/null; then
         export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
     fi
 fi
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 if [[ $TINY == 1 ]]; then DEVICE=cpu; else DEVICE=cuda; fi
 F=("$BIN" --device "$DEVICE")
 

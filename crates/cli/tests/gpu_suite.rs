@@ -81,3 +81,100 @@ fn bench_step_refuses_layers_without_random_weights() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--layers needs --random-weights"), "{err}");
 }
+
+/// `scripts/gpu/suite.sh --tiny`: every part runs on the CPU with tiny configs and lands in the
+/// JSON — parity cases within their tolerances and a launched one-rank job, whole steps of Qwen-Image,
+/// Wan and FLUX.2 from random weights, both diffusers anchors with their ratios, and the activation
+/// constants of every block the planner knows (`make setup` installs diffusers for the anchors).
+#[test]
+fn the_suite_runs_every_part_in_tiny_mode() {
+    let out = scratch("gpu-suite");
+    let venv = std::env::var("VIRTUAL_ENV").expect("the torch venv (source scripts/env.sh)");
+    let cache = std::env::var("FLOWTUNE_CACHE").expect("FLOWTUNE_CACHE (source scripts/env.sh)");
+    let run = Command::new("bash")
+        .args(["scripts/gpu/suite.sh", "--tiny", "--out", out.to_str().unwrap()])
+        .current_dir(root())
+        .env("FLOWTUNE_BIN", env!("CARGO_BIN_EXE_flowtune"))
+        .env("PYTHON", format!("{venv}/bin/python"))
+        .env("PYTHONPATH", format!("{cache}/anchors"))
+        .env_remove("WORLD_SIZE")
+        .output()
+        .expect("run the suite");
+    ok(&run);
+    let file = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "json"))
+        .expect("the suite's JSON");
+    assert!(file.file_name().unwrap().to_str().unwrap().ends_with("-cpu-tiny.json"), "{file:?}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let parts = &r["parts"];
+    for key in ["a", "b", "c", "d", "e", "f"] {
+        assert_eq!(parts[key]["status"], "ok", "part {key}: {}", parts[key]);
+    }
+    let cases = parts["b"]["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 9, "5 f32 + 3 bf16 forwards and the launch");
+    assert!(cases.iter().all(|c| c["ok"] == true), "{cases:?}");
+    for c in &cases[..8] {
+        assert!(c["error"].as_f64().unwrap() <= c["tolerance"].as_f64().unwrap(), "{c}");
+    }
+    for step in [&parts["c"]["qwen_image"], &parts["f"]["wan"], &parts["f"]["flux2"]] {
+        assert!(step["images_per_s_per_gpu"].as_f64().unwrap() > 0.0, "{step}");
+        assert_eq!(step["random_weights"], true);
+    }
+    for ratio in ["rollout_speedup_vs_diffusers", "update_speedup_vs_diffusers"] {
+        assert!(parts["d"][ratio].as_f64().is_some_and(|x| x > 0.0), "{ratio}: {}", parts["d"]);
+    }
+    assert_eq!(parts["d"]["rollout"]["pipeline"], "QwenImagePipeline");
+    assert_eq!(parts["d"]["train"]["gradient_checkpointing"], true);
+    let constants = parts["e"]["constants"]["constants"].as_object().unwrap();
+    assert_eq!(constants.len(), 8, "{constants:?}");
+    for (block, c) in constants {
+        assert!(c["bf16"].as_f64().unwrap() > 0.0 && c["f32"].as_f64().unwrap() > 0.0, "{block}");
+    }
+    let rows = std::fs::read_to_string(file.with_extension("md")).unwrap();
+    assert_eq!(rows.lines().filter(|l| l.starts_with("| 2")).count(), 6, "{rows}");
+}
+
+/// `plan --constants`: measured activation constants replace the built-in ones by block name (a
+/// Qwen-Image block saving twice the bytes doubles the activations of a step without
+/// checkpointing); a file without positive numbers is refused by name.
+#[test]
+fn plan_takes_measured_activation_constants() {
+    let dir = scratch("plan-constants");
+    let activations = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "examples/flow_grpo_qwen_image.yaml",
+            "model.path=examples/models/qwen-image",
+            "--gpus",
+            "8",
+            "--json",
+        ];
+        args.extend(extra);
+        let r: serde_json::Value = serde_json::from_str(&ok(&flowtune(&args))).unwrap();
+        let items = r["items"].as_array().unwrap().clone();
+        let item = items.iter().find(|i| i["item"].as_str().unwrap().starts_with("activations ("));
+        item.expect("an activations item")["bytes"].as_f64().unwrap()
+    };
+    let file = dir.join("constants.json");
+    let measured =
+        r#"{"device": "test", "constants": {"qwen_image": {"bf16": 112.6, "f32": 192.8}}}"#;
+    std::fs::write(&file, measured).unwrap();
+    let (built_in, doubled) =
+        (activations(&[]), activations(&["--constants", file.to_str().unwrap()]));
+    assert!((doubled / built_in - 2.0).abs() < 1e-9, "{built_in} → {doubled}");
+    std::fs::write(&file, r#"{"constants": {"qwen_image": {"bf16": -1}}}"#).unwrap();
+    let out = flowtune(&[
+        "plan",
+        "examples/flow_grpo_qwen_image.yaml",
+        "--constants",
+        file.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("constants.qwen_image: expected positive"),
+        "{err}"
+    );
+}
