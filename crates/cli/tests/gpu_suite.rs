@@ -169,6 +169,7 @@ fn plan_takes_measured_activation_constants() {
     let out = flowtune(&[
         "plan",
         "examples/flow_grpo_qwen_image.yaml",
+        "model.path=examples/models/qwen-image",
         "--constants",
         file.to_str().unwrap(),
     ]);
