@@ -22,10 +22,8 @@ for r in flow_grpo_qwen_image flow_grpo_wan flow_grpo_flux2 flow_grpo_tiny flow_
     cp "examples/$r.yaml" "$B/examples/"
 done
 cp examples/prompts/tiny.txt "$B/examples/prompts/"
-mkdir -p "$B/examples/models"
-for m in qwen-image wan2.2-ti2v-5b flux.2-klein-base-4b; do
-    cp -r "examples/models/$m" "$B/examples/models/"
-done
+# Every shipped config (the activation constants are measured on each family's block).
+cp -r examples/models "$B/examples/"
 for f in sd3_tiny flux_dev_tiny qwen_image_tiny wan_t2v_tiny z_image_tiny; do
     cp -r "fixtures/$f" "fixtures/${f}_io.safetensors" "$B/fixtures/"
 done

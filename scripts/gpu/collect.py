@@ -100,7 +100,7 @@ def main():
         if not s:
             return "no result"
         mem = s["memory_gib"]
-        return (f"{fmt(s['images_per_s_per_gpu'])} images/s/GPU, step {fmt(s['seconds'].get('step'), '{:.1f}')} s, "
+        return (f"set up {fmt(s.get('setup_seconds'), '{:.0f}')} s, {fmt(s['images_per_s_per_gpu'])} images/s/GPU, step {fmt(s['seconds'].get('step'), '{:.1f}')} s, "
                 f"MFU rollout {fmt(s['mfu']['rollout'], '{:.1%}')} update {fmt(s['mfu']['update'], '{:.1%}')}, "
                 f"memory {fmt(mem['measured'], '{:.1f}')} GiB vs plan {fmt(mem['planned'], '{:.1f}')} GiB")
 

@@ -59,6 +59,7 @@ fn bench_step_with_random_weights_reports_phases_and_matches_the_plan() {
         assert!(r["seconds"][phase].as_f64().is_some_and(|s| s >= 0.0), "{phase}: {r}");
     }
     assert!(r["images_per_s_per_gpu"].as_f64().unwrap() > 0.0);
+    assert!(r["setup_seconds"].as_f64().unwrap() > 0.0);
     // 128² → 8 × 8 packed image tokens beside the 16 joint text tokens.
     assert_eq!(r["tokens_per_sample"], 80);
     assert_eq!(r["shape"]["samples_per_rank"], 2);

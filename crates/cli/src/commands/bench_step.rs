@@ -169,7 +169,12 @@ pub fn run(a: StepArgs, device: &DeviceArg) -> Result<(), Failure> {
 
     let rss_before = status_bytes("VmRSS:").unwrap_or(0) as f64 / GIB;
     let options = TrainOptions { random_weights: random, write: false };
+    let started = std::time::Instant::now();
     let summary = train_with(&recipe, device, options).map_err(Failure::training)?;
+    // Building the pipeline (with random weights: allocating and filling it on the device), the
+    // optimizer and the engine: the run's time outside its steps.
+    let steps_seconds: f64 = summary.metrics.iter().filter_map(|m| get(m, "timing_s/step")).sum();
+    let setup_seconds = started.elapsed().as_secs_f64() - steps_seconds;
     let m = summary.metrics.last().cloned().unwrap_or_default();
     let per_gpu = get(&m, "perf/throughput").unwrap_or(f64::NAN);
     let (plan_device, plan_host) =
@@ -204,6 +209,7 @@ pub fn run(a: StepArgs, device: &DeviceArg) -> Result<(), Failure> {
             "micro_steps": setup.window_steps * setup.samples().div_ceil(setup.micro_batch.max(1)),
         },
         "seconds": seconds,
+        "setup_seconds": setup_seconds,
         "images_per_s_per_gpu": per_gpu,
         "tokens_per_sample": planned.tokens,
         "tokens_per_s": per_gpu * planned.tokens as f64,
@@ -227,7 +233,8 @@ pub fn run(a: StepArgs, device: &DeviceArg) -> Result<(), Failure> {
     let pct = |x: Option<f64>| x.map_or("–".into(), |x| format!("{:.1} %", 100.0 * x));
     let s = |p: &str| get(&m, &format!("timing_s/{p}")).unwrap_or(f64::NAN);
     println!(
-        "bench step: {:.2} images/s/GPU, step {:.1} s (rollout {:.1}, reward {:.1}, old log-prob {:.1}, update {:.1}), MFU rollout {} update {}, memory {:.2} GiB vs plan {:.2} GiB",
+        "bench step: set up in {:.1} s; {:.2} images/s/GPU, step {:.1} s (rollout {:.1}, reward {:.1}, old log-prob {:.1}, update {:.1}), MFU rollout {} update {}, memory {:.2} GiB vs plan {:.2} GiB",
+        setup_seconds,
         per_gpu,
         s("step"),
         s("gen"),
