@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use flowtune_models::lora::LoraConfig;
-use flowtune_models::{Dtype, Dtypes, ExampleShape, PipelineOptions};
+use flowtune_models::{Dtype, Dtypes, ExampleShape, PipelineOptions, RandomWeights};
 use flowtune_rollout::Engine;
 use tch::{Device, Kind};
 
@@ -54,12 +54,17 @@ pub struct RolloutArgs {
     /// The transformer's dtype (f32 | bf16 | f16); the text encoders and the VAE run in f32.
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     dtype: Dtype,
+    /// Seeded random weights from the configs alone, prompts as stand-in embeddings of this many
+    /// tokens (see `bench step --random-weights`).
+    #[arg(long, value_name = "TEXT_TOKENS")]
+    random_weights: Option<i64>,
 }
 
 fn bench_rollout(a: RolloutArgs, device: Device) -> Result<(), Failure> {
     let options = PipelineOptions {
         num_frames: a.num_frames,
         dtypes: Dtypes { transformer: a.dtype.kind(), ..Dtypes::all(Kind::Float) },
+        random: a.random_weights.map(|text_tokens| RandomWeights { seed: 0, text_tokens }),
         ..PipelineOptions::new(device)
     };
     let pipe = flowtune_models::load_pipeline(&a.model, &options).map_err(Failure::input)?;
@@ -132,6 +137,9 @@ pub struct TransformerArgs {
     /// f32 | bf16 | f16
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     dtype: Dtype,
+    /// Seeded random weights: the component's `config.json` is enough.
+    #[arg(long)]
+    random_weights: bool,
 }
 
 pub(crate) fn parse_dtype(text: &str) -> Result<Dtype, String> {
@@ -183,8 +191,12 @@ pub fn run(command: BenchCommand, device: &DeviceArg) -> Result<(), Failure> {
         target_modules,
         ..Default::default()
     };
-    let model =
-        (family.load_denoiser)(&a.component, device, kind, Some(&lora)).map_err(Failure::input)?;
+    let load = || (family.load_denoiser)(&a.component, device, kind, Some(&lora));
+    let model = match a.random_weights {
+        true => flowtune_models::with_random_weights(0, load),
+        false => load(),
+    }
+    .map_err(Failure::input)?;
     tch::manual_seed(0);
     let shape = ExampleShape {
         batch: a.batch,
