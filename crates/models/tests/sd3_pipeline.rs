@@ -19,8 +19,9 @@ fn tiny_pipeline_encodes_prompts_like_diffusers() {
     let want = tensors("sd3_tiny_pipeline_prompts.safetensors");
     let mut check = Checker::new("sd3_tiny_pipeline_prompts.safetensors");
     check.case();
+    let text = pipe.text.as_ref().expect("text encoders");
     let (l, g, t5) =
-        (&pipe.clip_l.tokenizer, &pipe.clip_g.tokenizer, &pipe.t5.as_ref().expect("t5").0);
+        (&text.clip_l.tokenizer, &text.clip_g.tokenizer, &text.t5.as_ref().expect("t5").0);
     for (name, tok, len) in [("tokenizer", l, 77), ("tokenizer_2", g, 77), ("tokenizer_3", t5, 12)]
     {
         let ids = tok.encode(&PROMPTS, len).expect("tokenize");

@@ -24,15 +24,21 @@ pub const DEFAULT_GUIDANCE: f64 = 3.5;
 /// Side of the 2×2 token patch.
 const PATCH: i64 = 2;
 
+/// The text encoders with their tokenizers.
+pub struct FluxText {
+    /// CLIP-L (`CLIPTextModel`): its pooled output conditions every block.
+    pub clip: (TextTokenizer, ClipTextModel),
+    /// T5 (`T5EncoderModel`): its states are the text tokens.
+    pub t5: (TextTokenizer, T5Encoder),
+}
+
 /// Every component of a FLUX.1 pipeline.
 pub struct FluxPipeline {
     pub dir: PipelineDir,
     pub transformer: FluxTransformer,
     pub vae: AutoencoderKl,
-    /// CLIP-L (`CLIPTextModel`): its pooled output conditions every block.
-    pub clip: (TextTokenizer, ClipTextModel),
-    /// T5 (`T5EncoderModel`): its states are the text tokens.
-    pub t5: (TextTokenizer, T5Encoder),
+    /// `None` with random weights ([`crate::StandInText`] encodes).
+    pub text: Option<FluxText>,
     pub scheduler: SchedulerConfig,
     /// T5 tokens per prompt (`max_sequence_length`).
     pub max_sequence_length: usize,
@@ -49,6 +55,26 @@ impl FluxPipeline {
     /// Loads the components of an opened pipeline directory.
     pub fn open(dir: PipelineDir, options: &PipelineOptions) -> Result<Self, ModelError> {
         let (device, dtypes) = (options.device, options.dtypes);
+        let text = || -> Result<FluxText, ModelError> {
+            Ok(FluxText {
+                clip: (
+                    TextTokenizer::load(&dir.tokenizer("tokenizer")?)?,
+                    ClipTextModel::load(
+                        &dir.component("text_encoder", &["CLIPTextModel"])?,
+                        options.encoder_device(),
+                        dtypes.text_encoders,
+                    )?,
+                ),
+                t5: (
+                    TextTokenizer::load(&dir.tokenizer("tokenizer_2")?)?,
+                    T5Encoder::load(
+                        &dir.component("text_encoder_2", &["T5EncoderModel"])?,
+                        options.encoder_device(),
+                        dtypes.text_encoders,
+                    )?,
+                ),
+            })
+        };
         let scheduler_dir = dir.component("scheduler", &["FlowMatchEulerDiscreteScheduler"])?;
         Ok(Self {
             transformer: FluxTransformer::load(
@@ -62,22 +88,10 @@ impl FluxPipeline {
                 options.vae_device(),
                 dtypes.vae,
             )?,
-            clip: (
-                TextTokenizer::load(&dir.tokenizer("tokenizer")?)?,
-                ClipTextModel::load(
-                    &dir.component("text_encoder", &["CLIPTextModel"])?,
-                    options.encoder_device(),
-                    dtypes.text_encoders,
-                )?,
-            ),
-            t5: (
-                TextTokenizer::load(&dir.tokenizer("tokenizer_2")?)?,
-                T5Encoder::load(
-                    &dir.component("text_encoder_2", &["T5EncoderModel"])?,
-                    options.encoder_device(),
-                    dtypes.text_encoders,
-                )?,
-            ),
+            text: match options.random {
+                Some(_) => None,
+                None => Some(text()?),
+            },
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
             max_sequence_length: options.max_sequence_length.unwrap_or(T5_LENGTH),
             guidance: options.embedded_guidance.unwrap_or(DEFAULT_GUIDANCE),
@@ -106,13 +120,15 @@ impl FlowPipeline for FluxPipeline {
     /// T5 states of `max_sequence_length` tokens, CLIP's pooled output; [dev] adds the guidance
     /// value as the [`GUIDANCE`] extra.
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
+        let encoders =
+            self.text.as_ref().ok_or_else(|| crate::random::no_text_encoder(&self.dir))?;
         let kind = self.transformer.x_embedder.weight.kind();
         let device = self.device();
-        let (clip_tokenizer, clip) = &self.clip;
+        let (clip_tokenizer, clip) = &encoders.clip;
         let clip_length = clip_tokenizer.model_max_length.unwrap_or(CLIP_LENGTH);
         let ids = clip_tokenizer.encode(prompts, clip_length)?.to_device(clip.store.device());
         let pooled = clip.forward(&ids)?.pooler_output.to_kind(kind).to_device(device);
-        let (t5_tokenizer, t5) = &self.t5;
+        let (t5_tokenizer, t5) = &encoders.t5;
         let ids = t5_tokenizer.encode(prompts, self.max_sequence_length)?;
         let embeds = t5.forward(&ids.to_device(t5.store.device()))?.to_kind(kind).to_device(device);
         let mut text = TextConditioning::new(embeds, Some(pooled));

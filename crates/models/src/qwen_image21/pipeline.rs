@@ -177,7 +177,8 @@ pub struct QwenImage21Pipeline {
     pub dir: PipelineDir,
     pub transformer: QwenImage21Transformer,
     pub vae: AutoencoderKlQwenImage21,
-    pub text: QwenImage21PromptEncoder,
+    /// `None` with random weights ([`crate::StandInText`] encodes; no condition pictures).
+    pub text: Option<QwenImage21PromptEncoder>,
     pub scheduler: SchedulerConfig,
     /// The author's sampling sigmas of `model_index.json` (without the terminal 0), used when a
     /// run samples their count of steps.
@@ -222,8 +223,14 @@ impl QwenImage21Pipeline {
                 transformer.config.in_channels
             )));
         }
-        let text =
-            QwenImage21PromptEncoder::load(&dir, options, transformer.config.context_in_dim)?;
+        let text = match options.random {
+            Some(_) => None,
+            None => Some(QwenImage21PromptEncoder::load(
+                &dir,
+                options,
+                transformer.config.context_in_dim,
+            )?),
+        };
         Ok(Self {
             vae,
             text,
@@ -236,6 +243,11 @@ impl QwenImage21Pipeline {
 }
 
 impl QwenImage21Pipeline {
+    /// The prompt encoder; an error with random weights, which build none.
+    fn encoder(&self) -> Result<&QwenImage21PromptEncoder, ModelError> {
+        self.text.as_ref().ok_or_else(|| crate::random::no_text_encoder(&self.dir))
+    }
+
     /// Conditioning of prompt states and their mask, in the transformer's dtype and device.
     fn conditioning(&self, embeds: Tensor, mask: Option<Tensor>) -> TextConditioning {
         let (kind, device) = (self.transformer.img_in.weight.kind(), self.device());
@@ -261,6 +273,7 @@ impl QwenImage21Pipeline {
         if pictures.is_empty() {
             return self.encode_prompts(prompts);
         }
+        let encoder = self.encoder()?;
         let area = (latent_shape[1] * VAE_FACTOR * latent_shape[2] * VAE_FACTOR) as f64;
         let mut sized = vec![];
         for picture in pictures {
@@ -275,7 +288,7 @@ impl QwenImage21Pipeline {
             sized.push(resize_rgba(picture, cw, ch, Filter::Lanczos));
         }
         let seen: Vec<RgbImage> = sized.iter().map(over_white).collect();
-        let states = self.text.encode(prompts, &seen)?;
+        let states = encoder.encode(prompts, &seen)?;
         let slots = states.image_slots.get(0);
         let token_count: i64 = sized.iter().map(|p| (p.width() * p.height()) as i64).sum::<i64>()
             / (VAE_FACTOR * VAE_FACTOR * 4);
@@ -285,8 +298,8 @@ impl QwenImage21Pipeline {
                  than the VAE's (pixel bounds {}‥{}): their encoder slots and latent tokens differ",
                 self.dir.root.join("processor").display(),
                 sized.iter().map(|p| (p.width(), p.height())).collect::<Vec<_>>(),
-                self.text.processor.min_pixels,
-                self.text.processor.max_pixels
+                encoder.processor.min_pixels,
+                encoder.processor.max_pixels
             )));
         }
         let last = Vec::<i64>::try_from(&slots)?.iter().rposition(|&s| s != 0).expect("slots");
@@ -325,7 +338,7 @@ impl FlowPipeline for QwenImage21Pipeline {
 
     /// The prompts' states with their mask (`None` when no row is padded).
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        let states = self.text.encode(prompts, &[])?;
+        let states = self.encoder()?.encode(prompts, &[])?;
         Ok(self.conditioning(states.embeds, states.mask))
     }
 

@@ -21,6 +21,22 @@ pub struct ClipBranch {
     pub encoder: ClipTextModel,
 }
 
+/// The text encoders with their tokenizers.
+pub struct Sd3Text {
+    pub clip_l: ClipBranch,
+    pub clip_g: ClipBranch,
+    /// T5 and its tokenizer; SD3 runs without them (zeros in their place).
+    pub t5: Option<(TextTokenizer, T5Encoder)>,
+}
+
+impl Sd3Text {
+    /// Tokens per CLIP branch: the tokenizer's `model_max_length` (diffusers'
+    /// `tokenizer_max_length`), 77 for the real CLIP models.
+    pub fn clip_length(&self) -> usize {
+        self.clip_l.tokenizer.model_max_length.unwrap_or(CLIP_LENGTH)
+    }
+}
+
 /// Every component of an SD3 pipeline.
 pub struct Sd3Pipeline {
     pub dir: PipelineDir,
@@ -28,10 +44,8 @@ pub struct Sd3Pipeline {
     /// The VAE; `None` for a pixel-space pipeline (`"vae": [null, null]` in the index), whose
     /// latents are the image itself in [−1, 1].
     pub vae: Option<AutoencoderKl>,
-    pub clip_l: ClipBranch,
-    pub clip_g: ClipBranch,
-    /// T5 and its tokenizer; SD3 runs without them (zeros in their place).
-    pub t5: Option<(TextTokenizer, T5Encoder)>,
+    /// `None` with random weights ([`crate::StandInText`] encodes).
+    pub text: Option<Sd3Text>,
     pub scheduler: SchedulerConfig,
     /// Tokens of the T5 part of the prompt (diffusers' `max_sequence_length`, default 256).
     pub t5_max_length: usize,
@@ -62,17 +76,24 @@ impl Sd3Pipeline {
                 )?,
             })
         };
-        let t5 = if dir.has("text_encoder_3") {
-            Some((
-                TextTokenizer::load(&dir.tokenizer("tokenizer_3")?)?,
-                T5Encoder::load(
-                    &dir.component("text_encoder_3", &["T5EncoderModel"])?,
-                    options.encoder_device(),
-                    dtypes.text_encoders,
-                )?,
-            ))
-        } else {
-            None
+        let text = || -> Result<Sd3Text, ModelError> {
+            let t5 = if dir.has("text_encoder_3") {
+                Some((
+                    TextTokenizer::load(&dir.tokenizer("tokenizer_3")?)?,
+                    T5Encoder::load(
+                        &dir.component("text_encoder_3", &["T5EncoderModel"])?,
+                        options.encoder_device(),
+                        dtypes.text_encoders,
+                    )?,
+                ))
+            } else {
+                None
+            };
+            Ok(Sd3Text {
+                clip_l: clip("text_encoder", "tokenizer")?,
+                clip_g: clip("text_encoder_2", "tokenizer_2")?,
+                t5,
+            })
         };
         let scheduler_dir = dir.component("scheduler", &["FlowMatchEulerDiscreteScheduler"])?;
         Ok(Self {
@@ -91,9 +112,10 @@ impl Sd3Pipeline {
             } else {
                 None
             },
-            clip_l: clip("text_encoder", "tokenizer")?,
-            clip_g: clip("text_encoder_2", "tokenizer_2")?,
-            t5,
+            text: match options.random {
+                Some(_) => None,
+                None => Some(text()?),
+            },
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
             t5_max_length: options.max_sequence_length.unwrap_or(T5_LENGTH),
             dir,
@@ -122,22 +144,17 @@ impl Sd3Pipeline {
         }
     }
 
-    /// Tokens per CLIP branch: the tokenizer's `model_max_length` (diffusers'
-    /// `tokenizer_max_length`), 77 for the real CLIP models.
-    pub fn clip_length(&self) -> usize {
-        self.clip_l.tokenizer.model_max_length.unwrap_or(CLIP_LENGTH)
-    }
-
     /// SD3 prompt encoding: CLIP-L ‖ CLIP-G penultimate states (zero-padded to the T5 width),
     /// then T5 states along the sequence (77 + T tokens; zeros of the CLIP length without T5);
     /// pooled = CLIP-L ‖ CLIP-G projections.
     fn encode_text(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
+        let text = self.text.as_ref().ok_or_else(|| crate::random::no_text_encoder(&self.dir))?;
         let kind = self.transformer.context_embedder.weight.kind();
         let device = self.transformer.context_embedder.weight.device();
-        let clip_length = self.clip_length();
+        let clip_length = text.clip_length();
         let mut states = vec![];
         let mut pooled = vec![];
-        for branch in [&self.clip_l, &self.clip_g] {
+        for branch in [&text.clip_l, &text.clip_g] {
             let ids = branch.tokenizer.encode(prompts, clip_length)?;
             let out = branch.encoder.forward(&ids.to_device(branch.encoder.store.device()))?;
             states.push(out.penultimate_hidden_state.to_device(device));
@@ -153,7 +170,7 @@ impl Sd3Pipeline {
         }
         let clip = Tensor::cat(&states, -1).to_kind(kind);
         let joint = self.transformer.config.joint_attention_dim;
-        let t5 = match &self.t5 {
+        let t5 = match &text.t5 {
             Some((tokenizer, encoder)) => {
                 let ids = tokenizer.encode(prompts, self.t5_max_length)?;
                 encoder
@@ -217,10 +234,15 @@ impl FlowPipeline for Sd3Pipeline {
     }
 
     fn trained_stores(&self) -> Vec<(&'static str, &'static str, &VarStore)> {
-        vec![
-            ("transformer", "diffusion_pytorch_model.safetensors", &self.transformer.weights.base),
-            ("text_encoder", "model.safetensors", &self.clip_l.encoder.store),
-            ("text_encoder_2", "model.safetensors", &self.clip_g.encoder.store),
-        ]
+        let mut stores = vec![(
+            "transformer",
+            "diffusion_pytorch_model.safetensors",
+            &self.transformer.weights.base,
+        )];
+        if let Some(text) = &self.text {
+            stores.push(("text_encoder", "model.safetensors", &text.clip_l.encoder.store));
+            stores.push(("text_encoder_2", "model.safetensors", &text.clip_g.encoder.store));
+        }
+        stores
     }
 }
