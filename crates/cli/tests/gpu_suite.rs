@@ -1,29 +1,12 @@
 //! The GPU suite on the CPU: `bench step --random-weights` at real width (the real Qwen-Image
 //! config, 2 blocks) against `flowtune plan`, and `scripts/gpu/suite.sh --tiny` running every part.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
+use std::process::Command;
+
+use common::{flowtune, root, stdout as ok};
 use flowtune_fixtures::scratch;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn flowtune(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flowtune"))
-        .args(args)
-        .current_dir(root())
-        .env_remove("WORLD_SIZE")
-        .output()
-        .expect("run flowtune")
-}
-
-fn ok(out: &Output) -> String {
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    text
-}
 
 /// Two LoRA steps of Qwen-Image's real config at 2 blocks from random weights, f32 at 128² with
 /// stand-in prompts of 16 tokens: every phase timed, model work counted in rollout and update, and

@@ -1,31 +1,13 @@
 //! `flowtune plan` end to end: the shipped config-only real models and recipes, the verdicts of
 //! large-models.md §2.3, bad input, and the parameter counts against tiny pipelines' weights.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::{flowtune, root, stdout};
 use flowtune_fixtures::scratch;
 use flowtune_plan::GIB;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Runs `flowtune` in the repository root (the example recipes name paths from there).
-fn flowtune(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flowtune"))
-        .args(args)
-        .current_dir(root())
-        .env_remove("WORLD_SIZE")
-        .output()
-        .expect("run flowtune")
-}
-
-fn stdout(out: &Output) -> String {
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    text
-}
 
 fn json(args: &[&str]) -> serde_json::Value {
     let mut all = args.to_vec();
