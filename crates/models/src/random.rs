@@ -194,12 +194,11 @@ impl FlowPipeline for StandInText {
         &self,
         prompts: &[&str],
         pictures: &[RgbImage],
-        latent_shape: &[i64],
+        _latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
         if pictures.is_empty() {
             return self.encode_prompts(prompts);
         }
-        let _ = latent_shape;
         Err(ModelError::Input(format!(
             "{}: condition pictures need the text encoder, which random weights replace by \
              stand-in embeddings",
