@@ -18,7 +18,7 @@ use tch::nn::VarStore;
 use tch::{Device, Tensor};
 
 use crate::denoiser::{ExampleShape, TrainableDenoiser};
-use crate::family::FlowPipeline;
+use crate::family::{FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::{ModelError, TextConditioning};
 
@@ -92,12 +92,27 @@ pub(crate) fn fill(store: &VarStore, seed: u64) -> Result<(), ModelError> {
     Ok(())
 }
 
-/// The error of a pipeline built without text encoders asked to encode prompts itself.
-pub(crate) fn no_text_encoder(dir: &PipelineDir) -> ModelError {
-    ModelError::Input(format!(
-        "{}: built with random weights and no text encoder; prompts go through StandInText",
-        dir.root.display()
-    ))
+/// The text encoders `load` builds, or none when `options` ask for random weights (prompts then
+/// go through [`StandInText`]).
+pub(crate) fn text_encoders<T>(
+    options: &PipelineOptions,
+    load: impl FnOnce() -> Result<T, ModelError>,
+) -> Result<Option<T>, ModelError> {
+    match options.random {
+        Some(_) => Ok(None),
+        None => load().map(Some),
+    }
+}
+
+/// A pipeline's text encoders, or the error of one built with random weights asked to encode
+/// prompts itself.
+pub(crate) fn built<'a, T>(text: &'a Option<T>, dir: &PipelineDir) -> Result<&'a T, ModelError> {
+    text.as_ref().ok_or_else(|| {
+        ModelError::Input(format!(
+            "{}: built with random weights and no text encoder; prompts go through StandInText",
+            dir.root.display()
+        ))
+    })
 }
 
 /// A pipeline loaded with random weights and no text encoders: prompts are encoded as seeded

@@ -88,10 +88,7 @@ impl FluxPipeline {
                 options.vae_device(),
                 dtypes.vae,
             )?,
-            text: match options.random {
-                Some(_) => None,
-                None => Some(text()?),
-            },
+            text: crate::random::text_encoders(options, text)?,
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
             max_sequence_length: options.max_sequence_length.unwrap_or(T5_LENGTH),
             guidance: options.embedded_guidance.unwrap_or(DEFAULT_GUIDANCE),
@@ -120,8 +117,7 @@ impl FlowPipeline for FluxPipeline {
     /// T5 states of `max_sequence_length` tokens, CLIP's pooled output; [dev] adds the guidance
     /// value as the [`GUIDANCE`] extra.
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        let encoders =
-            self.text.as_ref().ok_or_else(|| crate::random::no_text_encoder(&self.dir))?;
+        let encoders = crate::random::built(&self.text, &self.dir)?;
         let kind = self.transformer.x_embedder.weight.kind();
         let device = self.device();
         let (clip_tokenizer, clip) = &encoders.clip;

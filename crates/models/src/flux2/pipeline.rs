@@ -203,14 +203,10 @@ impl Flux2Pipeline {
             options.lora.as_ref(),
         )?;
         transformer.config.is_distilled = raw["is_distilled"].as_bool().unwrap_or(false);
-        let text = match options.random {
-            Some(_) => None,
-            None => Some(Flux2PromptEncoder::load(
-                &dir,
-                options,
-                transformer.config.joint_attention_dim,
-            )?),
-        };
+        let width = transformer.config.joint_attention_dim;
+        let text = crate::random::text_encoders(options, || {
+            Flux2PromptEncoder::load(&dir, options, width)
+        })?;
         let vae_dir = dir.component("vae", &["AutoencoderKLFlux2"])?;
         let vae = Flux2Vae::load(&vae_dir, options.vae_device(), dtypes.vae)?;
         let (tokens, latent) = (transformer.config.in_channels, vae.config.latent_channels);
@@ -249,8 +245,7 @@ impl FlowPipeline for Flux2Pipeline {
     /// The text encoder's states of `max_sequence_length` tokens per prompt; no mask. [dev]
     /// adds the guidance value as the [`GUIDANCE`] extra.
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        let encoder =
-            self.text.as_ref().ok_or_else(|| crate::random::no_text_encoder(&self.dir))?;
+        let encoder = crate::random::built(&self.text, &self.dir)?;
         let embeds = encoder.encode(prompts, self.max_sequence_length)?;
         let kind = self.transformer.x_embedder.weight.kind();
         let device = self.device();

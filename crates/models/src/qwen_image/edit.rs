@@ -44,7 +44,7 @@ impl QwenImagePipeline {
         prompts: &[&str],
         pictures: &[RgbImage],
     ) -> Result<TextConditioning, ModelError> {
-        let QwenText::Edit(encoder) = &self.text else {
+        let QwenText::Edit(encoder) = crate::random::built(&self.text, &self.dir)? else {
             return Err(ModelError::Input(format!(
                 "{}: condition pictures need a {EDIT_PLUS}, this is a {}",
                 self.dir.root.display(),

@@ -24,8 +24,6 @@ const MAX_SEQUENCE_LENGTH: usize = 512;
 pub enum QwenText {
     Plain(Box<QwenPromptEncoder>),
     Edit(Box<QwenEditPromptEncoder>),
-    /// Not built: random weights, prompts encoded by [`crate::StandInText`].
-    StandIn,
 }
 
 /// Every component of a Qwen-Image (or Qwen-Image-Edit-Plus) pipeline.
@@ -33,8 +31,9 @@ pub struct QwenImagePipeline {
     pub dir: PipelineDir,
     pub transformer: QwenImageTransformer,
     pub vae: AutoencoderKlQwenImage,
-    /// Qwen2.5-VL with the Qwen2 tokenizer (and, for Edit-Plus, its vision tower and processor).
-    pub text: QwenText,
+    /// Qwen2.5-VL with the Qwen2 tokenizer (and, for Edit-Plus, its vision tower and processor);
+    /// `None` with random weights ([`crate::StandInText`] encodes).
+    pub text: Option<QwenText>,
     pub scheduler: SchedulerConfig,
     /// Text tokens kept per prompt after the template (`max_sequence_length`).
     pub max_sequence_length: usize,
@@ -62,14 +61,12 @@ impl QwenImagePipeline {
                 options.vae_device(),
                 dtypes.vae,
             )?,
-            text: if options.random.is_some() {
-                QwenText::StandIn
-            } else {
+            text: crate::random::text_encoders(options, || {
                 let encoder =
                     dir.component("text_encoder", &["Qwen2_5_VLForConditionalGeneration"])?;
                 let tokenizer = dir.tokenizer("tokenizer")?;
                 let (kind, device) = (dtypes.text_encoders, options.encoder_device());
-                if dir.index.class_name == EDIT_PLUS {
+                Ok(if dir.index.class_name == EDIT_PLUS {
                     let processor = dir.root.join("processor");
                     QwenText::Edit(Box::new(QwenEditPromptEncoder::load(
                         &encoder, &tokenizer, &processor, device, kind,
@@ -78,8 +75,8 @@ impl QwenImagePipeline {
                     QwenText::Plain(Box::new(QwenPromptEncoder::load(
                         &encoder, &tokenizer, device, kind,
                     )?))
-                }
-            },
+                })
+            })?,
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
             max_sequence_length: options.max_sequence_length.unwrap_or(MAX_SEQUENCE_LENGTH),
             dir,
@@ -114,13 +111,12 @@ impl FlowPipeline for QwenImagePipeline {
     /// The chat template around each prompt, Qwen2.5-VL's last hidden states past the template,
     /// rows zero-padded to the longest with a mask.
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        match &self.text {
+        match crate::random::built(&self.text, &self.dir)? {
             QwenText::Plain(text) => {
                 let (embeds, mask) = text.encode_prompts(prompts, self.max_sequence_length)?;
                 Ok(self.conditioning(embeds, mask))
             }
             QwenText::Edit(_) => self.encode_edit(prompts, &[]),
-            QwenText::StandIn => Err(crate::random::no_text_encoder(&self.dir)),
         }
     }
 
@@ -131,7 +127,7 @@ impl FlowPipeline for QwenImagePipeline {
         pictures: &[RgbImage],
         _latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
-        match (&self.text, pictures.is_empty()) {
+        match (crate::random::built(&self.text, &self.dir)?, pictures.is_empty()) {
             (QwenText::Plain(_), true) => self.encode_prompts(prompts),
             _ => self.encode_edit(prompts, pictures),
         }

@@ -223,14 +223,10 @@ impl QwenImage21Pipeline {
                 transformer.config.in_channels
             )));
         }
-        let text = match options.random {
-            Some(_) => None,
-            None => Some(QwenImage21PromptEncoder::load(
-                &dir,
-                options,
-                transformer.config.context_in_dim,
-            )?),
-        };
+        let width = transformer.config.context_in_dim;
+        let text = crate::random::text_encoders(options, || {
+            QwenImage21PromptEncoder::load(&dir, options, width)
+        })?;
         Ok(Self {
             vae,
             text,
@@ -245,7 +241,7 @@ impl QwenImage21Pipeline {
 impl QwenImage21Pipeline {
     /// The prompt encoder; an error with random weights, which build none.
     fn encoder(&self) -> Result<&QwenImage21PromptEncoder, ModelError> {
-        self.text.as_ref().ok_or_else(|| crate::random::no_text_encoder(&self.dir))
+        crate::random::built(&self.text, &self.dir)
     }
 
     /// Conditioning of prompt states and their mask, in the transformer's dtype and device.

@@ -112,10 +112,7 @@ impl Sd3Pipeline {
             } else {
                 None
             },
-            text: match options.random {
-                Some(_) => None,
-                None => Some(text()?),
-            },
+            text: crate::random::text_encoders(options, text)?,
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
             t5_max_length: options.max_sequence_length.unwrap_or(T5_LENGTH),
             dir,
@@ -148,7 +145,7 @@ impl Sd3Pipeline {
     /// then T5 states along the sequence (77 + T tokens; zeros of the CLIP length without T5);
     /// pooled = CLIP-L ‖ CLIP-G projections.
     fn encode_text(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        let text = self.text.as_ref().ok_or_else(|| crate::random::no_text_encoder(&self.dir))?;
+        let text = crate::random::built(&self.text, &self.dir)?;
         let kind = self.transformer.context_embedder.weight.kind();
         let device = self.transformer.context_embedder.weight.device();
         let clip_length = text.clip_length();

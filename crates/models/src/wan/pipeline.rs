@@ -113,21 +113,18 @@ impl WanPipeline {
                 })
             }
         };
-        let text = match options.random {
-            Some(_) => None,
-            None => {
-                let mut text = WanTextEncoder::load(
-                    &dir.tokenizer("tokenizer")?,
-                    &dir.component("text_encoder", &["UMT5EncoderModel"])?,
-                    options.encoder_device(),
-                    dtypes.text_encoders,
-                )?;
-                if let Some(n) = options.max_sequence_length {
-                    text.max_sequence_length = n;
-                }
-                Some(text)
+        let text = crate::random::text_encoders(options, || {
+            let mut text = WanTextEncoder::load(
+                &dir.tokenizer("tokenizer")?,
+                &dir.component("text_encoder", &["UMT5EncoderModel"])?,
+                options.encoder_device(),
+                dtypes.text_encoders,
+            )?;
+            if let Some(n) = options.max_sequence_length {
+                text.max_sequence_length = n;
             }
-        };
+            Ok(text)
+        })?;
         let vae = AutoencoderKlWan::load(
             &dir.component("vae", &["AutoencoderKLWan"])?,
             options.vae_device(),
@@ -233,7 +230,7 @@ impl FlowPipeline for WanPipeline {
     /// UMT5's last hidden state of each cleaned prompt, zero past its tokens up to
     /// `max_sequence_length` (WanPipeline's `prompt_embeds`, read without a mask).
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        let text = self.text.as_ref().ok_or_else(|| crate::random::no_text_encoder(&self.dir))?;
+        let text = crate::random::built(&self.text, &self.dir)?;
         let (embeds, _) = text.encode(prompts)?;
         let kind = self.transformer.first().patch_embedding.0.kind();
         Ok(TextConditioning::new(embeds.to_kind(kind).to_device(self.device()), None))

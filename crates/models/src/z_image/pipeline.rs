@@ -115,15 +115,14 @@ impl ZImagePipeline {
                 options.vae_device(),
                 dtypes.vae,
             )?,
-            text: match options.random {
-                Some(_) => None,
-                None => Some(ZImagePromptEncoder::load(
+            text: crate::random::text_encoders(options, || {
+                ZImagePromptEncoder::load(
                     &dir.component("text_encoder", TEXT_ENCODER_CLASSES)?,
                     &dir.tokenizer("tokenizer")?,
                     options.encoder_device(),
                     dtypes.text_encoders,
-                )?),
-            },
+                )
+            })?,
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
             max_sequence_length: options.max_sequence_length.unwrap_or(MAX_SEQUENCE_LENGTH),
             dir,
@@ -146,8 +145,7 @@ impl FlowPipeline for ZImagePipeline {
     /// Each prompt in the chat template, Qwen3's `hidden_states[-2]`, a mask of the valid tokens
     /// (the transformer takes each row's valid tokens only, as diffusers does).
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        let encoder =
-            self.text.as_ref().ok_or_else(|| crate::random::no_text_encoder(&self.dir))?;
+        let encoder = crate::random::built(&self.text, &self.dir)?;
         let (embeds, mask) = encoder.encode(prompts, self.max_sequence_length)?;
         let (kind, device) = (self.transformer.x_embedder.weight.kind(), self.device());
         let mut text = TextConditioning::new(embeds.to_kind(kind).to_device(device), None);
