@@ -98,8 +98,8 @@ fn metrics(out: &Path) -> Vec<BTreeMap<String, serde_json::Value>> {
         .collect()
 }
 
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-5 * a.abs().max(b.abs()) + 1e-6
+fn close(a: f64, b: f64, rtol: f64) -> bool {
+    (a - b).abs() <= rtol * a.abs().max(b.abs()) + 1e-6
 }
 
 /// Every metric but timings, throughput and the world size agrees step by step (1e-5 relative);
@@ -107,6 +107,16 @@ fn close(a: f64, b: f64) -> bool {
 /// gradient summed in another order can cancel more in one small tensor) and the grid of the
 /// first step's samples (within one level of 255 in under 0.1% of the values).
 fn assert_same_run(a: &Path, b: &Path, steps: std::ops::RangeInclusive<u64>) {
+    assert_same_run_but(a, b, steps, &[]);
+}
+
+/// [`assert_same_run`], with the metrics that start with one of `ill_conditioned` within 1e-3.
+fn assert_same_run_but(
+    a: &Path,
+    b: &Path,
+    steps: std::ops::RangeInclusive<u64>,
+    ill_conditioned: &[&str],
+) {
     let (ma, mb) = (metrics(a), metrics(b));
     let mut compared = 0;
     for k in steps {
@@ -120,7 +130,8 @@ fn assert_same_run(a: &Path, b: &Path, steps: std::ops::RangeInclusive<u64>) {
             }
             let vb = lb.get(key).unwrap_or_else(|| panic!("step {k}: {key} missing from {b:?}"));
             let (x, y) = (va.as_f64().unwrap_or(f64::NAN), vb.as_f64().unwrap_or(f64::NAN));
-            assert!(close(x, y) || (x.is_nan() && y.is_nan()), "step {k} {key}: {x} vs {y}");
+            let rtol = if ill_conditioned.iter().any(|p| key.starts_with(p)) { 1e-3 } else { 1e-5 };
+            assert!(close(x, y, rtol) || (x.is_nan() && y.is_nan()), "step {k} {key}: {x} vs {y}");
             compared += 1;
         }
     }
@@ -220,12 +231,19 @@ fn sequence_parallel_ranks_train_as_one_process() {
         let model = format!("model.path={}", tiny(family).display());
         let extra = ["trainer.total_steps=2", &model, &files(prompts), SMOOTH];
         let sp = [&extra[..], &["trainer.sequence_parallel_size=2"]].concat();
+        // A rank's matmuls see half the tokens, so rewards round differently (≈3e-7 relative);
+        // the tiny models' two samples of a group differ by ~1e-4 in brightness, and advantages
+        // divide by that spread: they, and the gradient norm, agree only to ≈3e-5 (the weights
+        // still to 1e-5).
+        let same = |a: &Path, b: &Path| {
+            assert_same_run_but(a, b, 1..=2, &["critic/advantages/", "actor/grad_norm"])
+        };
         let a = scratch(&format!("sp-one-{recipe}"));
         single(recipe, &a, &extra);
         for g in 1..=groups {
             let b = scratch(&format!("sp-{g}x2-{recipe}"));
             ranks(2 * g, recipe, &b, &sp);
-            assert_same_run(&a, &b, 1..=2);
+            same(&a, &b);
             assert!(metrics(&b).iter().all(|l| l["dist/sequence_parallel_size"] == 2.0
                 && l["dist/world_size"] == (2 * g) as f64));
             eprintln!("{recipe}: {g} group(s) of S = 2 = 1 process");
@@ -234,7 +252,7 @@ fn sequence_parallel_ranks_train_as_one_process() {
             // With the frozen block weights sharded over the group too (what 720p needs).
             let b = scratch(&format!("sp-frozen-{recipe}"));
             ranks(2, recipe, &b, &[&sp[..], &["trainer.sharding=frozen"]].concat());
-            assert_same_run(&a, &b, 1..=2);
+            same(&a, &b);
         }
     }
 }
