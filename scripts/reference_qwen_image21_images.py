@@ -22,7 +22,8 @@ already carries a random vision tower). Writes:
   `ode1_*`: picture c, a 32 x 128 target at output resolution 64, no guidance): initial and final latents, the
   sigmas and the decoded pictures (RGB, u8 levels). Then an RGBA picture (`input.picture_rgba`, 60 x 44, alpha from
   0 through a ramp to 255): Pillow's resize of it at output resolution 64 (`output.rgba_resized`), that composited
-  over white (`output.rgba_over_white`), and an ODE run on a 64 x 64 target without guidance (`rgba_*`).
+  over white (`output.rgba_over_white`), and an ODE run on a 64 x 64 target without guidance (`rgba_*`). Last,
+  picture c on a 64 x 64 target at output resolution 96, without guidance (`res96_*`).
 """
 import sys
 
@@ -162,6 +163,16 @@ def pipeline_case(out_dir, g):
     io["output.rgba_images"] = (torch.from_numpy(np.ascontiguousarray(images[..., :3])) * 255).round().to(torch.uint8)
     io["output.rgba_sigmas"] = pipe.scheduler.sigmas.clone()
     print("rgba: resized", sized.size, "images", images.shape)
+    # Picture c on a 64 x 64 target at output resolution 96: the picture is sized by that, not by the target.
+    x = torch.randn(len(PROMPTS), pipe.transformer.config.in_channels, 4, 4, generator=g)
+    io["input.res96_initial_latents"] = x
+    images = pipe(prompt=list(PROMPTS), image=Image.fromarray(pictures["c"].numpy()), height=64, width=64,
+                  output_resolution=96, latents=x.flatten(2).transpose(1, 2).clone(), output_type="np",
+                  callback_on_step_end=keep_rgba).images
+    io["output.res96_final_latents"] = final["latents"].transpose(1, 2).reshape(x.shape)
+    io["output.res96_images"] = (torch.from_numpy(np.ascontiguousarray(images[..., :3])) * 255).round().to(
+        torch.uint8)
+    io["output.res96_sigmas"] = pipe.scheduler.sigmas.clone()
     save_file({k: v.contiguous() for k, v in io.items()}, f"{out_dir}/qwen_image21_images_io.safetensors")
 
 

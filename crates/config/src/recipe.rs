@@ -183,6 +183,9 @@ impl Recipe {
         if self.model.num_frames == Some(0) {
             return Err(("model.num_frames".into(), "0 is not allowed; expected ≥ 1 frame".into()));
         }
+        if let Some(r) = self.model.output_resolution.filter(|r| *r < 32) {
+            return Err(("model.output_resolution".into(), format!("{r}: expected ≥ 32 pixels")));
+        }
         self.check_algorithm(algorithm)
     }
 

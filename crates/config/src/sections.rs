@@ -30,6 +30,10 @@ pub struct ModelSection {
     /// Pixel frames of a video family's samples (Wan: 4k+1); unset: the family's default (81 for
     /// Wan, as diffusers' WanPipeline). Image families refuse it.
     pub num_frames: Option<usize>,
+    /// The side whose square condition pictures are sized to (Qwen-Image 2.1's
+    /// `output_resolution`, whatever `resolution` is); unset: the pipeline's 1024. Other
+    /// families refuse it.
+    pub output_resolution: Option<i64>,
     /// Which frozen components live off the training device: `none`, `encoders` (text encoders)
     /// or `encoders_and_vae`.
     pub offload: Offload,
@@ -82,6 +86,7 @@ impl Default for ModelSection {
             guidance: None,
             resolution: 512,
             num_frames: None,
+            output_resolution: None,
             offload: Offload::None,
             teacher_path: None,
             teachers: vec![],

@@ -22,17 +22,25 @@ pub struct PromptRecord {
 }
 
 impl PromptRecord {
-    /// The condition pictures, decoded as 8-bit RGB (an unreadable file is named).
-    pub fn load_images(&self) -> Result<Vec<image::RgbImage>, DataError> {
-        self.images
-            .iter()
-            .map(|path| {
-                image::open(path).map(|i| i.to_rgb8()).map_err(|e| DataError::Io {
-                    path: path.display().to_string(),
-                    message: e.to_string(),
-                })
-            })
-            .collect()
+    /// The condition pictures, each as [`load_picture`].
+    pub fn load_images(&self, alpha: bool) -> Result<Vec<image::RgbaImage>, DataError> {
+        self.images.iter().map(|path| load_picture(path, alpha)).collect()
+    }
+}
+
+/// A condition picture decoded as 8-bit RGBA (alpha 255 where the file has none). Where the model
+/// takes no `alpha`, a picture with a transparent pixel is refused by its path rather than
+/// flattened. An unreadable file is named.
+pub fn load_picture(path: &Path, alpha: bool) -> Result<image::RgbaImage, DataError> {
+    let named = |message: String| DataError::Io { path: path.display().to_string(), message };
+    let picture = image::open(path).map_err(|e| named(e.to_string()))?.to_rgba8();
+    match picture.pixels().filter(|p| p.0[3] != 255).count() {
+        n if n > 0 && !alpha => Err(named(format!(
+            "{n} of its {} pixels are transparent, and this model takes opaque condition \
+             pictures only (Qwen-Image 2.1 reads alpha); flatten it onto a background first",
+            picture.width() * picture.height()
+        ))),
+        _ => Ok(picture),
     }
 }
 
@@ -202,6 +210,29 @@ mod tests {
         assert!(err.contains("missing.png") && err.contains("does not exist"), "{err}");
         let err = parse(r#"{"prompt": "p", "images": 3}"#).unwrap_err();
         assert!(err.contains("list of paths"), "{err}");
+    }
+
+    /// Pictures keep their alpha; an RGB file reads as opaque; a translucent one is refused by
+    /// its path for a model that takes no alpha.
+    #[test]
+    fn condition_pictures_load_with_their_alpha() {
+        let dir = flowtune_fixtures::scratch("alpha");
+        let rgba = image::RgbaImage::from_fn(4, 3, |x, y| image::Rgba([10, 20, 30, (x * y) as u8]));
+        rgba.save(dir.join("rgba.png")).unwrap();
+        image::RgbImage::from_pixel(2, 2, image::Rgb([1, 2, 3])).save(dir.join("rgb.png")).unwrap();
+        let record = |name: &str| PromptRecord {
+            prompt: "p".into(),
+            negative_prompt: None,
+            data_source: "s".into(),
+            ground_truth: None,
+            extra_info: Value::Null,
+            images: vec![dir.join(name)],
+        };
+        assert_eq!(record("rgba.png").load_images(true).unwrap(), [rgba]);
+        let opaque = record("rgb.png").load_images(false).unwrap();
+        assert_eq!(opaque[0].get_pixel(1, 1).0, [1, 2, 3, 255]);
+        let err = record("rgba.png").load_images(false).unwrap_err().to_string();
+        assert!(err.contains("rgba.png") && err.contains("12 of its 12 pixels"), "{err}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use flowtune_sampling::{GridRequest, SchedulerConfig};
-use image::RgbImage;
+use image::RgbaImage;
 use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
@@ -87,6 +87,9 @@ pub struct PipelineOptions {
     /// Pixel frames of a video family's samples; `None` is the family's default. Image families
     /// refuse it.
     pub num_frames: Option<usize>,
+    /// The side whose square condition pictures are sized to (Qwen-Image 2.1's
+    /// `output_resolution`); `None` is the family's default. Other families refuse it.
+    pub output_resolution: Option<i64>,
     /// Frozen components on the CPU.
     pub offload: Offload,
     /// Seeded random weights instead of the checkpoint files, and stand-in prompt embeddings
@@ -104,6 +107,7 @@ impl PipelineOptions {
             max_sequence_length: None,
             embedded_guidance: None,
             num_frames: None,
+            output_resolution: None,
             offload: Offload::None,
             random: None,
         }
@@ -183,11 +187,11 @@ pub trait FlowPipeline {
     /// Text conditioning of `prompts` that all share the condition `pictures`, for samples of
     /// `latent_shape` (image editing: Qwen-Image-Edit-Plus; image-to-video: Wan2.2-TI2V's first
     /// frame). Without pictures it is [`Self::encode_prompts`]; a family that takes none refuses
-    /// them.
+    /// them, and one that takes no alpha ([`Self::takes_alpha`]) refuses a translucent one.
     fn encode_prompts_with_pictures(
         &self,
         prompts: &[&str],
-        pictures: &[RgbImage],
+        pictures: &[RgbaImage],
         latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
         let _ = latent_shape;
@@ -199,6 +203,18 @@ pub trait FlowPipeline {
             self.dir().root.display(),
             self.dir().index.class_name
         )))
+    }
+
+    /// Whether condition pictures reach the family with their alpha (Qwen-Image 2.1); the others
+    /// take opaque pictures only ([`crate::pictures::opaque_rgb`]).
+    fn takes_alpha(&self) -> bool {
+        false
+    }
+
+    /// Whether the family sizes condition pictures by [`PipelineOptions::output_resolution`]
+    /// (Qwen-Image 2.1); it is refused where it does not.
+    fn takes_output_resolution(&self) -> bool {
+        false
     }
 
     /// Whether the denoiser takes a distilled guidance value through an embedding (FLUX.1 [dev]);

@@ -13,7 +13,7 @@ use std::cell::Cell;
 use std::path::PathBuf;
 
 use flowtune_sampling::{GridRequest, SchedulerConfig};
-use image::RgbImage;
+use image::RgbaImage;
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 
@@ -188,6 +188,14 @@ impl FlowPipeline for StandInText {
         self.inner.takes_num_frames()
     }
 
+    fn takes_alpha(&self) -> bool {
+        self.inner.takes_alpha()
+    }
+
+    fn takes_output_resolution(&self) -> bool {
+        self.inner.takes_output_resolution()
+    }
+
     fn decoded_frames(&self, latent_shape: &[i64]) -> usize {
         self.inner.decoded_frames(latent_shape)
     }
@@ -208,7 +216,7 @@ impl FlowPipeline for StandInText {
     fn encode_prompts_with_pictures(
         &self,
         prompts: &[&str],
-        pictures: &[RgbImage],
+        pictures: &[RgbaImage],
         _latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
         if pictures.is_empty() {

@@ -104,24 +104,27 @@ pub fn load_pipeline(
             Box::new(crate::StandInText { inner, random })
         }
     };
-    match options.embedded_guidance {
-        Some(g) if !pipe.embeds_guidance() => Err(ModelError::Input(format!(
-            "{}: embedded guidance {g} (model.guidance / --embedded-guidance) needs a \
-             guidance-distilled denoiser such as FLUX.1 [dev]; this {} has no guidance \
-             embedding (classifier-free guidance is rollout.guidance_scale / --guidance)",
-            dir.root.display(),
-            dir.index.class_name
-        ))),
-        _ => match options.num_frames {
-            Some(n) if !pipe.takes_num_frames() => Err(ModelError::Input(format!(
-                "{}: num_frames {n} (model.num_frames / --num-frames) is for video families such \
-                 as Wan; this {} samples pictures",
-                dir.root.display(),
-                dir.index.class_name
-            ))),
-            _ => Ok(pipe),
-        },
-    }
+    let (root, class) = (dir.root.display(), &dir.index.class_name);
+    let refused = if let Some(g) = options.embedded_guidance.filter(|_| !pipe.embeds_guidance()) {
+        format!(
+            "embedded guidance {g} (model.guidance / --embedded-guidance) needs a \
+             guidance-distilled denoiser such as FLUX.1 [dev]; this {class} has no guidance \
+             embedding (classifier-free guidance is rollout.guidance_scale / --guidance)"
+        )
+    } else if let Some(n) = options.num_frames.filter(|_| !pipe.takes_num_frames()) {
+        format!(
+            "num_frames {n} (model.num_frames / --num-frames) is for video families such as Wan; \
+             this {class} samples pictures"
+        )
+    } else if let Some(r) = options.output_resolution.filter(|_| !pipe.takes_output_resolution()) {
+        format!(
+            "output_resolution {r} (model.output_resolution / --output-resolution) sizes \
+             Qwen-Image 2.1's condition pictures; this {class} does not read it"
+        )
+    } else {
+        return Ok(pipe);
+    };
+    Err(ModelError::Input(format!("{root}: {refused}")))
 }
 
 /// Loads a denoiser component directory through the family whose `denoiser_class` its

@@ -163,7 +163,8 @@ fn reference_images_match_the_pipeline() {
         tch::no_grad(|| flowtune_models::flux2::reference_tokens(&pipe.vae, &pictures)).unwrap();
     check.close_within("reference_tokens", &tokens, &io["output.reference_tokens"], MODEL_RTOL);
     assert!(ids.to_kind(Kind::Float).equal(&io["output.reference_ids"].to_kind(Kind::Float)));
-    let text = tch::no_grad(|| pipe.encode_prompts_with_pictures(&["a", "b"], &pictures, &[]))
+    let rgba = pictures.map(|p| image::DynamicImage::ImageRgb8(p).to_rgba8());
+    let text = tch::no_grad(|| pipe.encode_prompts_with_pictures(&["a", "b"], &rgba, &[]))
         .expect("encode");
     assert_eq!(text.extras[REFERENCE_TOKENS].size()[0], 2, "one copy per row");
     assert!(text.extras[REFERENCE_IDS].get(1).equal(&ids.get(0)));
@@ -232,7 +233,7 @@ fn unsupported_parts_are_refused_by_name() {
     assert!(err.contains("text_encoder/config.json") && err.contains("20 layers"), "{err}");
 
     let pipe = tiny_pipeline();
-    let picture = image::RgbImage::new(80, 9);
+    let picture = image::RgbaImage::from_pixel(80, 9, image::Rgba([0, 0, 0, 255]));
     let err = pipe
         .encode_prompts_with_pictures(&["a cat"], &[picture], &[32, 8, 12])
         .err()

@@ -139,9 +139,11 @@ fn unsupported_settings_are_refused_by_name() {
     let text = std::fs::read_to_string(&processor).expect("read");
     std::fs::write(&processor, text.replace("\"shortest_edge\": 3136", "\"shortest_edge\": 65536"))
         .expect("write");
-    let pipe = QwenImage21Pipeline::load(&pipeline, &PipelineOptions::new(Device::Cpu)).unwrap();
+    let options =
+        PipelineOptions { output_resolution: Some(64), ..PipelineOptions::new(Device::Cpu) };
+    let pipe = QwenImage21Pipeline::load(&pipeline, &options).unwrap();
     let shape = pipe.latent_shape(64, 64).expect("shape");
-    let picture = RgbImage::new(64, 64);
+    let picture = image::RgbaImage::new(64, 64);
     let err = pipe.encode_prompts_with_pictures(&["x"], &[picture], &shape).err().expect("resized");
     assert!(err.to_string().contains("resized the condition pictures"), "{err}");
 }
@@ -206,11 +208,17 @@ fn condition_images_encode_in_bf16() {
 
     let io = tensors("qwen_image21_images_io.safetensors");
     let path = dir().join("qwen_image21_pipeline");
-    let pictures: Vec<RgbImage> =
-        "ab".chars().map(|k| picture(&io[&format!("input.picture_{k}")])).collect();
+    let pictures: Vec<image::RgbaImage> = "ab"
+        .chars()
+        .map(|k| image::DynamicImage::ImageRgb8(picture(&io[&format!("input.picture_{k}")])))
+        .map(|p| p.to_rgba8())
+        .collect();
     let encode = |kind: Kind| {
-        let options =
-            PipelineOptions { dtypes: Dtypes::all(kind), ..PipelineOptions::new(Device::Cpu) };
+        let options = PipelineOptions {
+            dtypes: Dtypes::all(kind),
+            output_resolution: Some(96),
+            ..PipelineOptions::new(Device::Cpu)
+        };
         let pipe = QwenImage21Pipeline::load(&path, &options).expect("load");
         let shape = pipe.latent_shape(96, 96).expect("shape");
         tch::no_grad(|| pipe.encode_prompts_with_pictures(&PROMPTS, &pictures, &shape))

@@ -13,7 +13,7 @@ use flowtune_sampling::{
     reverse_step_over, row_seed, DeviceGrid, Draw, SampleNoise, SamplerConfig, SigmaGrid,
     StepOutput,
 };
-use image::RgbImage;
+use image::{RgbImage, RgbaImage};
 use tch::{Device, Tensor};
 
 use crate::{
@@ -52,7 +52,7 @@ pub struct Engine<'a> {
 pub fn encode_rows(
     pipe: &dyn FlowPipeline,
     prompts: &[&str],
-    pictures: &[Vec<RgbImage>],
+    pictures: &[Vec<RgbaImage>],
     latent_shape: &[i64],
     cache: Option<&PromptCache>,
 ) -> Result<TextConditioning, ModelError> {
@@ -63,8 +63,8 @@ pub fn encode_rows(
             prompts.len()
         )));
     }
-    let none: &[RgbImage] = &[];
-    let mut sets: Vec<&[RgbImage]> = vec![];
+    let none: &[RgbaImage] = &[];
+    let mut sets: Vec<&[RgbaImage]> = vec![];
     let mut unique: Vec<(usize, &str)> = vec![];
     let keys: Vec<(usize, &str)> = prompts
         .iter()
@@ -102,7 +102,7 @@ pub fn encode_rows(
 }
 
 /// Gives every row the initial noise of the first row with its prompt and pictures.
-fn share_initial_noise(streams: &mut [SampleNoise], prompts: &[&str], pictures: &[Vec<RgbImage>]) {
+fn share_initial_noise(streams: &mut [SampleNoise], prompts: &[&str], pictures: &[Vec<RgbaImage>]) {
     let none = vec![];
     let key = |r: usize| (prompts[r], pictures.get(r).unwrap_or(&none));
     for row in 1..streams.len() {
@@ -160,7 +160,7 @@ impl<'a> Engine<'a> {
         &self,
         prompts: &[&str],
         negatives: &[&str],
-        pictures: &[Vec<RgbImage>],
+        pictures: &[Vec<RgbaImage>],
         seeds: &[u64],
         step: u64,
     ) -> Result<RolloutBatch, RolloutError> {
@@ -173,7 +173,7 @@ impl<'a> Engine<'a> {
         &self,
         prompts: &[&str],
         negatives: &[&str],
-        pictures: &[Vec<RgbImage>],
+        pictures: &[Vec<RgbaImage>],
         seeds: &[u64],
         step: u64,
         on_images: &mut dyn FnMut(usize, &[RgbImage]),

@@ -26,7 +26,7 @@ const GUIDANCE: f64 = 3.0;
 fn ode_run(
     pipe: &dyn FlowPipeline,
     io: &std::collections::HashMap<String, Tensor>,
-    references: &[image::RgbImage],
+    references: &[image::RgbaImage],
 ) -> (Tensor, Tensor) {
     ode_run_sized(pipe, io, references, &PROMPTS, (32, 48))
 }
@@ -35,7 +35,7 @@ fn ode_run(
 fn ode_run_sized(
     pipe: &dyn FlowPipeline,
     io: &std::collections::HashMap<String, Tensor>,
-    references: &[image::RgbImage],
+    references: &[image::RgbaImage],
     prompts: &[&str; 2],
     (height, width): (i64, i64),
 ) -> (Tensor, Tensor) {
@@ -62,12 +62,14 @@ fn ode_run_sized(
 }
 
 /// The fixture's two reference pictures.
-fn reference_pictures(io: &std::collections::HashMap<String, Tensor>) -> Vec<image::RgbImage> {
+fn reference_pictures(io: &std::collections::HashMap<String, Tensor>) -> Vec<image::RgbaImage> {
     (0..2)
         .map(|i| {
             let t = &io[&format!("input.reference_{i}")];
             let (h, w) = (t.size()[0] as u32, t.size()[1] as u32);
-            image::RgbImage::from_raw(w, h, Vec::<u8>::try_from(t.flatten(0, -1)).unwrap()).unwrap()
+            let bytes = Vec::<u8>::try_from(t.flatten(0, -1)).unwrap();
+            image::DynamicImage::ImageRgb8(image::RgbImage::from_raw(w, h, bytes).unwrap())
+                .to_rgba8()
         })
         .collect()
 }

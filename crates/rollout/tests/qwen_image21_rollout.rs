@@ -4,8 +4,9 @@
 //! run (4 Euler steps from given latents, CFG 4 against the empty prompt) equal to `__call__`'s
 //! final latents and pictures (within 2 levels); with condition images
 //! (`scripts/reference_qwen_image21_images.py`): two non-square pictures on a square target with
-//! CFG 4 (the negative rows carry them too), one on a non-square target without guidance, and an
-//! RGBA picture (over white for the encoder, with its alpha for the VAE).
+//! CFG 4 (the negative rows carry them too), one on a non-square target without guidance, one on
+//! a square target at another `output_resolution` than its side, and an RGBA picture read from a
+//! PNG file as prompt rows read it (over white for the encoder, with its alpha for the VAE).
 
 use std::collections::HashMap;
 
@@ -25,8 +26,15 @@ const GUIDANCE: f64 = 4.0;
 const STEPS: usize = 4;
 
 fn pipeline() -> QwenImage21Pipeline {
+    at_output_resolution(None)
+}
+
+/// The pipeline, sizing condition pictures to `resolution`² (`None`: the default 1024).
+fn at_output_resolution(resolution: Option<i64>) -> QwenImage21Pipeline {
     let path = dir().join("qwen_image21_pipeline");
-    QwenImage21Pipeline::load(&path, &PipelineOptions::new(Device::Cpu)).expect("load")
+    let options =
+        PipelineOptions { output_resolution: resolution, ..PipelineOptions::new(Device::Cpu) };
+    QwenImage21Pipeline::load(&path, &options).expect("load")
 }
 
 #[test]
@@ -85,7 +93,7 @@ fn ode_run(
 /// [`encode_rows`] with every row on `pictures`.
 fn rows_with<'a>(
     pipe: &'a QwenImage21Pipeline,
-    pictures: &'a [image::RgbImage],
+    pictures: &'a [image::RgbaImage],
 ) -> impl Fn(&[&str], &[i64]) -> TextConditioning + 'a {
     move |rows, shape| {
         let sets = if pictures.is_empty() { vec![] } else { vec![pictures.to_vec(); rows.len()] };
@@ -123,21 +131,26 @@ fn ode_run_matches_the_pipeline_call() {
     check.finish();
 }
 
-fn picture(io: &HashMap<String, Tensor>, key: char) -> image::RgbImage {
+fn picture(io: &HashMap<String, Tensor>, key: char) -> image::RgbaImage {
     let t = &io[&format!("input.picture_{key}")];
     let (h, w) = (t.size()[0] as u32, t.size()[1] as u32);
-    image::RgbImage::from_raw(w, h, Vec::<u8>::try_from(t.reshape([-1])).expect("u8")).expect("RGB")
+    let bytes = Vec::<u8>::try_from(t.reshape([-1])).expect("u8");
+    let rgb = image::RgbImage::from_raw(w, h, bytes).expect("RGB");
+    image::DynamicImage::ImageRgb8(rgb).to_rgba8()
 }
 
 #[test]
 fn ode_runs_with_condition_images_match_the_pipeline_call() {
     let io = tensors("qwen_image21_images_io.safetensors");
-    let pipe = pipeline();
     let mut check = Checker::new("qwen_image21_images_io.safetensors ODE runs");
-    for (name, keys, size, guidance) in
-        [("ode2", "ab", (96, 96), GUIDANCE), ("ode1", "c", (32, 128), 1.0)]
-    {
+    // (case, pictures, target, output_resolution, CFG); res96 sizes its picture by 96, not 64.
+    for (name, keys, size, resolution, guidance) in [
+        ("ode2", "ab", (96, 96), 96, GUIDANCE),
+        ("ode1", "c", (32, 128), 64, 1.0),
+        ("res96", "c", (64, 64), 96, 1.0),
+    ] {
         check.case();
+        let pipe = at_output_resolution(Some(resolution));
         let pictures: Vec<_> = keys.chars().map(|k| picture(&io, k)).collect();
         let initial = &io[&format!("input.{name}_initial_latents")];
         let sigmas = &io[&format!("output.{name}_sigmas")];
@@ -151,15 +164,18 @@ fn ode_runs_with_condition_images_match_the_pipeline_call() {
         println!("{name}: pictures within {off} levels of QwenImage21Pipeline.__call__(image=…)");
     }
     check.case();
+    // The RGBA picture as a prompt row's PNG file, read as the trainer and `sample` read it.
     let t = &io["input.picture_rgba"];
     let (h, w) = (t.size()[0] as u32, t.size()[1] as u32);
     let bytes = Vec::<u8>::try_from(t.reshape([-1])).expect("u8");
-    let rgba = image::RgbaImage::from_raw(w, h, bytes).expect("RGBA");
-    let encode = |rows: &[&str], shape: &[i64]| {
-        let text = pipe.encode_prompts_with_rgba(rows, std::slice::from_ref(&rgba), shape);
-        tch::no_grad(|| text).expect("rgba rows")
-    };
+    let scratch = flowtune_fixtures::scratch("rgba");
+    let file = scratch.join("picture.png");
+    image::RgbaImage::from_raw(w, h, bytes).expect("RGBA").save(&file).expect("png");
+    let pipe = at_output_resolution(Some(64));
+    let rgba = flowtune_data::load_picture(&file, pipe.takes_alpha()).expect("RGBA picture");
+    assert!(rgba.pixels().any(|p| p.0[3] == 0) && rgba.pixels().any(|p| p.0[3] == 255));
     let initial = &io["input.rgba_initial_latents"];
+    let encode = rows_with(&pipe, std::slice::from_ref(&rgba));
     let latents = ode_run(&pipe, (64, 64), 1.0, encode, initial, &io["output.rgba_sigmas"]);
     let want = &io["output.rgba_final_latents"];
     check.close_within("rgba final_latents", &latents, want, MODEL_RTOL);
@@ -177,8 +193,8 @@ fn ode_runs_with_condition_images_match_the_pipeline_call() {
 fn unsupported_parts_are_refused_by_name() {
     use flowtune_models::qwen_image21::{QwenImage21TransformerConfig, QwenImage21VaeConfig};
 
-    let pipe = pipeline();
-    let picture = image::RgbImage::new(640, 8);
+    let pipe = at_output_resolution(Some(64));
+    let picture = image::RgbaImage::new(640, 8);
     let shape = pipe.latent_shape(64, 64).unwrap();
     let err = pipe.encode_prompts_with_pictures(&["x"], &[picture], &shape).err().unwrap();
     assert!(err.to_string().contains("aspect ratio is too extreme"), "{err}");

@@ -106,6 +106,7 @@ fn qwen_image_edit_plus_rollout_matches_diffusers_loop() {
     let (h, w, _) = raw.size3().unwrap();
     let bytes = Vec::<u8>::try_from(raw.flatten(0, -1)).unwrap();
     let picture = image::RgbImage::from_raw(w as u32, h as u32, bytes).unwrap();
+    let picture = image::DynamicImage::ImageRgb8(picture).to_rgba8();
     let prompts = ["make the square red"];
     let sampler = SamplerConfig {
         n: 1,

@@ -109,11 +109,12 @@ fn ti2v(frames: usize) -> Box<dyn flowtune_models::FlowPipeline> {
 }
 
 /// The fixture's `input.picture` (H, W, 3) u8.
-fn picture(io: &std::collections::HashMap<String, Tensor>) -> image::RgbImage {
+fn picture(io: &std::collections::HashMap<String, Tensor>) -> image::RgbaImage {
     let t = &io["input.picture"];
     let (h, w, _) = t.size3().expect("(H, W, 3)");
     let bytes = Vec::<u8>::try_from(t.flatten(0, -1)).expect("u8");
-    image::RgbImage::from_raw(w as u32, h as u32, bytes).expect("picture")
+    let rgb = image::RgbImage::from_raw(w as u32, h as u32, bytes).expect("picture");
+    image::DynamicImage::ImageRgb8(rgb).to_rgba8()
 }
 
 /// The script's `SPEC` as sampler settings.
@@ -193,7 +194,7 @@ fn wan_i2v_replay_equals_rollout_and_the_held_frame_has_no_velocity() {
 fn image_to_video_is_refused_by_name_where_it_cannot_run() {
     let io = tensors("wan_i2v_rollout_f5_io.safetensors");
     let one = vec![picture(&io)];
-    let err = |pipe: &dyn flowtune_models::FlowPipeline, pictures: &[image::RgbImage], shape| {
+    let err = |pipe: &dyn flowtune_models::FlowPipeline, pictures: &[image::RgbaImage], shape| {
         let text = pipe.encode_prompts_with_pictures(&PROMPTS, pictures, shape);
         text.err().expect("refused").to_string()
     };
@@ -204,6 +205,13 @@ fn image_to_video_is_refused_by_name_where_it_cannot_run() {
     assert!(e.contains("one first-frame picture per prompt, got 2"), "{e}");
     let e = err(a14b(None).as_ref(), &one, &[16, 2, 4, 4]);
     assert!(e.contains("image-to-video needs a Wan2.2-TI2V pipeline (`expand_timesteps"), "{e}");
+    let mut translucent = one[0].clone();
+    translucent.get_pixel_mut(0, 0).0[3] = 254;
+    let e = err(ti2v(5).as_ref(), &[translucent], &[16, 2, 2, 2]);
+    assert!(
+        e.contains("has 1 transparent pixels: a WanPipeline takes opaque pictures only"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -213,6 +221,10 @@ fn frame_counts_and_sides_are_checked_by_key() {
     let err = flowtune_models::load_pipeline(&path, &options).err().expect("6 frames").to_string();
     assert!(err.contains("num_frames 6 (model.num_frames / --num-frames)"), "{err}");
     assert!(err.contains("4k + 1 frames (1, 5, 9, …, 81)"), "{err}");
+    let options =
+        PipelineOptions { output_resolution: Some(512), ..PipelineOptions::new(Device::Cpu) };
+    let err = flowtune_models::load_pipeline(&path, &options).err().expect("refused").to_string();
+    assert!(err.contains("output_resolution 512 (model.output_resolution / --output-resolution) sizes Qwen-Image 2.1's condition pictures; this WanPipeline"), "{err}");
     let pipe = flowtune_models::load_pipeline(&path, &PipelineOptions::new(Device::Cpu))
         .expect("default frames");
     assert_eq!(pipe.latent_shape(32, 32).expect("81 frames"), [16, 21, 2, 2]);

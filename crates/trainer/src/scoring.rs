@@ -35,7 +35,8 @@ pub fn rollout_and_score(
         .iter()
         .map(|r| r.negative_prompt.as_deref().unwrap_or(engine.pipe.default_negative_prompt()))
         .collect();
-    let pictures = records.iter().map(|r| r.load_images()).collect::<Result<Vec<_>, _>>()?;
+    let alpha = engine.pipe.takes_alpha();
+    let pictures = records.iter().map(|r| r.load_images(alpha)).collect::<Result<Vec<_>, _>>()?;
     let pictures = if pictures.iter().all(Vec::is_empty) { vec![] } else { pictures };
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<(usize, Vec<RgbImage>)>();

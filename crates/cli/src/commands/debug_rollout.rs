@@ -61,6 +61,10 @@ pub struct RolloutArgs {
     /// Pixel frames of a video family's samples (Wan: 4k+1; its default 81).
     #[arg(long)]
     num_frames: Option<usize>,
+    /// The side whose square condition pictures are sized to (Qwen-Image 2.1's
+    /// `output_resolution`; its default 1024).
+    #[arg(long)]
+    output_resolution: Option<i64>,
     /// Condition pictures every prompt shares (image editing, e.g. Qwen-Image-Edit-Plus),
     /// comma-separated; the negative prompt gets them too, as in diffusers.
     #[arg(long, value_delimiter = ',')]
@@ -73,6 +77,7 @@ pub fn rollout(a: RolloutArgs, device: &DeviceArg) -> Result<(), Failure> {
         max_sequence_length: a.max_sequence_length,
         embedded_guidance: a.embedded_guidance,
         num_frames: a.num_frames,
+        output_resolution: a.output_resolution,
         ..PipelineOptions::new(device)
     };
     let pipe = flowtune_models::load_pipeline(&a.model, &options).map_err(Failure::input)?;
@@ -132,13 +137,10 @@ pub fn rollout(a: RolloutArgs, device: &DeviceArg) -> Result<(), Failure> {
     let pictures = a
         .images
         .iter()
-        .map(|p| {
-            image::open(p)
-                .map(|i| i.to_rgb8())
-                .with_context(|| format!("cannot read --images {}", p.display()))
-                .map_err(Failure::BadInput)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|p| flowtune_data::load_picture(p, pipe.takes_alpha()))
+        .collect::<Result<Vec<_>, _>>()
+        .context("--images")
+        .map_err(Failure::BadInput)?;
     let encode = |prompts: &[&str]| {
         pipe.encode_prompts_with_pictures(prompts, &pictures, &engine.latent_shape)
     };

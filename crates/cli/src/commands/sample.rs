@@ -38,6 +38,10 @@ pub struct SampleArgs {
     /// Pixel frames of a video family's samples (Wan: 4k+1; its default 81).
     #[arg(long)]
     num_frames: Option<usize>,
+    /// The side whose square condition pictures are sized to (Qwen-Image 2.1's
+    /// `output_resolution`; its default 1024).
+    #[arg(long)]
+    output_resolution: Option<i64>,
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Image height and width in pixels.
@@ -63,6 +67,7 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
         lora: lora_config,
         embedded_guidance: a.embedded_guidance,
         num_frames: a.num_frames,
+        output_resolution: a.output_resolution,
         ..PipelineOptions::new(device)
     };
     let mut pipe = flowtune_models::load_pipeline(&a.model, &options).map_err(Failure::input)?;
@@ -101,7 +106,7 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
             .collect();
         let pictures = chunk
             .iter()
-            .map(|r| r.load_images())
+            .map(|r| r.load_images(pipe.takes_alpha()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(Failure::input)?;
         let pictures = if pictures.iter().all(Vec::is_empty) { vec![] } else { pictures };

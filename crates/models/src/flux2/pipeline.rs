@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
-use image::RgbImage;
+use image::RgbaImage;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
@@ -263,14 +263,15 @@ impl FlowPipeline for Flux2Pipeline {
     fn encode_prompts_with_pictures(
         &self,
         prompts: &[&str],
-        pictures: &[RgbImage],
+        pictures: &[RgbaImage],
         _latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
+        let pictures = crate::pictures::opaque_rgb(pictures, &self.dir.index.class_name)?;
         let mut text = self.encode_prompts(prompts)?;
         if pictures.is_empty() {
             return Ok(text);
         }
-        let (tokens, ids) = reference_tokens(&self.vae, pictures)?;
+        let (tokens, ids) = reference_tokens(&self.vae, &pictures)?;
         let rows = prompts.len() as i64;
         let device = self.device();
         text.extras.insert(REFERENCE_TOKENS.into(), tokens.to_device(device).repeat([rows, 1, 1]));

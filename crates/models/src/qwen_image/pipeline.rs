@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
-use image::RgbImage;
+use image::RgbaImage;
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 
@@ -124,12 +124,13 @@ impl FlowPipeline for QwenImagePipeline {
     fn encode_prompts_with_pictures(
         &self,
         prompts: &[&str],
-        pictures: &[RgbImage],
+        pictures: &[RgbaImage],
         _latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
+        let pictures = crate::pictures::opaque_rgb(pictures, &self.dir.index.class_name)?;
         match (crate::random::built(&self.text, &self.dir)?, pictures.is_empty()) {
             (QwenText::Plain(_), true) => self.encode_prompts(prompts),
-            _ => self.encode_edit(prompts, pictures),
+            _ => self.encode_edit(prompts, &pictures),
         }
     }
 

@@ -3,20 +3,19 @@
 //! the last layer's states before the final norm, the system tokens dropped, right-padded with a
 //! mask), condition images, latent layout and the author-set sampling sigmas (`sample_sigmas`).
 //!
-//! Condition images (`image=`) are resized once (Pillow's Lanczos, as the pipeline) to the
-//! target's pixel area at their own aspect ratio (diffusers' `calculate_dimensions` with
-//! `output_resolution` = √(H·W): its default 1024 for a 1024² target). That picture fills the
-//! vision slots of the `ti2i` template (`<imageN><|vision_start|><|image_pad|>…<|vision_end|>`,
-//! through Qwen3-VL's image processor and vision tower, deepstack and 3-D positions) and is
-//! VAE-encoded into the condition tokens the transformer reads before the target's. RGBA pictures
-//! ([`QwenImage21Pipeline::encode_prompts_with_rgba`]) are composited over white for the encoder
-//! and VAE-encoded with their alpha; pictures from prompt rows arrive as RGB, opaque. The pipeline
+//! Condition images (`image=`) are resized once (Pillow's Lanczos through premultiplied alpha, as
+//! the pipeline) to `output_resolution`² pixels at their own aspect ratio (diffusers'
+//! `calculate_dimensions`; the pipeline's argument, default 1024, whatever the target's size).
+//! That picture fills the vision slots of the `ti2i` template
+//! (`<imageN><|vision_start|><|image_pad|>…<|vision_end|>`, through Qwen3-VL's image processor and
+//! vision tower, deepstack and 3-D positions) composited over white, and is VAE-encoded with its
+//! alpha into the condition tokens the transformer reads before the target's. The pipeline
 //! encodes whole prompts: `max_sequence_length` is not read.
 
 use std::path::Path;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
-use image::{DynamicImage, RgbImage, RgbaImage};
+use image::{RgbImage, RgbaImage};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
@@ -40,6 +39,8 @@ const USER_TURN: (&str, &str) = ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>
 const IMAGE_PAD: &str = "<|image_pad|>";
 /// The VAE's spatial factor the pipeline assumes (`vae_scale_factor`).
 const VAE_FACTOR: i64 = 16;
+/// `__call__`'s default `output_resolution`.
+pub const DEFAULT_OUTPUT_RESOLUTION: i64 = 1024;
 
 /// Prompt states as `encode_prompt` returns them.
 pub struct PromptStates {
@@ -183,6 +184,8 @@ pub struct QwenImage21Pipeline {
     /// The author's sampling sigmas of `model_index.json` (without the terminal 0), used when a
     /// run samples their count of steps.
     pub sample_sigmas: Option<Vec<f64>>,
+    /// The side whose square condition pictures are sized to (`output_resolution`).
+    pub output_resolution: i64,
 }
 
 impl QwenImage21Pipeline {
@@ -227,11 +230,21 @@ impl QwenImage21Pipeline {
         let text = crate::random::text_encoders(options, || {
             QwenImage21PromptEncoder::load(&dir, options, width)
         })?;
+        let output_resolution = match options.output_resolution {
+            Some(r) if r < 32 => {
+                return Err(ModelError::Input(format!(
+                    "output_resolution {r} (model.output_resolution / --output-resolution): \
+                     condition pictures are sized to its square, which needs at least 32"
+                )))
+            }
+            r => r.unwrap_or(DEFAULT_OUTPUT_RESOLUTION),
+        };
         Ok(Self {
             vae,
             text,
             scheduler: SchedulerConfig::from_file(&scheduler_dir.join("scheduler_config.json"))?,
             sample_sigmas,
+            output_resolution,
             transformer,
             dir,
         })
@@ -251,34 +264,48 @@ impl QwenImage21Pipeline {
         text.mask = mask.map(|m| m.to_device(device));
         text
     }
+}
 
-    /// The prompts with every row sharing the condition `pictures` (none: the text alone), for
-    /// targets of `latent_shape`, as `__call__(image=…)` encodes them: each resized once
-    /// (Pillow's Lanczos through premultiplied alpha) to the target's area at its own aspect
-    /// ratio; the encoder reads it composited over white, the VAE all its channels (RGB alone
-    /// for a 3-channel VAE). The conditioning holds the states with the pictures in their vision
+impl FlowPipeline for QwenImage21Pipeline {
+    pipeline_parts!();
+
+    fn device(&self) -> Device {
+        self.transformer.img_in.weight.device()
+    }
+
+    /// The prompts' states with their mask (`None` when no row is padded).
+    fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
+        let states = self.encoder()?.encode(prompts, &[])?;
+        Ok(self.conditioning(states.embeds, states.mask))
+    }
+
+    /// The prompts with every row sharing the condition `pictures` (none: the text alone, opaque or
+    /// not), as `__call__(image=…)` encodes them: each resized once (Pillow's Lanczos through
+    /// premultiplied alpha) to `output_resolution`² pixels at its own aspect ratio; the encoder
+    /// reads it composited over white, the VAE all its channels (RGB alone for a 3-channel VAE). The conditioning holds the states with the pictures in their vision
     /// slots, and the extras [`CONDITION_LATENTS`] (their normalised VAE latents, one token per
     /// cell, in order), [`CONDITION_SHAPES`] (their (1, h, w) token grids) and [`IMAGE_SLOTS`]
     /// (the slots, up to the last: the same for every prompt, whatever its length).
-    pub fn encode_prompts_with_rgba(
+    fn encode_prompts_with_pictures(
         &self,
         prompts: &[&str],
         pictures: &[RgbaImage],
-        latent_shape: &[i64],
+        _latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
         if pictures.is_empty() {
             return self.encode_prompts(prompts);
         }
         let encoder = self.encoder()?;
-        let area = (latent_shape[1] * VAE_FACTOR * latent_shape[2] * VAE_FACTOR) as f64;
+        let area = (self.output_resolution * self.output_resolution) as f64;
         let mut sized = vec![];
         for picture in pictures {
             let (w, h) = (picture.width(), picture.height());
             let (cw, ch) = calculate_dimensions(area, w as f64 / h as f64);
             if cw == 0 || ch == 0 {
                 return Err(ModelError::Input(format!(
-                    "a {w}×{h} condition picture is sized to {cw}×{ch} at the target's area \
-                     {area} px: its aspect ratio is too extreme for QwenImage21Pipeline"
+                    "a {w}×{h} condition picture is sized to {cw}×{ch} at output_resolution {}: \
+                     its aspect ratio is too extreme for QwenImage21Pipeline",
+                    self.output_resolution
                 )));
             }
             sized.push(resize_rgba(picture, cw, ch, Filter::Lanczos));
@@ -323,33 +350,13 @@ impl QwenImage21Pipeline {
         text.extras.insert(IMAGE_SLOTS.into(), slots.contiguous().to_device(device));
         Ok(text)
     }
-}
 
-impl FlowPipeline for QwenImage21Pipeline {
-    pipeline_parts!();
-
-    fn device(&self) -> Device {
-        self.transformer.img_in.weight.device()
+    fn takes_alpha(&self) -> bool {
+        true
     }
 
-    /// The prompts' states with their mask (`None` when no row is padded).
-    fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
-        let states = self.encoder()?.encode(prompts, &[])?;
-        Ok(self.conditioning(states.embeds, states.mask))
-    }
-
-    /// The prompts with every row sharing the condition `pictures` (the pipeline's `image`), for
-    /// targets of `latent_shape`: [`QwenImage21Pipeline::encode_prompts_with_rgba`] of the
-    /// opaque pictures.
-    fn encode_prompts_with_pictures(
-        &self,
-        prompts: &[&str],
-        pictures: &[RgbImage],
-        latent_shape: &[i64],
-    ) -> Result<TextConditioning, ModelError> {
-        let opaque: Vec<RgbaImage> =
-            pictures.iter().map(|p| DynamicImage::ImageRgb8(p.clone()).to_rgba8()).collect();
-        self.encode_prompts_with_rgba(prompts, &opaque, latent_shape)
+    fn takes_output_resolution(&self) -> bool {
+        true
     }
 
     /// `[C, H/16, W/16]`, one token per latent cell; sides must be multiples of 32 (one encoder

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
-use image::RgbImage;
+use image::{RgbImage, RgbaImage};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
@@ -241,10 +241,11 @@ impl FlowPipeline for WanPipeline {
     fn encode_prompts_with_pictures(
         &self,
         prompts: &[&str],
-        pictures: &[RgbImage],
+        pictures: &[RgbaImage],
         latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
-        let picture = match pictures {
+        let pictures = crate::pictures::opaque_rgb(pictures, &self.dir.index.class_name)?;
+        let picture = match &pictures[..] {
             [] => return self.encode_prompts(prompts),
             [one] => one,
             many => {
