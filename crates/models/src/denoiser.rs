@@ -377,13 +377,24 @@ fn no_adapters() -> ModelError {
     ModelError::Input("the model was built without LoRA adapters".into())
 }
 
-/// Copies every base weight of `from` into `to` (same names and shapes) in `from`'s dtype and
-/// freezes `to`: the body of [`TrainableDenoiser::frozen_copy`] for a freshly built model.
-pub fn copy_frozen(from: &VarStore, to: &mut VarStore) -> Result<(), ModelError> {
+/// Copies the base weights of `from` that `copied` names into the same-named variables of `to`
+/// (made there as copies on `from`'s devices) and freezes `to`.
+pub fn copy_frozen(
+    from: &VarStore,
+    to: &mut VarStore,
+    copied: impl Fn(&str) -> bool,
+) -> Result<(), ModelError> {
     if let Some(kind) = from.variables().values().next().map(Tensor::kind) {
         to.set_kind(kind);
     }
-    to.copy(from)?;
+    let targets = to.variables();
+    let _guard = tch::no_grad_guard();
+    for (name, var) in from.variables().into_iter().filter(|(n, _)| copied(n)) {
+        let target = targets.get(&name).ok_or_else(|| {
+            ModelError::Input(format!("copying frozen weights: {name} is not in the copy"))
+        })?;
+        target.shallow_clone().set_data(&var.detach().copy());
+    }
     to.freeze();
     Ok(())
 }
@@ -421,8 +432,8 @@ macro_rules! weights_and_frozen_copy {
             &self,
         ) -> Result<Box<dyn $crate::denoiser::TrainableDenoiser>, $crate::ModelError> {
             let base = &self.weights.base;
-            let mut copy = Self::new(&self.config, base.device(), base.kind(), None)?;
-            $crate::denoiser::copy_frozen(&self.weights.base, &mut copy.weights.base)?;
+            let build = || Self::new(&self.config, base.device(), base.kind(), None);
+            let copy = self.weights.frozen_copy(build, |m: &mut Self| &mut m.weights)?;
             Ok(Box::new(copy))
         }
     };

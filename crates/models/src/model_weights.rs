@@ -2,7 +2,7 @@
 //! built with LoRA — its adapters in a store of their own with an on/off switch. A family builds
 //! its module tree from [`WeightsBuilder::root`] and keeps what [`WeightsBuilder::finish`] returns.
 
-use std::cell::OnceCell;
+use std::cell::{OnceCell, RefCell};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -13,6 +13,7 @@ use crate::lora::{AdapterSwitch, Adapters, LoraConfig};
 use crate::nn::{LoraScope, Scope};
 use crate::sequence::SequenceParallel;
 use crate::shard::{ShardGroup, ShardMode, ShardedBlocks};
+use crate::shard_load::DeferredBlocks;
 use crate::weights::{checkpoint_files, load_weights, store, LoadOptions};
 use crate::ModelError;
 
@@ -32,6 +33,11 @@ pub struct ModelWeights {
     pub sharded: OnceCell<ShardedBlocks>,
     /// The ranks that split every sample's tokens with this one (`trainer.sequence_parallel_size`).
     pub sequence: OnceCell<SequenceParallel>,
+    /// Built under [`crate::shard_load::with_deferred_blocks`]: the block weights are read when
+    /// sharded, from [`Self::deferred`].
+    pub defers_blocks: bool,
+    /// Where the block weights lie until [`Self::shard_blocks`] reads this rank's slices.
+    pub deferred: RefCell<Option<DeferredBlocks>>,
 }
 
 impl ModelWeights {
@@ -93,7 +99,9 @@ impl ModelWeights {
         mode: ShardMode,
         on_host: bool,
     ) -> Result<(), ModelError> {
-        let sharded = ShardedBlocks::new(&self.base, self.blocks, group, mode, on_host)?;
+        let deferred = self.deferred.borrow_mut().take();
+        let sharded =
+            ShardedBlocks::new(&self.base, self.blocks, group, mode, on_host, deferred.as_ref())?;
         self.sharded
             .set(sharded)
             .map_err(|_| ModelError::Input("the blocks are sharded already".into()))
@@ -104,6 +112,8 @@ impl ModelWeights {
 pub struct WeightsBuilder {
     base: VarStore,
     adapters: Option<(VarStore, AdapterSwitch, LoraConfig)>,
+    /// Base variables in host memory, their blocks read when sharded ([`crate::shard_load`]).
+    deferred: bool,
 }
 
 impl WeightsBuilder {
@@ -113,6 +123,7 @@ impl WeightsBuilder {
         Self {
             base: store(device, kind),
             adapters: lora.map(|c| (VarStore::new(device), AdapterSwitch::default(), c.clone())),
+            deferred: crate::shard_load::deferring(),
         }
     }
 
@@ -123,7 +134,7 @@ impl WeightsBuilder {
             config,
             switch: switch.clone(),
         });
-        Scope::root(self.base.root(), lora)
+        Scope { deferred: self.deferred, ..Scope::root(self.base.root(), lora) }
     }
 
     /// The built weights: with adapters, the base is frozen (only adapters train) and the
@@ -146,6 +157,8 @@ impl WeightsBuilder {
             blocks,
             sharded: OnceCell::new(),
             sequence: OnceCell::new(),
+            defers_blocks: self.deferred,
+            deferred: RefCell::new(None),
         })
     }
 }
@@ -154,7 +167,36 @@ impl ModelWeights {
     /// Loads a diffusers component folder's safetensors (sharded or not) into the base weights as
     /// `kind`; names and shapes are checked.
     pub fn load_base(&mut self, dir: &Path, kind: Kind) -> Result<(), ModelError> {
+        if self.defers_blocks {
+            let deferred = DeferredBlocks::load(&mut self.base, self.blocks, dir, kind)?;
+            *self.deferred.borrow_mut() = Some(deferred);
+            return Ok(());
+        }
         let options = LoadOptions { kind: Some(kind), ..Default::default() };
         load_weights(&mut self.base, &checkpoint_files(dir)?, options)
+    }
+
+    /// A frozen copy of these base weights, in a model `build` makes (as this one, without
+    /// adapters): whole, or with the blocks still in their files when these are.
+    pub fn frozen_copy<M>(
+        &self,
+        build: impl FnOnce() -> Result<M, ModelError>,
+        weights: impl FnOnce(&mut M) -> &mut ModelWeights,
+    ) -> Result<M, ModelError> {
+        let deferred = self.deferred.borrow().clone();
+        let mut copy = match deferred {
+            Some(_) => crate::shard_load::with_deferred_blocks(build)?,
+            None if self.defers_blocks => {
+                let message = "a frozen copy of weights whose blocks are sharded already";
+                return Err(ModelError::Input(message.into()));
+            }
+            None => build()?,
+        };
+        let to = weights(&mut copy);
+        crate::denoiser::copy_frozen(&self.base, &mut to.base, |n| {
+            deferred.is_none() || crate::shard::block_of(n, self.blocks).is_none()
+        })?;
+        *to.deferred.borrow_mut() = deferred;
+        Ok(copy)
     }
 }

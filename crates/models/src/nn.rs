@@ -24,19 +24,23 @@ pub struct Scope<'a> {
     pub path: Path<'a>,
     pub name: String,
     pub lora: Option<LoraScope<'a>>,
+    /// Variables are made in host memory, their blocks to be read when sharded
+    /// ([`crate::shard_load`]).
+    pub deferred: bool,
 }
 
 impl<'a> Scope<'a> {
     /// The root of a model's tree.
     pub fn root(path: Path<'a>, lora: Option<LoraScope<'a>>) -> Self {
-        Self { path, name: String::new(), lora }
+        Self { path, name: String::new(), lora, deferred: false }
     }
 
     /// A variable at this position, named `name`, in its store's kind and on its device, left
     /// uninitialised: every one is filled by a checkpoint load or a random writer, so building a
     /// model writes no memory (the pages of a CPU tensor are taken only when it is filled).
     pub fn var(&self, name: &str, dims: &[i64]) -> Tensor {
-        let empty = Tensor::empty(dims, (self.path.kind(), self.path.device()));
+        let device = if self.deferred { tch::Device::Cpu } else { self.path.device() };
+        let empty = Tensor::empty(dims, (self.path.kind(), device));
         self.path.add(name, empty, true)
     }
 
@@ -84,6 +88,7 @@ impl<'a, T: ToString> Div<T> for &Scope<'a> {
             path: &self.path / &child,
             name,
             lora: self.lora.as_ref().map(|l| LoraScope { path: &l.path / &child, ..l.clone() }),
+            deferred: self.deferred,
         }
     }
 }

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
+use crate::shard_load::DeferredBlocks;
 use crate::ModelError;
 
 /// The collectives sharded weights need.
@@ -101,15 +102,17 @@ fn collective(what: String) -> impl FnOnce(String) -> ModelError {
 
 impl ShardedBlocks {
     /// Keeps this rank's slice of every block in `lists` of `store` and drops the rest of their
-    /// weights (the store's variables stay, empty until gathered). With `on_host`, the slices and
-    /// their gradient sums live in host memory and visit the device only to be gathered and
-    /// summed.
+    /// weights (the store's variables stay, empty until gathered); with `deferred`, the slices
+    /// are read from the checkpoint files instead, the variables never having held the blocks.
+    /// With `on_host`, the slices and their gradient sums live in host memory and visit the
+    /// device only to be gathered and summed.
     pub fn new(
         store: &VarStore,
         lists: &[&str],
         group: Arc<dyn ShardGroup>,
         mode: ShardMode,
         on_host: bool,
+        deferred: Option<&DeferredBlocks>,
     ) -> Result<Self, ModelError> {
         let mut grouped: BTreeMap<String, Vec<(String, Tensor)>> = BTreeMap::new();
         for (name, var) in store.variables() {
@@ -141,9 +144,13 @@ impl ShardedBlocks {
                 );
                 return Err(ModelError::Input(message));
             }
-            let flat =
-                Tensor::cat(&vars.iter().map(|(_, v)| v.reshape([-1])).collect::<Vec<_>>(), 0);
-            let shard = sharded.slice(&flat);
+            let shard = match deferred {
+                Some(files) => sharded.read_slice(&vars, files)?,
+                None => sharded.slice(&Tensor::cat(
+                    &vars.iter().map(|(_, v)| v.reshape([-1])).collect::<Vec<_>>(),
+                    0,
+                )),
+            };
             let (shard, grad) = match mode {
                 ShardMode::Frozen => (shard, None),
                 ShardMode::Full { exact } => {
@@ -156,7 +163,7 @@ impl ShardedBlocks {
                 .into_iter()
                 .map(|(name, mut v)| {
                     let shape = v.size();
-                    v.set_data(&empty_like(&v));
+                    v.set_data(&Tensor::empty([0], (kind, device)));
                     (name, v, shape)
                 })
                 .collect();
@@ -166,15 +173,41 @@ impl ShardedBlocks {
         Ok(sharded)
     }
 
+    /// This rank's range of a block's `n` flat values and the padded slice length.
+    fn range(&self, n: i64) -> (i64, i64, i64) {
+        let (rank, world) = (self.group.rank() as i64, self.group.size() as i64);
+        let per_rank = (n + world - 1) / world;
+        ((rank * per_rank).min(n), ((rank + 1) * per_rank).min(n), per_rank)
+    }
+
     /// This rank's padded slice of a block's flat values, where slices live.
     fn slice(&self, flat: &Tensor) -> Tensor {
-        let (rank, world) = (self.group.rank() as i64, self.group.size() as i64);
-        let n = flat.numel() as i64;
-        let per_rank = (n + world - 1) / world;
-        let (start, end) = ((rank * per_rank).min(n), ((rank + 1) * per_rank).min(n));
+        let (start, end, per_rank) = self.range(flat.numel() as i64);
         let shard = Tensor::zeros([per_rank], (flat.kind(), self.home));
         shard.narrow(0, 0, end - start).copy_(&flat.narrow(0, start, end - start));
         self.pinned(shard)
+    }
+
+    /// [`Self::slice`] of the block whose variables (in name order) are `vars`, read from the
+    /// checkpoint files: each variable's part of this rank's range, and nothing else.
+    fn read_slice(
+        &self,
+        vars: &[(String, Tensor)],
+        files: &DeferredBlocks,
+    ) -> Result<Tensor, ModelError> {
+        let n: i64 = vars.iter().map(|(_, v)| v.numel() as i64).sum();
+        let (start, end, per_rank) = self.range(n);
+        let shard = Tensor::zeros([per_rank], (self.kind, self.home));
+        let mut offset = 0;
+        for (name, var) in vars {
+            let len = var.numel() as i64;
+            let (from, to) = (start.max(offset), end.min(offset + len));
+            if from < to {
+                files.read(name, from - offset, &shard.narrow(0, from - start, to - from))?;
+            }
+            offset += len;
+        }
+        Ok(self.pinned(shard))
     }
 
     /// `t` in page-locked host memory when it lives on the host for a GPU (faster, asynchronous

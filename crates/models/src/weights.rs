@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use safetensors::{Dtype, SafeTensors};
 use tch::{nn::VarStore, Device, Kind, Tensor};
@@ -119,6 +120,42 @@ pub fn load_weights(
     if let Some(seed) = crate::random::active_seed() {
         return crate::random::fill(vs, seed);
     }
+    visit(vs, files, options, |_, var, stored| {
+        copy_from_map(var, &stored.map, stored.data(), stored.kind, SLICE_BYTES)
+    })
+}
+
+/// Where one checkpoint tensor's values lie: a byte range of a mapped file, stored as `kind`.
+#[derive(Clone)]
+pub(crate) struct Stored {
+    pub map: Arc<memmap2::Mmap>,
+    pub range: std::ops::Range<usize>,
+    pub kind: Kind,
+}
+
+impl Stored {
+    fn data(&self) -> &[u8] {
+        &self.map[self.range.clone()]
+    }
+
+    /// Copies elements `start..start + dest.numel()` of the flat stored values into the flat,
+    /// contiguous `dest` (any kind and device), in slices whose pages are handed back.
+    pub fn read_into(&self, start: i64, dest: &Tensor) -> Result<(), ModelError> {
+        let size = self.kind.elt_size_in_bytes();
+        let (from, n) = (start as usize * size, dest.numel() * size);
+        copy_from_map(dest, &self.map, &self.data()[from..from + n], self.kind, SLICE_BYTES)
+    }
+}
+
+/// Matches the checkpoint files' tensors to the variables of `vs` by name (after
+/// `options.renamed_prefixes`) and shape, calling `each(name, variable, stored)` for each; a
+/// missing, unexpected or misshaped tensor fails, naming the file.
+pub(crate) fn visit(
+    vs: &VarStore,
+    files: &[PathBuf],
+    options: LoadOptions,
+    mut each: impl FnMut(&str, &Tensor, Stored) -> Result<(), ModelError>,
+) -> Result<(), ModelError> {
     let variables = vs.variables();
     let mut remaining: BTreeSet<&str> = variables.keys().map(String::as_str).collect();
     let mut unexpected = vec![];
@@ -127,7 +164,7 @@ pub fn load_weights(
     for file in files {
         let handle = std::fs::File::open(file).map_err(|e| io(file, e))?;
         // SAFETY: the file is mapped read-only and not modified while mapped.
-        let map = unsafe { memmap2::Mmap::map(&handle) }.map_err(|e| io(file, e))?;
+        let map = Arc::new(unsafe { memmap2::Mmap::map(&handle) }.map_err(|e| io(file, e))?);
         let tensors = SafeTensors::deserialize(&map).map_err(|e| ModelError::Format {
             path: file.display().to_string(),
             message: format!("not a safetensors file: {e}"),
@@ -160,7 +197,9 @@ pub fn load_weights(
                 path: file.display().to_string(),
                 message: format!("tensor {name} has unsupported dtype {:?}", view.dtype()),
             })?;
-            copy_from_map(var, &map, view.data(), kind, SLICE_BYTES)?;
+            let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
+            let range = start..start + view.data().len();
+            each(&name, var, Stored { map: map.clone(), range, kind })?;
         }
     }
     if !remaining.is_empty() {

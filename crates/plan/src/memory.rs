@@ -46,9 +46,9 @@ pub struct Plan {
     pub tokens: u64,
     pub sequences: u64,
     pub device_bytes: u64,
-    /// What the device holds while loading: every denoiser whole in `model.dtype` (each rank
-    /// reads the whole model before keeping its slices), with the encoders and VAE that stay on
-    /// the device.
+    /// What the device holds while loading: every denoiser whole in `model.dtype`, or when its
+    /// blocks are sharded its weights outside the blocks and this rank's slices (each rank reads
+    /// only those from the files), with the encoders and VAE that stay on the device.
     pub load_bytes: u64,
     pub host_bytes: u64,
 }
@@ -215,6 +215,18 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let host = items.iter().filter(|i| i.place == Place::Host).map(|i| i.bytes).sum();
     let whole: u64 =
         pipe.denoisers.iter().map(|(_, den)| den.inventory.params() + den.inventory.buffers).sum();
+    // Sharded: what the denoisers keep on the device between steps, read slice by slice.
+    let kept: u64 = items
+        .iter()
+        .filter(|i| i.place == Place::Device && i.phase == Phase::Step)
+        .filter(|i| {
+            pipe.denoisers.iter().any(|(name, _)| i.item.starts_with(name.as_str()))
+                || ["block gradient sums", "reference copy"].iter().any(|p| i.item.starts_with(p))
+        })
+        .filter(|i| !i.item.ends_with("one block gathered"))
+        .map(|i| i.bytes)
+        .sum();
+    let loaded = if frozen_shards || full_shards { kept } else { whole * d };
     // Besides the denoisers: the encoders, VAE and teachers that live on the device.
     let frozen_on_device: u64 = items
         .iter()
@@ -228,7 +240,7 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         .sum();
     Plan {
         device_bytes: device(Phase::Rollout).max(device(Phase::Update)),
-        load_bytes: whole * d + frozen_on_device,
+        load_bytes: loaded + frozen_on_device,
         host_bytes: host,
         items,
         denoiser_params: params,

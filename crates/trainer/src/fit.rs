@@ -68,6 +68,7 @@ fn pipeline_options(recipe: &Recipe, device: Device) -> PipelineOptions {
         max_sequence_length: Some(m.max_sequence_length),
         embedded_guidance: m.guidance,
         num_frames: m.num_frames,
+        output_resolution: m.output_resolution,
         offload: m.offload,
         random: None,
     }
@@ -156,7 +157,13 @@ pub fn train_with(
     let write = options.write;
     let options =
         PipelineOptions { random: options.random_weights, ..pipeline_options(recipe, device) };
-    let mut pipe = flowtune_models::load_pipeline(&recipe.model.path, &options)?;
+    // Sharded blocks are read as this rank's slices only, never whole.
+    let load = || flowtune_models::load_pipeline(&recipe.model.path, &options);
+    let (loaded, rss_before) = (Instant::now(), crate::perf::status_bytes("VmRSS:"));
+    let mut pipe = match comm.shards_blocks(recipe) {
+        true => flowtune_models::shard_load::with_deferred_blocks(load)?,
+        false => load()?,
+    };
     let teachers = crate::teacher::load(recipe, &options, pipe.as_ref())?;
     let latent_shape = pipe
         .latent_shape(recipe.model.resolution, recipe.model.resolution)
@@ -186,6 +193,7 @@ pub fn train_with(
     let reference =
         Reference::for_recipe(recipe, pipe.as_ref(), algorithm.needs_reference(recipe))?;
     comm.shard_blocks(recipe, pipe.denoiser(), reference.as_ref())?;
+    eprintln!("{}", crate::perf::load_line(device, loaded.elapsed().as_secs_f64(), rss_before));
     let sharded = pipe.denoiser().sharded_bytes();
     let params = pipe.denoiser().trainable_parameters();
     // `trainer.offload`: the optimizer's state and the weight copies in host memory.

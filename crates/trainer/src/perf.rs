@@ -100,6 +100,26 @@ pub(crate) fn step_metrics(
     }
 }
 
+/// What loading took, in one line: its seconds and the peaks so far, resident in host memory
+/// (in all, and the rise over `rss_before` bytes) and allocated on a GPU (`key=value` parsable).
+pub(crate) fn load_line(device: Device, seconds: f64, rss_before: Option<u64>) -> String {
+    let gib = |bytes: u64| bytes as f64 / (1u64 << 30) as f64;
+    let mut line = format!("loaded the pipeline in {seconds:.1} s");
+    if let Some(peak) = status_bytes("VmHWM:") {
+        line.push_str(&format!(", load_peak_rss_gb={:.3}", gib(peak)));
+        if let Some(before) = rss_before {
+            line.push_str(&format!(", load_rss_rise_gb={:.3}", gib(peak.saturating_sub(before))));
+        }
+    }
+    if let Some(p) = match device {
+        Device::Cuda(i) => flowtune_cuda::memory_peaks(i),
+        _ => None,
+    } {
+        line.push_str(&format!(", load_peak_allocated_gb={:.3}", gib(p.allocated_bytes)));
+    }
+    line
+}
+
 /// The peak resident set size of this process in GiB (Linux `VmHWM`), if the system says.
 pub(crate) fn peak_rss_gb() -> Option<f64> {
     Some(status_bytes("VmHWM:")? as f64 / (1u64 << 30) as f64)

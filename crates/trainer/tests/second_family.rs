@@ -109,7 +109,7 @@ impl TrainableDenoiser for MlpDenoiser {
     }
     fn frozen_copy(&self) -> Result<Box<dyn TrainableDenoiser>, ModelError> {
         let mut copy = Self::new(&self.config, self.weights.base.device(), None);
-        copy_frozen(&self.weights.base, &mut copy.weights.base)?;
+        copy_frozen(&self.weights.base, &mut copy.weights.base, |_| true)?;
         Ok(Box::new(copy))
     }
     fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {

@@ -129,7 +129,7 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
     println!("{:<58} {:>5} {:>8.2}", "device total", "", p.device_bytes as f64 / GIB);
     println!("{:<58} {:>5} {:>8.2}", "host total (offloaded)", "", p.host_bytes as f64 / GIB);
     if p.load_bytes > p.device_bytes {
-        let what = "loading peak (the whole model before sharding)";
+        let what = "loading peak";
         println!("{:<58} {:>5} {:>8.2}", what, "", p.load_bytes as f64 / GIB);
     }
     println!("verdict: {}", v.message);

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use tch::{Device, Tensor};
 
 use super::WanTransformer;
-use crate::denoiser::{copy_frozen, Denoiser, ExampleInputs, ExampleShape, TrainableDenoiser};
+use crate::denoiser::{Denoiser, ExampleInputs, ExampleShape, TrainableDenoiser};
 use crate::model_weights::ModelWeights;
 use crate::{ModelError, TextConditioning};
 
@@ -46,9 +46,8 @@ impl WanExperts {
     /// A frozen copy of one expert's base weights, without adapters.
     fn frozen(expert: &WanTransformer) -> Result<WanTransformer, ModelError> {
         let base = &expert.weights.base;
-        let mut copy = WanTransformer::new(&expert.config, base.device(), base.kind(), None)?;
-        copy_frozen(&expert.weights.base, &mut copy.weights.base)?;
-        Ok(copy)
+        let build = || WanTransformer::new(&expert.config, base.device(), base.kind(), None);
+        expert.weights.frozen_copy(build, |m| &mut m.weights)
     }
 
     /// Each expert's tensors from `of`, named `<component>.<name>`.
