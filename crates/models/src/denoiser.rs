@@ -281,6 +281,36 @@ pub trait TrainableDenoiser: Denoiser {
         }
     }
 
+    /// Writes every base weight as the safetensors file `path` (only the writing rank passes
+    /// one; every rank calls it): trained sharded blocks are gathered one at a time with the
+    /// other ranks and streamed to the file, so no rank holds the whole model.
+    fn write_weights(&self, path: Option<&Path>) -> Result<(), ModelError> {
+        let Some(sharded) = self.sharded().filter(|s| s.trains()) else {
+            return path.map_or(Ok(()), |p| self.save_weights(p));
+        };
+        let mut others: Vec<(String, Tensor)> =
+            self.store().variables().into_iter().filter(|(n, _)| !sharded.holds(n)).collect();
+        others.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut layout: Vec<_> =
+            others.iter().map(|(n, t)| (n.clone(), t.size(), t.kind())).collect();
+        for block in sharded.blocks() {
+            let weights = sharded.block_layout(&block).into_iter();
+            layout.extend(weights.map(|(n, shape)| (n, shape, sharded.kind())));
+        }
+        let create = |p| crate::streamed::StreamedSafetensors::create(p, layout);
+        let mut file = path.map(create).transpose()?;
+        for (name, t) in &others {
+            file.as_mut().map_or(Ok(()), |f| f.write(name, t))?;
+        }
+        let masters = sharded.masters();
+        for block in sharded.blocks() {
+            for (name, t) in sharded.unshard_block(&block, &masters[&block], sharded.kind())? {
+                file.as_mut().map_or(Ok(()), |f| f.write(&name, &t))?;
+            }
+        }
+        file.map_or(Ok(()), |f| f.finish())
+    }
+
     /// Writes every base weight (checkpoint names, on the CPU) as one safetensors file.
     fn save_weights(&self, path: &Path) -> Result<(), ModelError> {
         Ok(Tensor::write_safetensors(&self.named_weights()?, path)?)

@@ -27,6 +27,7 @@ pub mod sd3;
 pub mod sequence;
 pub mod shard;
 pub mod shard_load;
+pub mod streamed;
 pub mod text_encoders;
 pub mod tokenizer;
 pub mod vae;

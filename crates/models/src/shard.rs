@@ -325,6 +325,11 @@ impl ShardedBlocks {
         Ok(())
     }
 
+    /// The weights of `block` in the order [`Self::unshard_block`] gives them: names and shapes.
+    pub fn block_layout(&self, block: &str) -> Vec<(String, Vec<i64>)> {
+        self.units[block].params.iter().map(|(n, _, s)| (n.clone(), s.clone())).collect()
+    }
+
     /// The sharded blocks' names, in order.
     pub fn blocks(&self) -> Vec<String> {
         self.units.keys().cloned().collect()

@@ -379,24 +379,23 @@ fn export_weights(
         (false, true) => (out_dir.join("ema_transformer"), "diffusion_pytorch_model.safetensors"),
     };
     let path = dir.join(file);
-    // Trained sharded blocks are gathered from every rank.
+    // Trained sharded blocks are gathered from every rank, one block at a time.
     let gathered = !lora && model.sharded().is_some();
     if !write && !gathered {
         return Ok(path);
     }
-    let named = if lora { None } else { Some(model.named_weights()?) };
-    if !write {
+    if write {
+        std::fs::create_dir_all(&dir).map_err(|e| TrainError::io(&dir, e))?;
+    }
+    if lora {
+        model.save_lora(&path)?;
         return Ok(path);
     }
-    std::fs::create_dir_all(&dir).map_err(|e| TrainError::io(&dir, e))?;
-    match named {
-        None => model.save_lora(&path)?,
-        Some(named) => {
-            tch::Tensor::write_safetensors(&named, &path)?;
-            let config = pipe.denoiser_dir().join("config.json");
-            let copied = std::fs::copy(&config, dir.join("config.json"));
-            copied.map_err(|e| TrainError::io(&config, e))?;
-        }
+    model.write_weights(write.then_some(path.as_path()))?;
+    if write {
+        let config = pipe.denoiser_dir().join("config.json");
+        let copied = std::fs::copy(&config, dir.join("config.json"));
+        copied.map_err(|e| TrainError::io(&config, e))?;
     }
     Ok(path)
 }
