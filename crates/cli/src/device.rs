@@ -25,11 +25,16 @@ pub fn parse(text: &str) -> Result<DeviceArg, String> {
 impl DeviceArg {
     /// The device, after checking that torch can use it.
     pub fn resolve(self) -> Result<Device, Failure> {
+        self.resolve_as("--device")
+    }
+
+    /// [`Self::resolve`] of a device named by the flag or key `what`.
+    pub fn resolve_as(self, what: &str) -> Result<Device, Failure> {
         if let Device::Cuda(n) = self.0 {
             let count = tch::Cuda::device_count() as usize;
             if n >= count {
                 return Err(Failure::input(anyhow!(
-                    "--device cuda:{n}: torch sees {count} CUDA device(s); use --device cpu{}",
+                    "{what} cuda:{n}: torch sees {count} CUDA device(s); use cpu{}",
                     if count > 0 {
                         " or cuda:0..cuda:".to_string() + &(count - 1).to_string()
                     } else {

@@ -15,9 +15,10 @@ use device::DeviceArg;
 #[derive(Parser)]
 #[command(name = "flowtune", version, about, max_term_width = 100)]
 struct Cli {
-    /// Where tensors live: cpu, cuda or cuda:N.
-    #[arg(long, global = true, default_value = "cpu", value_parser = device::parse)]
-    device: DeviceArg,
+    /// Where tensors live: cpu, cuda or cuda:N (default: cpu; `train` takes `trainer.device`, else
+    /// a GPU when torch sees one; `launch` passes it to every rank).
+    #[arg(long, global = true, value_parser = device::parse)]
+    device: Option<DeviceArg>,
 
     /// CPU threads for tensor work (default: `OMP_NUM_THREADS` if set, else one per core).
     #[arg(long, global = true, value_parser = threads::parse)]
@@ -113,23 +114,25 @@ fn main() -> ExitCode {
     threads::passive_wait();
     let cli = Cli::parse();
     threads::configure(cli.threads);
+    let named = cli.device;
+    let cpu = || named.unwrap_or(DeviceArg(tch::Device::Cpu));
     let result = match cli.command {
-        Command::Env => commands::env::run(&cli.device),
-        Command::Train(a) => commands::train::run(a, &cli.device),
-        Command::Launch(a) => commands::launch::run(a),
-        Command::Sample(a) => commands::sample::sample(a, &cli.device),
+        Command::Env => commands::env::run(&cpu()),
+        Command::Train(a) => commands::train::run(a, named),
+        Command::Launch(a) => commands::launch::run(a, named),
+        Command::Sample(a) => commands::sample::sample(a, &cpu()),
         Command::Score(a) => commands::score::run(a),
         Command::ExportLora { checkpoint, out } => commands::sample::export_lora(&checkpoint, &out),
-        Command::Pretrain(a) => commands::pretrain::run(a, &cli.device),
+        Command::Pretrain(a) => commands::pretrain::run(a, &cpu()),
         Command::Shapes(c) => commands::shapes::run(c),
-        Command::Demo(a) => commands::demo::run(a, &cli.device),
+        Command::Demo(a) => commands::demo::run(a, &cpu()),
         Command::List => commands::list::run(),
         Command::Config(c) => commands::config::run(c),
         Command::Data(c) => commands::data::run(c),
-        Command::Debug(c) => commands::debug::run(c, &cli.device),
+        Command::Debug(c) => commands::debug::run(c, &cpu()),
         Command::MakeTiny(c) => commands::make_tiny::run(c),
         Command::Plan(a) => commands::plan::run(a),
-        Command::Bench(c) => commands::bench::run(c, &cli.device),
+        Command::Bench(c) => commands::bench::run(c, &cpu()),
     };
     // In a launched job, each rank's errors say which rank it is.
     let who = std::env::var("RANK").map_or(String::new(), |r| format!("rank {r}: "));

@@ -806,3 +806,28 @@ fn a_hub_id_trains_from_the_local_cache() {
         &["tiny-org/missing", "hf download tiny-org/missing"],
     );
 }
+
+/// The device a run names reaches it: `launch --device` goes to every rank, `trainer.device`
+/// is read, and each is refused by its own name where torch has no such device; a launcher and
+/// a command that name different devices are refused.
+#[test]
+fn named_devices_reach_the_ranks_or_are_refused_by_name() {
+    if tch::Cuda::device_count() > 0 {
+        return; // the refusals below need a machine without CUDA
+    }
+    let recipe = repo("examples/flow_grpo_tiny.yaml");
+    let out = flowtune(&["launch", "--device", "cuda", "--nproc", "1", "--", "train", &recipe]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("rank 0: error: --device cuda:0: torch sees 0 CUDA device(s); use cpu"),
+        "{stderr}"
+    );
+    let out = flowtune(&["train", &recipe, "trainer.device=cuda:1"]);
+    assert_bad_input(&out, &["trainer.device cuda:1: torch sees 0 CUDA device(s)"]);
+    let out = flowtune(&["train", &recipe, "trainer.device=gpu"]);
+    assert_bad_input(&out, &["trainer.device: `gpu`: expected cpu, cuda or cuda:N"]);
+    let args = ["launch", "--device", "cuda", "--nproc", "1", "--", "--device", "cpu", "train"];
+    let out = flowtune(&args);
+    assert_bad_input(&out, &["launch --device cuda:0 and the command's --device cpu differ"]);
+}

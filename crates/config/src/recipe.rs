@@ -183,6 +183,9 @@ impl Recipe {
         if self.model.num_frames == Some(0) {
             return Err(("model.num_frames".into(), "0 is not allowed; expected ≥ 1 frame".into()));
         }
+        if let Some(d) = self.trainer.device.as_deref().filter(|d| !valid_device(d)) {
+            return Err(("trainer.device".into(), format!("`{d}`: expected cpu, cuda or cuda:N")));
+        }
         if let Some(r) = self.model.output_resolution.filter(|r| *r < 32) {
             return Err(("model.output_resolution".into(), format!("{r}: expected ≥ 32 pixels")));
         }
@@ -365,6 +368,12 @@ fn key_of(path: &serde_path_to_error::Path) -> String {
 
 fn overrides_text(overrides: &[Override]) -> String {
     overrides.iter().map(|o| o.text.as_str()).collect::<Vec<_>>().join(" ")
+}
+
+/// `cpu`, `cuda` or `cuda:N`.
+fn valid_device(d: &str) -> bool {
+    matches!(d, "cpu" | "cuda")
+        || d.strip_prefix("cuda:").is_some_and(|n| n.parse::<usize>().is_ok())
 }
 
 #[cfg(test)]

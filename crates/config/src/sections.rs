@@ -213,6 +213,9 @@ pub struct TrainerSection {
     /// Samples per forward/backward pass.
     pub micro_batch_size: usize,
     pub old_log_prob: OldLogProb,
+    /// Where training runs: `cpu`, `cuda` or `cuda:N` (a launched job's ranks take
+    /// `cuda:LOCAL_RANK`); `--device` wins; unset: a GPU when torch sees one, else the CPU.
+    pub device: Option<String>,
     /// Output directory: metrics, checkpoints, the exported LoRA.
     pub output_dir: PathBuf,
     /// Save a checkpoint every this many steps (0: only at the end).
@@ -314,6 +317,7 @@ impl Default for TrainerSection {
             ppo_mini_batch_size: 1,
             micro_batch_size: 4,
             old_log_prob: OldLogProb::Recompute,
+            device: None,
             output_dir: PathBuf::from("runs/flowtune"),
             save_freq: 10,
             keep_last: 2,

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context};
 use clap::Args;
 
+use crate::device::DeviceArg;
 use crate::Failure;
 
 /// How long the other ranks get to stop on their own (and say why) after one has failed.
@@ -26,10 +27,28 @@ pub struct LaunchArgs {
     command: Vec<String>,
 }
 
-pub fn run(args: LaunchArgs) -> Result<(), Failure> {
+pub fn run(args: LaunchArgs, device: Option<DeviceArg>) -> Result<(), Failure> {
     if args.nproc == 0 {
         return Err(Failure::input(anyhow!("--nproc must be at least 1")));
     }
+    // The launcher's `--device` goes to every rank, which computes on its LOCAL_RANK's GPU.
+    let passed = device.map(|d| crate::device::name(d.0));
+    let inner = args.command.iter().enumerate().find_map(|(i, a)| match a.as_str() {
+        "--device" => args.command.get(i + 1).cloned(),
+        _ => a.strip_prefix("--device=").map(String::from),
+    });
+    if let (Some(outer), Some(inner)) = (&passed, &inner) {
+        let same = crate::device::parse(inner).is_ok_and(|d| crate::device::name(d.0) == *outer);
+        if !same {
+            return Err(Failure::input(anyhow!(
+                "launch --device {outer} and the command's --device {inner} differ; name it once"
+            )));
+        }
+    }
+    let device_args = match (&passed, &inner) {
+        (Some(outer), None) => vec!["--device".to_string(), outer.clone()],
+        _ => vec![],
+    };
     let port = match args.master_port {
         Some(p) => p,
         None => free_port().map_err(Failure::Runtime)?,
@@ -46,6 +65,7 @@ pub fn run(args: LaunchArgs) -> Result<(), Failure> {
     let mut children = vec![];
     for rank in 0..args.nproc {
         let child = Command::new(&exe)
+            .args(&device_args)
             .args(&args.command)
             .env("RANK", rank.to_string())
             .env("LOCAL_RANK", rank.to_string())

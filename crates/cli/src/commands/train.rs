@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::anyhow;
 use clap::Args;
 use flowtune_config::Recipe;
 use flowtune_trainer::train;
@@ -17,9 +18,9 @@ pub struct TrainArgs {
     overrides: Vec<String>,
 }
 
-pub fn run(args: TrainArgs, device: &DeviceArg) -> Result<(), Failure> {
+pub fn run(args: TrainArgs, named: Option<DeviceArg>) -> Result<(), Failure> {
     let recipe = Recipe::load(&args.recipe, &args.overrides).map_err(Failure::input)?;
-    let device = device.resolve()?;
+    let device = device(named, recipe.trainer.device.as_deref())?;
     let summary = train(&recipe, device).map_err(Failure::training)?;
     if summary.rank != 0 {
         return Ok(());
@@ -30,4 +31,27 @@ pub fn run(args: TrainArgs, device: &DeviceArg) -> Result<(), Failure> {
         summary.export.display()
     );
     Ok(())
+}
+
+/// `--device`, else `trainer.device`, else a GPU when torch sees one (said once per job), else the
+/// CPU.
+fn device(named: Option<DeviceArg>, in_recipe: Option<&str>) -> Result<tch::Device, Failure> {
+    if let Some(d) = named {
+        return d.resolve();
+    }
+    if let Some(text) = in_recipe {
+        let parsed = crate::device::parse(text).map_err(|e| Failure::input(anyhow!(e)))?;
+        return parsed.resolve_as("trainer.device");
+    }
+    let gpus = tch::Cuda::device_count();
+    if gpus == 0 {
+        return Ok(tch::Device::Cpu);
+    }
+    if std::env::var("RANK").map_or(true, |r| r == "0") {
+        eprintln!(
+            "device: cuda (torch sees {gpus} CUDA device(s); --device or trainer.device names one, \
+             cpu included)"
+        );
+    }
+    Ok(tch::Device::Cuda(0))
 }
