@@ -39,8 +39,11 @@ pub struct DgpoSettings {
 
 /// `d_i = mean_elems((ε − x0 − v_θ)²)`, `s_G = β/|G|·Σ_{i∈G} A_i·(d_i − d_i^ref)` (detached),
 /// `L = mean_i(σ(s_G)·A_i·d_i′) + ref_kl_coef·mean((v_θ − v_ref)²)`, where `d_i′` is `d_i` detached
-/// when `A_i > 0 ∧ ρ_i > 1 + ε_c` or `A_i < 0 ∧ ρ_i < 1 − ε_c`, `ρ_i = exp(d_i^old − d_i)`.
-/// Metrics `actor/{policy_loss,kl_loss,dsm_loss,clip_frac,group_weight_mean,group_weight_dev}`.
+/// when the row is clipped: `ρ_i > 1 + ε_c` if `A_i > 0`, else `ρ_i < 1 − ε_c`, with
+/// `ρ_i = exp(d_i^old − d_i)` (the reference's rule: an A = 0 row counts as clipped when its ratio
+/// fell, though its term is 0 either way). Metrics `actor/{policy_loss,kl_loss,dsm_loss}`,
+/// `actor/clip_frac` (the fraction of clipped rows) and `actor/group_weight_{mean,dev}` (mean
+/// σ(s_G) and mean |σ(s_G) − ½|, over rows).
 pub fn dgpo_loss(batch: &DgpoBatch<'_>, s: DgpoSettings) -> Result<LossOutput, ObjectiveError> {
     same_shape(&[
         ("x0", batch.x0),
@@ -65,9 +68,7 @@ pub fn dgpo_loss(batch: &DgpoBatch<'_>, s: DgpoSettings) -> Result<LossOutput, O
     let weight = score.sigmoid().index_select(0, &groups).detach();
     let ratio = (&old_dsm - dsm.detach()).exp();
     let clipped = if s.clip_range > 0.0 {
-        a.gt(0.0)
-            .logical_and(&ratio.gt(1.0 + s.clip_range))
-            .logical_or(&a.lt(0.0).logical_and(&ratio.lt(1.0 - s.clip_range)))
+        ratio.gt(1.0 + s.clip_range).where_self(&a.gt(0.0), &ratio.lt(1.0 - s.clip_range))
     } else {
         Tensor::zeros([b], (Kind::Bool, dsm.device()))
     };
