@@ -76,7 +76,8 @@ impl RewardFunction {
 pub struct HttpSettings {
     /// Seconds one request may take.
     pub timeout_s: f64,
-    /// Retries after a failed request (connection error, timeout, HTTP error), with doubling backoff.
+    /// Retries after a failed request (connection error, timeout, HTTP error), with doubling
+    /// backoff; a TLS failure is not retried.
     pub max_retries: u32,
     /// Seconds before the first retry.
     pub backoff_s: f64,
@@ -85,7 +86,9 @@ pub struct HttpSettings {
     /// Requests in flight at once.
     pub max_concurrency: usize,
     /// `https://`: a PEM file of CA certificates to trust besides the bundled and system roots,
-    /// `$SSL_CERT_FILE` and `$REQUESTS_CA_BUNDLE`.
+    /// `$SSL_CERT_FILE` and `$REQUESTS_CA_BUNDLE`; a certificate listed in any of them is also
+    /// accepted as the server's own when it is a CA (`openssl req -x509`). A relative path is
+    /// taken from the working directory, as every recipe path is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<std::path::PathBuf>,
 }

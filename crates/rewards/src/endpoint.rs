@@ -5,11 +5,15 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
+use rustls::CertificateError;
 use url::{Host, Url};
 
 use crate::RewardError;
+
+mod pinned;
 
 /// Checks the `url` of reward `name`, whether TLS is used. `credential` names the setting that adds
 /// an `Authorization` header, if any; a credential (or a `user:password@` in the URL) over plain
@@ -69,47 +73,68 @@ fn ca_bundles(
 }
 
 /// The TLS client of reward `name`: it trusts the bundled Mozilla roots, the system's, and every
-/// certificate in the bundles of [`ca_bundles`]; an unreadable or empty bundle is an error.
+/// certificate in the bundles of [`ca_bundles`], also as the server's own when that is a CA
+/// ([`pinned`]); an unreadable or empty bundle is an error.
 pub(crate) fn tls_config(
     name: &str,
     ca_file: Option<&Path>,
 ) -> Result<Arc<rustls::ClientConfig>, RewardError> {
     let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
     roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+    let mut listed = vec![];
     for (label, path) in ca_bundles(ca_file, |v| std::env::var_os(v)) {
-        let added = CertificateDer::pem_file_iter(&path)
-            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-            .map(|certs| roots.add_parsable_certificates(certs).0);
-        let why = match added {
-            Ok(0) => "it holds no PEM CA certificate".to_string(),
-            Ok(_) => continue,
+        let certs = CertificateDer::pem_file_iter(&path)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>());
+        let why = match certs {
+            Ok(certs) => {
+                if roots.add_parsable_certificates(certs.iter().cloned()).0 > 0 {
+                    listed.extend(certs);
+                    continue;
+                }
+                "it holds no PEM CA certificate".to_string()
+            }
             Err(e) => e.to_string(),
         };
+        let rule = if path.is_relative() {
+            let cwd = std::env::current_dir().unwrap_or_default();
+            format!("; a relative path is taken from the working directory, {}", cwd.display())
+        } else {
+            String::new()
+        };
         return Err(RewardError::Config(format!(
-            "reward `{name}`: CA bundle {} ({label}): {why}",
+            "reward `{name}`: CA bundle {} ({label}{rule}): {why}",
             path.display()
         )));
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let standard = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .expect("the bundled roots are never empty");
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("ring supports TLS 1.2 and 1.3")
-        .with_root_certificates(roots)
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(pinned::Verifier { standard, listed }))
         .with_no_client_auth();
     Ok(Arc::new(config))
 }
 
-/// The TLS failure behind `e`, if it is one.
+/// The TLS failure behind `e`, if it is one: a refused certificate or a failed handshake, which
+/// would fail the same way again.
 pub(crate) fn tls_failure(e: &ureq::Error) -> Option<String> {
     let io = std::error::Error::source(e)?.downcast_ref::<std::io::Error>()?;
     let tls = io.get_ref()?.downcast_ref::<rustls::Error>()?;
-    let hint = match tls {
-        rustls::Error::InvalidCertificate(_) => {
-            " (trust the server's CA with http.ca_file, $SSL_CERT_FILE or $REQUESTS_CA_BUNDLE)"
-        }
-        _ => "",
-    };
-    Some(format!("TLS handshake failed: {tls}{hint}"))
+    const TRUST: &str = "http.ca_file, $SSL_CERT_FILE or $REQUESTS_CA_BUNDLE";
+    Some(if pinned::ca_as_end_entity(tls) {
+        format!(
+            "TLS handshake failed: the server presents a CA certificate as its own, accepted \
+             only when that very certificate is listed in {TRUST}"
+        )
+    } else if matches!(tls, rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer)) {
+        format!("TLS handshake failed: {tls} (trust the server's CA with {TRUST})")
+    } else {
+        format!("TLS handshake failed: {tls}")
+    })
 }
 
 #[cfg(test)]
@@ -180,7 +205,15 @@ mod tests {
     fn an_unreadable_or_empty_ca_file_is_a_setting_error() {
         let missing = Path::new("/nonexistent/flowtune-ca.pem");
         let err = tls_config("http", Some(missing)).unwrap_err().to_string();
-        assert!(err.contains("CA bundle /nonexistent/flowtune-ca.pem (http.ca_file)"), "{err}");
+        assert!(err.contains("CA bundle /nonexistent/flowtune-ca.pem (http.ca_file): "), "{err}");
+        let err = tls_config("http", Some(Path::new("no-such-ca.pem"))).unwrap_err().to_string();
+        let cwd = std::env::current_dir().unwrap();
+        let rule =
+            format!("a relative path is taken from the working directory, {}", cwd.display());
+        assert!(
+            err.contains(&format!("CA bundle no-such-ca.pem (http.ca_file; {rule}): ")),
+            "{err}"
+        );
         let empty =
             std::env::temp_dir().join(format!("flowtune-empty-ca-{}.pem", std::process::id()));
         std::fs::write(&empty, "not a certificate\n").unwrap();

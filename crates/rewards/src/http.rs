@@ -4,9 +4,9 @@
 //! "data_source", "extra_info"}, …]}`. Response: `{"scores": [number, …]}` with one score per image,
 //! optionally `"extras": {"name": [number, …]}` (logged as `critic/<name>/mean`). Requests carry
 //! at most `batch_size` samples, at most `max_concurrency` run at once, each with a timeout and
-//! bounded retries with doubling backoff, over plain HTTP or TLS (`crate::endpoint`). A scorer
-//! that stays down, times out, fails the TLS handshake or answers anything else is an error naming
-//! the URL and what went wrong.
+//! bounded retries with doubling backoff (none after a TLS failure), over plain HTTP or TLS
+//! (`crate::endpoint`). A scorer that stays down, times out, fails the TLS handshake or answers
+//! anything else is an error naming the URL and what went wrong.
 
 use std::io::Cursor;
 use std::time::Duration;
@@ -55,7 +55,8 @@ pub(crate) fn client(
 }
 
 /// POSTs `body` as JSON with `headers`, retrying connection errors, timeouts and HTTP errors
-/// `settings.max_retries` times with doubling backoff; the answer's text, or what went wrong.
+/// `settings.max_retries` times with doubling backoff; the answer's text, or what went wrong. A
+/// TLS failure (refused certificate, failed handshake) is final: it is returned at once.
 pub(crate) fn post_with_retries(
     agent: &ureq::Agent,
     url: &str,
@@ -76,7 +77,10 @@ pub(crate) fn post_with_retries(
                 let text = response.into_string().unwrap_or_default();
                 format!("HTTP {code}: {}", text.chars().take(200).collect::<String>())
             }
-            Err(e) => tls_failure(&e).unwrap_or_else(|| e.to_string()),
+            Err(e) => match tls_failure(&e) {
+                Some(tls) => return Err(tls),
+                None => e.to_string(),
+            },
         };
         if attempt >= settings.max_retries {
             return Err(format!("{error} (after {} attempts)", attempt + 1));
