@@ -15,6 +15,11 @@ fn repo(path: &str) -> String {
     root.join(path).display().to_string()
 }
 
+/// A path in the fixtures folder (`FLOWTUNE_FIXTURES`, else the project's `fixtures/`).
+fn in_fixtures(path: &str) -> String {
+    flowtune_fixtures::dir().join(path).display().to_string()
+}
+
 /// A file `name` holding `text`, in a folder this binary's tests share; returns its path.
 fn text_file(name: &str, text: &str) -> String {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -171,18 +176,18 @@ fn bad_input_gives_one_clear_line_and_exit_2() {
 fn check_forward_with_lora(name: &str, alpha: &str) {
     let dir = scratch(&format!("forward-{name}"));
     let out = dir.join("out.safetensors");
-    let io = repo(&format!("fixtures/{name}_io.safetensors"));
+    let io = in_fixtures(&format!("{name}_io.safetensors"));
     let run = flowtune(&[
         "debug",
         "forward",
         "--component",
-        &repo(&format!("fixtures/{name}")),
+        &in_fixtures(name),
         "--inputs",
         &io,
         "--out",
         &out.display().to_string(),
         "--lora",
-        &repo(&format!("fixtures/{name}_lora.safetensors")),
+        &in_fixtures(&format!("{name}_lora.safetensors")),
         "--lora-alpha",
         alpha,
     ]);
@@ -218,7 +223,7 @@ fn debug_forward_runs_qwen_image21() {
 /// pixel frames); a picture transformer refuses `--frames`.
 #[test]
 fn bench_times_wan_clips_and_refuses_frames_for_pictures() {
-    let wan = repo("fixtures/wan_pipeline");
+    let wan = in_fixtures("wan_pipeline");
     let component = format!("{wan}/transformer");
     let small = ["--batch", "1", "--iters", "1"];
     let transformer = flowtune(
@@ -236,7 +241,7 @@ fn bench_times_wan_clips_and_refuses_frames_for_pictures() {
     let rollout = flowtune(&[&args[..], &small[..], &["--num-frames", "5"]].concat());
     let stdout = stdout_of(&rollout);
     assert!(stdout.contains("at 32px, 5 frames") && stdout.contains("samples/s"), "{stdout}");
-    let sd3 = repo("fixtures/sd3_tiny");
+    let sd3 = in_fixtures("sd3_tiny");
     let refused = ["bench", "transformer", "--component", &sd3, "--latent", "8", "--frames", "2"];
     assert_bad_input(&flowtune(&[&refused[..], &small[..]].concat()), &["--frames 2", "pictures"]);
 }
@@ -249,7 +254,7 @@ fn debug_forward_reproduces_the_fixture_outputs() {
             "debug",
             "forward",
             "--component",
-            &repo("fixtures"),
+            &in_fixtures(""),
             "--inputs",
             "x",
             "--out",
@@ -362,9 +367,10 @@ fn stdout_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Ctrl-C (SIGINT) finishes the step, saves a checkpoint for it and exits cleanly.
+/// Ctrl-C (SIGINT) says what it will do, finishes the step, saves a checkpoint for it and exits
+/// non-zero saying so.
 #[test]
-fn ctrl_c_saves_a_checkpoint_and_exits_cleanly() {
+fn ctrl_c_saves_a_checkpoint_and_exits_saying_so() {
     let root = scratch("cli-int");
     let (model, out) = (root.join("tiny"), root.join("run"));
     assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
@@ -396,12 +402,15 @@ fn ctrl_c_saves_a_checkpoint_and_exits_cleanly() {
         .success());
     let done = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&done.stderr);
-    assert!(done.status.success(), "{stderr}");
+    assert_eq!(done.status.code(), Some(1), "{stderr}");
     let steps = std::fs::read_to_string(&metrics).unwrap().lines().count();
-    assert!(
-        stderr.contains(&format!("interrupted: saved a checkpoint at step {steps}")),
-        "{stderr}"
-    );
+    let said =
+        "Ctrl-C (SIGINT): finishing this step, then saving a checkpoint and stopping (Ctrl-C \
+                again aborts at once)";
+    assert!(stderr.contains(said), "{stderr}");
+    let stopped =
+        format!("error: stopped by Ctrl-C (SIGINT) after step {steps}, with a checkpoint");
+    assert!(stderr.contains(&stopped), "{stderr}");
     assert!(out.join(format!("checkpoints/step_{steps:06}/state.json")).exists());
 }
 
@@ -618,7 +627,7 @@ fn score_prints_one_line_per_image() {
 #[test]
 fn debug_rollout_reproduces_the_qwen_image_reference_loop() {
     // The fixture of scripts/reference_qwen_rollout.py: its prompts, noise and settings.
-    let io = tensors(repo("fixtures/qwen_image_rollout_io.safetensors"));
+    let io = tensors(in_fixtures("qwen_image_rollout_io.safetensors"));
     let dir = scratch("debug-rollout");
     let prompts = dir.join("prompts.txt");
     std::fs::write(
@@ -637,7 +646,7 @@ fn debug_rollout_reproduces_the_qwen_image_reference_loop() {
     .unwrap();
     let out = dir.join("trajectory.safetensors");
     let (model, p, n, o) = (
-        repo("fixtures/qwen_image_pipeline"),
+        in_fixtures("qwen_image_pipeline"),
         prompts.display().to_string(),
         noise.display().to_string(),
         out.display().to_string(),
@@ -702,7 +711,7 @@ fn debug_rollout_reproduces_the_wan_image_to_video_loop() {
 /// `flowtune debug rollout` on the tiny Wan pipeline with the prompts, noise and settings of the
 /// `fixture` of scripts/reference_wan_rollout.py (5 frames at 32 × 64), and its picture if any.
 fn debug_wan_rollout(fixture: &str) {
-    let io = tensors(repo(&format!("fixtures/{fixture}")));
+    let io = tensors(in_fixtures(fixture));
     let stem = fixture.trim_end_matches(".safetensors");
     let dir = scratch(&format!("debug-{stem}"));
     let prompts = dir.join("prompts.txt");
@@ -728,7 +737,7 @@ fn debug_wan_rollout(fixture: &str) {
         pictures = vec!["--images".to_string(), path.display().to_string()];
     }
     let (model, p, n, o) = (
-        repo("fixtures/wan_pipeline"),
+        in_fixtures("wan_pipeline"),
         prompts.display().to_string(),
         noise.display().to_string(),
         out.display().to_string(),

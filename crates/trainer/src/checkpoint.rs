@@ -133,14 +133,14 @@ pub(crate) fn save(
                 .map_err(|e| TrainError::io(&entry.path(), e))?;
         }
     }
+    crate::manifest::write(&tmp)?;
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir).map_err(|e| TrainError::io(&dir, e))?;
     let _ = std::fs::File::open(root).and_then(|d| d.sync_all());
-    // Keep the newest `keep` up to this step; drop those after it (the abandoned future of a run
-    // resumed from an older checkpoint) and crash leftovers.
-    let older = complete_checkpoints(root)?.into_iter().rev().filter(|(s, _)| *s != state.step);
-    for (i, (step, path)) in older.enumerate() {
-        if step > state.step || i + 1 >= keep {
+    // Keep the newest `keep` up to this step (never one after it) and drop crash leftovers.
+    let older = complete_checkpoints(root)?.into_iter().rev().filter(|(s, _)| *s < state.step);
+    for (i, (_, path)) in older.enumerate() {
+        if i + 1 >= keep {
             let _ = std::fs::remove_dir_all(path);
         }
     }
@@ -216,6 +216,46 @@ pub fn complete_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>, TrainErr
         .collect();
     dirs.sort();
     Ok(dirs)
+}
+
+/// The newest checkpoint under `root` that is as its manifest wrote it, saying which newer ones
+/// it skips and why (with `say`).
+pub(crate) fn newest_whole(
+    root: &Path,
+    say: impl Fn(String),
+) -> Result<Option<(u64, PathBuf)>, TrainError> {
+    for (step, dir) in complete_checkpoints(root)?.into_iter().rev() {
+        match crate::manifest::damage(&dir) {
+            None => return Ok(Some((step, dir))),
+            Some(why) => say(format!("warning: skipping checkpoint {}: {why}", dir.display())),
+        }
+    }
+    Ok(None)
+}
+
+/// Moves the complete checkpoints after step `start` (the future of a run resumed from an older
+/// one, or of an earlier run in this folder) to `root/abandoned/`, where nothing deletes them and
+/// `resume: auto` does not look; says what it moved.
+pub(crate) fn set_aside_after(
+    root: &Path,
+    start: u64,
+    say: impl Fn(String),
+) -> Result<(), TrainError> {
+    let aside = root.join("abandoned");
+    for (_, dir) in complete_checkpoints(root)?.into_iter().filter(|(s, _)| *s > start) {
+        std::fs::create_dir_all(&aside).map_err(|e| TrainError::io(&aside, e))?;
+        let name = dir.file_name().expect("step_N").to_string_lossy().to_string();
+        let mut to = aside.join(&name);
+        for n in 1.. {
+            if !to.exists() {
+                break;
+            }
+            to = aside.join(format!("{name}.{n}"));
+        }
+        std::fs::rename(&dir, &to).map_err(|e| TrainError::io(&dir, e))?;
+        say(format!("moved {} (after step {start}) to {}", dir.display(), to.display()));
+    }
+    Ok(())
 }
 
 /// The learner's copies of the weights, by the prefix they are saved under: the EMA, and

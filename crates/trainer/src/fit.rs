@@ -4,8 +4,6 @@
 //! of each step; rank 0 alone writes metrics, pictures, checkpoints and the exported weights.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flowtune_config::{Finetune, Recipe, Resume, Sharding, StateOffload};
@@ -37,6 +35,8 @@ pub struct TrainSummary {
     pub steps_run: u64,
     /// This process's rank in a launched job (0 alone).
     pub rank: usize,
+    /// Why the run stopped before `trainer.total_steps` at a signal, with its checkpoint saved.
+    pub stopped: Option<String>,
 }
 
 /// How a run goes besides its recipe (`flowtune bench step` measures with these).
@@ -74,15 +74,35 @@ fn pipeline_options(recipe: &Recipe, device: Device) -> PipelineOptions {
     }
 }
 
-/// The checkpoint `trainer.resume` names, if any.
-fn resume_from(resume: &Resume, ckpt_root: &Path) -> Result<Option<PathBuf>, TrainError> {
+/// The checkpoint `trainer.resume` names, if any: under `auto` the newest whole one (rank 0
+/// checks the files and says which it skips; the others take its choice).
+fn resume_from(
+    resume: &Resume,
+    ckpt_root: &Path,
+    comm: &Comm,
+) -> Result<Option<PathBuf>, TrainError> {
     Ok(match resume {
         Resume::None => None,
-        Resume::Auto => checkpoint::complete_checkpoints(ckpt_root)?.pop().map(|(_, dir)| dir),
+        Resume::Auto => {
+            let newest = match comm.is_main() {
+                true => checkpoint::newest_whole(ckpt_root, |m| eprintln!("{m}"))?,
+                false => None,
+            };
+            // Step + 1 (0: none), summed over the ranks: rank 0's choice.
+            let chosen = comm.sum_f64(newest.map_or(0.0, |(step, _)| step as f64 + 1.0))?;
+            (chosen > 0.0).then(|| ckpt_root.join(format!("step_{:06}", chosen as u64 - 1)))
+        }
         Resume::Path(dir) => {
             if !dir.join("state.json").exists() {
                 return Err(TrainError::Invalid(format!(
                     "trainer.resume: {} is not a complete checkpoint directory (no state.json); use auto, none or a checkpoints/step_NNNNNN directory",
+                    dir.display()
+                )));
+            }
+            if let Some(why) = crate::manifest::damage(dir) {
+                return Err(TrainError::Invalid(format!(
+                    "trainer.resume: {} is damaged: {why}; trainer.resume: auto takes the newest \
+                     whole checkpoint",
                     dir.display()
                 )));
             }
@@ -215,7 +235,7 @@ pub fn train_with(
     let mut learner = Learner { ema, old, optimizer, gardo: None };
     let mut start = 0;
     let mut saved_line = serde_json::Value::Null;
-    if let Some(dir) = resume_from(&t.resume, &ckpt_root)? {
+    if let Some(dir) = resume_from(&t.resume, &ckpt_root, &comm)? {
         let state = checkpoint::load(&dir, pipe.denoiser_mut(), &mut learner)?;
         source.loader().state = state.loader;
         start = state.step;
@@ -224,6 +244,11 @@ pub fn train_with(
             eprintln!("resumed from {} (step {start})", dir.display());
         }
     }
+    // Later checkpoints would be the future of another run: kept aside, never deleted.
+    if comm.is_main() && write {
+        checkpoint::set_aside_after(&ckpt_root, start, |m| eprintln!("{m}"))?;
+    }
+    comm.barrier()?;
 
     let bar = progress_bar(t.total_steps, start);
     if !comm.is_main() {
@@ -242,13 +267,10 @@ pub fn train_with(
     let comm = &run.comm;
     let mut log =
         if comm.is_main() { Some(MetricLog::open(out_dir, start, &saved_line)?) } else { None };
-    // Ctrl-C finishes the current step, saves a checkpoint and returns.
-    let interrupted = Arc::new(AtomicBool::new(false));
-    let flag = interrupted.clone();
-    // A second trainer in the same process cannot install a handler again; it then runs without one.
-    let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
+    // SIGTERM, SIGUSR1 and Ctrl-C finish the current step, save a checkpoint and return.
+    let stop_request = crate::signals::StopRequest::listen(comm.is_main());
     let mut all = vec![];
-    let mut last = start;
+    let (mut last, mut stopped) = (start, None);
     if t.val_before_train && start == 0 {
         run.status("validation");
         let timer = Instant::now();
@@ -290,7 +312,7 @@ pub fn train_with(
 
         // checkpoint
         let timer = Instant::now();
-        let stop = comm.any(interrupted.load(Ordering::SeqCst))?;
+        let stop = comm.any(stop_request.received().is_some())?;
         let due = (t.save_freq > 0 && k.is_multiple_of(t.save_freq)) || last_step || stop;
         if due && write {
             let state = LoopState {
@@ -328,7 +350,11 @@ pub fn train_with(
         all.push(m);
         last = k;
         if stop {
-            run.say(format!("interrupted: saved a checkpoint at step {k}; rerun with trainer.resume: auto to continue"));
+            let by = stop_request.received().map_or("another rank's signal", crate::signals::name);
+            stopped = Some(format!(
+                "stopped by {by} after step {k}, with a checkpoint saved for it; rerun with \
+                 trainer.resume: auto to continue"
+            ));
             break;
         }
         if out_of_time && k < t.total_steps {
@@ -346,6 +372,7 @@ pub fn train_with(
             export,
             steps_run: last - start,
             rank: comm.rank(),
+            stopped,
         });
     }
     let export = export_weights(pipe.as_ref(), out_dir, false, main)?;
@@ -356,7 +383,8 @@ pub fn train_with(
     }
     // The other ranks return once the exported weights are on disk.
     comm.barrier()?;
-    Ok(TrainSummary { metrics: all, export, steps_run: last - start, rank: comm.rank() })
+    let steps_run = last - start;
+    Ok(TrainSummary { metrics: all, export, steps_run, rank: comm.rank(), stopped })
 }
 
 /// Writes the trained weights for use outside flowtune: the LoRA in the diffusers/PEFT layout

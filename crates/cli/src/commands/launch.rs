@@ -56,8 +56,6 @@ pub fn run(args: LaunchArgs, device: Option<DeviceArg>) -> Result<(), Failure> {
     let exe = std::env::current_exe()
         .context("locating the flowtune binary")
         .map_err(Failure::Runtime)?;
-    // Ctrl-C reaches every rank, which saves a checkpoint and stops; the launcher waits for them.
-    let _ = ctrlc::set_handler(|| {});
     let threads = std::env::var("OMP_NUM_THREADS").ok().unwrap_or_else(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         (cores / args.nproc).max(1).to_string()
@@ -79,6 +77,7 @@ pub fn run(args: LaunchArgs, device: Option<DeviceArg>) -> Result<(), Failure> {
             .map_err(Failure::Runtime)?;
         children.push(Some(child));
     }
+    forward_signals(children.iter().flatten().map(Child::id).collect());
     match wait_all(&mut children).map_err(Failure::Runtime)? {
         None => Ok(()),
         Some((rank, status)) => Err(Failure::Runtime(anyhow!(
@@ -86,6 +85,26 @@ pub fn run(args: LaunchArgs, device: Option<DeviceArg>) -> Result<(), Failure> {
             args.nproc
         ))),
     }
+}
+
+/// Passes SIGTERM and SIGUSR1 (a scheduler's stop, or `kill`) on to every rank, which finishes
+/// its step, saves and stops; the launcher outlives Ctrl-C, which the terminal sends to every rank
+/// itself, and waits for them.
+fn forward_signals(ranks: Vec<u32>) {
+    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1]) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        for s in signals.forever().filter(|s| *s != SIGINT) {
+            for &pid in &ranks {
+                // SAFETY: kill(2) with a child's pid and a signal number; a rank that has ended
+                // and been waited for makes it fail harmlessly (ESRCH) or, at worst, a reused pid
+                // of this user gets a catchable signal.
+                unsafe { libc::kill(pid as libc::pid_t, s) };
+            }
+        }
+    });
 }
 
 /// A port on 127.0.0.1 that nothing listens on now.

@@ -22,6 +22,9 @@ pub fn run(args: TrainArgs, named: Option<DeviceArg>) -> Result<(), Failure> {
     let recipe = Recipe::load(&args.recipe, &args.overrides).map_err(Failure::input)?;
     let device = device(named, recipe.trainer.device.as_deref())?;
     let summary = train(&recipe, device).map_err(Failure::training)?;
+    if let Some(why) = summary.stopped {
+        return Err(Failure::Runtime(anyhow!(why)));
+    }
     if summary.rank != 0 {
         return Ok(());
     }
