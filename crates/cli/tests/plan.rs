@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 
 use common::{flowtune, root, stdout};
 use flowtune_fixtures::scratch;
+use flowtune_models::LoraConfig;
 use flowtune_plan::GIB;
+use tch::{Device, Kind};
 
 fn json(args: &[&str]) -> serde_json::Value {
     let mut all = args.to_vec();
@@ -156,6 +158,16 @@ fn bad_input_is_one_clear_error() {
         &["plan", "examples/plan/qwen_image_lora_1gpu.yaml", "model.path=/nonexistent/model"],
         &["/nonexistent/model/model_index.json"],
     );
+    // A `rank_pattern` key that names no adapted layer (here: no target) is a typo, refused as the
+    // model refuses it.
+    bad(
+        &[
+            "plan",
+            "examples/plan/qwen_image_lora_1gpu.yaml",
+            "model.lora.rank_pattern={img_mlp: 8}",
+        ],
+        &["model.lora.rank_pattern key `img_mlp` names none", "nearest: `img_mlp.net.2`"],
+    );
     let dir = scratch("plan-bad");
     std::fs::write(
         dir.join("model_index.json"),
@@ -205,12 +217,44 @@ fn stored_elements_under(dir: &Path, prefix: &str) -> u64 {
     total
 }
 
-/// The planner's counts equal the elements flowtune's own tiny pipelines store, every family.
+/// `flowtune plan`'s LoRA parameters for the tiny pipeline in `dir` (every linear layer, r = 2 but
+/// for a `rank_pattern`), and those of the adapters flowtune builds on its denoisers.
+fn lora_params_planned_and_built(dir: &Path, pipe: &flowtune_plan::Pipeline) -> (u64, u64) {
+    let lora = LoraConfig {
+        rank: 2,
+        target_modules: vec!["all-linear".into()],
+        rank_pattern: [("to_k".into(), 3), (r"[a-z_]+\.1\..*".into(), 5)].into_iter().collect(),
+        ..Default::default()
+    };
+    let path = format!("model.path={}", dir.display());
+    let planned = json(&[
+        "plan",
+        "examples/plan/sd35_medium_lora_1gpu.yaml",
+        &path,
+        "model.lora.rank=2",
+        "model.lora.target_modules=[all-linear]",
+        r"model.lora.rank_pattern={to_k: 3, '[a-z_]+\.1\..*': 5}",
+    ])["lora_params"]
+        .as_u64()
+        .unwrap();
+    let built = pipe.denoisers.iter().map(|(name, _)| {
+        let component = dir.join(name);
+        let model =
+            flowtune_models::load_denoiser(&component, Device::Cpu, Kind::Float, Some(&lora));
+        let adapters = model.unwrap().adapters().unwrap().store.variables();
+        adapters.values().map(|t| t.numel() as u64).sum::<u64>()
+    });
+    (planned, built.sum())
+}
+
+/// The planner's counts equal the elements flowtune's own tiny pipelines store, every family, and
+/// its LoRA parameters, each layer at its `rank_pattern` rank, those of the adapters flowtune
+/// builds.
 #[test]
 fn counts_match_the_weights_of_tiny_pipelines() {
     let root = scratch("plan-tiny");
     let families: [&[&str]; 11] = [
-        &["sd3", "--dual-attention-layers", "0", "--qk-norm"],
+        &["sd3", "--dual-attention-layers", "1", "--qk-norm"],
         &["sd3"],
         &["flux"],
         &["flux2"],
@@ -245,6 +289,8 @@ fn counts_match_the_weights_of_tiny_pipelines() {
             let stored = stored_elements(&dir.join(&v.name));
             assert_eq!(v.params + pipe.vae.as_ref().unwrap().1.buffers, stored, "{args:?} vae");
         }
+        let (planned, built) = lora_params_planned_and_built(&dir, &pipe);
+        assert_eq!(planned, built, "{args:?} LoRA");
     }
 }
 

@@ -138,7 +138,8 @@ impl WeightsBuilder {
     }
 
     /// The built weights: with adapters, the base is frozen (only adapters train) and the
-    /// adapters start fresh ([`Adapters::initialize`], so the model is unchanged).
+    /// adapters start fresh ([`Adapters::initialize`], so the model is unchanged); a LoRA pattern
+    /// key that names no adapted module is refused here, before any weight is read.
     /// `blocks` names the lists of transformer blocks in the tree (what [`ModelWeights::run_block`]
     /// runs).
     pub fn finish(self, blocks: &'static [&'static str]) -> Result<ModelWeights, ModelError> {
@@ -147,6 +148,11 @@ impl WeightsBuilder {
             self.adapters.map(|(store, switch, config)| Adapters { store, switch, config });
         if let Some(adapters) = &adapters {
             adapters.config.validate()?;
+            let (variables, config) = (adapters.store.variables(), &adapters.config);
+            let adapted: Vec<String> = (variables.keys())
+                .filter_map(|n| n.strip_suffix(".lora_A.weight").map(str::to_string))
+                .collect();
+            config.check_patterns_used("model.lora.", &adapted).map_err(ModelError::Input)?;
             base.freeze();
             adapters.initialize(0)?;
         }

@@ -164,3 +164,41 @@ fn recipe_keys_have_peft_meaning() {
     let bad = LoraConfig { rank_pattern: [("to_(q".into(), 2)].into_iter().collect(), ..config };
     assert!(bad.validate().unwrap_err().to_string().contains("rank_pattern key `to_(q`"));
 }
+
+/// A `rank_pattern` / `alpha_pattern` key that names no adapted module (a typo would train those
+/// at `rank` / `alpha`) is refused by name when the adapters are built, before any weight is read;
+/// a LoRA file's config is held to the same rule. Keys that name adapted modules build.
+#[test]
+fn pattern_keys_that_name_no_adapted_module_are_refused() {
+    let config_only = flowtune_fixtures::scratch("lora-pattern-keys");
+    std::fs::copy(dir().join("sd3_tiny/config.json"), config_only.join("config.json")).unwrap();
+    let build = |rank: &[(&str, i64)], alpha: &[(&str, f64)], model: &Path| {
+        let config = LoraConfig {
+            rank: 4,
+            rank_pattern: rank.iter().map(|&(k, r)| (k.to_string(), r)).collect(),
+            alpha_pattern: alpha.iter().map(|&(k, a)| (k.to_string(), a)).collect(),
+            ..Default::default()
+        };
+        Sd3Transformer::load(model, Device::Cpu, Kind::Float, Some(&config)).map(drop)
+    };
+    let refused = |rank, alpha| build(rank, alpha, &config_only).unwrap_err().to_string();
+    let err = refused(&[("transformer_blocks.1.attn.to_k", 2), ("attn.to_kk", 2)], &[]);
+    assert!(err.contains("model.lora.rank_pattern key `attn.to_kk` names none"), "{err}");
+    assert!(err.contains("nearest: `attn.to_k`, `attn.to_q`, `attn.to_v`"), "{err}");
+    // `proj_out` is a layer, but not one the LoRA targets.
+    let err = refused(&[], &[("proj_out", 6.0)]);
+    assert!(err.contains("model.lora.alpha_pattern key `proj_out` names none"), "{err}");
+    build(&[("transformer_blocks.1.attn.to_k", 2)], &[("to_k", 6.0)], &dir().join("sd3_tiny"))
+        .expect("keys that name adapted modules");
+
+    let base = r#""transformer.r": 4, "transformer.lora_alpha": 8, "transformer.use_rslora": true"#;
+    let path = rewritten(
+        &format!(r#"{{{base}, "transformer.alpha_pattern": {{"to_kk": 6}}}}"#),
+        &[],
+        "dead-key",
+    );
+    let err = lora::read_config(&path, "transformer").unwrap_err().to_string();
+    std::fs::remove_file(&path).unwrap();
+    assert!(err.contains("transformer.alpha_pattern key `to_kk` names none"), "{err}");
+    assert!(err.starts_with(&path.display().to_string()), "{err}");
+}

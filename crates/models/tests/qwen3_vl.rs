@@ -167,8 +167,9 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 fn the_released_vision_config_is_read() {
     use flowtune_models::text_encoders::qwen3_vl_vision::Qwen3VlVisionConfig;
 
-    let root = dir().join("../examples/models/qwen-image-2.1/text_encoder/config.json");
-    let config = Qwen3VlVisionConfig::from_file(&root).expect("released config");
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let file = examples.join("models/qwen-image-2.1/text_encoder/config.json");
+    let config = Qwen3VlVisionConfig::from_file(&file).expect("released config");
     assert_eq!(config.deepstack_visual_indexes, [8, 16, 24]);
     assert_eq!((config.depth, config.head_dim(), config.patch_dim()), (27, 72, 1536));
     assert_eq!((config.num_position_embeddings, config.out_hidden_size), (2304, 4096));

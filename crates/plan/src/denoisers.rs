@@ -168,17 +168,23 @@ fn sd3(cfg: &Json) -> Result<Denoiser, PlanError> {
     let n_dual = dual.iter().filter(|&&i| i < layers).count() as u64;
     // Every block but the last ("context_pre_only") updates the text stream.
     let full = layers.saturating_sub(1);
-    inv.linear(n_dual, &format!("{b}.norm1.linear"), h, 9 * h, true);
-    inv.linear(layers - n_dual, &format!("{b}.norm1.linear"), h, 6 * h, true);
+    // Dual-attention blocks (any indices) have a wider norm1 and a second attention.
+    for i in 0..layers {
+        let (block, dual) = (format!("transformer_blocks.{i}"), dual.contains(&i));
+        inv.linear(1, &format!("{block}.norm1.linear"), h, if dual { 9 } else { 6 } * h, true);
+        if dual {
+            attention(&mut inv, 1, &format!("{block}.attn2"), SELF, h);
+        }
+    }
     inv.linear(full, &format!("{b}.norm1_context.linear"), h, 6 * h, true);
-    inv.linear(layers - full, &format!("{b}.norm1_context.linear"), h, 2 * h, true);
+    let last = format!("transformer_blocks.{full}.norm1_context.linear");
+    inv.linear(layers - full, &last, h, 2 * h, true);
     attention(&mut inv, layers, &format!("{b}.attn"), SELF, h);
     for n in &JOINT[..3] {
         inv.linear(layers, &format!("{b}.attn.{n}"), h, h, true);
     }
     inv.linear(full, &format!("{b}.attn.to_add_out"), h, h, true);
     qk_norms(&mut inv, cfg, layers, 4, hd)?;
-    attention(&mut inv, n_dual, &format!("{b}.attn2"), SELF, h);
     qk_norms(&mut inv, cfg, n_dual, 2, hd)?;
     feed_forward(&mut inv, layers, &format!("{b}.ff"), h, 4 * h);
     feed_forward(&mut inv, full, &format!("{b}.ff_context"), h, 4 * h);

@@ -1,10 +1,10 @@
 //! A model as a list of its linear layers (named, for LoRA targets) and a count of everything
 //! else: parameter totals and adapter sizes come from the same list.
 
-/// One linear layer, `count` times (the same layer in every block).
+/// One linear layer, `count` times (the same layer in consecutive blocks).
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// A representative dotted module name (block index 0), matched as LoRA targets match.
+    /// The dotted module name of the first copy; its first numeric segment is the block index.
     pub name: String,
     pub fan_in: u64,
     pub fan_out: u64,
@@ -40,18 +40,29 @@ impl Inventory {
         self.other + self.linears.iter().map(|l| l.count * l.fan_in * l.fan_out).sum::<u64>()
     }
 
-    /// Adapter parameters of rank `rank` on the layers `targets` selects: r·(in + out) each.
-    pub fn lora_params(&self, rank: u64, targets: impl Fn(&str) -> bool) -> u64 {
-        self.linears
-            .iter()
-            .filter(|l| targets(&l.name))
-            .map(|l| l.count * rank * (l.fan_in + l.fan_out))
-            .sum()
+    /// Adapter parameters: r·(in + out) on each layer that `rank_of` gives a rank r, by name.
+    pub fn lora_params(&self, rank_of: impl Fn(&str) -> Option<u64>) -> u64 {
+        let params = |l: &Linear| l.names().filter_map(|n| rank_of(&n)).sum::<u64>();
+        self.linears.iter().map(|l| params(l) * (l.fan_in + l.fan_out)).sum()
+    }
+
+    /// The names of every linear layer.
+    pub fn names(&self) -> impl Iterator<Item = String> + '_ {
+        self.linears.iter().flat_map(Linear::names)
     }
 }
 
-/// Whether `module` is a target of `targets`, as flowtune's LoRA matches (PEFT's rule): a target
-/// equals the name or its dotted suffix; `all-linear` takes every linear layer.
-pub fn lora_targets(targets: &[String], module: &str) -> bool {
-    targets.iter().any(|t| t == "all-linear" || module == t || module.ends_with(&format!(".{t}")))
+impl Linear {
+    /// The module names of its copies: the block index counts up from the first copy's.
+    pub fn names(&self) -> impl Iterator<Item = String> + '_ {
+        let mut parts: Vec<String> = self.name.split('.').map(str::to_string).collect();
+        let block = parts.iter().enumerate().find_map(|(i, p)| Some((i, p.parse::<u64>().ok()?)));
+        (0..self.count).map(move |k| match block {
+            Some((i, first)) => {
+                parts[i] = (first + k).to_string();
+                parts.join(".")
+            }
+            None => self.name.clone(),
+        })
+    }
 }

@@ -12,6 +12,7 @@ pub mod text;
 pub mod vae;
 pub mod verdict;
 
+pub use flowtune_lora_match::Patterns;
 pub use memory::{plan, Item, Phase, Place, Plan};
 pub use pipeline::Pipeline;
 pub use verdict::{verdict, Verdict};
@@ -68,8 +69,10 @@ pub struct Setup {
     pub full: bool,
     pub dtype: Dtype,
     pub frozen_dtype: Dtype,
+    /// `model.lora`: `rank` on the `target_modules`, or a module's `rank_pattern` rank.
     pub lora_rank: u64,
     pub lora_targets: Vec<String>,
+    pub lora_rank_pattern: Patterns<u64>,
     pub offload: Offload,
     /// Pixels per side (square samples).
     pub resolution: u64,
@@ -111,6 +114,12 @@ pub struct Setup {
 }
 
 impl Setup {
+    /// The adapter rank of the linear layer `module`; `None` where LoRA adds no adapter.
+    pub fn lora_rank_of(&self, module: &str) -> Option<u64> {
+        let targeted = flowtune_lora_match::targets(&self.lora_targets, module);
+        targeted.then(|| self.lora_rank_pattern.value_for(module).unwrap_or(self.lora_rank))
+    }
+
     /// Samples a rank draws in one step (its sequence-parallel group's).
     pub fn samples(&self) -> u64 {
         let groups = (self.gpus / self.sequence_parallel.max(1)).max(1);

@@ -3,7 +3,6 @@
 use serde::Serialize;
 
 use crate::denoisers::{Denoiser, Tokens};
-use crate::inventory::lora_targets;
 use crate::inventory::Inventory;
 use crate::{Dtype, Offload, Pipeline, Setup, Sharding, StateOffload};
 
@@ -104,9 +103,7 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
             push(format!("{name} buffers"), setup.dtype, den.inventory.buffers * d, Place::Device);
         }
         if !setup.full {
-            lora += den
-                .inventory
-                .lora_params(setup.lora_rank, |m| lora_targets(&setup.lora_targets, m));
+            lora += den.inventory.lora_params(|m| setup.lora_rank_of(m));
         }
     }
     let frozen = setup.frozen_dtype;

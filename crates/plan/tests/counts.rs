@@ -149,7 +149,7 @@ fn lora_counts() {
     let lora = |name: &str, targets: &[&str]| {
         let t: Vec<String> = targets.iter().map(|s| s.to_string()).collect();
         let p = read(name);
-        p.denoiser().inventory.lora_params(64, |m| flowtune_plan::inventory::lora_targets(&t, m))
+        p.denoiser().inventory.lora_params(|m| flowtune_lora_match::targets(&t, m).then_some(64))
     };
     let qwen = [
         "to_q",

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use flowtune_plan::memory::activations;
-use flowtune_plan::{plan, verdict, Dtype, Offload, Pipeline, Setup, Sharding, StateOffload, GIB};
+use flowtune_plan::{
+    plan, verdict, Dtype, Offload, Patterns, Pipeline, Setup, Sharding, StateOffload, GIB,
+};
 
 fn read(name: &str) -> Pipeline {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/models").join(name);
@@ -54,6 +56,7 @@ fn setup(full: bool, gpus: u64) -> Setup {
         frozen_dtype: Dtype::Bf16,
         lora_rank: 64,
         lora_targets: vec!["to_q".into()],
+        lora_rank_pattern: Patterns::default(),
         offload: Offload::EncodersAndVae,
         resolution: 512,
         num_frames: None,
@@ -93,6 +96,11 @@ fn optimizer_state_per_rank() {
     assert_eq!(lora, 60 * 64 * 2 * 3072);
     let state = bytes(&p, "LoRA adapters") + bytes(&p, "LoRA gradients") + bytes(&p, "Adam");
     assert_eq!(state, 16 * lora);
+    // `rank_pattern` ranks: block 7's to_q at r = 8, blocks 10–19 at r = 128 (PEFT's rule).
+    let mut patterned = setup(false, 1);
+    let keys = [("transformer_blocks.7.attn.to_q", 8), (r"transformer_blocks\.1\d\..*", 128)];
+    patterned.lora_rank_pattern = Patterns::new(keys).unwrap();
+    assert_eq!(plan(&qwen, &patterned).lora_params, (49 * 64 + 8 + 10 * 128) * 2 * 3072);
     let params = 20_430_401_088u64;
     let p = plan(&qwen, &setup(true, 8));
     let sharded = bytes(&p, "f32 master") + bytes(&p, "Adam");

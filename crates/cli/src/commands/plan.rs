@@ -10,7 +10,7 @@ use clap::Args;
 use flowtune_config::{Finetune, Offload, Recipe, Sharding, StateOffload};
 use flowtune_models::Dtype;
 use flowtune_objectives::Objective;
-use flowtune_plan::{plan, verdict, Pipeline, Place, Setup, GIB};
+use flowtune_plan::{plan, verdict, Patterns, Pipeline, Place, Setup, GIB};
 
 use crate::Failure;
 
@@ -111,7 +111,9 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
     let mode = if setup.full {
         format!("full fine-tuning ({} params)", p.denoiser_params)
     } else {
-        format!("LoRA r{} ({} params)", setup.lora_rank, p.lora_params)
+        let pattern =
+            if recipe.model.lora.rank_pattern.is_empty() { "" } else { " + rank_pattern" };
+        format!("LoRA r{}{pattern} ({} params)", setup.lora_rank, p.lora_params)
     };
     let groups = if sp > 1 { format!(" in groups of {sp} (sequence parallel)") } else { "".into() };
     println!(
@@ -136,7 +138,8 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The planner's view of a recipe on `gpus` ranks.
+/// The planner's view of a recipe on `gpus` ranks; a LoRA pattern key that names no adapted
+/// layer is refused, as the model refuses it.
 pub(crate) fn setup(
     recipe: &Recipe,
     pipe: &Pipeline,
@@ -158,12 +161,15 @@ pub(crate) fn setup(
         _ => true,
     };
     let old_policy = matches!(objective, Objective::Nft | Objective::Dgpo | Objective::Gardo);
-    Ok(Setup {
+    m.lora.validate()?;
+    let ranks = m.lora.rank_pattern.iter().map(|(k, &r)| (k, r as u64));
+    let setup = Setup {
         full: m.finetune == Finetune::Full,
         dtype: dtype(m.dtype),
         frozen_dtype: dtype(m.frozen_dtype),
         lora_rank: m.lora.rank.max(0) as u64,
         lora_targets: m.lora.target_modules.clone(),
+        lora_rank_pattern: Patterns::new(ranks).map_err(anyhow::Error::msg)?,
         offload: match m.offload {
             Offload::None => flowtune_plan::Offload::None,
             Offload::Encoders => flowtune_plan::Offload::Encoders,
@@ -205,7 +211,13 @@ pub(crate) fn setup(
         gpus,
         gpu_memory_gib,
         sequence_parallel: t.sequence_parallel_size as u64,
-    })
+    };
+    for (_, den) in pipe.denoisers.iter().filter(|_| !setup.full) {
+        let adapted: Vec<String> =
+            den.inventory.names().filter(|n| setup.lora_rank_of(n).is_some()).collect();
+        m.lora.check_patterns_used("model.lora.", &adapted).map_err(anyhow::Error::msg)?;
+    }
+    Ok(setup)
 }
 
 /// The teacher pipelines of on-policy distillation, read from their configs; one whose folder

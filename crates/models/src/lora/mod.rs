@@ -1,13 +1,15 @@
 //! LoRA adapters in the diffusers/PEFT layout: `lora_A` (r × in) and `lora_B` (out × r) beside a
 //! target linear layer, output `W·x + s·B·A·x` with PEFT's scale `s = α/r` (`α/√r` with
-//! `use_rslora`), r and α per module from `rank_pattern` / `alpha_pattern`. Adapters live in their own variable store,
-//! so only they are trainable; a shared switch turns them on and off at run time (the model with
-//! adapters off is the KL reference).
+//! `use_rslora`), r and α per module from `rank_pattern` / `alpha_pattern` (matched as PEFT does,
+//! [`flowtune_lora_match`]). Adapters live in their own variable store, so only they are
+//! trainable; a shared switch turns them on and off at run time (the model with adapters off is
+//! the KL reference).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use flowtune_lora_match::Patterns;
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
@@ -15,9 +17,9 @@ use tch::Tensor;
 
 use crate::ModelError;
 
-mod patterns;
 mod peft_config;
 
+pub use flowtune_lora_match::ALL_LINEAR;
 pub use peft_config::read_config;
 
 /// Which layers get adapters and how they start.
@@ -32,8 +34,8 @@ pub struct LoraConfig {
     pub init: LoraInit,
     /// PEFT's `use_rslora`: scale α/√r instead of α/r.
     pub use_rslora: bool,
-    /// PEFT's `rank_pattern`: the rank of the modules a key names (see [`patterns`]) instead of
-    /// `rank`.
+    /// PEFT's `rank_pattern`: the rank of the modules a key names (see [`Patterns`]) instead of
+    /// `rank`; a key that names no adapted module is refused.
     pub rank_pattern: IndexMap<String, i64>,
     /// PEFT's `alpha_pattern`: the α of the modules a key names instead of `alpha`.
     pub alpha_pattern: IndexMap<String, f64>,
@@ -78,9 +80,6 @@ pub const FLUX_TARGETS: [&str; 10] = [
     "proj_mlp",
     "proj_out",
 ];
-
-/// PEFT's target that adapts every linear layer of the model.
-pub const ALL_LINEAR: &str = "all-linear";
 
 /// Qwen-Image's LoRA targets in the reference recipes: attention projections of both streams
 /// and both feed-forwards.
@@ -132,19 +131,27 @@ impl LoraConfig {
     /// Whether the layer named `module` (dotted) gets an adapter: a target names it or its
     /// dotted suffix, and PEFT's `all-linear` names every linear layer.
     pub fn targets(&self, module: &str) -> bool {
-        self.target_modules
-            .iter()
-            .any(|t| t == ALL_LINEAR || module == t || module.ends_with(&format!(".{t}")))
+        flowtune_lora_match::targets(&self.target_modules, module)
     }
 
     /// The rank of the adapter on `module` (dotted name).
     pub fn rank_of(&self, module: &str) -> i64 {
-        patterns::value_for(&self.rank_pattern, module).unwrap_or(self.rank)
+        self.ranks().ok().and_then(|p| p.value_for(module)).unwrap_or(self.rank)
     }
 
     /// The α of the adapter on `module`.
     pub fn alpha_of(&self, module: &str) -> f64 {
-        patterns::value_for(&self.alpha_pattern, module).unwrap_or(self.alpha)
+        self.alphas().ok().and_then(|p| p.value_for(module)).unwrap_or(self.alpha)
+    }
+
+    fn ranks(&self) -> Result<Patterns<i64>, ModelError> {
+        let pairs = self.rank_pattern.iter().map(|(k, &r)| (k, r));
+        Patterns::new(pairs).map_err(|e| ModelError::Input(format!("LoRA rank_pattern {e}")))
+    }
+
+    fn alphas(&self) -> Result<Patterns<f64>, ModelError> {
+        let pairs = self.alpha_pattern.iter().map(|(k, &a)| (k, a));
+        Patterns::new(pairs).map_err(|e| ModelError::Input(format!("LoRA alpha_pattern {e}")))
     }
 
     /// The output scale of the adapter on `module`, as PEFT computes it: α/r, or α/√r with
@@ -167,8 +174,17 @@ impl LoraConfig {
                 return Err(ModelError::Input(format!("LoRA {what} is {rank}; it must be ≥ 1")));
             }
         }
-        patterns::check(&self.rank_pattern, "rank_pattern")?;
-        patterns::check(&self.alpha_pattern, "alpha_pattern")
+        self.ranks()?;
+        self.alphas().map(drop)
+    }
+
+    /// Refuses a `rank_pattern` / `alpha_pattern` key that names none of the `adapted` modules (a
+    /// typo would leave them at `rank` / `alpha`); `prefix` is where the keys were set
+    /// (`model.lora.`).
+    pub fn check_patterns_used(&self, prefix: &str, adapted: &[String]) -> Result<(), String> {
+        let text = |e: ModelError| e.to_string();
+        self.ranks().map_err(text)?.check_used(&format!("{prefix}rank_pattern"), adapted)?;
+        self.alphas().map_err(text)?.check_used(&format!("{prefix}alpha_pattern"), adapted)
     }
 }
 

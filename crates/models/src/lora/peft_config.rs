@@ -77,7 +77,9 @@ pub(crate) fn metadata(config: &LoraConfig, component: &str) -> String {
 /// The adapter config of a LoRA file for `component`, as diffusers' `load_lora_weights` builds it:
 /// from the metadata when present; otherwise the most common rank with the others in
 /// `rank_pattern`, α equal to each module's rank and every adapted module a target. DoRA
-/// magnitudes, LoRA biases and any option flowtune does not apply are refused by name.
+/// magnitudes, LoRA biases, any option flowtune does not apply and, as in a recipe, a
+/// `rank_pattern` / `alpha_pattern` key that names none of the file's adapted modules are refused
+/// by name.
 pub fn read_config(path: &Path, component: &str) -> Result<LoraConfig, ModelError> {
     let format = |message: String| ModelError::Format { path: path.display().to_string(), message };
     let bytes = std::fs::read(path)
@@ -212,6 +214,8 @@ pub fn read_config(path: &Path, component: &str) -> Result<LoraConfig, ModelErro
         ..Default::default()
     };
     config.validate()?;
+    let adapted: Vec<String> = ranks.into_keys().collect();
+    config.check_patterns_used(&prefix, &adapted).map_err(format)?;
     Ok(config)
 }
 
