@@ -104,6 +104,27 @@ fn resuming_an_older_checkpoint_sets_the_newer_aside_and_keeps_the_resumed_one()
     }
 }
 
+/// The run folder keeps the resolved recipe; a resume that changes the math is refused by key
+/// (before any step), unless allowed; one that changes only where or how long it runs goes on.
+#[test]
+fn a_resume_that_changes_the_math_is_refused_by_key() {
+    let dir = flowtune_fixtures::scratch("hygiene-recipe");
+    let run = dir.join("run");
+    ok(run_flowtune(&[], &train_args(&run, 1, &[])));
+    let kept = std::fs::read_to_string(run.join("recipe.resolved.yaml")).unwrap();
+    assert!(kept.contains("total_steps: 1"), "{kept}");
+    let out = run_flowtune(&[], &train_args(&run, 2, &["trainer.lr=0.5", "seed=3"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("recipe.resolved.yaml was trained with: seed: 42 → 3, trainer.lr: "));
+    assert!(stderr.contains("set trainer.allow_recipe_change=true"), "{stderr}");
+    assert_eq!(metrics(&run).len(), 1, "nothing ran");
+    ok(run_flowtune(&[], &train_args(&run, 2, &["trainer.keep_last=5"])));
+    let allowed = ["trainer.lr=0.5", "trainer.allow_recipe_change=true"];
+    ok(run_flowtune(&[], &train_args(&run, 3, &allowed)));
+    assert_eq!(metrics(&run).len(), 3);
+}
+
 #[test]
 fn a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_bit_for_bit() {
     let dir = flowtune_fixtures::scratch("hygiene-damaged");

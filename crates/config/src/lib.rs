@@ -4,10 +4,12 @@
 
 mod overrides;
 mod recipe;
+mod resolved;
 mod sections;
 
 pub use overrides::Override;
 pub use recipe::Recipe;
+pub use resolved::RESOLVED;
 pub use sections::{
     DataSection, Finetune, LrSchedule, ModelSection, Offload, OldLogProb, Resume, Sharding,
     StateOffload, TeacherSection, TrainerSection,

@@ -237,6 +237,9 @@ pub struct TrainerSection {
     /// Stop after the step that crosses this many seconds of training (validating and saving
     /// as at the last step); none by default. For job time limits and equal-time comparisons.
     pub time_limit_s: Option<f64>,
+    /// Let a resume go on with a recipe that changes what the run computes (see
+    /// `recipe.resolved.yaml` in the run folder); refused by default, naming the keys.
+    pub allow_recipe_change: bool,
     /// Under several ranks, how long a collective waits for the others before the run stops
     /// with an error (a rank that died or hangs).
     pub dist_timeout_s: f64,
@@ -327,6 +330,7 @@ impl Default for TrainerSection {
             val_before_train: false,
             ema_decay: None,
             time_limit_s: None,
+            allow_recipe_change: false,
             dist_timeout_s: 1800.0,
             gradient_checkpointing: false,
             peak_tflops: None,

@@ -111,6 +111,26 @@ fn resume_from(
     })
 }
 
+/// Refuses to resume with a recipe that computes otherwise than the one the run folder's
+/// checkpoints were trained with (its `recipe.resolved.yaml`), naming the keys, unless
+/// `trainer.allow_recipe_change`.
+fn check_recipe_unchanged(recipe: &Recipe, out_dir: &Path) -> Result<(), TrainError> {
+    let path = out_dir.join(flowtune_config::RESOLVED);
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(()) };
+    let earlier = Recipe::from_yaml(&text, &path.display().to_string(), &[])
+        .map_err(|e| TrainError::Invalid(e.to_string()))?;
+    let changes = recipe.math_changes(&earlier);
+    if changes.is_empty() || recipe.trainer.allow_recipe_change {
+        return Ok(());
+    }
+    Err(TrainError::Invalid(format!(
+        "resuming with a recipe that changes what {} was trained with: {}; set \
+         trainer.allow_recipe_change=true to go on with the change",
+        path.display(),
+        changes.join(", ")
+    )))
+}
+
 /// How many prompt groups (or offline pairs) a step has: every rank needs at least one.
 fn check_shares(recipe: &Recipe, comm: &Comm) -> Result<(), TrainError> {
     let (per_step, ranks) = (recipe.data.prompts_per_step, comm.groups());
@@ -244,9 +264,14 @@ pub fn train_with(
             eprintln!("resumed from {} (step {start})", dir.display());
         }
     }
+    if start > 0 {
+        check_recipe_unchanged(recipe, out_dir)?;
+    }
     // Later checkpoints would be the future of another run: kept aside, never deleted.
     if comm.is_main() && write {
         checkpoint::set_aside_after(&ckpt_root, start, |m| eprintln!("{m}"))?;
+        let resolved = out_dir.join(flowtune_config::RESOLVED);
+        std::fs::write(&resolved, recipe.to_yaml()).map_err(|e| TrainError::io(&resolved, e))?;
     }
     comm.barrier()?;
 
