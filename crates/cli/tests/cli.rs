@@ -840,3 +840,36 @@ fn named_devices_reach_the_ranks_or_are_refused_by_name() {
     let out = flowtune(&args);
     assert_bad_input(&out, &["launch --device cuda:0 and the command's --device cpu differ"]);
 }
+
+/// Mistakes a new user makes fail before any step, each in one line naming the key, and leave no
+/// run folder: a missing prompt file or pipeline, a LoRA target that adapts nothing, a group of
+/// one where advantages are relative to the group, a resolution the model cannot take.
+#[test]
+fn mistakes_fail_before_training_by_name() {
+    let dir = scratch("cli-mistakes");
+    let model = dir.join("tiny");
+    assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
+    let out = dir.join("run");
+    let train = |extra: &[&str]| {
+        let mut args = vec![
+            "train".to_string(),
+            repo("examples/flow_grpo_tiny.yaml"),
+            format!("model.path={}", model.display()),
+            format!("data.train_files=[{}]", repo("examples/prompts/tiny.txt")),
+            format!("trainer.output_dir={}", out.display()),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        flowtune(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let cases: [(&[&str], &[&str]); 5] = [
+        (&["data.train_files=[no-such-prompts.txt]"], &["data.train_files[0]: no-such-prompts.txt does not exist (a relative path is taken from the working directory"]),
+        (&["model.path=no-such-model"], &["model.path: cannot read no-such-model/model_index.json"]),
+        (&["model.lora.target_modules=[to_q, to_qq]"], &["model.lora.target_modules entry `to_qq` names none of the model's", "nearest: `to_q`"]),
+        (&["rollout.n=1"], &["rollout.n: 1: flow_grpo's advantages are rewards minus their prompt group's mean"]),
+        (&["model.resolution=512"], &["model.resolution 512×512 pixels", "position table covers sides up to"]),
+    ];
+    for (extra, needles) in cases {
+        assert_bad_input(&train(extra), needles);
+        assert!(!out.exists(), "{extra:?} left a run folder");
+    }
+}

@@ -197,6 +197,9 @@ impl Recipe {
         let (name, objective) = (algorithm.name, algorithm.objective);
         let fail = |key: &str, message: String| Err((key.to_string(), message));
         let bypass = self.trainer.old_log_prob == OldLogProb::Bypass;
+        if matches!(objective, Objective::Policy(_) | Objective::Gardo) && self.rollout.n < 2 {
+            return fail("rollout.n", format!("{}: {name}'s advantages are rewards minus their prompt group's mean, so a group of one sample trains nothing; set rollout.n ≥ 2", self.rollout.n));
+        }
         match objective {
             Objective::Policy(loss) => {
                 if self.rollout.noise_level == 0.0 {
@@ -486,6 +489,15 @@ mod tests {
         assert_eq!(r.trainer.offload, StateOffload::All);
         let err = load("", &["trainer.offload=gpu"]).unwrap_err();
         assert!(err.contains("trainer.offload") && err.contains("`optimizer`"), "{err}");
+    }
+
+    #[test]
+    fn a_group_of_one_is_refused_where_advantages_are_relative_to_the_group() {
+        for algorithm in ["flow_grpo", "grpo_guard", "gardo"] {
+            let err = load(&format!("algorithm: {algorithm}\n"), &["rollout.n=1"]).unwrap_err();
+            assert!(err.contains("rollout.n: 1: "), "{algorithm}: {err}");
+            assert!(err.contains("set rollout.n ≥ 2"), "{algorithm}: {err}");
+        }
     }
 
     #[test]

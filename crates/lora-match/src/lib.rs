@@ -17,6 +17,27 @@ pub fn targets(target_modules: &[String], module: &str) -> bool {
         .any(|t| t == ALL_LINEAR || module == t || module.ends_with(&format!(".{t}")))
 }
 
+/// Refuses the first of `target_modules` that adapts none of the `adapted` layers, as PEFT does,
+/// naming `setting`, the target and the endings of the model's `linear` layers (dotted names)
+/// nearest it.
+pub fn check_targets_used(
+    setting: &str,
+    target_modules: &[String],
+    adapted: &[String],
+    linear: &[String],
+) -> Result<(), String> {
+    let unused = target_modules
+        .iter()
+        .find(|t| *t != ALL_LINEAR && !adapted.iter().any(|m| targets(std::slice::from_ref(t), m)));
+    let Some(target) = unused else { return Ok(()) };
+    Err(format!(
+        "{setting} entry `{target}` names none of the model's {} linear layers (a target is a \
+         layer's dotted name or its ending); nearest: {}",
+        linear.len(),
+        nearest(target, linear).join(", ")
+    ))
+}
+
 /// A compiled `rank_pattern` or `alpha_pattern`: each key is a regular expression that names a
 /// module when the module's dotted name ends with it at a dot (`(.*\.)?(key)$`, matched from the
 /// start); the first key in order that names a module gives its value.
@@ -86,6 +107,24 @@ fn nearest(key: &str, modules: &[String]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_target_that_adapts_nothing_is_refused_with_the_nearest_layers() {
+        let linear: Vec<String> =
+            ["blocks.0.attn.to_q", "blocks.0.attn.to_k", "proj_out"].map(String::from).to_vec();
+        let ok = ["to_q".to_string(), "attn.to_k".into(), ALL_LINEAR.into()];
+        let setting = "model.lora.target_modules";
+        assert!(check_targets_used(setting, &ok, &linear, &linear).is_ok());
+        let typo = ["to_q".to_string(), "to_qq".into()];
+        let err = check_targets_used(setting, &typo, &linear, &linear).unwrap_err();
+        assert!(
+            err.starts_with(
+                "model.lora.target_modules entry `to_qq` names none of the model's 3 linear layers"
+            ),
+            "{err}"
+        );
+        assert!(err.contains("nearest: `to_q`"), "{err}");
+    }
 
     #[test]
     fn keys_match_dotted_name_ends_first_key_first() {

@@ -152,6 +152,14 @@ impl WeightsBuilder {
             let adapted: Vec<String> = (variables.keys())
                 .filter_map(|n| n.strip_suffix(".lora_A.weight").map(str::to_string))
                 .collect();
+            let linear: Vec<String> = (base.variables().into_iter())
+                .filter(|(_, v)| v.dim() == 2)
+                .filter_map(|(n, _)| n.strip_suffix(".weight").map(str::to_string))
+                .collect();
+            let setting = "model.lora.target_modules";
+            let targets = &config.target_modules;
+            flowtune_lora_match::check_targets_used(setting, targets, &adapted, &linear)
+                .map_err(ModelError::Input)?;
             config.check_patterns_used("model.lora.", &adapted).map_err(ModelError::Input)?;
             base.freeze();
             adapters.initialize(0)?;

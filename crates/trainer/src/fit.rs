@@ -131,6 +131,34 @@ fn check_recipe_unchanged(recipe: &Recipe, out_dir: &Path) -> Result<(), TrainEr
     )))
 }
 
+/// The files and pipelines a recipe names, checked before anything loads; a missing one is named
+/// by its key (with the folder a relative path is taken from).
+fn check_inputs(recipe: &Recipe) -> Result<(), TrainError> {
+    let whence = |path: &Path| match (path.is_relative(), std::env::current_dir()) {
+        (true, Ok(cwd)) => {
+            format!(" (a relative path is taken from the working directory {})", cwd.display())
+        }
+        _ => String::new(),
+    };
+    let d = &recipe.data;
+    let files = [("data.train_files", &d.train_files), ("data.val_files", &d.val_files)];
+    let files = files.into_iter().chain([("data.preference_files", &d.preference_files)]);
+    for (key, list) in files {
+        if let Some((i, f)) = list.iter().enumerate().find(|(_, f)| !f.exists()) {
+            let message = format!("{key}[{i}]: {} does not exist{}", f.display(), whence(f));
+            return Err(TrainError::Invalid(message));
+        }
+    }
+    let teachers = recipe.model.all_teachers().into_iter().enumerate();
+    let pipelines = std::iter::once(("model.path".to_string(), recipe.model.path.clone()))
+        .chain(teachers.map(|(i, t)| (format!("model.teachers[{i}].path"), t.path)));
+    for (key, path) in pipelines {
+        flowtune_models::pipeline::PipelineDir::open(&path)
+            .map_err(|e| TrainError::Invalid(format!("{key}: {e}{}", whence(&path))))?;
+    }
+    Ok(())
+}
+
 /// How many prompt groups (or offline pairs) a step has: every rank needs at least one.
 fn check_shares(recipe: &Recipe, comm: &Comm) -> Result<(), TrainError> {
     let (per_step, ranks) = (recipe.data.prompts_per_step, comm.groups());
@@ -180,6 +208,7 @@ pub fn train_with(
     let timeout = Duration::from_secs_f64(t.dist_timeout_s);
     let comm = Comm::from_env(device, timeout, t.sequence_parallel_size)?;
     check_shares(recipe, &comm)?;
+    check_inputs(recipe)?;
     let device = comm.device();
     let validating = t.val_freq > 0 || t.val_before_train;
     if validating {
@@ -191,7 +220,6 @@ pub fn train_with(
         })?;
     }
     let out_dir = &t.output_dir;
-    std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io(out_dir, e))?;
     let ckpt_root = out_dir.join("checkpoints");
 
     let write = options.write;
@@ -204,10 +232,12 @@ pub fn train_with(
         true => flowtune_models::shard_load::with_deferred_blocks(load)?,
         false => load()?,
     };
-    let teachers = crate::teacher::load(recipe, &options, pipe.as_ref())?;
     let latent_shape = pipe
         .latent_shape(recipe.model.resolution, recipe.model.resolution)
         .map_err(|e| TrainError::Invalid(format!("model.resolution {e}")))?;
+    let teachers = crate::teacher::load(recipe, &options, pipe.as_ref())?;
+    // The run folder appears once the recipe is known to run here.
+    std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io(out_dir, e))?;
     let mut source = Source::for_recipe(recipe)?;
     let scorers = flowtune_rewards::build(&recipe.reward)?;
     let mut val_records = vec![];

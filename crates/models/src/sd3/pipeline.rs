@@ -206,15 +206,21 @@ impl FlowPipeline for Sd3Pipeline {
         self.encode_text(prompts)
     }
 
+    /// The transformer's position table bounds the sides too: at most `pos_embed_max_size`
+    /// patches each.
     fn latent_shape(&self, height: i64, width: i64) -> Result<Vec<i64>, ModelError> {
-        let patch = self.transformer.config.patch_size;
-        image_latent_shape(
-            height,
-            width,
-            self.transformer.config.in_channels,
-            self.vae_scale_factor(),
-            patch,
-        )
+        let c = &self.transformer.config;
+        let factor = self.vae_scale_factor();
+        let most = c.pos_embed_max_size * c.patch_size * factor;
+        if height > most || width > most {
+            return Err(ModelError::Input(format!(
+                "{height}×{width} pixels (model.resolution / --resolution): this transformer's \
+                 position table covers sides up to {most} (pos_embed_max_size {} × patch {} × \
+                 VAE factor {factor})",
+                c.pos_embed_max_size, c.patch_size
+            )));
+        }
+        image_latent_shape(height, width, c.in_channels, factor, c.patch_size)
     }
 
     /// The scheduler's own grid (SD3 has no dynamic shift).
