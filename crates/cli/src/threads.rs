@@ -3,8 +3,8 @@
 //! holds a core (a reward on CPU threads beside the rollout, another program), a spinning worker
 //! keeps the one that lost its core from running, and every region stalls for a time slice: on a
 //! 2-core machine one busy core made a step 3.2× slower. Workers that sleep at once instead cost
-//! a quiet demo step about a fifth more and leave a loaded one near one thread's pace (README,
-//! "CPU threads beside other work").
+//! a quiet demo step about a fifth more and leave a loaded one near one thread's pace
+//! (docs/perf/README.md, "CPU threads beside other work").
 
 use std::os::unix::process::CommandExt;
 

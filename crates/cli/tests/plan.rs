@@ -373,3 +373,20 @@ fn distillation_plans_its_teachers() {
         (gib(&both) - gib(&teacher) - item(&teacher, "teacher 0 transformer weights")).abs() < 0.3
     );
 }
+
+/// Every shipped real recipe names its hardware (`# Hardware: N × 80 GB GPUs`) and fits it by the
+/// plan with a fifth to spare, step and loading peak alike (`scripts/size_recipes.py`, against the
+/// config-only pipelines of `examples/models/`).
+#[test]
+fn every_shipped_recipe_fits_its_stated_hardware() {
+    let out = std::process::Command::new("python3")
+        .arg(root().join("scripts/size_recipes.py"))
+        .args(["--bin", env!("CARGO_BIN_EXE_flowtune")])
+        .current_dir(root())
+        .output()
+        .expect("python3");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let planned = text.lines().filter(|l| l.starts_with("ok ")).count();
+    assert!(planned >= 60, "{planned} recipes planned:\n{text}");
+}

@@ -26,6 +26,7 @@ const FREE: &[&str] = &[
     "trainer.offload",
     "trainer.sequence_parallel_size",
     "trainer.allow_recipe_change",
+    "trainer.memory_check",
     "trainer.exact_gradient_sum",
     "rollout.batch_size",
     "model.offload",

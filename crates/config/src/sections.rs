@@ -240,6 +240,9 @@ pub struct TrainerSection {
     /// Let a resume go on with a recipe that changes what the run computes (see
     /// `recipe.resolved.yaml` in the run folder); refused by default, naming the keys.
     pub allow_recipe_change: bool,
+    /// On a GPU, `train` plans the recipe for the job's GPUs before anything loads and refuses
+    /// one that does not fit (the plan's verdict names the change that does); false skips it.
+    pub memory_check: bool,
     /// Under several ranks, how long a collective waits for the others before the run stops
     /// with an error (a rank that died or hangs).
     pub dist_timeout_s: f64,
@@ -331,6 +334,7 @@ impl Default for TrainerSection {
             ema_decay: None,
             time_limit_s: None,
             allow_recipe_change: false,
+            memory_check: true,
             dist_timeout_s: 1800.0,
             gradient_checkpointing: false,
             peak_tflops: None,

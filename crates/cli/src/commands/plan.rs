@@ -138,6 +138,24 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Refuses, before anything loads, a recipe that the plan says does not fit `gpus` GPUs of
+/// `gpu_memory_gib` each (its step or its loading peak): the verdict names the change that fits.
+/// `trainer.memory_check: false` skips it.
+pub(crate) fn check_fits(recipe: &Recipe, gpus: u64, gpu_memory_gib: f64) -> Result<(), Failure> {
+    let dir = flowtune_models::hub::resolve(&recipe.model.path).map_err(Failure::input)?;
+    let pipe = Pipeline::read(&dir).map_err(Failure::input)?;
+    let setup = setup(recipe, &pipe, gpus, gpu_memory_gib).map_err(Failure::input)?;
+    let v = verdict(&pipe, &setup);
+    if v.fits {
+        return Ok(());
+    }
+    Err(Failure::input(anyhow::anyhow!(
+        "this recipe does not fit {gpus} GPU(s) of {gpu_memory_gib:.0} GiB by flowtune plan: {}; \
+         trainer.memory_check=false runs it anyway",
+        v.message
+    )))
+}
+
 /// The planner's view of a recipe on `gpus` ranks; a LoRA pattern key that names no adapted
 /// layer is refused, as the model refuses it.
 pub(crate) fn setup(

@@ -21,6 +21,13 @@ pub struct TrainArgs {
 pub fn run(args: TrainArgs, named: Option<DeviceArg>) -> Result<(), Failure> {
     let recipe = Recipe::load(&args.recipe, &args.overrides).map_err(Failure::input)?;
     let device = device(named, recipe.trainer.device.as_deref())?;
+    if let (tch::Device::Cuda(i), true) = (device, recipe.trainer.memory_check) {
+        let gpus = std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok()).unwrap_or(1);
+        if let Some(info) = flowtune_cuda::device_info(i) {
+            let gib = info.total_memory_bytes as f64 / flowtune_plan::GIB;
+            super::plan::check_fits(&recipe, gpus, gib)?;
+        }
+    }
     let summary = train(&recipe, device).map_err(Failure::training)?;
     if let Some(why) = summary.stopped {
         return Err(Failure::Runtime(anyhow!(why)));
