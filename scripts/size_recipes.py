@@ -4,8 +4,8 @@ header names (`# Hardware: N × 80 GB GPUs`) by `flowtune plan`, with headroom: 
 total and loading peak, times 1.2, must stay within the planner's budget (90 % of the GPU's
 memory), since measured peaks have run up to ~20 % above the plan.
 
-Real recipes name `models/<Name>` folders that are not shipped; they are planned against the
-config-only copies under examples/models/ (the teachers of on-policy distillation too).
+Real recipes name Hub ids (or `../models/<Name>` folders) that are not shipped; they are planned
+against the config-only copies under examples/models/ (the teachers of on-policy distillation too).
 
 Usage: scripts/size_recipes.py [--bin target/release/flowtune] [--margin 1.2] [--gpus N]
                                [--set key=value ...] [--suggest] [--json] [recipe.yaml ...]
@@ -23,22 +23,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# models/<Name> of the real recipes → the config-only pipeline planned in its place.
+# model.path of the real recipes → the config-only pipeline planned in its place.
 MODELS = {
-    "models/FLUX.1-dev": "examples/models/flux.1-dev",
-    "models/FLUX.2-dev": "examples/models/flux.2-dev",
-    "models/FLUX.2-klein-base-4B": "examples/models/flux.2-klein-base-4b",
-    "models/Qwen-Image": "examples/models/qwen-image",
-    "models/Qwen-Image-2.1": "examples/models/qwen-image-2.1",
-    "models/stable-diffusion-3.5-medium": "examples/models/sd3.5-medium",
-    "models/stable-diffusion-3.5-large": "examples/models/sd3.5-large",
-    "models/Wan2.2-TI2V-5B-Diffusers": "examples/models/wan2.2-ti2v-5b",
-    "models/Wan2.2-T2V-A14B-Diffusers": "examples/models/wan2.2-t2v-a14b",
+    "black-forest-labs/FLUX.1-dev": "examples/models/flux.1-dev",
+    "black-forest-labs/FLUX.2-dev": "examples/models/flux.2-dev",
+    "black-forest-labs/FLUX.2-klein-base-4B": "examples/models/flux.2-klein-base-4b",
+    "Qwen/Qwen-Image": "examples/models/qwen-image",
+    "../models/Qwen-Image-2.1": "examples/models/qwen-image-2.1",
+    "stabilityai/stable-diffusion-3.5-medium": "examples/models/sd3.5-medium",
+    "stabilityai/stable-diffusion-3.5-large": "examples/models/sd3.5-large",
+    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": "examples/models/wan2.2-ti2v-5b",
+    "Wan-AI/Wan2.2-T2V-A14B-Diffusers": "examples/models/wan2.2-t2v-a14b",
     # Z-Image (base) has Z-Image-Turbo's architecture.
-    "models/Z-Image": "examples/models/z-image-turbo",
+    "Tongyi-MAI/Z-Image": "examples/models/z-image-turbo",
     # Distillation teachers: the student's pipeline with merged weights.
-    "models/qwen-image-ocr-teacher": "examples/models/qwen-image",
-    "models/sd35m-ocr-teacher": "examples/models/sd3.5-medium",
+    "../models/qwen-image-ocr-teacher": "examples/models/qwen-image",
+    "../models/sd35m-ocr-teacher": "examples/models/sd3.5-medium",
 }
 
 HARDWARE = re.compile(r"^# Hardware: (\d+) × (\d+) GB GPUs?$", re.M)

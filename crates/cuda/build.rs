@@ -12,6 +12,8 @@ fn main() {
             // The caching allocator lives in libc10_cuda, which torch-sys does not link.
             println!("cargo:rustc-link-search=native={}", lib.display());
             println!("cargo:rustc-link-lib=dylib=c10_cuda");
+            // dlsym, for cudaMemGetInfo (in libc itself from glibc 2.34 on).
+            println!("cargo:rustc-link-lib=dylib=dl");
         }
         Err(missing) => println!(
             "cargo:warning=flowtune-cuda: no CUDA device facts in this build: {missing} (run `make setup`, then rebuild)"

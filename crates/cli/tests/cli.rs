@@ -861,8 +861,11 @@ fn mistakes_fail_before_training_by_name() {
         args.extend(extra.iter().map(|s| s.to_string()));
         flowtune(&args.iter().map(String::as_str).collect::<Vec<_>>())
     };
-    let cases: [(&[&str], &[&str]); 5] = [
-        (&["data.train_files=[no-such-prompts.txt]"], &["data.train_files[0]: no-such-prompts.txt does not exist (a relative path is taken from the working directory"]),
+    let cases: [(&[&str], &[&str]); 8] = [
+        (&["data.train_files=[no-such-prompts.txt]"], &["data.train_files[0]: no-such-prompts.txt does not exist (from the working directory"]),
+        (&["rollout.nosie_level=0.5"], &["override `rollout.nosie_level=0.5`: rollout.nosie_level: unknown field `nosie_level`; did you mean `noise_level`?"]),
+        (&["reward.functions=[{name: brightnes}]"], &["override `reward.functions=[{name: brightnes}]`: reward: reward config: unknown reward `brightnes`"]),
+        (&["rollout.sde_type=dance"], &["override `rollout.sde_type=dance`", "did you mean `dance_sde`?"]),
         (&["model.path=no-such-model"], &["model.path: cannot read no-such-model/model_index.json"]),
         (&["model.lora.target_modules=[to_q, to_qq]"], &["model.lora.target_modules entry `to_qq` names none of the model's", "nearest: `to_q`"]),
         (&["rollout.n=1"], &["rollout.n: 1: flow_grpo's advantages are rewards minus their prompt group's mean"]),
@@ -872,4 +875,51 @@ fn mistakes_fail_before_training_by_name() {
         assert_bad_input(&train(extra), needles);
         assert!(!out.exists(), "{extra:?} left a run folder");
     }
+}
+
+/// A recipe's relative input paths are taken from its folder, wherever it runs from; an
+/// override's from the working directory.
+#[test]
+fn recipe_paths_follow_the_recipe_file() {
+    let dir = scratch("cli-recipe-paths");
+    let model = dir.join("models/tiny");
+    assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
+    std::fs::create_dir_all(dir.join("recipes/prompts")).unwrap();
+    std::fs::copy(repo("examples/prompts/tiny.txt"), dir.join("recipes/prompts/p.txt")).unwrap();
+    let text = std::fs::read_to_string(repo("examples/flow_grpo_tiny.yaml")).unwrap();
+    let (model_line, prompts) = ("path: /tmp/flowtune-tiny-sd3", "[prompts/tiny.txt]");
+    assert!(text.contains(model_line) && text.contains(prompts), "{text}");
+    let text = text.replace(model_line, "path: ../models/tiny").replace(prompts, "[prompts/p.txt]");
+    let recipe = dir.join("recipes/r.yaml");
+    std::fs::write(&recipe, text).unwrap();
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let run = |args: &[String]| {
+        Command::new(env!("CARGO_BIN_EXE_flowtune"))
+            .args(args)
+            .current_dir(&elsewhere)
+            .output()
+            .expect("run flowtune")
+    };
+    let recipe = recipe.display().to_string();
+    let out = run(&["config".into(), "show".into(), recipe.clone()]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let in_recipes = |p: &str| dir.join("recipes").join(p).display().to_string();
+    assert!(shown.contains(&format!("path: {}", in_recipes("../models/tiny"))), "{shown}");
+    assert!(shown.contains(&in_recipes("prompts/p.txt")), "{shown}");
+    let output = dir.join("run").display().to_string();
+    let train = [
+        "train".into(),
+        recipe.clone(),
+        "trainer.total_steps=1".into(),
+        format!("trainer.output_dir={output}"),
+    ];
+    let out = run(&train);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The same relative path as an override is the working directory's, and named as such.
+    let out = run(&[train.as_slice(), &["data.train_files=[prompts/p.txt]".into()]].concat());
+    assert_bad_input(
+        &out,
+        &["data.train_files[0]: prompts/p.txt does not exist (from the working directory"],
+    );
 }

@@ -4,6 +4,7 @@
 // nonzero.
 #include <cstdint>
 #include <cstring>
+#include <dlfcn.h>
 
 #ifdef FLOWTUNE_CUDA
 #include <ATen/cuda/CUDAContextLight.h>
@@ -71,6 +72,37 @@ int ftc_reset_peaks(int device) {
   }
 #else
   (void)device;
+  return 1;
+#endif
+}
+
+// Free and total bytes of the device as the driver sees them (torch.cuda.mem_get_info). The
+// runtime's functions are looked up in the process, where libtorch_cuda loaded them, so this
+// library needs no link to a particular libcudart; the current device is restored.
+int ftc_mem_get_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) {
+#ifdef FLOWTUNE_CUDA
+  using GetDevice = int (*)(int*);
+  using SetDevice = int (*)(int);
+  using MemGetInfo = int (*)(size_t*, size_t*);
+  auto get_device = reinterpret_cast<GetDevice>(dlsym(RTLD_DEFAULT, "cudaGetDevice"));
+  auto set_device = reinterpret_cast<SetDevice>(dlsym(RTLD_DEFAULT, "cudaSetDevice"));
+  auto mem_get_info = reinterpret_cast<MemGetInfo>(dlsym(RTLD_DEFAULT, "cudaMemGetInfo"));
+  int previous = 0;
+  if (get_device == nullptr || set_device == nullptr || mem_get_info == nullptr ||
+      get_device(&previous) != 0 || set_device(device) != 0) {
+    return 1;
+  }
+  size_t free = 0, total = 0;
+  int failed = mem_get_info(&free, &total);
+  set_device(previous);
+  if (failed != 0) {
+    return 1;
+  }
+  *free_bytes = static_cast<uint64_t>(free);
+  *total_bytes = static_cast<uint64_t>(total);
+  return 0;
+#else
+  (void)device, (void)free_bytes, (void)total_bytes;
   return 1;
 #endif
 }

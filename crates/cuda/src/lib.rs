@@ -16,6 +16,7 @@ extern "C" {
     ) -> c_int;
     fn ftc_memory_peaks(device: c_int, allocated: *mut u64, reserved: *mut u64) -> c_int;
     fn ftc_reset_peaks(device: c_int) -> c_int;
+    fn ftc_mem_get_info(device: c_int, free: *mut u64, total: *mut u64) -> c_int;
 }
 
 /// One CUDA device.
@@ -91,6 +92,18 @@ pub fn memory_peaks(device: usize) -> Option<MemoryPeaks> {
     (failed == 0).then_some(MemoryPeaks { allocated_bytes: allocated, reserved_bytes: reserved })
 }
 
+/// Bytes free on CUDA device `device` now, as the driver counts them (`torch.cuda.mem_get_info`):
+/// other processes' memory and this one's CUDA context are not free.
+pub fn free_memory(device: usize) -> Option<u64> {
+    if !visible(device) {
+        return None;
+    }
+    let (mut free, mut total) = (0u64, 0u64);
+    // SAFETY: two out values.
+    let failed = unsafe { ftc_mem_get_info(device as c_int, &mut free, &mut total) };
+    (failed == 0).then_some(free)
+}
+
 /// Starts the peaks of `device` over from what is held now (once per training step).
 pub fn reset_peaks(device: usize) {
     if visible(device) {
@@ -108,12 +121,15 @@ mod tests {
         let count = tch::Cuda::device_count() as usize;
         assert_eq!(device_info(count), None, "past the last device");
         assert_eq!(memory_peaks(count), None);
+        assert_eq!(free_memory(count), None);
         if count == 0 {
             assert_eq!(device_info(0), None, "no GPU here");
             return;
         }
         let info = device_info(0).expect("a visible GPU has properties");
         assert!(!info.name.is_empty() && info.total_memory_bytes > 1 << 30, "{info:?}");
+        let free = free_memory(0).expect("the driver's free memory");
+        assert!(free > 0 && free <= info.total_memory_bytes, "{free} of {info:?}");
         reset_peaks(0);
         let held = tch::Tensor::zeros([64 << 20], (tch::Kind::Uint8, tch::Device::Cuda(0)));
         let peaks = memory_peaks(0).expect("allocator statistics");

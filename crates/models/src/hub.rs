@@ -50,7 +50,15 @@ fn hub_id(path: &Path) -> Option<(&str, &str)> {
     if path.exists() {
         return None;
     }
-    let text = path.to_str()?;
+    split_hub_id(path.to_str()?)
+}
+
+/// Whether `text` has the form of a Hub id (`owner/name`), whatever is on disk.
+pub fn reads_as_hub_id(text: &str) -> bool {
+    split_hub_id(text).is_some()
+}
+
+fn split_hub_id(text: &str) -> Option<(&str, &str)> {
     let (owner, name) = text.split_once('/')?;
     let part = |s: &str| {
         !s.is_empty()

@@ -135,9 +135,11 @@ fn check_recipe_unchanged(recipe: &Recipe, out_dir: &Path) -> Result<(), TrainEr
 /// by its key (with the folder a relative path is taken from).
 fn check_inputs(recipe: &Recipe) -> Result<(), TrainError> {
     let whence = |path: &Path| match (path.is_relative(), std::env::current_dir()) {
-        (true, Ok(cwd)) => {
-            format!(" (a relative path is taken from the working directory {})", cwd.display())
-        }
+        (true, Ok(cwd)) => format!(
+            " (from the working directory {}; a relative path in a recipe file is taken from the \
+             file's folder, one in an override from the working directory)",
+            cwd.display()
+        ),
         _ => String::new(),
     };
     let d = &recipe.data;

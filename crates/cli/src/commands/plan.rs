@@ -71,9 +71,7 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
             args.recipe.display()
         )));
     }
-    // A Hub id reads its configs from the local Hugging Face cache, as training does.
-    let dir = &flowtune_models::hub::resolve(&recipe.model.path).map_err(Failure::input)?;
-    let mut pipe = Pipeline::read(dir).map_err(Failure::input)?;
+    let (dir, mut pipe) = read_model(&recipe)?;
     if let Some(path) = &args.constants {
         pipe.use_constants(&read_constants(path).map_err(Failure::input)?);
     }
@@ -138,19 +136,32 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The configs of `model.path`: a Hub id reads them from the local Hugging Face cache, as
+/// training does. The error names the key.
+fn read_model(recipe: &Recipe) -> Result<(std::path::PathBuf, Pipeline), Failure> {
+    let named = |e: &dyn std::fmt::Display| Failure::input(anyhow::anyhow!("model.path: {e}"));
+    let dir = flowtune_models::hub::resolve(&recipe.model.path).map_err(|e| named(&e))?;
+    let pipe = Pipeline::read(&dir).map_err(|e| named(&e))?;
+    Ok((dir, pipe))
+}
+
 /// Refuses, before anything loads, a recipe that the plan says does not fit `gpus` GPUs of
 /// `gpu_memory_gib` each (its step or its loading peak): the verdict names the change that fits.
 /// `trainer.memory_check: false` skips it.
-pub(crate) fn check_fits(recipe: &Recipe, gpus: u64, gpu_memory_gib: f64) -> Result<(), Failure> {
-    let dir = flowtune_models::hub::resolve(&recipe.model.path).map_err(Failure::input)?;
-    let pipe = Pipeline::read(&dir).map_err(Failure::input)?;
+pub(crate) fn check_fits(
+    recipe: &Recipe,
+    gpus: u64,
+    gpu_memory_gib: f64,
+    what: &str,
+) -> Result<(), Failure> {
+    let (_, pipe) = read_model(recipe)?;
     let setup = setup(recipe, &pipe, gpus, gpu_memory_gib).map_err(Failure::input)?;
     let v = verdict(&pipe, &setup);
     if v.fits {
         return Ok(());
     }
     Err(Failure::input(anyhow::anyhow!(
-        "this recipe does not fit {gpus} GPU(s) of {gpu_memory_gib:.0} GiB by flowtune plan: {}; \
+        "this recipe does not fit {gpus} GPU(s) with {gpu_memory_gib:.1} GiB {what} by flowtune plan: {}; \
          trainer.memory_check=false runs it anyway",
         v.message
     )))

@@ -23,9 +23,12 @@ pub fn run(args: TrainArgs, named: Option<DeviceArg>) -> Result<(), Failure> {
     let device = device(named, recipe.trainer.device.as_deref())?;
     if let (tch::Device::Cuda(i), true) = (device, recipe.trainer.memory_check) {
         let gpus = std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok()).unwrap_or(1);
-        if let Some(info) = flowtune_cuda::device_info(i) {
-            let gib = info.total_memory_bytes as f64 / flowtune_plan::GIB;
-            super::plan::check_fits(&recipe, gpus, gib)?;
+        // What is free now (other processes' memory is not), else the device's total.
+        let bytes = flowtune_cuda::free_memory(i)
+            .map(|free| (free, "free"))
+            .or_else(|| flowtune_cuda::device_info(i).map(|d| (d.total_memory_bytes, "in all")));
+        if let Some((bytes, what)) = bytes {
+            super::plan::check_fits(&recipe, gpus, bytes as f64 / flowtune_plan::GIB, what)?;
         }
     }
     let summary = train(&recipe, device).map_err(Failure::training)?;
