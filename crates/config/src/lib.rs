@@ -4,11 +4,13 @@
 
 mod overrides;
 mod recipe;
+mod reference;
 mod resolved;
 mod sections;
 
 pub use overrides::Override;
 pub use recipe::Recipe;
+pub use reference::recipe_keys;
 pub use resolved::RESOLVED;
 pub use sections::{
     DataSection, Finetune, LrSchedule, ModelSection, Offload, OldLogProb, Resume, Sharding,

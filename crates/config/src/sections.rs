@@ -8,7 +8,7 @@ pub use flowtune_models::Offload;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// `model:` — the pipeline directory, dtypes and adapters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSection {
     /// A diffusers pipeline directory (`model_index.json`).
@@ -44,7 +44,7 @@ pub struct ModelSection {
 }
 
 /// One frozen teacher of `model.teachers`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TeacherSection {
     /// A diffusers pipeline directory of the student's family, with the same scheduler.
@@ -95,18 +95,21 @@ impl Default for ModelSection {
 }
 
 /// `data:` — prompt files and how they are served.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct DataSection {
     /// Text (one prompt per line) or JSONL files.
     pub train_files: Vec<PathBuf>,
+    /// Validation prompts, in the formats of `train_files` (see `trainer.val_freq`).
     pub val_files: Vec<PathBuf>,
     /// JSONL preference pairs for offline DPO: `prompt`, `chosen` and `rejected` image paths
     /// (relative to the file), optional `chosen_score` / `rejected_score`.
     pub preference_files: Vec<PathBuf>,
     /// Prompts per training step (each sampled `rollout.n` times).
     pub prompts_per_step: usize,
+    /// Visit the training prompts in a new seeded order each epoch (false: file order).
     pub shuffle: bool,
+    /// Skip an epoch's last prompts when they do not fill a step (false: a shorter last step).
     pub drop_last: bool,
 }
 
@@ -124,9 +127,12 @@ impl Default for DataSection {
 }
 
 /// How the LR changes over training.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum LrSchedule {
+    /// `trainer.lr` at every step.
     #[default]
     Constant,
     /// Linear warm-up over `warmup_steps`, then constant.
@@ -136,7 +142,9 @@ pub enum LrSchedule {
 }
 
 /// What the trainer updates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Finetune {
     /// LoRA adapters on `model.lora.target_modules`; the reference policy is the base model.
@@ -147,7 +155,9 @@ pub enum Finetune {
 }
 
 /// Where old log-probs come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum OldLogProb {
     /// Recomputed by the trainer before any update (default).
@@ -195,18 +205,42 @@ impl<'de> Deserialize<'de> for Resume {
     }
 }
 
+impl schemars::JsonSchema for Resume {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Resume".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Where a run starts: `auto`, `none` or a checkpoint directory.",
+            "anyOf": [
+                { "type": "string", "enum": ["auto", "none"] },
+                { "type": "string", "title": "a checkpoint directory", "minLength": 1 }
+            ]
+        })
+    }
+}
+
 /// `trainer:` — optimisation, schedule and checkpoints.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainerSection {
+    /// Training steps (rollout, rewards and updates) in the run.
     pub total_steps: u64,
+    /// AdamW learning rate (the peak under `lr_schedule` warmup or cosine).
     pub lr: f64,
+    /// AdamW's decoupled weight decay: each step multiplies the weights by 1 − lr × this.
     pub weight_decay: f64,
+    /// AdamW's β₁ and β₂: decay rates of the first and second moment estimates.
     pub betas: [f64; 2],
+    /// AdamW's ε, added to the root of the second moment.
     pub eps: f64,
+    /// Before each optimizer step, gradients with a larger global L2 norm are scaled down to it.
     pub max_grad_norm: f64,
     pub lr_schedule: LrSchedule,
+    /// Steps of linear LR warm-up under `lr_schedule` warmup or cosine.
     pub warmup_steps: u64,
+    /// Passes over a step's samples, each in a new seeded order of mini-batches.
     pub ppo_epochs: usize,
     /// Prompt groups per optimizer step (`ppo_mini_batch_size × n` samples).
     pub ppo_mini_batch_size: usize,
@@ -281,7 +315,19 @@ pub struct TrainerSection {
 }
 
 /// `trainer.offload`: what of the trained state lives in host memory.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum StateOffload {
     /// Everything on the device.
@@ -294,7 +340,7 @@ pub enum StateOffload {
 }
 
 /// `trainer.sharding`: what each rank keeps only a share of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Sharding {
     /// Every rank keeps everything.

@@ -16,7 +16,9 @@ use crate::pipeline::PipelineDir;
 use crate::{ModelError, TextConditioning};
 
 /// A floating-point storage type, as recipes write it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Dtype {
     #[default]
@@ -54,7 +56,9 @@ impl Dtypes {
 /// Which frozen components live and run on the CPU instead of the training device
 /// (`model.offload`): their weights never take device memory; their inputs go to the CPU and
 /// their outputs come back, so results are those of resident components.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Offload {
     /// Everything on the training device.

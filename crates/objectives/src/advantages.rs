@@ -8,8 +8,8 @@ use tch::Tensor;
 
 use crate::ObjectiveError;
 
-/// The recipe's `advantage` section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The recipe's `advantage` section: how rewards become group-relative advantages.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdvantageConfig {
     /// One standard deviation over the whole batch (true) or one per prompt group.

@@ -11,7 +11,7 @@ use crate::losses::Metrics;
 use crate::ObjectiveError;
 
 /// At what level a ratio is formed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Level {
     /// Each (sample, trained step) on its own.
@@ -23,11 +23,13 @@ pub enum Level {
 }
 
 /// The recipe's `rollout_correction` section. Everything off by default.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct CorrectionConfig {
     /// Importance weights at this level (token or sequence), truncated at `rollout_is_threshold`.
     pub rollout_is: Option<Level>,
+    /// Importance weights above this are truncated to it (> 1); also rejection's default upper
+    /// bound.
     pub rollout_is_threshold: f64,
     /// Reject entries whose ratio at this level leaves `[lower, upper]`.
     pub rollout_rs: Option<Level>,

@@ -19,7 +19,7 @@ use crate::{Reward, RewardError, Sample, Score};
 pub const PICKSCORE_DIVISOR: f64 = 26.0;
 
 /// `clip:` — the weights and where they run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClipSettings {
     /// A transformers `CLIPModel` folder: `config.json`, safetensors, `preprocessor_config.json`

@@ -3,7 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 /// What happens when a scorer fails or returns a non-finite score.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum OnError {
     /// Stop the training step with the error.
@@ -14,11 +16,12 @@ pub enum OnError {
 }
 
 /// One weighted scorer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RewardFunction {
     /// A registered reward name (`flowtune list`).
     pub name: String,
+    /// Its score's factor in the reward; 0 scores and logs it without training on it.
     #[serde(default = "one")]
     pub weight: f64,
     /// `http`: the scorer's endpoint (`http(s)://host:port/path`); `vlm_judge`: the
@@ -30,6 +33,7 @@ pub struct RewardFunction {
     pub http: Option<HttpSettings>,
     /// `shapes_geneval`: score the fraction of checks passed instead of 1 / 0.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(extend("default" = false))]
     pub partial: bool,
     /// `vlm_judge`: the model, prompts, sampling and scoring mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -42,6 +46,7 @@ pub struct RewardFunction {
     pub clip: Option<crate::ClipSettings>,
     /// Video samples: score every this-many-th frame (0, k, 2k, …) and take the mean.
     #[serde(default = "one_frame", skip_serializing_if = "is_one_frame")]
+    #[schemars(extend("default" = 1))]
     pub frame_interval: usize,
 }
 
@@ -71,7 +76,7 @@ impl RewardFunction {
 }
 
 /// How the HTTP reward client talks to a scorer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpSettings {
     /// Seconds one request may take.
@@ -111,9 +116,10 @@ fn one() -> f64 {
 }
 
 /// `reward:` — the weighted scorers and the failure policy.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RewardConfig {
+    /// The scorers; a sample's reward is the weighted sum of their scores.
     pub functions: Vec<RewardFunction>,
     pub on_error: OnError,
 }

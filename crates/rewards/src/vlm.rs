@@ -25,7 +25,9 @@ use crate::ocr_score::score_read_text;
 use crate::{HttpSettings, Reward, RewardError, Sample, Score};
 
 /// How the judge's answer becomes a score.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum JudgeMode {
     /// The answer is the text in the image, scored against the ground truth.
@@ -36,18 +38,23 @@ pub enum JudgeMode {
 }
 
 /// `vlm:` settings of a `vlm_judge` reward.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct VlmSettings {
     /// The served model name.
     pub model: String,
     pub mode: JudgeMode,
+    /// The system message of every request.
     pub system_prompt: String,
     /// The instruction beside the image; `{prompt}` is replaced by the sample's prompt.
     pub user_prompt: String,
+    /// The judge's sampling temperature (0: greedy).
     pub temperature: f64,
+    /// The judge's nucleus-sampling `top_p`, in (0, 1].
     pub top_p: f64,
+    /// The most tokens the judge may answer with.
     pub max_tokens: u32,
+    /// The judge's sampling seed, sent with every request; unset: none sent.
     pub seed: Option<u64>,
     /// The environment variable holding the API key, sent as a bearer token; none by default.
     /// Refused over plain `http://` unless the host is loopback.

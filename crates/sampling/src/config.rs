@@ -7,7 +7,7 @@ use crate::window::WindowStrategy;
 use crate::SamplingError;
 
 /// Sampler settings; defaults are the public Flow-GRPO SD3.5-M recipe.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct SamplerConfig {
     /// Samples per prompt (the GRPO group size).
@@ -22,7 +22,7 @@ pub struct SamplerConfig {
     /// is the family's rule (`Denoiser::runs_cfg`: `> 1`, Z-Image `> 0`).
     pub guidance_scale: f64,
     /// The CFG scale of the low-noise expert's steps, for two-expert pipelines (Wan2.2-A14B's
-    /// `guidance_scale_2`); `None`: `guidance_scale`. Whether CFG runs follows `guidance_scale` alone, as in diffusers.
+    /// `guidance_scale_2`); unset: `guidance_scale`. Whether CFG runs follows `guidance_scale` alone, as in diffusers.
     pub guidance_scale_2: Option<f64>,
     pub sde_type: SdeType,
     /// Noise level η inside the SDE window.

@@ -8,7 +8,9 @@ use tch::{Kind, Tensor};
 use crate::SamplingError;
 
 /// Which reverse SDE turns the velocity into a stochastic step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum SdeType {
     /// Flow-GRPO's SDE: `s = η·√(σ/(1−σ))`, noise scaled by `s·√−dt`.

@@ -11,7 +11,9 @@ use crate::noise::SampleRng;
 use crate::{SamplerConfig, SamplingError};
 
 /// How a window's start is drawn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum WindowStrategy {
     /// Uniform start; per sample from its own RNG, or, with `sde_window_seed`, one start per

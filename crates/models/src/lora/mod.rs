@@ -23,10 +23,12 @@ pub use flowtune_lora_match::ALL_LINEAR;
 pub use peft_config::read_config;
 
 /// Which layers get adapters and how they start.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoraConfig {
+    /// Adapter rank r: the inner dimension of the A and B matrices.
     pub rank: i64,
+    /// Adapter α: the update is scaled by α/r (α/√r with `use_rslora`).
     pub alpha: f64,
     /// Module-name suffixes, matched as PEFT does: a layer named `a.b.attn.to_q` is a target of
     /// `attn.to_q` and of `to_q`.
@@ -34,15 +36,18 @@ pub struct LoraConfig {
     pub init: LoraInit,
     /// PEFT's `use_rslora`: scale α/√r instead of α/r.
     pub use_rslora: bool,
-    /// PEFT's `rank_pattern`: the rank of the modules a key names (see [`Patterns`]) instead of
-    /// `rank`; a key that names no adapted module is refused.
+    /// PEFT's `rank_pattern`: the rank of the modules a key names instead of `rank` (a key is a
+    /// regular expression a module's dotted name ends with, as in PEFT; the first that matches
+    /// wins); a key that names no adapted module is refused.
     pub rank_pattern: IndexMap<String, i64>,
     /// PEFT's `alpha_pattern`: the α of the modules a key names instead of `alpha`.
     pub alpha_pattern: IndexMap<String, f64>,
 }
 
 /// How adapter weights start. B is zero in both, so a fresh adapter leaves the model unchanged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum LoraInit {
     /// A ~ N(0, 1/r) (PEFT `init_lora_weights="gaussian"`).

@@ -31,7 +31,7 @@ pub struct LossOutput {
 }
 
 /// The recipe's `actor` section: every loss knob with the reference defaults.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct LossConfig {
     /// PPO clip range ε around ratio 1.

@@ -9,7 +9,9 @@ use super::{mean_elems, rows, same_shape, scalar, LossOutput, Metrics};
 use crate::ObjectiveError;
 
 /// How clamped advantages `A_c ∈ [−M, M]` become `r = clamp(A′/M/2 + ½, 0, 1)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum RewardMode {
     /// `A′ = A_c`.
@@ -102,7 +104,7 @@ pub fn nft_loss(
 
 /// How the old adapter follows the trained one: `old ← d·old + (1−d)·θ` with
 /// `d = 0` before `warmup`, else `min((step − warmup)·rate, max)` (d = 0 is a copy).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OldPolicyDecay {
     /// Always copy: (warmup 0, rate 0, max 0).

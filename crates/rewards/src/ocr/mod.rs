@@ -26,7 +26,7 @@ pub const RECOGNITION_MODEL: &str = "PP-OCRv6_rec_small.onnx";
 pub const RUNTIME_LIBRARY: &str = "libonnxruntime.so.1.32.0";
 
 /// `ocr:` — where the models and runtime are, and how the reader runs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct OcrSettings {
     /// The folder holding the two models; default `$FLOWTUNE_OCR_DIR`, else
