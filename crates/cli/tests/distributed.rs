@@ -492,11 +492,17 @@ fn check_sharding(name: &str, base: &[&str], sharding: &[&str]) {
     let lines: Vec<String> = (0..12).map(|i| format!("a shape number {i}")).collect();
     std::fs::write(&prompts, lines.join("\n")).unwrap();
     let data = format!("data.train_files=[{}]", prompts.display());
+    // Validation after every step on 4 prompts: 3 ranks sample 1, 1 and 2 of them, the short
+    // shares padded so that every rank joins every gather.
+    let val = format!("data.val_files=[{}]", root().join("examples/prompts/tiny.txt").display());
     // 12 prompt groups a step, 2 per optimizer step: every world size gets whole micro-batches,
     // and with 3 or 4 ranks some own none of a mini-batch (they repeat a pass at weight 0).
-    let common =
-        [&[SMOOTH, &data, "data.prompts_per_step=12", "trainer.ppo_mini_batch_size=2"], base]
-            .concat();
+    let common = [
+        &[SMOOTH, &data, &val, "trainer.val_freq=1"],
+        &["data.prompts_per_step=12", "trainer.ppo_mini_batch_size=2"][..],
+        base,
+    ]
+    .concat();
     let two = [&common[..], &["trainer.total_steps=2"]].concat();
     let sharded = [&two[..], sharding].concat();
     let one = scratch(&format!("{name}-one"));
@@ -508,6 +514,7 @@ fn check_sharding(name: &str, base: &[&str], sharding: &[&str]) {
         assert_same_run(&one, &out, 1..=2);
         assert_eq!(exported(&one), exported(&out), "{n} ranks: the weights are not bit-identical");
         let last = metrics(&out).pop().unwrap();
+        assert!(last.keys().any(|k| k.starts_with("val-core/")), "{n} ranks validated");
         kept.push((n, last["dist/sharded_weights_gb"].as_f64().unwrap()));
     }
     // Each rank's slices: the blocks' weights over N, plus at most one element of padding each.

@@ -3,10 +3,12 @@
 //! file or override, the key, the value and what is allowed.
 
 mod overrides;
+mod paths;
 mod recipe;
 mod reference;
 mod resolved;
 mod sections;
+mod suggest;
 
 pub use overrides::Override;
 pub use recipe::Recipe;

@@ -13,13 +13,14 @@ use serde_yaml::Value;
 
 use flowtune_models::Dtype;
 
+use crate::suggest::nearest_name;
 use crate::{
     ConfigError, DataSection, Finetune, ModelSection, OldLogProb, Override, Sharding, StateOffload,
     TrainerSection,
 };
 
 /// A resolved training recipe.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Recipe {
     /// A registered algorithm (`flowtune list`): selects the advantage estimator and the loss.
@@ -55,27 +56,45 @@ impl Default for Recipe {
 }
 
 impl Recipe {
-    /// Reads `path`, applies `overrides` (`a.b.c=value`) and validates the result.
+    /// Reads `path`, applies `overrides` (`a.b.c=value`) and validates the result. Relative
+    /// input paths in the file are taken from its folder; those in overrides from the working
+    /// directory.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::Read { path: file.clone(), message: e.to_string() })?;
-        Self::from_yaml(&text, &file, overrides)
+        Self::parse(&text, &file, path.parent(), overrides)
     }
 
-    /// As [`Self::load`], from YAML text; `file` names it in errors.
+    /// As [`Self::load`], from YAML text; `file` names it in errors, and its relative paths are
+    /// taken from the working directory.
     pub fn from_yaml(text: &str, file: &str, overrides: &[String]) -> Result<Self, ConfigError> {
-        let mut tree: Value = serde_yaml::from_str(text)
-            .map_err(|e| ConfigError::Parse { file: file.into(), message: e.to_string() })?;
+        Self::parse(text, file, None, overrides)
+    }
+
+    fn parse(
+        text: &str,
+        file: &str,
+        folder: Option<&Path>,
+        overrides: &[String],
+    ) -> Result<Self, ConfigError> {
+        let parse_error = |e: &dyn std::fmt::Display| ConfigError::Parse {
+            file: file.into(),
+            message: nearest_name(&e.to_string()),
+        };
+        let mut tree: Value = serde_yaml::from_str(text).map_err(|e| parse_error(&e))?;
         if tree.is_null() {
             tree = Value::Mapping(Default::default());
         }
         // The file alone first, straight from the text, so errors carry the key path, line and
         // column (serde_yaml writes both into its message).
         if !tree.as_mapping().is_some_and(|m| m.is_empty()) {
-            serde_yaml::from_str::<Self>(text)
-                .map_err(|e| ConfigError::Parse { file: file.into(), message: e.to_string() })?;
+            serde_yaml::from_str::<Self>(text).map_err(|e| parse_error(&e))?;
         }
+        if let Some(folder) = folder {
+            crate::paths::rebase(&mut tree, folder);
+        }
+        let file_alone = tree.clone();
         let overrides =
             overrides.iter().map(|o| Override::parse(o)).collect::<Result<Vec<_>, _>>()?;
         for o in &overrides {
@@ -83,19 +102,20 @@ impl Recipe {
         }
         let recipe: Self = serde_path_to_error::deserialize(tree).map_err(|e| {
             let key = key_of(e.path());
-            let error_path: Vec<&str> = key.split('.').collect();
-            let culprit = overrides.iter().rev().find(|o| {
-                let shared = o.path.iter().zip(&error_path).take_while(|(a, b)| a == *b).count();
-                shared == o.path.len().min(error_path.len())
-            });
+            let culprit = related(&overrides, &key);
             ConfigError::Override {
                 text: culprit.map_or_else(|| overrides_text(&overrides), |o| o.text.clone()),
-                message: format!("{key}: {}", e.inner()),
+                message: format!("{key}: {}", nearest_name(&e.inner().to_string())),
             }
         })?;
         recipe.validate().map_err(|(key, message)| {
-            // Name the override when the bad value came from one.
-            match overrides.iter().rev().find(|o| o.key() == key) {
+            // The file is at fault when it fails the same way alone; else the override that set
+            // the key (or a section above or below it).
+            let file_fails = serde_yaml::from_value::<Self>(file_alone)
+                .ok()
+                .and_then(|alone| alone.validate().err())
+                .is_some_and(|(alone_key, _)| alone_key == key);
+            match related(&overrides, &key).filter(|_| !file_fails) {
                 Some(o) => ConfigError::Override {
                     text: o.text.clone(),
                     message: format!("{key}: {message}"),
@@ -369,6 +389,15 @@ fn key_of(path: &serde_path_to_error::Path) -> String {
     }
 }
 
+/// The last override that set `key`, a section holding it, or a key inside it.
+fn related<'a>(overrides: &'a [Override], key: &str) -> Option<&'a Override> {
+    let key: Vec<&str> = key.split(['.', '[']).collect();
+    overrides.iter().rev().find(|o| {
+        let shared = o.path.iter().zip(&key).take_while(|(a, b)| a == *b).count();
+        shared == o.path.len().min(key.len())
+    })
+}
+
 fn overrides_text(overrides: &[Override]) -> String {
     overrides.iter().map(|o| o.text.as_str()).collect::<Vec<_>>().join(" ")
 }
@@ -406,14 +435,34 @@ mod tests {
     }
 
     #[test]
-    fn unknown_key_in_file_names_line_and_valid_keys() {
+    fn unknown_key_names_line_and_nearest_key() {
         let err = load("rollout:\n  stepz: 4\n", &[]).unwrap_err();
-        assert!(err.starts_with("r.yaml: rollout: unknown field `stepz`"), "{err}");
+        assert_eq!(
+            err,
+            "r.yaml: rollout: unknown field `stepz` at line 2 column 3; did you mean `steps`?"
+        );
+        let err = load(RECIPE, &["trainer.lerning_rate=1e-4"]).unwrap_err();
         assert!(
-            err.contains("unknown field `stepz`")
-                && err.contains("`noise_level`")
-                && err.contains("line 2"),
+            err.ends_with("unknown field `lerning_rate`; did you mean `lr`?")
+                || err.contains("the keys here are"),
             "{err}"
+        );
+        let err = load("rollout:\n  zzzzz: 4\n", &[]).unwrap_err();
+        assert!(err.contains("the keys here are") && err.contains("`noise_level`"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_reward_in_an_override_names_the_override() {
+        let err = load(RECIPE, &["reward.functions=[{name: brightnes}]"]).unwrap_err();
+        assert!(
+            err.starts_with("override `reward.functions=[{name: brightnes}]`: reward: reward config: unknown reward `brightnes`"),
+            "{err}"
+        );
+        let bad_file = "reward:\n  functions: [{name: brightnes}]\n";
+        let err = load(bad_file, &["reward.on_error=skip_sample"]).unwrap_err();
+        assert!(
+            err.starts_with("r.yaml: reward: reward config: unknown"),
+            "the file fails alone: {err}"
         );
     }
 

@@ -93,7 +93,7 @@ pub struct HttpSettings {
     /// `https://`: a PEM file of CA certificates to trust besides the bundled and system roots,
     /// `$SSL_CERT_FILE` and `$REQUESTS_CA_BUNDLE`; a certificate listed in any of them is also
     /// accepted as the server's own when it is a CA (`openssl req -x509`). A relative path is
-    /// taken from the working directory, as every recipe path is.
+    /// taken from the recipe file's folder, as every input path of a recipe is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<std::path::PathBuf>,
 }

@@ -246,14 +246,6 @@ pub fn train_with(
     for f in &recipe.data.val_files {
         val_records.extend(PromptDataset::load(f)?.records);
     }
-    let ranks = comm.groups();
-    if comm.shards_blocks(recipe) && val_records.len() % ranks != 0 {
-        return Err(TrainError::Invalid(format!(
-            "data.val_files hold {} prompts, which do not divide by the {ranks} ranks of this job; trainer.sharding: {} gathers each block on all ranks together, so every rank must validate as many",
-            val_records.len(),
-            sharding_name(recipe)
-        )));
-    }
     if validating && val_records.is_empty() {
         return Err(TrainError::Invalid(
             "trainer.val_freq > 0 and trainer.val_before_train need prompts in data.val_files"

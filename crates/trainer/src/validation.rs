@@ -32,11 +32,19 @@ pub(crate) fn validate(
     // Each rank samples its share of the prompts; prompt i's noise comes from
     // `row_seed(42, 0, i)`: fixed, different per prompt, whichever rank draws it.
     let mine = comm.share(records.len());
+    let mut rows: Vec<&PromptRecord> = records[mine.clone()].iter().collect();
+    // Under sharded blocks every rank takes part in each block's gather, so every rank samples
+    // as many rows: a short share is filled with copies of a prompt whose results are dropped.
+    if let (true, Some(filler)) =
+        (comm.shards_blocks(recipe), records.get(mine.start.min(records.len().saturating_sub(1))))
+    {
+        rows.resize(records.len().div_ceil(comm.groups()), filler);
+    }
     let mut scored: Vec<Verdict> = vec![];
     let mut images = vec![];
     let size = recipe.trainer.micro_batch_size;
-    for (c, chunk) in records[mine.clone()].chunks(size).enumerate() {
-        let chunk: Vec<&PromptRecord> = chunk.iter().collect();
+    for (c, chunk) in rows.chunks(size).enumerate() {
+        let chunk: Vec<&PromptRecord> = chunk.to_vec();
         let first = (mine.start + c * size) as u64;
         let seeds: Vec<u64> =
             (first..first + chunk.len() as u64).map(|i| row_seed(VALIDATION, 0, i)).collect();
@@ -47,6 +55,8 @@ pub(crate) fn validate(
         }
         images.extend(batch.images);
     }
+    scored.truncate(mine.len());
+    images.truncate(mine.len());
     let scored: Vec<Vec<Verdict>> = comm.gather(&scored)?;
     let shown = records.len().min(64);
     let images =
