@@ -181,3 +181,54 @@ fn sigterm_to_a_launched_job_saves_the_step_and_the_job_resumes_bit_for_bit() {
 fn metrics_lines(out: &Path) -> usize {
     std::fs::read_to_string(out.join("metrics.jsonl")).map(|s| s.lines().count()).unwrap_or(0)
 }
+
+/// Checkpoints written before algorithms owned their state (`fixtures/checkpoints_before_seams`:
+/// GARDO's gate and anchor, DiffusionNFT's old policy, at step 2 of 3) resume in today's binary
+/// into the step 3 and the LoRA that the old binary's unbroken run gave, bit for bit.
+#[test]
+fn checkpoints_from_before_the_algorithm_seams_resume_bit_for_bit() {
+    let fixtures = flowtune_fixtures::dir().join("checkpoints_before_seams");
+    for recipe in ["gardo_tiny", "diffusion_nft_tiny"] {
+        let before = fixtures.join(recipe);
+        let out = flowtune_fixtures::scratch(&format!("hygiene-before-seams-{recipe}"));
+        let ckpt = step_dir(&out, 2);
+        std::fs::create_dir_all(&ckpt).unwrap();
+        for entry in std::fs::read_dir(before.join("step_000002")).unwrap().flatten() {
+            std::fs::copy(entry.path(), ckpt.join(entry.file_name())).unwrap();
+        }
+        let lines = std::fs::read_to_string(before.join("metrics.jsonl")).unwrap();
+        let lines: Vec<&str> = lines.lines().collect();
+        std::fs::write(out.join("metrics.jsonl"), format!("{}\n", lines[..2].join("\n"))).unwrap();
+        let args: Vec<String> = vec![
+            "train".into(),
+            format!("examples/{recipe}.yaml"),
+            format!("model.path={}", model().display()),
+            format!("trainer.output_dir={}", out.display()),
+            "trainer.total_steps=3".into(),
+            "trainer.save_freq=1".into(),
+            "trainer.keep_last=5".into(),
+        ];
+        assert!(ok(run_flowtune(&[], &args)).contains("(step 2)"), "{recipe} resumed at step 2");
+        let then: BTreeMap<String, tch::Tensor> =
+            tch::Tensor::read_safetensors(before.join("pytorch_lora_weights.safetensors"))
+                .unwrap()
+                .into_iter()
+                .collect();
+        let now = lora(&out);
+        assert_eq!(then.keys().collect::<Vec<_>>(), now.keys().collect::<Vec<_>>());
+        for (name, t) in &then {
+            assert!(t.equal(&now[name]), "{recipe}: {name} differs");
+        }
+        let (then, now): (serde_json::Value, _) =
+            (serde_json::from_str(lines[2]).unwrap(), metrics(&out).pop().unwrap());
+        assert_eq!(now["step"], 3);
+        let mut compared = 0;
+        for (key, value) in then.as_object().unwrap() {
+            if !["timing_s/", "perf/"].iter().any(|p| key.starts_with(p)) {
+                assert_eq!(value, &now[key], "{recipe}: step 3 {key}");
+                compared += 1;
+            }
+        }
+        assert!(compared > 20, "{recipe}: {compared} metrics compared");
+    }
+}

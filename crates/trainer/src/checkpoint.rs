@@ -1,6 +1,7 @@
 //! Checkpoints: `checkpoints/step_NNNNNN/` with the adapters (diffusers/PEFT layout) or, under full
-//! fine-tuning, the transformer's weights, the optimizer state (with the EMA and DiffusionNFT's old
-//! policy) and the loop state. Written into a
+//! fine-tuning, the transformer's weights, the optimizer state (with the EMA and the algorithm's
+//! copies of the weights, such as an old policy) and the loop state (with the algorithm's own
+//! state). Written into a
 //! temporary directory and renamed, so a crash mid-write leaves the previous checkpoint as the
 //! newest complete one. In a job, rank 0 writes it; under a sharded optimizer each rank adds its
 //! share of the moments (`optimizer.rank<R>.safetensors`), stored by parameter name, so a job with
@@ -33,9 +34,10 @@ pub struct LoopState {
     /// killed between the save and the log line still has its line restored on resume.
     #[serde(default)]
     pub metrics: serde_json::Value,
-    /// GARDO's gate and anchor-reset state.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gardo: Option<crate::gardo::GardoState>,
+    /// The algorithm's own state ([`crate::algorithms::Algorithm::state`]); checkpoints written
+    /// before algorithms kept their own state name GARDO's `gardo`.
+    #[serde(default, alias = "gardo", skip_serializing_if = "serde_json::Value::is_null")]
+    pub algorithm: serde_json::Value,
 }
 
 const ADAPTERS: &str = "adapters.safetensors";
@@ -58,10 +60,12 @@ fn rank_file(rank: usize) -> String {
 }
 
 /// Writes a checkpoint for `state.step` and keeps the newest `keep`; every rank of a job calls it.
+/// `kept` are the algorithm's copies of the weights, by prefix.
 pub(crate) fn save(
     root: &Path,
     model: &dyn TrainableDenoiser,
     learner: &Learner,
+    kept: &[(&'static str, &Ema)],
     state: &LoopState,
     keep: usize,
     comm: &Comm,
@@ -78,7 +82,7 @@ pub(crate) fn save(
     comm.barrier()?;
     // Trained sharded blocks: each gathered from every rank and written whole by one.
     if let Some(blocks) = blocks {
-        write_blocks(blocks, learner, &tmp, comm)?;
+        write_blocks(blocks, learner, kept, &tmp, comm)?;
     }
     let moments = |named: &mut Vec<(String, Tensor)>| {
         for (name, t) in optimizer.exp_avg.iter().filter(|(n, _)| !optimizer.local.contains(*n)) {
@@ -116,7 +120,7 @@ pub(crate) fn save(
         }
     }
     moments(&mut named);
-    for (prefix, shadow) in shadows(learner) {
+    for (prefix, shadow) in shadows(learner, kept) {
         for (name, t) in shadow.shadow.iter().filter(|(n, _)| !optimizer.local.contains(*n)) {
             named.push((format!("{prefix}.{name}"), t.shallow_clone()));
         }
@@ -159,6 +163,7 @@ pub(crate) fn save(
 fn write_blocks(
     blocks: &ShardedBlocks,
     learner: &Learner,
+    kept: &[(&'static str, &Ema)],
     tmp: &Path,
     comm: &Comm,
 ) -> Result<(), TrainError> {
@@ -168,7 +173,7 @@ fn write_blocks(
     if blocks.kind() != Kind::Float {
         parts.push(("master", &masters));
     }
-    parts.extend(shadows(learner).map(|(prefix, shadow)| (prefix, &shadow.shadow)));
+    parts.extend(shadows(learner, kept).map(|(prefix, shadow)| (prefix, &shadow.shadow)));
     let cpu = |named: Vec<(String, Tensor)>| -> Vec<(String, Tensor)> {
         named.into_iter().map(|(n, t)| (n, t.to_device(Device::Cpu))).collect()
     };
@@ -258,19 +263,22 @@ pub(crate) fn set_aside_after(
     Ok(())
 }
 
-/// The learner's copies of the weights, by the prefix they are saved under: the EMA, and
-/// DiffusionNFT's old policy.
-fn shadows(learner: &Learner) -> impl Iterator<Item = (&'static str, &Ema)> {
-    [("ema", learner.ema.as_ref()), ("old", learner.old.as_ref())]
-        .into_iter()
-        .filter_map(|(prefix, s)| s.map(|s| (prefix, s)))
+/// The copies of the weights, by the prefix they are saved under: the learner's EMA, then the
+/// algorithm's `kept` (an old policy, an anchor).
+fn shadows<'a>(
+    learner: &'a Learner,
+    kept: &'a [(&'static str, &'a Ema)],
+) -> impl Iterator<Item = (&'static str, &'a Ema)> {
+    learner.ema.iter().map(|ema| ("ema", ema)).chain(kept.iter().copied())
 }
 
-/// Restores adapters, optimizer state, the learner's shadows and the loop state from `dir`.
+/// Restores adapters, optimizer state, the copies of the weights (the learner's and the
+/// algorithm's `kept`) and the loop state from `dir`.
 pub(crate) fn load(
     dir: &Path,
     model: &mut dyn TrainableDenoiser,
     learner: &mut Learner,
+    kept: &[(&'static str, &Ema)],
 ) -> Result<LoopState, TrainError> {
     let optimizer = &mut learner.optimizer;
     let state_file = dir.join(STATE);
@@ -320,7 +328,6 @@ pub(crate) fn load(
         master.shallow_clone().copy_(value);
     }
     optimizer.steps = state.optimizer_steps;
-    learner.gardo = state.gardo.clone();
     if let Some(blocks) = sharded {
         for block in blocks.blocks() {
             // This block's own file; a checkpoint without them (written whole) has it in `saved`.
@@ -352,13 +359,13 @@ pub(crate) fn load(
             if let Some(t) = slice("master") {
                 master.shallow_clone().copy_(&t);
             }
-            for (prefix, shadow) in shadows(learner) {
+            for (prefix, shadow) in shadows(learner, kept) {
                 let value = slice(prefix).unwrap_or_else(|| master.shallow_clone());
                 shadow.shadow[&block].shallow_clone().copy_(&value);
             }
         }
     }
-    for (prefix, shadow) in shadows(learner) {
+    for (prefix, shadow) in shadows(learner, kept) {
         for (name, value) in
             shadow.shadow.iter().filter(|(n, _)| !learner.optimizer.local.contains(*n))
         {

@@ -14,6 +14,7 @@ use flowtune_rewards::{SampleScores, ScoredBatch};
 use flowtune_rollout::RolloutBatch;
 use tch::Tensor;
 
+use crate::logging::stats;
 use crate::run::Run;
 use crate::scoring::{rollout_and_score, Scored};
 use crate::TrainError;
@@ -33,14 +34,6 @@ pub(crate) struct Collected {
     pub sources: Vec<String>,
     /// Which of those (positions into `rewards`) are this rank's `kept` rows, in order.
     pub owned: Range<usize>,
-}
-
-/// Min, max and mean of `values` under `prefix/`.
-pub(crate) fn stats(prefix: &str, values: &[f64], out: &mut Metrics) {
-    let n = values.len().max(1) as f64;
-    out.insert(format!("{prefix}/mean"), values.iter().sum::<f64>() / n);
-    out.insert(format!("{prefix}/max"), values.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
-    out.insert(format!("{prefix}/min"), values.iter().cloned().fold(f64::INFINITY, f64::min));
 }
 
 impl Collected {

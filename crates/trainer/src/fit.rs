@@ -205,7 +205,7 @@ pub fn train_with(
     options: TrainOptions,
 ) -> Result<TrainSummary, TrainError> {
     let registered = flowtune_objectives::algorithm(&recipe.algorithm)?;
-    let algorithm = crate::algorithm::for_objective(registered.objective);
+    let mut algorithm = crate::algorithms::for_objective(registered.objective);
     let t = &recipe.trainer;
     let timeout = Duration::from_secs_f64(t.dist_timeout_s);
     let comm = Comm::from_env(device, timeout, t.sequence_parallel_size)?;
@@ -237,7 +237,7 @@ pub fn train_with(
     let latent_shape = pipe
         .latent_shape(recipe.model.resolution, recipe.model.resolution)
         .map_err(|e| TrainError::Invalid(format!("model.resolution {e}")))?;
-    let teachers = crate::teacher::load(recipe, &options, pipe.as_ref())?;
+    algorithm.load(recipe, &options, pipe.as_ref())?;
     // The run folder appears once the recipe is known to run here.
     std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io(out_dir, e))?;
     let mut source = Source::for_recipe(recipe)?;
@@ -263,8 +263,7 @@ pub fn train_with(
     // `trainer.offload`: the optimizer's state and the weight copies in host memory.
     let host = t.offload != StateOffload::None;
     let ema = t.ema_decay.map(|d| Ema::new(d, &params, host));
-    // DiffusionNFT's old policy starts as a copy of the trained weights.
-    let old = algorithm.keeps_old_policy().then(|| Ema::new(0.0, &params, host));
+    algorithm.start(&params, host);
     let mut optimizer = AdamW::new(params, t.betas, t.eps, t.weight_decay, host);
     if let Some(blocks) = pipe.denoiser().sharded().filter(|s| s.trains()) {
         optimizer.local = blocks.masters().into_keys().collect();
@@ -276,11 +275,13 @@ pub fn train_with(
     if t.f32_master_weights {
         optimizer.keep_f32_masters();
     }
-    let mut learner = Learner { ema, old, optimizer, gardo: None };
+    let mut learner = Learner { ema, optimizer };
     let mut start = 0;
     let mut saved_line = serde_json::Value::Null;
     if let Some(dir) = resume_from(&t.resume, &ckpt_root, &comm)? {
-        let state = checkpoint::load(&dir, pipe.denoiser_mut(), &mut learner)?;
+        let state =
+            checkpoint::load(&dir, pipe.denoiser_mut(), &mut learner, &algorithm.shadows())?;
+        algorithm.restore(&state.algorithm)?;
         source.loader().state = state.loader;
         start = state.step;
         saved_line = state.metrics;
@@ -309,7 +310,6 @@ pub fn train_with(
         engine: Engine::new(pipe.as_ref(), &recipe.rollout, latent_shape, recipe.seed)?,
         reference,
         scorers,
-        teachers,
         bar,
         comm,
     };
@@ -369,9 +369,18 @@ pub fn train_with(
                 loader: source.loader().state,
                 optimizer_steps: learner.optimizer.steps,
                 metrics: metric_line(k, &m),
-                gardo: learner.gardo.clone(),
+                algorithm: algorithm.state(),
             };
-            checkpoint::save(&ckpt_root, pipe.denoiser(), &learner, &state, t.keep_last, comm)?;
+            let kept = algorithm.shadows();
+            checkpoint::save(
+                &ckpt_root,
+                pipe.denoiser(),
+                &learner,
+                &kept,
+                &state,
+                t.keep_last,
+                comm,
+            )?;
         }
         m.insert("timing_s/save_checkpoint".into(), timer.elapsed().as_secs_f64());
         let elapsed = step_start.elapsed().as_secs_f64();

@@ -1,33 +1,26 @@
 //! The online RL training loop (`flowtune train`): each step is rollout → rewards → the
-//! algorithm's update (policy gradient: old log-probs → reference → advantages → clipped update;
-//! Diffusion-DPO on pairs; DiffusionNFT and DGPO on clean samples; GARDO's gated policy gradient) → checkpoint, each under a named timer,
-//! with the metric names of the reference framework. It knows model families only through the
-//! `flowtune-models` traits, and algorithms through [`algorithm::Algorithm`].
+//! algorithm's update → checkpoint, each under a named timer, with the metric names of the
+//! reference framework. It knows model families only through the `flowtune-models` traits, and
+//! algorithms (one module each under `algorithms/`) only through [`algorithms::Algorithm`].
 
-mod algorithm;
+mod algorithms;
 pub mod checkpoint;
 mod collect;
-mod dgpo;
 pub mod dist;
-mod diversity;
 mod fit;
-mod gardo;
 pub mod images;
 mod logging;
 mod manifest;
-mod nft;
 pub mod optim;
 mod perf;
-mod policy;
-mod preference;
 pub mod pretrain;
 mod reference;
+mod replay;
 mod run;
 mod scoring;
 mod seeds;
 mod signals;
 mod source;
-mod teacher;
 pub mod tensorboard;
 mod update;
 mod validation;

@@ -129,6 +129,14 @@ pub(crate) fn summary_line(m: &Metrics) -> String {
         .join("  ")
 }
 
+/// Min, max and mean of `values` under `prefix/`.
+pub(crate) fn stats(prefix: &str, values: &[f64], out: &mut Metrics) {
+    let n = values.len().max(1) as f64;
+    out.insert(format!("{prefix}/mean"), values.iter().sum::<f64>() / n);
+    out.insert(format!("{prefix}/max"), values.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
+    out.insert(format!("{prefix}/min"), values.iter().cloned().fold(f64::INFINITY, f64::min));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

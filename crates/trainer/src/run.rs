@@ -15,8 +15,6 @@ pub(crate) struct Run<'a> {
     /// The reference policy, when the algorithm or the KL term needs one.
     pub reference: Option<Reference>,
     pub scorers: Vec<Weighted>,
-    /// DiffusionOPD's frozen teachers (none unless the recipe distils).
-    pub teachers: Vec<crate::teacher::Teacher>,
     pub bar: indicatif::ProgressBar,
     pub comm: Comm,
 }

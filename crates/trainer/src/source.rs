@@ -1,10 +1,14 @@
 //! Where a step's training data comes from: prompts to sample and score, or offline preference
 //! pairs.
 
-use flowtune_config::Recipe;
-use flowtune_data::{PromptDataset, PromptLoader};
+use std::collections::HashMap;
 
-use crate::preference::PairSource;
+use flowtune_config::Recipe;
+use flowtune_data::{PreferencePair, PromptDataset, PromptLoader};
+use image::imageops::FilterType;
+use tch::Tensor;
+
+use crate::run::Run;
 use crate::TrainError;
 
 /// Where a step's training data comes from.
@@ -57,5 +61,52 @@ impl Source {
             Self::Prompts(l) => l,
             Self::Pairs(p) => &mut p.loader,
         }
+    }
+}
+
+/// Offline pairs: the dataset, its seeded loader and the encoded images.
+pub(crate) struct PairSource {
+    pub pairs: Vec<PreferencePair>,
+    pub loader: PromptLoader,
+    cache: HashMap<usize, Tensor>,
+}
+
+impl PairSource {
+    pub fn new(pairs: Vec<PreferencePair>, loader: PromptLoader) -> Self {
+        Self { pairs, loader, cache: HashMap::new() }
+    }
+
+    /// Clean latents (2, C, H, W) of pair `i`: chosen, then rejected.
+    pub fn latents(&mut self, run: &Run<'_>, i: usize) -> Result<Tensor, TrainError> {
+        if let Some(t) = self.cache.get(&i) {
+            return Ok(t.shallow_clone());
+        }
+        let side = run.recipe.model.resolution as u32;
+        let pair = &self.pairs[i];
+        let mut bytes = vec![];
+        for path in [&pair.chosen, &pair.rejected] {
+            let image = image::open(path)
+                .map_err(|source| TrainError::Image { path: path.clone(), source })?
+                .to_rgb8();
+            // Centre square, resized to the training resolution.
+            let s = image.width().min(image.height());
+            let square = image::imageops::crop_imm(
+                &image,
+                (image.width() - s) / 2,
+                (image.height() - s) / 2,
+                s,
+                s,
+            )
+            .to_image();
+            bytes.extend(
+                image::imageops::resize(&square, side, side, FilterType::Lanczos3).into_raw(),
+            );
+        }
+        let pixels = Tensor::from_slice(&bytes)
+            .view([2, side as i64, side as i64, 3])
+            .to_device(run.engine.pipe.device());
+        let latents = tch::no_grad(|| run.engine.pipe.encode_rgb8(&pixels))?;
+        self.cache.insert(i, latents.shallow_clone());
+        Ok(latents)
     }
 }

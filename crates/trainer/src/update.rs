@@ -23,14 +23,11 @@ use crate::optim::{AdamW, Ema};
 use crate::run::Run;
 use crate::TrainError;
 
-/// The trainable state: the optimizer (which holds the parameters), the evaluation EMA,
-/// DiffusionNFT's old (sampling) policy or GARDO's anchor, a lagging copy of the parameters, and
-/// GARDO's gate and reset state.
+/// The trainable state every algorithm shares: the optimizer (which holds the parameters) and
+/// the evaluation EMA. An algorithm's own copies of the weights are its own.
 pub(crate) struct Learner {
     pub optimizer: AdamW,
     pub ema: Option<Ema>,
-    pub old: Option<Ema>,
-    pub gardo: Option<crate::gardo::GardoState>,
 }
 
 /// Weighted means of metrics over the passes (and ranks) that reported them.

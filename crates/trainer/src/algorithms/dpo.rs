@@ -3,23 +3,57 @@
 //! VAE posterior mean, or the pixels of a pixel-space pipeline) and cached. Either way each pair
 //! shares one noise and one logit-normal noise level, and the reference is the base model.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
-use flowtune_data::{PreferencePair, PromptLoader};
+use flowtune_config::Recipe;
 use flowtune_models::{velocity_at_sigma, TextConditioning};
 use flowtune_objectives::losses::{dpo_loss, DpoBatch};
 use flowtune_objectives::Metrics;
 use flowtune_rollout::encode_rows;
 use flowtune_sampling::{per_row, row_seed, SampleRng};
-use image::imageops::FilterType;
 use tch::{Device, Tensor};
 
-use crate::collect::Collected;
+use super::Algorithm;
+use crate::collect::{collect, Collected};
 use crate::run::Run;
 use crate::seeds::DPO_SALT;
+use crate::source::{PairSource, Source};
 use crate::update::{finite_loss, optimize, Batching, Learner};
 use crate::TrainError;
+
+/// Diffusion-DPO, online on best/worst pairs of each group or offline on a pairs dataset.
+pub(crate) struct Dpo;
+
+impl Algorithm for Dpo {
+    fn needs_reference(&self, _: &Recipe) -> bool {
+        true
+    }
+
+    fn step(
+        &mut self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError> {
+        match source {
+            Source::Pairs(pairs) => {
+                run.status("update");
+                offline_step(run, learner, pairs, k, lr, m)?;
+                Ok(2 * run.recipe.data.prompts_per_step)
+            }
+            Source::Prompts(loader) => {
+                let c = collect(run, loader, k, m)?;
+                run.status("update");
+                online_step(run, learner, &c, k, lr, m)?;
+                Ok(c.batch.images.len())
+            }
+        }
+    }
+}
 
 /// Positions `(chosen, rejected)` of the best and worst sample of each prompt group (by uid) whose
 /// best reward beats its worst; groups of one and all-equal groups give no pair.
@@ -42,7 +76,7 @@ pub(crate) fn best_worst(rewards: &[f32], uids: &[String]) -> Vec<(usize, usize)
 
 /// An online DPO step on a scored rollout: pairs over the whole step, each trained by the rank
 /// that sampled its group.
-pub(crate) fn online_step(
+fn online_step(
     run: &Run<'_>,
     learner: &mut Learner,
     c: &Collected,
@@ -73,55 +107,8 @@ pub(crate) fn online_step(
     update(run, learner, &x0, &text, &owned, k, lr, m)
 }
 
-/// Offline pairs: the dataset, its seeded loader and the encoded images.
-pub(crate) struct PairSource {
-    pub pairs: Vec<PreferencePair>,
-    pub loader: PromptLoader,
-    cache: HashMap<usize, Tensor>,
-}
-
-impl PairSource {
-    pub fn new(pairs: Vec<PreferencePair>, loader: PromptLoader) -> Self {
-        Self { pairs, loader, cache: HashMap::new() }
-    }
-
-    /// Clean latents (2, C, H, W) of pair `i`: chosen, then rejected.
-    fn latents(&mut self, run: &Run<'_>, i: usize) -> Result<Tensor, TrainError> {
-        if let Some(t) = self.cache.get(&i) {
-            return Ok(t.shallow_clone());
-        }
-        let side = run.recipe.model.resolution as u32;
-        let pair = &self.pairs[i];
-        let mut bytes = vec![];
-        for path in [&pair.chosen, &pair.rejected] {
-            let image = image::open(path)
-                .map_err(|source| TrainError::Image { path: path.clone(), source })?
-                .to_rgb8();
-            // Centre square, resized to the training resolution.
-            let s = image.width().min(image.height());
-            let square = image::imageops::crop_imm(
-                &image,
-                (image.width() - s) / 2,
-                (image.height() - s) / 2,
-                s,
-                s,
-            )
-            .to_image();
-            bytes.extend(
-                image::imageops::resize(&square, side, side, FilterType::Lanczos3).into_raw(),
-            );
-        }
-        let pixels = Tensor::from_slice(&bytes)
-            .view([2, side as i64, side as i64, 3])
-            .to_device(run.engine.pipe.device());
-        let latents = tch::no_grad(|| run.engine.pipe.encode_rgb8(&pixels))?;
-        self.cache.insert(i, latents.shallow_clone());
-        Ok(latents)
-    }
-}
-
 /// An offline DPO step on the next `data.prompts_per_step` pairs of the dataset.
-pub(crate) fn offline_step(
+fn offline_step(
     run: &Run<'_>,
     learner: &mut Learner,
     source: &mut PairSource,

@@ -1,10 +1,11 @@
-//! A DGPO step: the rollout (sampled by the old adapter with the ODE sampler, see `algorithm`)
+//! A DGPO step: the rollout (sampled by the old adapter with the ODE sampler)
 //! gives clean final latents and group advantages; timesteps are drawn once per step for the
 //! whole batch, each group is re-noised with one noise per timestep, and whole groups are trained
 //! together (a micro-batch never splits a group); then the old adapter follows the trained one.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
+use flowtune_config::Recipe;
 use flowtune_objectives::losses::{dgpo_loss, DgpoBatch, DgpoSettings};
 use flowtune_objectives::Metrics;
 use flowtune_sampling::{per_row, row_seed, SampleRng};
@@ -13,12 +14,52 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tch::Tensor;
 
+use super::nft::predictions;
+use super::Algorithm;
 use crate::collect::Collected;
-use crate::nft::predictions;
+use crate::optim::Ema;
 use crate::run::Run;
 use crate::seeds::DGPO_SALT;
+use crate::source::Source;
 use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
 use crate::TrainError;
+
+/// DGPO: the old policy samples with the ODE sampler; whole groups train on their re-noised
+/// samples.
+#[derive(Default)]
+pub(crate) struct Dgpo {
+    /// The old policy: a copy of the trained weights that samples and follows them.
+    old: Option<Ema>,
+}
+
+impl Algorithm for Dgpo {
+    fn needs_reference(&self, _: &Recipe) -> bool {
+        true
+    }
+
+    fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
+        self.old = Some(Ema::new(0.0, params, host));
+    }
+
+    fn shadows(&self) -> Vec<(&'static str, &Ema)> {
+        self.old.iter().map(|old| ("old", old)).collect()
+    }
+
+    fn step(
+        &mut self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError> {
+        let old = super::started(&mut self.old, "dgpo")?;
+        let c = super::collect_with_old_policy(run, learner, old, source, k, m)?;
+        dgpo_step(run, learner, old, &c, k, lr, m)?;
+        Ok(c.batch.images.len())
+    }
+}
 
 /// The rollout-schedule indices every sample trains at this step: `count` of `range`, drawn
 /// without replacement from the run's seed and the step.
@@ -44,9 +85,10 @@ fn groups_of(uids: &[String]) -> Vec<Vec<usize>> {
 }
 
 /// Advantages, the DGPO update and the old-adapter refresh of training step `k`.
-pub(crate) fn dgpo_step(
+fn dgpo_step(
     run: &Run<'_>,
     learner: &mut Learner,
+    old: &mut Ema,
     c: &Collected,
     k: u64,
     lr: f64,
@@ -97,7 +139,6 @@ pub(crate) fn dgpo_step(
     };
     let params =
         learner.optimizer.params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
-    let mut old = learner.old.take().expect("dgpo keeps an old policy");
     let result = optimize(learner, run, batching, k, lr, |micro, scale, backward| {
         // This rank's rows of the micro-batch's groups, and each row's group within it.
         let (mut local, mut member_of) = (vec![], vec![]);
@@ -135,7 +176,7 @@ pub(crate) fn dgpo_step(
             let s = per_row(&sigma, &x0);
             let xt = (1.0 - &s) * &x0 + &s * &noise;
             let [old_pred, ref_pred, policy_pred] =
-                predictions(model, &mut old, &params, reference, (&xt, &sigma, &text))?;
+                predictions(model, old, &params, reference, (&xt, &sigma, &text))?;
             let out = dgpo_loss(
                 &DgpoBatch {
                     x0: &x0,
@@ -160,7 +201,6 @@ pub(crate) fn dgpo_step(
         old.update(&learner.optimizer.params);
         m.insert("actor/old_policy_decay".into(), old.decay);
     }
-    learner.old = Some(old);
     m.extend(result?);
     update.finish(m);
     Ok(())

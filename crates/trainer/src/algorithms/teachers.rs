@@ -7,7 +7,7 @@ use flowtune_models::{FlowPipeline, PipelineOptions};
 use flowtune_rollout::{Engine, RolloutBatch};
 use tch::{Kind, Tensor};
 
-use crate::policy::replay_all;
+use crate::replay::replay_all;
 use crate::TrainError;
 
 /// One loaded teacher.

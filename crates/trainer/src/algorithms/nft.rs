@@ -1,4 +1,4 @@
-//! A DiffusionNFT step: the rollout (sampled by the old adapter, see `algorithm`) gives clean final
+//! A DiffusionNFT step: the rollout (sampled by the old adapter) gives clean final
 //! latents; group advantages become optimality probabilities; on a random subset of the rollout's
 //! timesteps each sample is re-noised with fresh noise and three velocities are compared — old
 //! adapter, trained adapter, reference — then the old adapter follows the trained one.
@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use flowtune_config::Recipe;
 use flowtune_models::{velocity_at_sigma, TextConditioning, TrainableDenoiser};
 use flowtune_objectives::losses::{nft_loss, reward_probability, NftBatch};
 use flowtune_objectives::Metrics;
@@ -15,13 +16,51 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tch::Tensor;
 
+use super::Algorithm;
 use crate::collect::Collected;
 use crate::optim::Ema;
 use crate::reference::Reference;
 use crate::run::Run;
 use crate::seeds::NFT_SALT;
+use crate::source::Source;
 use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
 use crate::TrainError;
+
+/// DiffusionNFT: the old policy samples, the forward-process loss trains.
+#[derive(Default)]
+pub(crate) struct Nft {
+    /// The old policy: a copy of the trained weights that samples and follows them.
+    old: Option<Ema>,
+}
+
+impl Algorithm for Nft {
+    fn needs_reference(&self, _: &Recipe) -> bool {
+        true
+    }
+
+    fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
+        self.old = Some(Ema::new(0.0, params, host));
+    }
+
+    fn shadows(&self) -> Vec<(&'static str, &Ema)> {
+        self.old.iter().map(|old| ("old", old)).collect()
+    }
+
+    fn step(
+        &mut self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError> {
+        let old = super::started(&mut self.old, "diffusion_nft")?;
+        let c = super::collect_with_old_policy(run, learner, old, source, k, m)?;
+        nft_step(run, learner, old, &c, k, lr, m)?;
+        Ok(c.batch.images.len())
+    }
+}
 
 /// The trained timestep indices of each of `rows` samples: `max(1, ⌊N·fraction⌋)` of the N, drawn
 /// without replacement.
@@ -45,9 +84,10 @@ pub(crate) fn trained_timesteps(
 }
 
 /// Advantages, the NFT update and the old-adapter refresh of training step `k`.
-pub(crate) fn nft_step(
+fn nft_step(
     run: &Run<'_>,
     learner: &mut Learner,
+    old: &mut Ema,
     c: &Collected,
     k: u64,
     lr: f64,
@@ -74,7 +114,6 @@ pub(crate) fn nft_step(
     let batching = Batching::groups(recipe, c.rewards.len(), c.owned.clone());
     let params =
         learner.optimizer.params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
-    let mut old = learner.old.take().expect("diffusion_nft keeps an old policy");
     let result = optimize(learner, run, batching, k, lr, |micro, scale, backward| {
         // `micro` holds step-wide positions; this rank's tensors start at `c.owned.start`.
         let idx = micro.iter().map(|&i| (i - c.owned.start) as i64).collect::<Vec<_>>();
@@ -100,7 +139,7 @@ pub(crate) fn nft_step(
             let s = per_row(&sigma, &x0);
             let xt = (1.0 - &s) * &x0 + &s * &noise;
             let [old_pred, ref_pred, policy_pred] =
-                predictions(model, &mut old, &params, reference, (&xt, &sigma, &text))?;
+                predictions(model, old, &params, reference, (&xt, &sigma, &text))?;
             let out = nft_loss(
                 &NftBatch {
                     x0: &x0,
@@ -127,7 +166,6 @@ pub(crate) fn nft_step(
         old.update(&learner.optimizer.params);
         m.insert("actor/old_policy_decay".into(), old.decay);
     }
-    learner.old = Some(old);
     m.extend(result?);
     update.finish(m);
     Ok(())

@@ -1,0 +1,121 @@
+//! The algorithm seam: each registered objective is one module here with one struct that owns
+//! its state (an old policy, an anchor, teachers, a gate), says what the loop must provide (a
+//! reference policy), which copies of the trained weights it keeps and what its checkpoints hold,
+//! and runs its own half of a training step on what the loop hands it. The loop knows no
+//! algorithm by name: [`for_objective`] is the one registry line per algorithm.
+
+mod dgpo;
+mod diversity;
+mod dpo;
+mod gardo;
+mod nft;
+mod policy_gradient;
+mod teachers;
+
+use std::collections::BTreeMap;
+
+use flowtune_config::Recipe;
+use flowtune_data::PromptLoader;
+use flowtune_models::{FlowPipeline, PipelineOptions};
+use flowtune_objectives::{Metrics, Objective};
+use tch::Tensor;
+
+use crate::collect::{collect, Collected};
+use crate::optim::Ema;
+use crate::run::Run;
+use crate::source::Source;
+use crate::update::Learner;
+use crate::TrainError;
+
+/// One family of training steps and the state it carries from step to step.
+pub(crate) trait Algorithm {
+    /// Whether its steps read the reference policy (its own loss, or `actor.use_kl_loss`).
+    fn needs_reference(&self, recipe: &Recipe) -> bool;
+
+    /// Loads the models it needs beside the pipeline (teachers), as the pipeline was loaded with
+    /// `options`, before the run's folder exists.
+    fn load(
+        &mut self,
+        _recipe: &Recipe,
+        _options: &PipelineOptions,
+        _pipe: &dyn FlowPipeline,
+    ) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    /// Makes its copies of the trained parameters `params` (in host memory with `host`), once
+    /// they exist and before any step or resume.
+    fn start(&mut self, _params: &BTreeMap<String, Tensor>, _host: bool) {}
+
+    /// Its copies of the trained weights, by the prefix checkpoints save them under.
+    fn shadows(&self) -> Vec<(&'static str, &Ema)> {
+        vec![]
+    }
+
+    /// What its checkpoints keep beside the weights and shadows (`null`: nothing).
+    fn state(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+
+    /// Takes back what [`Self::state`] gave (`null` from a checkpoint that has none).
+    fn restore(&mut self, _state: &serde_json::Value) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    /// Training step `k` at learning rate `lr`: gathers its data from `source` (rollout and
+    /// rewards, or preference pairs) and updates `learner`; returns the samples it trained on.
+    fn step(
+        &mut self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError>;
+}
+
+/// The algorithm of a registered objective.
+pub(crate) fn for_objective(objective: Objective) -> Box<dyn Algorithm> {
+    match objective {
+        Objective::Policy(loss) => Box::new(policy_gradient::PolicyGradient::new(Some(loss))),
+        Objective::Distill => Box::new(policy_gradient::PolicyGradient::new(None)),
+        Objective::Dpo => Box::new(dpo::Dpo),
+        Objective::Nft => Box::new(nft::Nft::default()),
+        Objective::Dgpo => Box::new(dgpo::Dgpo::default()),
+        Objective::Gardo => Box::new(gardo::Gardo::default()),
+    }
+}
+
+/// The prompt loader of an online step.
+fn prompts(source: &mut Source) -> Result<&mut PromptLoader, TrainError> {
+    match source {
+        Source::Prompts(loader) => Ok(loader),
+        Source::Pairs(_) => {
+            Err(TrainError::Invalid("data.preference_files trains only algorithm: dpo".into()))
+        }
+    }
+}
+
+/// The step's samples drawn by the old policy `old` (its weights swapped in while sampling), for
+/// the algorithms that keep one to sample with (DiffusionNFT, DGPO).
+fn collect_with_old_policy(
+    run: &Run<'_>,
+    learner: &Learner,
+    old: &mut Ema,
+    source: &mut Source,
+    k: u64,
+    m: &mut Metrics,
+) -> Result<Collected, TrainError> {
+    let loader = prompts(source)?;
+    let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, k, m))?;
+    run.status("update");
+    Ok(c)
+}
+
+/// The old policy of an algorithm that keeps one, made by [`Algorithm::start`].
+fn started<'a>(old: &'a mut Option<Ema>, name: &str) -> Result<&'a mut Ema, TrainError> {
+    old.as_mut().ok_or_else(|| {
+        TrainError::Invalid(format!("{name}: its old policy is made when training starts"))
+    })
+}

@@ -1,0 +1,259 @@
+//! The second half of a policy-gradient step (flow_grpo, dance_grpo, mix_grpo, grpo_guard,
+//! flow_dppo) and of on-policy distillation (diffusion_opd): old log-probs (recomputed or the
+//! rollout's), reference means for the KL term, the teachers' means for the distillation KL, group
+//! advantages, rollout correction, then the update over every trained window step.
+
+use std::time::Instant;
+
+use flowtune_config::{OldLogProb, Recipe};
+use flowtune_models::{FlowPipeline, PipelineOptions};
+use flowtune_objectives::losses::{distill_kl, kl_to_reference, PolicyBatch, PolicyLoss};
+use flowtune_objectives::{Correction, Metrics};
+use flowtune_rollout::{Engine, RolloutBatch};
+use tch::{Kind, Tensor};
+
+use super::teachers::{Teacher, TeacherMeans};
+use super::Algorithm;
+use crate::collect::{collect, Collected};
+use crate::replay::{replay_all, OldPolicy};
+use crate::run::Run;
+use crate::source::Source;
+use crate::update::{finite_loss, optimize, Backward, Batching, Learner, MetricMeans};
+use crate::TrainError;
+
+/// Flow-GRPO and its family: SDE rollouts, group advantages, a clipped step-ratio loss; with no
+/// loss, DiffusionOPD's distillation alone. It owns the frozen teachers of distillation.
+pub(crate) struct PolicyGradient {
+    loss: Option<PolicyLoss>,
+    teachers: Vec<Teacher>,
+}
+
+impl PolicyGradient {
+    pub fn new(loss: Option<PolicyLoss>) -> Self {
+        Self { loss, teachers: vec![] }
+    }
+}
+
+impl Algorithm for PolicyGradient {
+    fn needs_reference(&self, recipe: &Recipe) -> bool {
+        recipe.actor.use_kl_loss
+    }
+
+    fn load(
+        &mut self,
+        recipe: &Recipe,
+        options: &PipelineOptions,
+        pipe: &dyn FlowPipeline,
+    ) -> Result<(), TrainError> {
+        self.teachers = super::teachers::load(recipe, options, pipe)?;
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        source: &mut Source,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<usize, TrainError> {
+        let c = collect(run, super::prompts(source)?, k, m)?;
+        run.status("update");
+        self.update(run, learner, &c, k, lr, m)?;
+        Ok(c.batch.images.len())
+    }
+}
+
+impl PolicyGradient {
+    /// Old log-probs, reference, teachers, advantages and the update of training step `k`;
+    /// without a policy loss (`diffusion_opd`) the update minimises the distillation KL alone.
+    fn update(
+        &self,
+        run: &Run<'_>,
+        learner: &mut Learner,
+        c: &Collected,
+        k: u64,
+        lr: f64,
+        m: &mut Metrics,
+    ) -> Result<(), TrainError> {
+        let (loss_kind, teachers) = (self.loss, &self.teachers);
+        let (recipe, engine, comm) = (run.recipe, &run.engine, &run.comm);
+        let model = engine.pipe.denoiser();
+        let batch = &c.batch;
+        let w = batch.windows[0].len() as i64;
+        let rollout_lp = batch.trajectory.all_log_probs.index_select(0, &c.kept);
+
+        // old log-probs
+        let timer = Instant::now();
+        let old = match recipe.trainer.old_log_prob {
+            OldLogProb::Recompute => {
+                let means = loss_kind.is_some_and(PolicyLoss::needs_means);
+                let old = replay_all(engine, model, batch, &c.kept, w, means)?;
+                let drift = comm.gather_rows(&(&old.log_probs - &rollout_lp).abs())?;
+                m.insert(
+                    "rollout_corr/logprob_abs_diff_mean".into(),
+                    drift.mean(Kind::Float).double_value(&[]),
+                );
+                m.insert("rollout_corr/logprob_abs_diff_max".into(), drift.max().double_value(&[]));
+                old
+            }
+            OldLogProb::Bypass => OldPolicy {
+                log_probs: rollout_lp.shallow_clone(),
+                means: None,
+                std: None,
+                sqrt_dt: None,
+            },
+        };
+        let correction = if recipe.rollout_correction.enabled() {
+            // Over the whole step's rows, then this rank's.
+            let (all_old, all_rollout) =
+                (comm.gather_rows(&old.log_probs)?, comm.gather_rows(&rollout_lp)?);
+            let all = recipe.rollout_correction.compute(&all_old, &all_rollout)?;
+            m.extend(all.metrics.clone());
+            let mine = |t: &Tensor| t.narrow(0, c.owned.start as i64, c.owned.len() as i64);
+            Some(Correction {
+                weights: mine(&all.weights),
+                keep: mine(&all.keep),
+                metrics: all.metrics,
+            })
+        } else {
+            None
+        };
+        m.insert("timing_s/old_log_prob".into(), timer.elapsed().as_secs_f64());
+
+        // ref
+        let timer = Instant::now();
+        let reference = match &run.reference {
+            Some(r) if recipe.actor.use_kl_loss => {
+                Some(r.run(model, |net| replay_all(engine, net, batch, &c.kept, w, true))?)
+            }
+            _ => None,
+        };
+        m.insert("timing_s/ref".into(), timer.elapsed().as_secs_f64());
+
+        // teacher
+        let timer = Instant::now();
+        let distils = loss_kind.is_none() || recipe.actor.use_distill_loss;
+        let teacher = if distils {
+            let sources = &c.sources[c.owned.clone()];
+            Some(super::teachers::teacher_means(teachers, engine, batch, &c.kept, sources, w)?)
+        } else {
+            None
+        };
+        m.insert("timing_s/teacher".into(), timer.elapsed().as_secs_f64());
+
+        // adv
+        let timer = Instant::now();
+        let advantages = c.advantages(w as usize, &recipe.advantage, m)?;
+        m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+
+        // update
+        let update = crate::perf::ActorUpdate::start();
+        let inputs = Inputs {
+            engine,
+            batch,
+            rows: &c.kept,
+            old: &old,
+            reference: reference.as_ref(),
+            teacher: teacher.as_ref(),
+            correction: correction.as_ref(),
+            advantages: &advantages,
+            loss: loss_kind,
+            window: w,
+            first: c.owned.start,
+        };
+        let batching = Batching::groups(recipe, c.rewards.len(), c.owned.clone());
+        m.extend(optimize(learner, run, batching, k, lr, |micro, scale, backward| {
+            inputs.micro_step(run, micro, scale / w as f64, k, backward)
+        })?);
+        update.finish(m);
+        Ok(())
+    }
+}
+
+/// What the update reads.
+struct Inputs<'a> {
+    engine: &'a Engine<'a>,
+    batch: &'a RolloutBatch,
+    /// Batch rows that train (those with a reward).
+    rows: &'a Tensor,
+    old: &'a OldPolicy,
+    reference: Option<&'a OldPolicy>,
+    teacher: Option<&'a TeacherMeans>,
+    correction: Option<&'a Correction>,
+    /// (kept rows, W)
+    advantages: &'a Tensor,
+    /// None: distillation alone.
+    loss: Option<PolicyLoss>,
+    window: i64,
+    /// The step-wide position of this rank's first kept row.
+    first: usize,
+}
+
+impl Inputs<'_> {
+    /// Forward and backward of one micro-batch (step-wide positions of this rank's kept rows),
+    /// step by step.
+    fn micro_step(
+        &self,
+        run: &Run<'_>,
+        micro: &[usize],
+        scale: f64,
+        k: u64,
+        backward: &Backward,
+    ) -> Result<Metrics, TrainError> {
+        let recipe = run.recipe;
+        let device = self.rows.device();
+        let local = micro.iter().map(|&i| (i - self.first) as i64).collect::<Vec<_>>();
+        let local = Tensor::from_slice(&local).to_device(device);
+        let rows = self.rows.index_select(0, &local);
+        let at = |t: &Tensor, j: i64| t.index_select(0, &local).select(1, j);
+        let mut means = MetricMeans::default();
+        for j in 0..self.window {
+            let out = self.engine.replay(self.batch, &rows, j)?;
+            let pick = |t: &Option<Tensor>| t.as_ref().map(|t| at(t, j));
+            let (old_mean, old_std, old_dt) =
+                (pick(&self.old.means), pick(&self.old.std), pick(&self.old.sqrt_dt));
+            let weights = self.correction.map(|c| at(&c.weights, j));
+            let keep = self.correction.map(|c| at(&c.keep, j));
+            let mut loss = Tensor::zeros([], (Kind::Float, device));
+            if let Some(kind) = self.loss {
+                let pg = kind.compute(
+                    &PolicyBatch {
+                        log_prob: &out.log_prob,
+                        old_log_prob: &at(&self.old.log_probs, j),
+                        advantages: &at(self.advantages, j),
+                        prev_sample_mean: Some(&out.prev_sample_mean),
+                        old_prev_sample_mean: old_mean.as_ref(),
+                        std_dev_t: old_std.as_ref().or(Some(&out.std_dev_t)),
+                        sqrt_dt: old_dt.as_ref().or(Some(&out.sqrt_dt)),
+                        weights: weights.as_ref(),
+                        keep: keep.as_ref(),
+                    },
+                    &recipe.actor,
+                )?;
+                means.add(&pg.metrics);
+                loss = pg.loss;
+            }
+            if let Some(t) = self.teacher {
+                let teacher_mean = at(&t.means, j);
+                let w = t.weights.index_select(0, &local);
+                let kl =
+                    distill_kl(&out.prev_sample_mean, &teacher_mean, &out.std_dev_t, Some(&w))?;
+                means.add(&kl.metrics);
+                let coef = if self.loss.is_some() { recipe.actor.distill_loss_coef } else { 1.0 };
+                loss += kl.loss * coef;
+            }
+            if let Some(r) = self.reference {
+                let ref_mean = at(r.means.as_ref().expect("reference means are kept"), j);
+                let kl = kl_to_reference(&out.prev_sample_mean, &ref_mean, &out.std_dev_t)?;
+                means.add(&kl.metrics);
+                loss += kl.loss * recipe.actor.kl_loss_coef;
+            }
+            let total = finite_loss(&loss, k, &format!("window step {j}"))?;
+            means.add(&Metrics::from([("actor/loss".to_string(), total)]));
+            backward.run(&(loss * scale))?;
+        }
+        Ok(means.means())
+    }
+}
