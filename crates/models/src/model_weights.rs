@@ -7,11 +7,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tch::nn::VarStore;
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
 use crate::lora::{AdapterSwitch, Adapters, LoraConfig};
 use crate::nn::{LoraScope, Scope};
-use crate::sequence::SequenceParallel;
+use crate::sequence::{SequenceParallel, Split, Stream, Ulysses};
 use crate::shard::{ShardGroup, ShardMode, ShardedBlocks};
 use crate::shard_load::DeferredBlocks;
 use crate::weights::{checkpoint_files, load_weights, store, LoadOptions};
@@ -31,8 +31,9 @@ pub struct ModelWeights {
     pub blocks: &'static [&'static str],
     /// The blocks' base weights sharded over the ranks ([`Self::shard_blocks`]).
     pub sharded: OnceCell<ShardedBlocks>,
-    /// The ranks that split every sample's tokens with this one (`trainer.sequence_parallel_size`).
-    pub sequence: OnceCell<SequenceParallel>,
+    /// The ranks that split every sample's tokens with this one (`trainer.sequence_parallel_size`,
+    /// [`Self::sequence_parallel`]).
+    pub sequence: OnceCell<Ulysses>,
     /// Built under [`crate::shard_load::with_deferred_blocks`]: the block weights are read when
     /// sharded, from [`Self::deferred`].
     pub defers_blocks: bool,
@@ -43,36 +44,46 @@ pub struct ModelWeights {
 impl ModelWeights {
     /// Runs block `index` of the block list `list` (`block`, borrowing this model's modules) on
     /// `inputs`, through activation checkpointing when it is switched on and grad is enabled.
-    /// Sharded blocks are gathered first and always checkpointed (see [`crate::shard`]).
+    /// Sharded blocks are gathered first and always checkpointed (see [`crate::shard`]). A
+    /// sequence-parallel exchange that failed inside the block fails it: the forward here, or
+    /// autograd's backward when it recomputes the block (see [`crate::sequence`]).
     pub fn run_block(
         &self,
         list: &str,
         index: usize,
-        inputs: &[tch::Tensor],
-        block: impl Fn(&[tch::Tensor]) -> Vec<tch::Tensor>,
-    ) -> Result<Vec<tch::Tensor>, crate::ModelError> {
+        inputs: &[Tensor],
+        block: impl Fn(&[Tensor]) -> Vec<Tensor>,
+    ) -> Result<Vec<Tensor>, ModelError> {
+        let sequence = self.sequence.get();
+        let block = move |t: &[Tensor]| {
+            let out = block(t);
+            match sequence.and_then(Ulysses::take_failure) {
+                Some(e) => Err(e),
+                None => Ok(out),
+            }
+        };
         let Some(sharded) = self.sharded.get() else {
             if !self.checkpointing.get() {
-                return Ok(block(inputs));
+                return block(inputs);
             }
             // SAFETY: the block borrows the model, which outlives the graphs built from its
             // outputs: a training step backpropagates or drops them while the pipeline is loaded.
-            return Ok(unsafe { flowtune_recompute::checkpointed(inputs, block) }?);
+            return unsafe { flowtune_recompute::checkpointed(inputs, block) };
         };
         let name = format!("{list}.{index}");
         if !flowtune_recompute::grad_enabled() {
             sharded.gather(&name)?;
             let out = block(inputs);
             sharded.release()?;
-            return Ok(out);
+            return out;
         }
         // Gathered under no-grad for the forward, and again with grad when backward recomputes
         // the block. A failed collective is kept and the block returns nothing, which fails the
         // forward here or autograd's backward (see [`ShardedBlocks::take_failure`]).
-        let gathered = move |t: &[tch::Tensor]| {
+        let gathered = move |t: &[Tensor]| {
             if let Err(e) = sharded.gather(&name) {
                 sharded.fail(e);
-                return vec![];
+                return Ok(vec![]);
             }
             let out = block(t);
             if !flowtune_recompute::grad_enabled() {
@@ -87,8 +98,33 @@ impl ModelWeights {
         let out = unsafe { flowtune_recompute::checkpointed(inputs, gathered) };
         match sharded.take_failure() {
             Some(e) => Err(e),
-            None => Ok(out?),
+            None => out,
         }
+    }
+
+    /// Splits every sample's tokens over `group` from now on ([`crate::sequence`]); refuses a
+    /// group whose size does not divide `family`'s attention `heads`.
+    pub fn sequence_parallel(
+        &self,
+        family: &str,
+        heads: i64,
+        group: SequenceParallel,
+    ) -> Result<(), ModelError> {
+        group.check_heads(family, heads)?;
+        let _ = self.sequence.set(Ulysses::new(group));
+        Ok(())
+    }
+
+    /// `tensors`, one per entry of the family's `streams`, as this rank's shares over the model's
+    /// sequence-parallel group (as they are without one), and the [`Split`] that gives each
+    /// attention its keys and gathers the output; `mask` is the masked key stream's (B, len).
+    pub fn split_sequence<const N: usize>(
+        &self,
+        streams: &[Stream; N],
+        tensors: [Tensor; N],
+        mask: Option<&Tensor>,
+    ) -> (Split<'_>, [Tensor; N]) {
+        Split::new(self.sequence.get(), streams, tensors, mask)
     }
 
     /// Keeps this rank's share of the blocks' base weights only (`trainer.sharding: frozen` or

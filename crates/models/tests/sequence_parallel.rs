@@ -98,8 +98,8 @@ impl SequenceGroup for Group {
         self.0.size()
     }
 
-    fn exchange(&self, x: &Tensor, scatter: i64, gather: i64) -> Tensor {
-        self.0.exchange(x, scatter, gather).unwrap()
+    fn exchange(&self, x: &Tensor, scatter: i64, gather: i64) -> Result<Tensor, ModelError> {
+        self.0.exchange(x, scatter, gather).map_err(|e| ModelError::Collective(e.to_string()))
     }
 
     fn all_gather(&self, x: &Tensor) -> Result<Tensor, ModelError> {
@@ -144,7 +144,7 @@ fn attention_matches(pg: &Arc<ProcessGroup>) {
             let mine: Vec<Tensor> = qkv.iter().map(leaf).collect();
             let local: Vec<Tensor> = mine.iter().map(|x| sp.split(x, 1)).collect();
             let mask = sp.key_mask(&[(len, None)], Device::Cpu);
-            let out = sp.attention(&local[0], &local[1], &local[2], mask.as_ref());
+            let out = sp.attention(&local[0], &local[1], &local[2], mask.as_ref()).unwrap();
             let out = sp.gather(&out, len).unwrap();
             (&out * &w).sum(kind).backward();
             let grads: Vec<Tensor> = mine.iter().map(|x| summed(pg, &x.grad())).collect();

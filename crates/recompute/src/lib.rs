@@ -2,12 +2,16 @@
 //! a block run through [`checkpointed`] keeps only its inputs; backward runs it again with grad
 //! enabled and backpropagates through that fresh graph, which also accumulates its weights'
 //! gradients. Memory for activations falls from every block's to one block's at a time, for one
-//! more forward per block. Blocks must be deterministic (no dropout), as they are here.
+//! more forward per block. Blocks must be deterministic (no dropout), as they are here. A block
+//! may fail: its error is the forward's, and fails the backward pass (with its message) when the
+//! rerun fails.
 //! [`clear_grad`] is the other autograd hook tch lacks: a gradient set back to none.
 
 use std::ffi::{c_char, c_void, CStr};
+use std::fmt::Display;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tch::{Kind, TchError, Tensor};
 use torch_sys::C_tensor;
@@ -36,8 +40,8 @@ pub fn clear_grad(t: &Tensor) {
     unsafe { ftr_clear_grad(t.as_ptr() as *mut C_tensor) }
 }
 
-/// A block as the graph node owns it.
-type BlockFn<'a> = Box<dyn Fn(&[Tensor]) -> Vec<Tensor> + 'a>;
+/// A block as the graph node owns it: its outputs, or the message of its error.
+type BlockFn<'a> = Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>, String> + 'a>;
 
 type CallFn = extern "C" fn(i64, *mut *mut C_tensor, i64, *mut c_void) -> *mut c_char;
 type DropFn = extern "C" fn(i64);
@@ -61,32 +65,45 @@ extern "C" {
 }
 
 /// `block(inputs)` with its activations recomputed in backward; under no-grad a plain call. The
-/// graph node owns `block` and drops it with the graph.
+/// graph node owns `block` and drops it with the graph. The block's error is returned as it is;
+/// when the rerun in backward fails, the backward pass fails with its message.
 ///
 /// # Safety
 /// Whatever `block` borrows (a model's weights) must outlive the backward pass of the graph
 /// built from the outputs, or the graph itself.
-pub unsafe fn checkpointed<'a>(
+pub unsafe fn checkpointed<'a, E>(
     inputs: &[Tensor],
-    block: impl Fn(&[Tensor]) -> Vec<Tensor> + 'a,
-) -> Result<Vec<Tensor>, TchError> {
+    block: impl Fn(&[Tensor]) -> Result<Vec<Tensor>, E> + 'a,
+) -> Result<Vec<Tensor>, E>
+where
+    E: Display + From<TchError> + 'a,
+{
     // SAFETY: reads libtorch's thread-local grad mode.
     if unsafe { ftr_grad_enabled() } == 0 {
-        return Ok(block(inputs));
+        return block(inputs);
     }
     // An input that needs grad, so backward always reaches the block's weights (the reentrant
     // form's known gap when no activation needs grad).
     let anchor = Tensor::zeros([1], (Kind::Float, inputs[0].device())).set_requires_grad(true);
     let mut all: Vec<*mut C_tensor> = inputs.iter().map(|t| t.as_ptr() as *mut C_tensor).collect();
     all.push(anchor.as_ptr() as *mut C_tensor);
-    let boxed: Box<BlockFn<'a>> = Box::new(Box::new(block));
+    // The block's error, kept for this call to return (the shim passes on only its message).
+    let error = Arc::new(Mutex::new(None));
+    let kept = error.clone();
+    let boxed: Box<BlockFn<'a>> = Box::new(Box::new(move |t: &[Tensor]| {
+        block(t).map_err(|e| {
+            let message = e.to_string();
+            *kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+            message
+        })
+    }));
     // The caller vouches for the borrows' lifetime; the node frees the box through `drop_block`.
     let closure = Box::into_raw(boxed) as i64;
     let mut out = [std::ptr::null_mut(); MAX_OUTPUTS];
     let mut n_out = 0i64;
     // SAFETY: valid tensor pointers for the call's duration; the shim owns the closure from here
     // and catches every C++ exception.
-    let error = unsafe {
+    let failed = unsafe {
         ftr_recompute(
             closure,
             call_block,
@@ -98,8 +115,10 @@ pub unsafe fn checkpointed<'a>(
             &mut n_out,
         )
     };
-    if !error.is_null() {
-        return Err(TchError::Torch(take_message(error)));
+    if !failed.is_null() {
+        let message = take_message(failed);
+        let kept = error.lock().unwrap_or_else(|p| p.into_inner()).take();
+        return Err(kept.unwrap_or_else(|| TchError::Torch(message).into()));
     }
     // SAFETY: the shim wrote `n_out` new tensors that we now own.
     Ok(out[..n_out as usize].iter().map(|&p| unsafe { Tensor::from_ptr(p) }).collect())
@@ -112,7 +131,7 @@ extern "C" fn call_block(
     n: i64,
     sink: *mut c_void,
 ) -> *mut c_char {
-    let run = || {
+    let run = || -> Result<(), String> {
         // SAFETY: the box made by `checkpointed`, alive until `drop_block`.
         let block = unsafe { &*(closure as *const BlockFn<'static>) };
         // SAFETY: reads libtorch's grad mode: on only for backward's rerun.
@@ -122,13 +141,15 @@ extern "C" fn call_block(
         // SAFETY: `n` owned tensors from the shim.
         let tensors: Vec<Tensor> =
             (0..n as usize).map(|i| unsafe { Tensor::from_ptr(*inputs.add(i)) }).collect();
-        for mut t in block(&tensors[..tensors.len() - 1]) {
+        for mut t in block(&tensors[..tensors.len() - 1])? {
             // SAFETY: the shim copies the tensor into its list.
             unsafe { ftr_sink_push(sink, t.as_mut_ptr()) };
         }
+        Ok(())
     };
     match catch_unwind(AssertUnwindSafe(run)) {
-        Ok(()) => std::ptr::null_mut(),
+        Ok(Ok(())) => std::ptr::null_mut(),
+        Ok(Err(e)) => message(&e),
         Err(panic) => {
             let what = panic
                 .downcast_ref::<String>()
@@ -206,7 +227,7 @@ mod tests {
             let inputs = [x.shallow_clone(), scale.shallow_clone()];
             let out = if checkpointing {
                 // SAFETY: the blocks outlive the backward below.
-                unsafe { checkpointed(&inputs, |xs| block.forward(xs)) }.unwrap()
+                unsafe { checkpointed(&inputs, |xs| Ok::<_, TchError>(block.forward(xs))) }.unwrap()
             } else {
                 block.forward(&inputs)
             };
@@ -244,7 +265,7 @@ mod tests {
         let x = Tensor::ones([2], (Kind::Float, tch::Device::Cpu));
         let block = move |xs: &[Tensor]| {
             let _ = &held;
-            vec![&xs[0] * 2.0]
+            Ok::<_, TchError>(vec![&xs[0] * 2.0])
         };
         // SAFETY: the block owns what it uses.
         let out = unsafe { checkpointed(&[x], block) }.unwrap();
@@ -257,8 +278,56 @@ mod tests {
     fn a_panicking_block_is_an_error_not_an_abort() {
         let x = Tensor::ones([2], (Kind::Float, tch::Device::Cpu));
         // SAFETY: borrows nothing.
-        let broken = unsafe { checkpointed(&[x], |_| panic!("shape mismatch in block 3")) };
+        let broken = unsafe {
+            checkpointed(&[x], |_| -> Result<Vec<Tensor>, TchError> {
+                panic!("shape mismatch in block 3")
+            })
+        };
         let err = broken.unwrap_err().to_string();
         assert!(err.contains("shape mismatch in block 3"), "{err}");
+    }
+
+    /// An error of its own, to tell it from the ones libtorch makes.
+    #[derive(Debug)]
+    enum BlockError {
+        Failed(&'static str),
+        Torch(TchError),
+    }
+
+    impl Display for BlockError {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self {
+                Self::Failed(what) => write!(f, "block failed: {what}"),
+                Self::Torch(e) => e.fmt(f),
+            }
+        }
+    }
+
+    impl From<TchError> for BlockError {
+        fn from(e: TchError) -> Self {
+            Self::Torch(e)
+        }
+    }
+
+    #[test]
+    fn a_failing_block_fails_the_forward_with_its_error_and_the_backward_with_its_message() {
+        let x = Tensor::ones([2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let fail = |_: &[Tensor]| -> Result<Vec<Tensor>, BlockError> {
+            Err(BlockError::Failed("rank 1 is gone"))
+        };
+        // SAFETY: borrows nothing.
+        let err = unsafe { checkpointed(&[x.shallow_clone()], fail) }.unwrap_err();
+        assert!(matches!(err, BlockError::Failed("rank 1 is gone")), "{err}");
+
+        // Fails when backward reruns it.
+        let runs = std::sync::atomic::AtomicU64::new(0);
+        let second_fails = move |xs: &[Tensor]| match runs.fetch_add(1, Ordering::Relaxed) {
+            0 => Ok(vec![&xs[0] * 2.0]),
+            _ => Err(BlockError::Failed("rank 1 is gone")),
+        };
+        // SAFETY: owns what it uses.
+        let out = unsafe { checkpointed(&[x.shallow_clone()], second_fails) }.unwrap();
+        let err = out[0].sum(Kind::Float).f_backward().unwrap_err().to_string();
+        assert!(err.contains("block failed: rank 1 is gone"), "{err}");
     }
 }

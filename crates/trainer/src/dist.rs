@@ -383,10 +383,9 @@ impl SequenceGroup for SequenceRanks {
         self.0.size()
     }
 
-    fn exchange(&self, x: &Tensor, scatter: i64, gather: i64) -> Tensor {
-        self.0.exchange(x, scatter, gather).unwrap_or_else(|e| {
-            panic!("sequence-parallel attention: {e} (a rank of this job stopped, hung or cannot be reached)")
-        })
+    fn exchange(&self, x: &Tensor, scatter: i64, gather: i64) -> Result<Tensor, ModelError> {
+        let failed = |e| ModelError::Collective(format!("sequence-parallel attention: {e}"));
+        self.0.exchange(x, scatter, gather).map_err(failed)
     }
 
     fn all_gather(&self, x: &Tensor) -> Result<Tensor, ModelError> {

@@ -5,8 +5,8 @@
 use tch::Tensor;
 
 use super::rope::{apply_rotary, RotaryTables};
-use crate::nn::{attention, gelu_tanh, layer_norm, FeedForward, Linear, RmsNorm, Scope};
-use crate::sequence::Split;
+use crate::nn::{gelu_tanh, layer_norm, FeedForward, Linear, RmsNorm, Scope};
+use crate::sequence::Keys;
 
 const EPS: f64 = 1e-6;
 
@@ -48,22 +48,16 @@ impl Projections {
 }
 
 /// Attention over (B, S, H, d) heads with rotary positions on queries and keys → (B, S, H·d),
-/// through Ulysses with `sp`.
+/// over `keys`.
 pub(crate) fn rotary_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     rope: &RotaryTables,
-    sp: Split<'_>,
+    keys: &Keys<'_>,
 ) -> Tensor {
     let (q, k) = (apply_rotary(q, rope), apply_rotary(k, rope));
-    let out = match sp {
-        Some((sp, mask)) => sp.attention(&q, &k, v, mask),
-        None => {
-            let t = |x: &Tensor| x.transpose(1, 2);
-            attention(&t(&q), &t(&k), &t(v), None, false, None).transpose(1, 2)
-        }
-    };
+    let out = keys.attention(&q, &k, v);
     let (b, n, h, d) = out.size4().expect("4-d attention output");
     out.reshape([b, n, h * d])
 }
@@ -118,14 +112,14 @@ impl FluxTransformerBlock {
     }
 
     /// Image tokens (B, S, D) and text tokens (B, L, D) → both updated; rotary tables cover
-    /// `[text; image]` (this rank's shares with `sp`).
+    /// `[text; image]` (this rank's shares when `keys` split them).
     pub fn forward(
         &self,
         image: &Tensor,
         text: &Tensor,
         temb: &Tensor,
         rope: &RotaryTables,
-        sp: Split<'_>,
+        keys: &Keys<'_>,
     ) -> (Tensor, Tensor) {
         let temb = temb.silu();
         let m = self.norm1.forward(&temb).chunk(6, 1);
@@ -139,7 +133,7 @@ impl FluxTransformerBlock {
             &Tensor::cat(&[tk, ik], 1),
             &Tensor::cat(&[tv, iv], 1),
             rope,
-            sp,
+            keys,
         );
         let l = text.size()[1];
         let n = out.size()[1];
@@ -183,13 +177,20 @@ impl FluxSingleTransformerBlock {
         }
     }
 
-    /// Joint tokens (B, L + S, D) → updated (this rank's shares of text and image with `sp`).
-    pub fn forward(&self, x: &Tensor, temb: &Tensor, rope: &RotaryTables, sp: Split<'_>) -> Tensor {
+    /// Joint tokens (B, L + S, D) → updated (this rank's shares of text and image when `keys`
+    /// split them).
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        temb: &Tensor,
+        rope: &RotaryTables,
+        keys: &Keys<'_>,
+    ) -> Tensor {
         let m = self.norm.forward(&temb.silu()).chunk(3, 1);
         let normed = modulate(&layer_norm(x, EPS), &m[0], &m[1]);
         let mlp = gelu_tanh(&self.proj_mlp.forward(&normed));
         let [q, k, v] = self.attn.heads(&normed, self.heads);
-        let attn = rotary_attention(&q, &k, &v, rope, sp);
+        let attn = rotary_attention(&q, &k, &v, rope, keys);
         x + m[2].unsqueeze(1) * self.proj_out.forward(&Tensor::cat(&[attn, mlp], 2))
     }
 }

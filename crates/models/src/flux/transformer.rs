@@ -17,7 +17,7 @@ use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, Mlp, TIMESTEP_CHANNELS};
 use crate::packing::{pack, unpack};
-use crate::sequence::SequenceParallel;
+use crate::sequence::{Role, SequenceParallel, Stream};
 use crate::{ModelError, TextConditioning};
 
 /// The conditioning extra of [dev]: the distilled guidance value per row, (B,).
@@ -26,6 +26,15 @@ pub const GUIDANCE: &str = "guidance";
 const TIME_SCALE: f64 = 1000.0;
 /// Side of the token patch the pipeline packs.
 const PATCH: i64 = 2;
+
+/// What sequence parallelism splits: text then image tokens (the joint attention's order, and
+/// the single-stream blocks' joint stream on each rank) with their position ids.
+const SEQUENCE: [Stream; 4] = [
+    Stream { name: "text", dim: 1, role: Role::Keys },
+    Stream { name: "image", dim: 1, role: Role::Keys },
+    Stream { name: "txt_ids", dim: 0, role: Role::Follows },
+    Stream { name: "img_ids", dim: 0, role: Role::Follows },
+];
 
 /// The FLUX.1 denoiser, predicting the flow-matching velocity.
 pub struct FluxTransformer {
@@ -140,28 +149,23 @@ impl FluxTransformer {
         }
         let temb = temb + self.text_embedder.forward(pooled_projections);
         let text = self.context_embedder.forward(encoder_hidden_states);
-        let (mut image, mut text) = (image, text);
-        let (mut txt_ids, mut img_ids) = (txt_ids.shallow_clone(), img_ids.shallow_clone());
-        // Sequence parallel: this rank's text and image tokens from here to the output.
-        let (l, tokens) = (text.size()[1], image.size()[1]);
-        let sp = self.weights.sequence.get();
-        let mask = sp.and_then(|sp| sp.key_mask(&[(l, None), (tokens, None)], image.device()));
-        if let Some(sp) = sp {
-            (text, image) = (sp.split(&text, 1), sp.split(&image, 1));
-            (txt_ids, img_ids) = (sp.split(&txt_ids, 0), sp.split(&img_ids, 0));
-        }
+        // This rank's text and image tokens from here to the output (all without a group).
+        let tokens = image.size()[1];
+        let streams = [text, image, txt_ids.shallow_clone(), img_ids.shallow_clone()];
+        let (split, [mut text, mut image, txt_ids, img_ids]) =
+            self.weights.split_sequence(&SEQUENCE, streams, None);
+        let keys = split.keys();
         let ids = Tensor::cat(&[txt_ids, img_ids], 0);
         let rope = rotary_tables(&self.config.axes_dims_rope, THETA, &ids);
         for (i, block) in self.transformer_blocks.iter().enumerate() {
             // Owned by the block's closure: a checkpointed block reruns it in backward.
-            let (rope, mask) = (rope.shallow_clone(), mask.as_ref().map(Tensor::shallow_clone));
+            let (rope, keys) = (rope.shallow_clone(), keys.clone());
             let out = self.weights.run_block(
                 "transformer_blocks",
                 i,
                 &[image, text, temb.shallow_clone()],
                 move |t| {
-                    let split = sp.map(|sp| (sp, mask.as_ref()));
-                    let (image, text) = block.forward(&t[0], &t[1], &t[2], &rope, split);
+                    let (image, text) = block.forward(&t[0], &t[1], &t[2], &rope, &keys);
                     vec![image, text]
                 },
             )?;
@@ -170,23 +174,19 @@ impl FluxTransformer {
         let (l, s) = (text.size()[1], image.size()[1]);
         let mut joint = Tensor::cat(&[text, image], 1);
         for (i, block) in self.single_transformer_blocks.iter().enumerate() {
-            let (rope, mask) = (rope.shallow_clone(), mask.as_ref().map(Tensor::shallow_clone));
+            let (rope, keys) = (rope.shallow_clone(), keys.clone());
             let out = self.weights.run_block(
                 "single_transformer_blocks",
                 i,
                 &[joint, temb.shallow_clone()],
-                move |t| vec![block.forward(&t[0], &t[1], &rope, sp.map(|sp| (sp, mask.as_ref())))],
+                move |t| vec![block.forward(&t[0], &t[1], &rope, &keys)],
             )?;
             [joint] = <[Tensor; 1]>::try_from(out).expect("a single block returns 1 stream");
         }
         let image = joint.narrow(1, l, s);
         let mods = self.norm_out.forward(&temb.silu()).chunk(2, 1);
         let image = layer_norm(&image, 1e-6) * (mods[0].unsqueeze(1) + 1.0) + mods[1].unsqueeze(1);
-        let out = self.proj_out.forward(&image);
-        match sp {
-            Some(sp) => sp.gather(&out, tokens),
-            None => Ok(out),
-        }
+        split.gather(self.proj_out.forward(&image), tokens)
     }
 
     fn check_inputs(
@@ -278,9 +278,7 @@ impl TrainableDenoiser for FluxTransformer {
     /// Double- and single-stream attention through Ulysses: text and image tokens are both split
     /// over the ranks (the single-stream blocks' joint stream is each rank's text then image).
     fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
-        group.check_heads("FLUX.1", self.config.num_attention_heads)?;
-        let _ = self.weights.sequence.set(group);
-        Ok(())
+        self.weights.sequence_parallel("FLUX.1", self.config.num_attention_heads, group)
     }
 
     fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {

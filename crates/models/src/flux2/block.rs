@@ -8,7 +8,7 @@ use tch::Tensor;
 use crate::flux::block::{modulate, rotary_attention, Projections};
 use crate::flux::rope::RotaryTables;
 use crate::nn::{layer_norm, Linear, RmsNorm, Scope};
-use crate::sequence::Split;
+use crate::sequence::Keys;
 
 /// `silu(first half) · second half` of the last dimension.
 fn swiglu(x: &Tensor) -> Tensor {
@@ -74,15 +74,15 @@ impl Flux2TransformerBlock {
     }
 
     /// Image tokens (B, S, D) and text tokens (B, L, D) with the image and text modulations
-    /// (B, 6D) each → both updated; rotary tables cover `[text; image]` (this rank's shares with
-    /// `sp`).
+    /// (B, 6D) each → both updated; rotary tables cover `[text; image]` (this rank's shares when
+    /// `keys` split them).
     pub fn forward(
         &self,
         image: &Tensor,
         text: &Tensor,
         (mod_image, mod_text): (&Tensor, &Tensor),
         rope: &RotaryTables,
-        sp: Split<'_>,
+        keys: &Keys<'_>,
     ) -> (Tensor, Tensor) {
         let (m, c) = (mod_image.chunk(6, 1), mod_text.chunk(6, 1));
         let norm = |x: &Tensor, shift: &Tensor, scale: &Tensor| {
@@ -95,7 +95,7 @@ impl Flux2TransformerBlock {
             &Tensor::cat(&[tk, ik], 1),
             &Tensor::cat(&[tv, iv], 1),
             rope,
-            sp,
+            keys,
         );
         let (l, n) = (text.size()[1], out.size()[1]);
         let image = image + m[2].unsqueeze(1) * self.to_out.forward(&out.narrow(1, l, n - l));
@@ -139,13 +139,13 @@ impl Flux2SingleTransformerBlock {
     }
 
     /// Joint tokens (B, L + S, D) with the single-stream modulation (B, 3D) → updated (this
-    /// rank's shares of text and image with `sp`).
+    /// rank's shares of text and image when `keys` split them).
     pub fn forward(
         &self,
         x: &Tensor,
         modulation: &Tensor,
         rope: &RotaryTables,
-        sp: Split<'_>,
+        keys: &Keys<'_>,
     ) -> Tensor {
         let m = modulation.chunk(3, 1);
         let normed = modulate(&layer_norm(x, self.eps), &m[0], &m[1]);
@@ -155,7 +155,7 @@ impl Flux2SingleTransformerBlock {
         let mlp = fused.narrow(2, 3 * dim, fused.size()[2] - 3 * dim);
         let heads = |i: i64| qkv.narrow(2, i * dim, dim).view([b, s, self.heads, -1]);
         let (q, k) = (self.norm_q.forward(&heads(0)), self.norm_k.forward(&heads(1)));
-        let attn = rotary_attention(&q, &k, &heads(2), rope, sp);
+        let attn = rotary_attention(&q, &k, &heads(2), rope, keys);
         x + m[2].unsqueeze(1) * self.to_out.forward(&Tensor::cat(&[attn, swiglu(&mlp)], 2))
     }
 }

@@ -18,11 +18,20 @@ use crate::flux::GUIDANCE;
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, Mlp, Scope};
-use crate::sequence::SequenceParallel;
+use crate::sequence::{Role, SequenceParallel, Stream};
 use crate::{ModelError, TextConditioning};
 
 /// The transformer scales σ-scale timesteps and guidance by this before the sinusoid.
 const TIME_SCALE: f64 = 1000.0;
+
+/// What sequence parallelism splits: text then image tokens (the joint attention's order, and
+/// the single-stream blocks' joint stream on each rank) with their position ids.
+const SEQUENCE: [Stream; 4] = [
+    Stream { name: "text", dim: 1, role: Role::Keys },
+    Stream { name: "image", dim: 1, role: Role::Keys },
+    Stream { name: "txt_ids", dim: 0, role: Role::Follows },
+    Stream { name: "img_ids", dim: 0, role: Role::Follows },
+];
 /// Reference-image tokens (B, N, in_channels), packed after the latent tokens: the
 /// conditioning extra of [klein]'s reference images.
 pub const REFERENCE_TOKENS: &str = "reference_tokens";
@@ -168,26 +177,21 @@ impl Flux2Transformer {
         let mod_image = self.modulation_image.forward(&act);
         let mod_text = self.modulation_text.forward(&act);
         let mod_single = self.modulation_single.forward(&act);
-        let mut image = self.x_embedder.forward(hidden_states);
-        let mut text = self.context_embedder.forward(encoder_hidden_states);
-        let (mut img_ids, mut txt_ids) = (img_ids, txt_ids);
-        // Sequence parallel: this rank's text and image tokens from here to the output.
-        let (l, tokens) = (text.size()[1], image.size()[1]);
-        let sp = self.weights.sequence.get();
-        let mask = sp.and_then(|sp| sp.key_mask(&[(l, None), (tokens, None)], image.device()));
-        if let Some(sp) = sp {
-            (text, image) = (sp.split(&text, 1), sp.split(&image, 1));
-            (txt_ids, img_ids) = (sp.split(&txt_ids, 0), sp.split(&img_ids, 0));
-        }
+        let image = self.x_embedder.forward(hidden_states);
+        let text = self.context_embedder.forward(encoder_hidden_states);
+        // This rank's text and image tokens from here to the output (all without a group).
+        let tokens = image.size()[1];
+        let (split, [mut text, mut image, txt_ids, img_ids]) =
+            self.weights.split_sequence(&SEQUENCE, [text, image, txt_ids, img_ids], None);
+        let keys = split.keys();
         let ids = Tensor::cat(&[txt_ids, img_ids], 0);
         let rope = rotary_tables(&self.config.axes_dims_rope, self.config.rope_theta, &ids);
         for (i, block) in self.transformer_blocks.iter().enumerate() {
             // Owned by the block's closure: a checkpointed block reruns it in backward.
-            let (rope, mask) = (rope.shallow_clone(), mask.as_ref().map(Tensor::shallow_clone));
+            let (rope, keys) = (rope.shallow_clone(), keys.clone());
             let inputs = [image, text, mod_image.shallow_clone(), mod_text.shallow_clone()];
             let out = self.weights.run_block("transformer_blocks", i, &inputs, move |t| {
-                let split = sp.map(|sp| (sp, mask.as_ref()));
-                let (image, text) = block.forward(&t[0], &t[1], (&t[2], &t[3]), &rope, split);
+                let (image, text) = block.forward(&t[0], &t[1], (&t[2], &t[3]), &rope, &keys);
                 vec![image, text]
             })?;
             [image, text] = <[Tensor; 2]>::try_from(out).expect("a double block returns 2 streams");
@@ -195,12 +199,12 @@ impl Flux2Transformer {
         let (l, s) = (text.size()[1], image.size()[1]);
         let mut joint = Tensor::cat(&[text, image], 1);
         for (i, block) in self.single_transformer_blocks.iter().enumerate() {
-            let (rope, mask) = (rope.shallow_clone(), mask.as_ref().map(Tensor::shallow_clone));
+            let (rope, keys) = (rope.shallow_clone(), keys.clone());
             let out = self.weights.run_block(
                 "single_transformer_blocks",
                 i,
                 &[joint, mod_single.shallow_clone()],
-                move |t| vec![block.forward(&t[0], &t[1], &rope, sp.map(|sp| (sp, mask.as_ref())))],
+                move |t| vec![block.forward(&t[0], &t[1], &rope, &keys)],
             )?;
             [joint] = <[Tensor; 1]>::try_from(out).expect("a single block returns 1 stream");
         }
@@ -208,11 +212,7 @@ impl Flux2Transformer {
         let mods = self.norm_out.forward(&act).chunk(2, 1);
         let image = layer_norm(&image, self.config.eps) * (mods[0].unsqueeze(1) + 1.0)
             + mods[1].unsqueeze(1);
-        let out = self.proj_out.forward(&image);
-        match sp {
-            Some(sp) => sp.gather(&out, tokens),
-            None => Ok(out),
-        }
+        split.gather(self.proj_out.forward(&image), tokens)
     }
 
     fn check_inputs(
@@ -332,9 +332,7 @@ impl TrainableDenoiser for Flux2Transformer {
 
     /// Double- and single-stream attention through Ulysses, as FLUX.1's.
     fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
-        group.check_heads("FLUX.2", self.config.num_attention_heads)?;
-        let _ = self.weights.sequence.set(group);
-        Ok(())
+        self.weights.sequence_parallel("FLUX.2", self.config.num_attention_heads, group)
     }
 
     fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {

@@ -5,8 +5,8 @@
 use tch::Tensor;
 
 use super::rope::{apply_rotary, RotaryAngles};
-use crate::nn::{attention, layer_norm, FeedForward, Linear, RmsNorm, Scope};
-use crate::sequence::SequenceParallel;
+use crate::nn::{layer_norm, FeedForward, Linear, RmsNorm, Scope};
+use crate::sequence::Keys;
 
 const EPS: f64 = 1e-6;
 
@@ -64,16 +64,14 @@ impl JointAttention {
         angles.map_or(t.shallow_clone(), |a| apply_rotary(&t, a))
     }
 
-    /// Joint attention: returns the image and text outputs. `mask` (B, 1, 1, L + S) is true where
-    /// a key may be attended to. With `sp`, both streams are this rank's shares and `mask` is
-    /// the group's key mask ([`SequenceParallel::key_mask`]).
+    /// Joint attention over `keys` (`[text; image]`, padded text masked): returns the image and
+    /// text outputs. Both streams are this rank's shares when `keys` split them.
     pub fn forward(
         &self,
         image: &Tensor,
         text: &Tensor,
-        mask: Option<&Tensor>,
         rope: &RotaryAngles,
-        sp: Option<&SequenceParallel>,
+        keys: &Keys<'_>,
     ) -> (Tensor, Tensor) {
         let (ri, rt) = (Some(&rope.image), Some(&rope.text));
         let q = Tensor::cat(
@@ -97,13 +95,7 @@ impl JointAttention {
             ],
             1,
         );
-        let out = match sp {
-            Some(sp) => sp.attention(&q, &k, &v, mask),
-            None => {
-                let t = |x: &Tensor| x.transpose(1, 2);
-                attention(&t(&q), &t(&k), &t(&v), mask, false, None).transpose(1, 2)
-            }
-        };
+        let out = keys.attention(&q, &k, &v);
         let (b, n, h, d) = out.size4().expect("4-d attention output");
         let out = out.reshape([b, n, h * d]);
         let l = text.size()[1];
@@ -164,18 +156,16 @@ impl QwenImageTransformerBlock {
     }
 
     /// One block on image tokens (B, S, D) and text tokens (B, L, D). With `select` (zero_cond_t),
-    /// `temb` holds 2B rows: the sample's timestep, then timestep zero. With `sp`, the tokens,
-    /// `select` and `rope` are this rank's shares.
-    #[allow(clippy::too_many_arguments)]
+    /// `temb` holds 2B rows: the sample's timestep, then timestep zero. The tokens, `select` and
+    /// `rope` are this rank's shares when `keys` split them.
     pub fn forward(
         &self,
         image: &Tensor,
         text: &Tensor,
         temb: &Tensor,
-        mask: Option<&Tensor>,
         rope: &RotaryAngles,
         select: Option<&Tensor>,
-        sp: Option<&SequenceParallel>,
+        keys: &Keys<'_>,
     ) -> (Tensor, Tensor) {
         let img_params = self.img_mod.forward(&temb.silu()).chunk(2, -1);
         let text_temb = match select {
@@ -191,9 +181,8 @@ impl QwenImageTransformerBlock {
         let (img_attn, txt_attn) = self.attn.forward(
             &img1.apply(&layer_norm(image, EPS)),
             &txt1.apply(&layer_norm(text, EPS)),
-            mask,
             rope,
-            sp,
+            keys,
         );
         let image = image + &img1.gate * img_attn;
         let text = text + &txt1.gate * txt_attn;

@@ -16,11 +16,24 @@ use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, Mlp, RmsNorm, TIMESTEP_CHANNELS};
 use crate::packing;
-use crate::sequence::SequenceParallel;
+use crate::sequence::{Role, SequenceParallel, Stream};
 use crate::{rescaled_guidance, ModelError, TextConditioning};
 
 /// The rotary base of every axis.
 const ROPE_THETA: f64 = 10_000.0;
+
+/// What sequence parallelism splits: text (masked where the caller's mask is zero) then image
+/// tokens, the joint attention's order, with their rotary angles.
+const SEQUENCE: [Stream; 4] = [
+    Stream { name: "text", dim: 1, role: Role::MaskedKeys },
+    Stream { name: "image", dim: 1, role: Role::Keys },
+    Stream { name: "rope.text", dim: 0, role: Role::Follows },
+    Stream { name: "rope.image", dim: 0, role: Role::Follows },
+];
+
+/// The Edit models' `zero_cond_t` selector (B, S), split with the image tokens.
+const SELECT: Stream = Stream { name: "select", dim: 1, role: Role::Follows };
+
 /// `QwenTimestepProjEmbeddings` feeds `1000·t` to the sinusoid (the pipeline passes `t/1000`).
 const TIMESTEP_SCALE: f64 = 1000.0;
 
@@ -135,44 +148,26 @@ impl QwenImageTransformer {
         });
         let text = self.txt_in.forward(&self.txt_norm.forward(encoder_hidden_states));
         let l = text.size()[1];
-        let attention_mask = mask.map(|m| {
-            let keys = Tensor::cat(&[m.ne(0), Tensor::ones([b, s], (Kind::Bool, device))], 1);
-            keys.view([b, 1, 1, l + s])
-        });
         let features = timestep_features(&t, TIMESTEP_CHANNELS, TIMESTEP_SCALE).to_kind(kind);
         let temb = self.timestep_embedder.forward(&features);
-        let mut rope =
-            rotary_angles(&self.config.axes_dims_rope, ROPE_THETA, img_shapes, l, device);
-        let (mut image, mut text) = (image, text);
-        // Sequence parallel: this rank's image and text tokens from here to the output.
-        let sp = self.weights.sequence.get();
-        let mut attention_mask = attention_mask;
-        let mut select = select;
-        if let Some(sp) = sp {
-            let text_mask = mask.map(|m| m.ne(0));
-            attention_mask = sp.key_mask(&[(l, text_mask.as_ref()), (s, None)], device);
-            (image, text) = (sp.split(&image, 1), sp.split(&text, 1));
-            select = select.map(|t| sp.split(&t, 1));
-            rope = RotaryAngles { image: sp.split(&rope.image, 0), text: sp.split(&rope.text, 0) };
-        }
+        let rope = rotary_angles(&self.config.axes_dims_rope, ROPE_THETA, img_shapes, l, device);
+        // This rank's text and image tokens from here to the output (all without a group).
+        let streams = [text, image, rope.text, rope.image];
+        let (split, [mut text, mut image, rope_text, rope_image]) =
+            self.weights.split_sequence(&SEQUENCE, streams, mask);
+        let rope = RotaryAngles { image: rope_image, text: rope_text };
+        let select = select.map(|t| split.split(&SELECT, &t));
+        let keys = split.keys();
         for (i, block) in self.transformer_blocks.iter().enumerate() {
-            let (mask, rope) =
-                (attention_mask.as_ref().map(Tensor::shallow_clone), rope.shallow_clone());
+            let (keys, rope) = (keys.clone(), rope.shallow_clone());
             let select = select.as_ref().map(Tensor::shallow_clone);
             let out = self.weights.run_block(
                 "transformer_blocks",
                 i,
                 &[image, text, temb.shallow_clone()],
                 move |t| {
-                    let (image, text) = block.forward(
-                        &t[0],
-                        &t[1],
-                        &t[2],
-                        mask.as_ref(),
-                        &rope,
-                        select.as_ref(),
-                        sp,
-                    );
+                    let (image, text) =
+                        block.forward(&t[0], &t[1], &t[2], &rope, select.as_ref(), &keys);
                     vec![image, text]
                 },
             )?;
@@ -181,11 +176,7 @@ impl QwenImageTransformer {
         let temb = if select.is_some() { temb.chunk(2, 0)[0].shallow_clone() } else { temb };
         let mods = self.norm_out.forward(&temb.silu()).chunk(2, 1);
         let image = layer_norm(&image, 1e-6) * (mods[0].unsqueeze(1) + 1.0) + mods[1].unsqueeze(1);
-        let out = self.proj_out.forward(&image);
-        match sp {
-            Some(sp) => sp.gather(&out, s),
-            None => Ok(out),
-        }
+        split.gather(self.proj_out.forward(&image), s)
     }
 
     fn check_inputs(
@@ -308,9 +299,7 @@ impl TrainableDenoiser for QwenImageTransformer {
 
     /// Joint attention through Ulysses: text and image tokens are both split over the ranks.
     fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
-        group.check_heads("Qwen-Image", self.config.num_attention_heads)?;
-        let _ = self.weights.sequence.set(group);
-        Ok(())
+        self.weights.sequence_parallel("Qwen-Image", self.config.num_attention_heads, group)
     }
 
     fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {

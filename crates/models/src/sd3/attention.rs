@@ -3,8 +3,8 @@
 
 use tch::Tensor;
 
-use crate::nn::{attention, Linear, RmsNorm, Scope};
-use crate::sequence::Split;
+use crate::nn::{Linear, RmsNorm, Scope};
+use crate::sequence::Keys;
 
 /// q/k RMS-normalisation per head (SD3.5 `qk_norm: rms_norm`).
 pub struct QkNorm {
@@ -79,10 +79,10 @@ impl Attention {
         }
     }
 
-    /// Self-attention over `x` alone (this rank's share with `sp`).
-    pub fn forward(&self, x: &Tensor, sp: Split<'_>) -> Tensor {
+    /// Self-attention over `x` alone (this rank's share of the tokens `keys` split).
+    pub fn forward(&self, x: &Tensor, keys: &Keys<'_>) -> Tensor {
         let (q, k, v) = self.qkv(x);
-        let out = attend(&q, &k, &v, sp);
+        let out = attend(&q, &k, &v, keys);
         self.to_out.forward(&out)
     }
 
@@ -96,8 +96,14 @@ impl Attention {
     }
 
     /// Joint attention: image tokens `x` first, then context tokens `c` (this rank's shares of
-    /// both with `sp`). Returns the image output and (unless context-pre-only) the context output.
-    pub fn forward_joint(&self, x: &Tensor, c: &Tensor, sp: Split<'_>) -> (Tensor, Option<Tensor>) {
+    /// both when `keys` split them). Returns the image output and (unless context-pre-only) the
+    /// context output.
+    pub fn forward_joint(
+        &self,
+        x: &Tensor,
+        c: &Tensor,
+        keys: &Keys<'_>,
+    ) -> (Tensor, Option<Tensor>) {
         let added = self.added.as_ref().expect("joint attention has context projections");
         let (q, k, v) = self.qkv(x);
         let norm = added.norm.as_ref();
@@ -105,7 +111,7 @@ impl Attention {
         let ck = self.heads_of(c, &added.add_k_proj, norm.map(|n| &n.k));
         let cv = self.heads_of(c, &added.add_v_proj, None);
         let cat = |a: Tensor, b: Tensor| Tensor::cat(&[a, b], 2);
-        let out = attend(&cat(q, cq), &cat(k, ck), &cat(v, cv), sp);
+        let out = attend(&cat(q, cq), &cat(k, ck), &cat(v, cv), keys);
         let n = x.size()[1];
         let total = out.size()[1];
         let image = self.to_out.forward(&out.narrow(1, 0, n));
@@ -115,16 +121,11 @@ impl Attention {
     }
 }
 
-/// Scaled dot-product attention (fused kernels on GPU, with backward), through Ulysses with `sp`;
+/// Scaled dot-product attention (fused kernels on GPU, with backward) over `keys`;
 /// (B, H, N, d) → (B, N, H·d).
-fn attend(q: &Tensor, k: &Tensor, v: &Tensor, sp: Split<'_>) -> Tensor {
-    let out = match sp {
-        Some((sp, mask)) => {
-            let t = |x: &Tensor| x.transpose(1, 2);
-            sp.attention(&t(q), &t(k), &t(v), mask)
-        }
-        None => attention(q, k, v, None, false, None).transpose(1, 2),
-    };
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor, keys: &Keys<'_>) -> Tensor {
+    let t = |x: &Tensor| x.transpose(1, 2);
+    let out = keys.attention(&t(q), &t(k), &t(v));
     let (b, n, h, d) = out.size4().expect("4-d attention output");
     out.reshape([b, n, h * d])
 }

@@ -5,7 +5,7 @@ use tch::Tensor;
 
 use super::attention::Attention;
 use crate::nn::{layer_norm, FeedForward, Linear, Scope};
-use crate::sequence::{SequenceParallel, Split};
+use crate::sequence::Keys;
 
 const NORM_EPS: f64 = 1e-6;
 
@@ -64,17 +64,16 @@ impl JointTransformerBlock {
         }
     }
 
-    /// One block: returns the new image tokens and (unless last) the new context tokens. With
-    /// `sp` (group, joint key mask, image key mask) the tokens are this rank's shares.
+    /// One block: returns the new image tokens and (unless last) the new context tokens. `joint`
+    /// and `image` are the keys of the joint and the image-only attention (the tokens are this
+    /// rank's shares when they split them).
     pub fn forward(
         &self,
         x: &Tensor,
         c: &Tensor,
         temb: &Tensor,
-        sp: Option<(&SequenceParallel, Option<&Tensor>, Option<&Tensor>)>,
+        (joint, image): (&Keys<'_>, &Keys<'_>),
     ) -> (Tensor, Option<Tensor>) {
-        let joint: Split<'_> = sp.map(|(sp, joint, _)| (sp, joint));
-        let image: Split<'_> = sp.map(|(sp, _, image)| (sp, image));
         let m = ada_chunks(&self.norm1, temb, if self.attn2.is_some() { 9 } else { 6 });
         let normed = layer_norm(x, NORM_EPS);
         let x_in = modulate(&normed, &m[0], &m[1]);

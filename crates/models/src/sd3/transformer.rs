@@ -13,11 +13,17 @@ use crate::denoiser::{
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, Linear};
-use crate::sequence::SequenceParallel;
+use crate::sequence::{Role, SequenceParallel, Stream};
 use crate::{ModelError, TextConditioning};
 
 /// The position table's checkpoint name.
 const POSITION_TABLE: &str = "pos_embed.pos_embed";
+
+/// What sequence parallelism splits: image then context tokens, the joint attention's order.
+const SEQUENCE: [Stream; 2] = [
+    Stream { name: "image", dim: 1, role: Role::Keys },
+    Stream { name: "context", dim: 1, role: Role::Keys },
+];
 
 /// The SD3 / SD3.5 denoiser, predicting the flow-matching velocity.
 pub struct Sd3Transformer {
@@ -120,31 +126,23 @@ impl Sd3Transformer {
         self.check_inputs(hidden_states, encoder_hidden_states, pooled, timestep)?;
         let c = &self.config;
         let (b, _, h, w) = hidden_states.size4()?;
-        let mut x = self.pos_embed.forward(hidden_states);
+        let x = self.pos_embed.forward(hidden_states);
         let temb = self.time_text_embed.forward(timestep, pooled);
-        let mut context = self.context_embedder.forward(encoder_hidden_states);
-        // Sequence parallel: this rank's image and context tokens from here to the output.
-        let (tokens, text) = (x.size()[1], context.size()[1]);
-        let sp = self.weights.sequence.get();
-        let mut masks = (None, None);
-        if let Some(sp) = sp {
-            let device = x.device();
-            let joint = sp.key_mask(&[(tokens, None), (text, None)], device);
-            masks = (joint, sp.key_mask(&[(tokens, None)], device));
-            (x, context) = (sp.split(&x, 1), sp.split(&context, 1));
-        }
+        let context = self.context_embedder.forward(encoder_hidden_states);
+        // This rank's image and context tokens from here to the output (all without a group).
+        let tokens = x.size()[1];
+        let (split, [mut x, context]) = self.weights.split_sequence(&SEQUENCE, [x, context], None);
+        let (joint, image) = (split.keys(), split.keys_of("image"));
         let mut context = Some(context);
         for (i, block) in self.transformer_blocks.iter().enumerate() {
             let ctx = context.expect("only the last block ends the context stream");
             let inputs = [x, ctx, temb.shallow_clone()];
             // Owned by the block's closure: a checkpointed block reruns it in backward.
-            let clone = |m: &Option<Tensor>| m.as_ref().map(Tensor::shallow_clone);
-            let (joint, image) = (clone(&masks.0), clone(&masks.1));
+            let (joint, image) = (joint.clone(), image.clone());
             let mut out = self
                 .weights
                 .run_block("transformer_blocks", i, &inputs, move |t| {
-                    let sp = sp.map(|sp| (sp, joint.as_ref(), image.as_ref()));
-                    let (x, c) = block.forward(&t[0], &t[1], &t[2], sp);
+                    let (x, c) = block.forward(&t[0], &t[1], &t[2], (&joint, &image));
                     std::iter::once(x).chain(c).collect()
                 })?
                 .into_iter();
@@ -154,10 +152,7 @@ impl Sd3Transformer {
         // AdaLayerNormContinuous: (scale, shift).
         let mods = self.norm_out.forward(&temb.silu()).chunk(2, 1);
         let x = layer_norm(&x, 1e-6) * (mods[0].unsqueeze(1) + 1.0) + mods[1].unsqueeze(1);
-        let mut x = self.proj_out.forward(&x);
-        if let Some(sp) = sp {
-            x = sp.gather(&x, tokens)?;
-        }
+        let x = split.gather(self.proj_out.forward(&x), tokens)?;
         let (p, oc) = (c.patch_size, c.out_channels());
         let (gh, gw) = (h / p, w / p);
         Ok(x.reshape([b, gh, gw, p, p, oc]).permute([0, 5, 1, 3, 2, 4]).reshape([b, oc, h, w]))
@@ -241,9 +236,7 @@ impl TrainableDenoiser for Sd3Transformer {
     /// Joint (and SD3.5-M's image-only) attention through Ulysses: image and text tokens are
     /// both split over the ranks.
     fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
-        group.check_heads("SD3", self.config.num_attention_heads)?;
-        let _ = self.weights.sequence.set(group);
-        Ok(())
+        self.weights.sequence_parallel("SD3", self.config.num_attention_heads, group)
     }
 
     fn buffers(&self) -> &'static [&'static str] {

@@ -6,8 +6,8 @@
 use tch::{Kind, Tensor};
 
 use super::rope::rotate;
-use crate::nn::{attention, layer_norm, FeedForward, LayerNorm, Linear, RmsNorm, Scope};
-use crate::sequence::SequenceParallel;
+use crate::nn::{layer_norm, FeedForward, LayerNorm, Linear, RmsNorm, Scope};
+use crate::sequence::Keys;
 
 /// `WanAttention` without the image branch: biased projections, `norm_q` / `norm_k` over the
 /// full width (all heads at once).
@@ -34,15 +34,15 @@ impl WanAttention {
         }
     }
 
-    /// Attention of `x` (B, S, D) to `context` (B, L, D) (itself when `None`), with rotary
-    /// positions (cos, sin) on queries and keys for self-attention. With `sp` (self-attention
-    /// only), `x` is this rank's share of the sequence, with that key mask.
+    /// Attention of `x` (B, S, D) to `context` (B, L, D) (itself when `None`) over `keys`, with
+    /// rotary positions (cos, sin) on queries and keys for self-attention. `x` is this rank's
+    /// share of the sequence when `keys` split it (self-attention only).
     fn forward(
         &self,
         x: &Tensor,
         context: Option<&Tensor>,
         rope: Option<(&Tensor, &Tensor)>,
-        sp: Option<(&SequenceParallel, Option<&Tensor>)>,
+        keys: &Keys<'_>,
     ) -> Tensor {
         let context = context.unwrap_or(x);
         let (b, s) = (x.size()[0], x.size()[1]);
@@ -57,13 +57,7 @@ impl WanAttention {
             q = rotate(&q, cos, sin);
             k = rotate(&k, cos, sin);
         }
-        let out = match sp {
-            Some((sp, mask)) => sp.attention(&q, &k, &v, mask),
-            None => {
-                let t = |x: &Tensor| x.transpose(1, 2);
-                attention(&t(&q), &t(&k), &t(&v), None, false, None).transpose(1, 2)
-            }
-        };
+        let out = keys.attention(&q, &k, &v);
         self.to_out.forward(&out.reshape([b, s, -1]))
     }
 }
@@ -102,16 +96,16 @@ impl WanBlock {
     }
 
     /// `x` (B, S, D); `modulation` (B, S or 1, 6, D) the timestep projection (f32), one row per
-    /// token for per-token timesteps; `text` (B, L, D); `rope` the rotary (cos, sin). With `sp`,
-    /// `x`, per-token modulations and `rope` are this rank's share of the tokens, with that key
-    /// mask.
+    /// token for per-token timesteps; `text` (B, L, D); `rope` the rotary (cos, sin); `keys`
+    /// self-attention's. `x`, per-token modulations and `rope` are this rank's share of the
+    /// tokens when `keys` split them.
     pub fn forward(
         &self,
         x: &Tensor,
         modulation: &Tensor,
         text: &Tensor,
         rope: (&Tensor, &Tensor),
-        sp: Option<(&SequenceParallel, Option<&Tensor>)>,
+        keys: &Keys<'_>,
     ) -> Tensor {
         let kind = x.kind();
         let table = self.scale_shift_table.to_kind(Kind::Float).unsqueeze(0);
@@ -121,7 +115,7 @@ impl WanBlock {
             (&m[0], &m[1], &m[2], &m[3], &m[4], &m[5]);
         let xf = x.to_kind(Kind::Float);
         let normed = (layer_norm(&xf, self.eps) * (scale + 1.0) + shift).to_kind(kind);
-        let attn = self.attn1.forward(&normed, None, Some(rope), sp);
+        let attn = self.attn1.forward(&normed, None, Some(rope), keys);
         let x = (xf + attn * gate).to_kind(kind);
         let normed = match &self.norm2 {
             Some(norm) => {
@@ -133,7 +127,7 @@ impl WanBlock {
             }
             None => x.shallow_clone(),
         };
-        let x = &x + self.attn2.forward(&normed, Some(text), None, None);
+        let x = &x + self.attn2.forward(&normed, Some(text), None, &Keys::default());
         let xf = x.to_kind(Kind::Float);
         let normed = (layer_norm(&xf, self.eps) * (c_scale + 1.0) + c_shift).to_kind(kind);
         let ff = self.ffn.forward(&normed);

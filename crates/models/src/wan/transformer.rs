@@ -17,8 +17,19 @@ use crate::denoiser::{
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{gelu_tanh, layer_norm, timestep_features, Linear, Mlp, Scope};
-use crate::sequence::SequenceParallel;
+use crate::sequence::{Role, SequenceParallel, Stream};
 use crate::{generated_frames, hold_frames, ModelError, TextConditioning};
+
+/// What sequence parallelism splits: the video tokens (self-attention's keys; cross-attention
+/// stays local) with their rotary cos and sin.
+const SEQUENCE: [Stream; 3] = [
+    Stream { name: "video", dim: 1, role: Role::Keys },
+    Stream { name: "cos", dim: 0, role: Role::Follows },
+    Stream { name: "sin", dim: 0, role: Role::Follows },
+];
+
+/// Per-token timesteps' embeddings and modulations (B, S, …), split with the video tokens.
+const PER_TOKEN: Stream = Stream { name: "per-token timesteps", dim: 1, role: Role::Follows };
 
 /// `condition_embedder`: sinusoidal timestep features → `time_embedder` (SiLU MLP) →
 /// `time_proj` (six modulations per block); `text_embedder` (GELU-tanh MLP) on the text states.
@@ -129,16 +140,14 @@ impl WanTransformer {
         let b = latents.size()[0];
         let [pt, ph, pw] = c.patch();
         let [f, h, w] = grid;
-        let (mut cos, mut sin) = rotations(c.rope_dims(), grid, latents.device());
+        let (cos, sin) = rotations(c.rope_dims(), grid, latents.device());
         let x = latents.to_kind(kind).conv3d(weight, Some(bias), [pt, ph, pw], [0; 3], [1; 3], 1);
-        let mut x = x.flatten(2, -1).transpose(1, 2).contiguous();
-        // Sequence parallel: this rank's tokens from here to the output projection.
+        let x = x.flatten(2, -1).transpose(1, 2).contiguous();
+        // This rank's tokens from here to the output projection (all without a group).
         let tokens = x.size()[1];
-        let sp = self.weights.sequence.get();
-        let key_mask = sp.and_then(|sp| sp.key_mask(&[(tokens, None)], x.device()));
-        if let Some(sp) = sp {
-            (x, cos, sin) = (sp.split(&x, 1), sp.split(&cos, 0), sp.split(&sin, 0));
-        }
+        let (split, [mut x, cos, sin]) =
+            self.weights.split_sequence(&SEQUENCE, [x, cos, sin], None);
+        let keys = split.keys();
 
         // Per-sample timesteps become one row of modulations shared by every token.
         let per_token = timestep.dim() == 2;
@@ -149,19 +158,18 @@ impl WanTransformer {
         let mut temb = e.time_embedder.forward(&features).view([b, rows, -1]);
         let mut modulation =
             e.time_proj.forward(&temb.silu()).view([b, rows, 6, -1]).to_kind(Kind::Float);
-        if let Some(sp) = sp.filter(|_| per_token) {
-            (temb, modulation) = (sp.split(&temb, 1), sp.split(&modulation, 1));
+        if per_token {
+            (temb, modulation) =
+                (split.split(&PER_TOKEN, &temb), split.split(&PER_TOKEN, &modulation));
         }
         let (l1, l2) = &e.text_embedder;
         let text = l2.forward(&gelu_tanh(&l1.forward(&text.to_kind(kind))));
 
         for (i, block) in self.blocks.iter().enumerate() {
-            let (cos, sin) = (cos.shallow_clone(), sin.shallow_clone());
-            let key_mask = key_mask.as_ref().map(Tensor::shallow_clone);
+            let (cos, sin, keys) = (cos.shallow_clone(), sin.shallow_clone(), keys.clone());
             let inputs = [x, modulation.shallow_clone(), text.shallow_clone()];
             let out = self.weights.run_block("blocks", i, &inputs, move |t| {
-                let sp = sp.map(|sp| (sp, key_mask.as_ref()));
-                vec![block.forward(&t[0], &t[1], &t[2], (&cos, &sin), sp)]
+                vec![block.forward(&t[0], &t[1], &t[2], (&cos, &sin), &keys)]
             })?;
             [x] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
@@ -170,10 +178,7 @@ impl WanTransformer {
         let (shift, scale) = (out[0].squeeze_dim(2), out[1].squeeze_dim(2));
         let normed =
             (layer_norm(&x.to_kind(Kind::Float), c.eps) * (scale + 1.0) + shift).to_kind(kind);
-        let mut patches = self.proj_out.forward(&normed);
-        if let Some(sp) = sp {
-            patches = sp.gather(&patches, tokens)?;
-        }
+        let patches = split.gather(self.proj_out.forward(&normed), tokens)?;
         Ok(patches
             .reshape([b, f, h, w, pt, ph, pw, -1])
             .permute([0, 7, 1, 4, 2, 5, 3, 6])
@@ -289,9 +294,7 @@ impl TrainableDenoiser for WanTransformer {
 
     /// Self-attention through Ulysses; cross-attention stays local (the text is on every rank).
     fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
-        group.check_heads("Wan", self.config.num_attention_heads)?;
-        let _ = self.weights.sequence.set(group);
-        Ok(())
+        self.weights.sequence_parallel("Wan", self.config.num_attention_heads, group)
     }
 
     /// Latents of `frames` (at least the temporal patch) × `height` × `width` cells.

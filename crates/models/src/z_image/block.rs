@@ -5,8 +5,8 @@
 use tch::Tensor;
 
 use super::rope::rotate;
-use crate::nn::{attention, Linear, RmsNorm, Scope};
-use crate::sequence::SequenceParallel;
+use crate::nn::{Linear, RmsNorm, Scope};
+use crate::sequence::Keys;
 
 /// The diffusers `Attention` of a block: bias-free projections, `norm_q` / `norm_k` per head.
 pub struct SelfAttention {
@@ -38,15 +38,8 @@ impl SelfAttention {
         }
     }
 
-    /// Attention over `x` (B, S, D); `mask` (B, 1, 1, S) is true where a key may be attended to.
-    /// With `sp`, `x` is this rank's share and `mask` the group's key mask.
-    fn forward(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rotations: &Tensor,
-        sp: Option<&SequenceParallel>,
-    ) -> Tensor {
+    /// Attention over `x` (B, S, D) and its `keys` (this rank's share when they split it).
+    fn forward(&self, x: &Tensor, rotations: &Tensor, keys: &Keys<'_>) -> Tensor {
         let (b, s) = (x.size()[0], x.size()[1]);
         let heads = |proj: &Linear, norm: Option<&RmsNorm>| {
             let t = proj.forward(x).view([b, s, self.heads, -1]);
@@ -56,13 +49,7 @@ impl SelfAttention {
         let q = heads(&self.to_q, self.norm_q.as_ref());
         let k = heads(&self.to_k, self.norm_k.as_ref());
         let v = self.to_v.forward(x).view([b, s, self.heads, -1]);
-        let out = match sp {
-            Some(sp) => sp.attention(&q, &k, &v, mask),
-            None => {
-                let t = |x: &Tensor| x.transpose(1, 2);
-                attention(&t(&q), &t(&k), &t(&v), mask, false, None).transpose(1, 2)
-            }
-        };
+        let out = keys.attention(&q, &k, &v);
         self.to_out.forward(&out.reshape([b, s, -1]))
     }
 }
@@ -125,15 +112,14 @@ impl ZImageBlock {
         }
     }
 
-    /// One block on `x` (B, S, D); `adaln` (B, adaln_dim) drives a modulated block. With `sp`,
-    /// `x` and `rotations` are this rank's shares and `mask` the group's key mask.
+    /// One block on `x` (B, S, D) attending over `keys`; `adaln` (B, adaln_dim) drives a
+    /// modulated block. `x` and `rotations` are this rank's shares when `keys` split them.
     pub fn forward(
         &self,
         x: &Tensor,
-        mask: Option<&Tensor>,
         rotations: &Tensor,
         adaln: Option<&Tensor>,
-        sp: Option<&SequenceParallel>,
+        keys: &Keys<'_>,
     ) -> Tensor {
         let modulation = self
             .adaln_modulation
@@ -148,12 +134,8 @@ impl ZImageBlock {
             Some(m) => m[i].tanh() * h,
             None => h,
         };
-        let attn = self.attention.forward(
-            &scaled(self.attention_norm1.forward(x), 0),
-            mask,
-            rotations,
-            sp,
-        );
+        let attn =
+            self.attention.forward(&scaled(self.attention_norm1.forward(x), 0), rotations, keys);
         let x = x + gated(self.attention_norm2.forward(&attn), 1);
         let ffn = self.feed_forward.forward(&scaled(self.ffn_norm1.forward(&x), 2));
         &x + gated(self.ffn_norm2.forward(&ffn), 3)

@@ -17,13 +17,22 @@ use crate::denoiser::{
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, RmsNorm, Scope, TIMESTEP_CHANNELS};
-use crate::sequence::SequenceParallel;
+use crate::sequence::{Role, SequenceParallel, Stream};
 use crate::{ModelError, TextConditioning};
 
 /// Image and caption token runs are padded to a multiple of this.
 pub const SEQ_MULTI_OF: i64 = 32;
 /// Hidden width of the timestep embedder's MLP.
 const TIMESTEP_MID: i64 = 1024;
+
+/// What sequence parallelism splits: image then caption tokens (the unified stream's order; the
+/// captions' padding masked), with their rotary positions.
+const SEQUENCE: [Stream; 4] = [
+    Stream { name: "image", dim: 1, role: Role::Keys },
+    Stream { name: "text", dim: 1, role: Role::MaskedKeys },
+    Stream { name: "image_rot", dim: 1, role: Role::Follows },
+    Stream { name: "text_rot", dim: 1, role: Role::Follows },
+];
 
 /// `all_final_layer.{p}-{f}`: LayerNorm scaled by `1 + adaLN_modulation.1(silu(t))`, projection.
 pub struct FinalLayer {
@@ -173,74 +182,56 @@ impl ZImageTransformer {
             x.to_kind(kind).view([b, c.in_channels, rows, p, cols, p]).permute([0, 2, 4, 3, 5, 1]);
         let image = self.x_embedder.forward(&patches.reshape([b, n, -1]));
         let pads = self.x_pad_token.to_kind(kind).expand([b, image_len - n, dim], false);
-        let mut image = Tensor::cat(&[image, pads], 1);
+        let image = Tensor::cat(&[image, pads], 1);
 
         let caption_lens: Vec<i64> = captions.iter().map(|t| padded(t.size()[0])).collect();
         let longest = *caption_lens.iter().max().expect("at least one row");
         self.check_positions(longest, rows, cols)?;
-        let mut text = self.embed_captions(captions, &caption_lens, longest);
+        let text = self.embed_captions(captions, &caption_lens, longest);
 
-        let (mut image_rot, mut text_rot) =
-            self.positions(&caption_lens, longest, rows, cols, device);
+        let (image_rot, text_rot) = self.positions(&caption_lens, longest, rows, cols, device);
         let text_keys = (caption_lens.iter().any(|&l| l != longest)).then(|| {
             let lens = Tensor::from_slice(&caption_lens).to_device(device).view([b, 1]);
             Tensor::arange(longest, (Kind::Int64, device)).view([1, longest]).lt_tensor(&lens)
         });
-        let mut image_mask = None;
-        let mut text_mask = text_keys.as_ref().map(|k| k.view([b, 1, 1, longest]));
-        let mut mask = text_keys.as_ref().map(|k| {
-            let image_keys = Tensor::ones([b, image_len], (Kind::Bool, device));
-            Tensor::cat(&[image_keys, k.shallow_clone()], 1).view([b, 1, 1, image_len + longest])
-        });
-        // Sequence parallel: this rank's image and caption tokens from here to the output.
-        let sp = self.weights.sequence.get();
-        if let Some(sp) = sp {
-            let keys = text_keys.as_ref();
-            image_mask = sp.key_mask(&[(image_len, None)], device);
-            text_mask = sp.key_mask(&[(longest, keys)], device);
-            mask = sp.key_mask(&[(image_len, None), (longest, keys)], device);
-            (image, text) = (sp.split(&image, 1), sp.split(&text, 1));
-            (image_rot, text_rot) = (sp.split(&image_rot, 1), sp.split(&text_rot, 1));
-        }
+        // This rank's image and caption tokens from here to the output (all without a group).
+        let streams = [image, text, image_rot, text_rot];
+        let (split, [mut image, mut text, image_rot, text_rot]) =
+            self.weights.split_sequence(&SEQUENCE, streams, text_keys.as_ref());
+        let (image_keys, caption_keys) = (split.keys_of("image"), split.keys_of("text"));
         for (i, block) in self.noise_refiner.iter().enumerate() {
-            let (mask, rot) =
-                (image_mask.as_ref().map(Tensor::shallow_clone), image_rot.shallow_clone());
+            let (keys, rot) = (image_keys.clone(), image_rot.shallow_clone());
             let out = self.weights.run_block(
                 "noise_refiner",
                 i,
                 &[image, adaln.shallow_clone()],
-                move |t| vec![block.forward(&t[0], mask.as_ref(), &rot, Some(&t[1]), sp)],
+                move |t| vec![block.forward(&t[0], &rot, Some(&t[1]), &keys)],
             )?;
             [image] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
         for (i, block) in self.context_refiner.iter().enumerate() {
-            let (mask, rot) =
-                (text_mask.as_ref().map(Tensor::shallow_clone), text_rot.shallow_clone());
+            let (keys, rot) = (caption_keys.clone(), text_rot.shallow_clone());
             let out = self.weights.run_block("context_refiner", i, &[text], move |t| {
-                vec![block.forward(&t[0], mask.as_ref(), &rot, None, sp)]
+                vec![block.forward(&t[0], &rot, None, &keys)]
             })?;
             [text] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
 
-        let local = image.size()[1];
         let mut unified = Tensor::cat(&[image, text], 1);
         let rot = Tensor::cat(&[image_rot, text_rot], 1);
+        let keys = split.keys();
         for (i, block) in self.layers.iter().enumerate() {
-            let (mask, rot) = (mask.as_ref().map(Tensor::shallow_clone), rot.shallow_clone());
+            let (keys, rot) = (keys.clone(), rot.shallow_clone());
             let out = self.weights.run_block(
                 "layers",
                 i,
                 &[unified, adaln.shallow_clone()],
-                move |t| vec![block.forward(&t[0], mask.as_ref(), &rot, Some(&t[1]), sp)],
+                move |t| vec![block.forward(&t[0], &rot, Some(&t[1]), &keys)],
             )?;
             [unified] = <[Tensor; 1]>::try_from(out).expect("a block returns 1 stream");
         }
-        let out = match sp {
-            Some(sp) => {
-                sp.gather(&self.final_layer.forward(&unified.narrow(1, 0, local), &adaln), n)?
-            }
-            None => self.final_layer.forward(&unified.narrow(1, 0, n), &adaln),
-        };
+        let image = unified.narrow(1, 0, split.output_tokens("image", n));
+        let out = split.gather(self.final_layer.forward(&image, &adaln), n)?;
         Ok(out.view([b, rows, cols, p, p, c.in_channels]).permute([0, 5, 1, 3, 2, 4]).reshape([
             b,
             c.in_channels,
@@ -405,9 +396,7 @@ impl TrainableDenoiser for ZImageTransformer {
     /// Every attention (noise and context refiners, the unified stack) through Ulysses: image and
     /// caption tokens are both split over the ranks.
     fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
-        group.check_heads("Z-Image", self.config.n_heads)?;
-        let _ = self.weights.sequence.set(group);
-        Ok(())
+        self.weights.sequence_parallel("Z-Image", self.config.n_heads, group)
     }
 
     weights_and_frozen_copy!();
