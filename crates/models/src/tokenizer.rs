@@ -288,7 +288,6 @@ pub mod tiny {
     use tokenizers::models::unigram::Unigram;
     use tokenizers::models::wordlevel::WordLevel;
     use tokenizers::normalizers::Lowercase;
-    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
     use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
     use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
     use tokenizers::pre_tokenizers::whitespace::{Whitespace, WhitespaceSplit};
@@ -299,20 +298,6 @@ pub mod tiny {
 
     fn build_err(e: impl std::fmt::Display) -> ModelError {
         ModelError::Input(format!("building a tokenizer: {e}"))
-    }
-
-    /// A CLIP byte-level BPE tokenizer with no merges: every byte, alone or word-final (`</w>`),
-    /// then `<|startoftext|>` and `<|endoftext|>`. Returns it and its vocabulary size.
-    pub fn clip() -> Result<(Tokenizer, usize), ModelError> {
-        let mut chars: Vec<char> = ByteLevel::alphabet().into_iter().collect();
-        chars.sort_unstable();
-        let words =
-            chars.iter().map(char::to_string).chain(chars.iter().map(|c| format!("{c}</w>")));
-        let words = words.chain(["<|startoftext|>".to_string(), "<|endoftext|>".to_string()]);
-        let vocab: tokenizers::models::bpe::Vocab =
-            words.enumerate().map(|(i, w)| (w, i as u32)).collect();
-        let size = vocab.len();
-        Ok((crate::clip::tokenizer::clip_bpe(vocab, vec![])?, size))
     }
 
     /// A CLIP-style word-level tokenizer: lower-cased words split at whitespace and punctuation,

@@ -30,7 +30,7 @@ pub struct RewardFunction {
     pub url: Option<String>,
     /// `http`, `vlm_judge`: the settings of the client (`vlm_judge` sends one image per request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http: Option<HttpSettings>,
+    pub http: Option<crate::HttpSettings>,
     /// `shapes_geneval`: score the fraction of checks passed instead of 1 / 0.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schemars(extend("default" = false))]
@@ -71,42 +71,6 @@ impl RewardFunction {
             ocr: None,
             clip: None,
             frame_interval: 1,
-        }
-    }
-}
-
-/// How the HTTP reward client talks to a scorer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(default, deny_unknown_fields)]
-pub struct HttpSettings {
-    /// Seconds one request may take.
-    pub timeout_s: f64,
-    /// Retries after a failed request (connection error, timeout, HTTP error), with doubling
-    /// backoff; a TLS failure is not retried.
-    pub max_retries: u32,
-    /// Seconds before the first retry.
-    pub backoff_s: f64,
-    /// Samples per request.
-    pub batch_size: usize,
-    /// Requests in flight at once.
-    pub max_concurrency: usize,
-    /// `https://`: a PEM file of CA certificates to trust besides the bundled and system roots,
-    /// `$SSL_CERT_FILE` and `$REQUESTS_CA_BUNDLE`; a certificate listed in any of them is also
-    /// accepted as the server's own when it is a CA (`openssl req -x509`). A relative path is
-    /// taken from the recipe file's folder, as every input path of a recipe is.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<std::path::PathBuf>,
-}
-
-impl Default for HttpSettings {
-    fn default() -> Self {
-        Self {
-            timeout_s: 60.0,
-            max_retries: 2,
-            backoff_s: 0.5,
-            batch_size: 16,
-            max_concurrency: 4,
-            ca_file: None,
         }
     }
 }

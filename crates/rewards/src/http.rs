@@ -12,10 +12,47 @@ use std::io::Cursor;
 use std::time::Duration;
 
 use base64::Engine as _;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::endpoint::{check_url, tls_config, tls_failure};
-use crate::{HttpSettings, Reward, RewardError, Sample, Score};
+use crate::{Reward, RewardError, Sample, Score};
+
+/// How the HTTP reward client talks to a scorer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Seconds one request may take.
+    pub timeout_s: f64,
+    /// Retries after a failed request (connection error, timeout, HTTP error), with doubling
+    /// backoff; a TLS failure is not retried.
+    pub max_retries: u32,
+    /// Seconds before the first retry.
+    pub backoff_s: f64,
+    /// Samples per request.
+    pub batch_size: usize,
+    /// Requests in flight at once.
+    pub max_concurrency: usize,
+    /// `https://`: a PEM file of CA certificates to trust besides the bundled and system roots,
+    /// `$SSL_CERT_FILE` and `$REQUESTS_CA_BUNDLE`; a certificate listed in any of them is also
+    /// accepted as the server's own when it is a CA (`openssl req -x509`). A relative path is
+    /// taken from the recipe file's folder, as every input path of a recipe is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            timeout_s: 60.0,
+            max_retries: 2,
+            backoff_s: 0.5,
+            batch_size: 16,
+            max_concurrency: 4,
+            ca_file: None,
+        }
+    }
+}
 
 /// A scorer reached over HTTP.
 pub struct HttpReward {

@@ -23,9 +23,9 @@ pub use brightness::{mean_luma, Brightness};
 pub use clip::{
     clip_score, cosine, pickscore, ClipKind, ClipReward, ClipSettings, PICKSCORE_DIVISOR,
 };
-pub use config::{HttpSettings, OnError, RewardConfig, RewardFunction};
+pub use config::{OnError, RewardConfig, RewardFunction};
 pub use frames::{frame, PerFrame};
-pub use http::HttpReward;
+pub use http::{HttpReward, HttpSettings};
 pub use jpeg::JpegSize;
 pub use ocr::{Line, OcrReward, OcrSettings, Reader};
 pub use ocr_score::ocr_score;

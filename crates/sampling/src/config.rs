@@ -3,7 +3,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::step::{SdeType, StepParams};
-use crate::window::WindowStrategy;
 use crate::SamplingError;
 
 /// Sampler settings; defaults are the public Flow-GRPO SD3.5-M recipe.
@@ -106,4 +105,18 @@ impl SamplerConfig {
             sigma_1,
         }
     }
+}
+
+/// How a window's start is drawn.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowStrategy {
+    /// Uniform start; per sample from its own RNG, or, with `sde_window_seed`, one start per
+    /// training step shared by the whole batch (MixGRPO).
+    #[default]
+    Random,
+    /// MixGRPO's sliding window: `start = min(lo + ⌊step / iters_per_group⌋·W, hi − W)`.
+    Progressive,
 }

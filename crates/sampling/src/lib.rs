@@ -9,13 +9,12 @@ pub mod schedule;
 pub mod step;
 pub mod window;
 
-pub use config::SamplerConfig;
+pub use config::{SamplerConfig, WindowStrategy};
 pub use noise::{row_seed, SampleNoise, SampleRng};
 pub use schedule::{DeviceGrid, GridRequest, Pipeline, SchedulerConfig, SigmaGrid, TimeShiftType};
 pub use step::{
     euler_step, per_row, reverse_step, reverse_step_over, Draw, SdeType, StepOutput, StepParams,
 };
-pub use window::WindowStrategy;
 
 /// Errors of the sampling math: bad settings, off-grid timesteps, unreadable scheduler configs.
 #[derive(Debug, thiserror::Error)]

@@ -5,24 +5,9 @@ use std::ops::Range;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
 
 use crate::noise::SampleRng;
-use crate::{SamplerConfig, SamplingError};
-
-/// How a window's start is drawn.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum WindowStrategy {
-    /// Uniform start; per sample from its own RNG, or, with `sde_window_seed`, one start per
-    /// training step shared by the whole batch (MixGRPO).
-    #[default]
-    Random,
-    /// MixGRPO's sliding window: `start = min(lo + ⌊step / iters_per_group⌋·W, hi − W)`.
-    Progressive,
-}
+use crate::{SamplerConfig, SamplingError, WindowStrategy};
 
 impl SamplerConfig {
     /// Checks the window against a rollout of `steps` denoising steps; returns `[lo, hi)`.

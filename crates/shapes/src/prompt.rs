@@ -23,7 +23,7 @@ pub struct ParseError {
 }
 
 /// The canonical prompt of requirements of `category`'s form.
-pub(crate) fn text(category: Category, requirements: &[Requirement]) -> String {
+fn text(category: Category, requirements: &[Requirement]) -> String {
     let phrase = |r: &Requirement| match r.color {
         Some(color) => format!("a {color} {}", r.shape),
         None => format!("a {}", r.shape),
@@ -52,6 +52,11 @@ impl Task {
             .ok_or_else(|| fail("it does not start with \"a photo of\"".into()))?;
         let (category, requirements) = parse_body(body).map_err(fail)?;
         Ok(Task::build(category, requirements))
+    }
+
+    /// The task with its canonical prompt; `requirements` must have `category`'s form.
+    pub(crate) fn build(category: Category, requirements: Vec<Requirement>) -> Task {
+        Task { prompt: text(category, &requirements), category, requirements }
     }
 }
 

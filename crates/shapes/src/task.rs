@@ -7,7 +7,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::prompt::text;
 use crate::Color;
 
 /// A shape. Squares are axis-aligned; triangles are isosceles, point up, as wide as tall.
@@ -241,11 +240,6 @@ impl Task {
             }
         }
         Task::build(self.category, r)
-    }
-
-    /// The task with its canonical prompt; `requirements` must have `category`'s form.
-    pub(crate) fn build(category: Category, requirements: Vec<Requirement>) -> Task {
-        Task { prompt: text(category, &requirements), category, requirements }
     }
 }
 

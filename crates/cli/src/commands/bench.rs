@@ -4,7 +4,6 @@
 //! `bench reward`, `bench load` and `bench step`.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use flowtune_models::lora::LoraConfig;
@@ -12,6 +11,7 @@ use flowtune_models::{Dtype, Dtypes, ExampleShape, PipelineOptions, RandomWeight
 use flowtune_rollout::Engine;
 use tch::{Device, Kind};
 
+use super::bench_common::{parse_dtype, time};
 use crate::device::DeviceArg;
 use crate::Failure;
 
@@ -140,32 +140,6 @@ pub struct TransformerArgs {
     /// Seeded random weights: the component's `config.json` is enough.
     #[arg(long)]
     random_weights: bool,
-}
-
-pub(crate) fn parse_dtype(text: &str) -> Result<Dtype, String> {
-    serde_json::from_value(serde_json::Value::String(text.into()))
-        .map_err(|_| format!("{text}: expected f32, bf16 or f16"))
-}
-
-/// Seconds per call of `f` over `iters` calls after one warm-up call.
-pub(crate) fn time(
-    iters: usize,
-    device: Device,
-    mut f: impl FnMut() -> Result<(), Failure>,
-) -> Result<f64, Failure> {
-    f()?;
-    let sync = || {
-        if let Device::Cuda(i) = device {
-            tch::Cuda::synchronize(i as i64);
-        }
-    };
-    sync();
-    let start = Instant::now();
-    for _ in 0..iters {
-        f()?;
-    }
-    sync();
-    Ok(start.elapsed().as_secs_f64() / iters as f64)
 }
 
 pub fn run(command: BenchCommand, device: &DeviceArg) -> Result<(), Failure> {

@@ -12,7 +12,7 @@ use flowtune_models::Dtype;
 use flowtune_trainer::status_bytes;
 use tch::Device;
 
-use super::bench::parse_dtype;
+use super::bench_common::parse_dtype;
 use crate::Failure;
 
 #[derive(Args)]

@@ -58,7 +58,7 @@ pub fn run(a: RewardArgs) -> Result<(), Failure> {
             extra_info: &null,
         })
         .collect();
-    let seconds = super::bench::time(a.iters.max(1), Device::Cpu, || {
+    let seconds = super::bench_common::time(a.iters.max(1), Device::Cpu, || {
         score_batch(&scorers, &samples, OnError::Fail)
             .map(drop)
             .map_err(|e| Failure::Runtime(e.into()))

@@ -32,7 +32,7 @@ pub enum DebugCommand {
         lora_alpha: Option<f64>,
         /// A denoiser's dtype (f32 | bf16 | f16); its activations go in that dtype, outputs come
         /// back as f32. Other components run in f32.
-        #[arg(long, default_value = "f32", value_parser = super::bench::parse_dtype)]
+        #[arg(long, default_value = "f32", value_parser = super::bench_common::parse_dtype)]
         dtype: Dtype,
         /// Compares every output with the inputs file's tensor of the same name (a fixture's
         /// `output.*`): fails when ‖out − expected‖ / ‖expected‖ exceeds this.

@@ -68,7 +68,7 @@ pub struct RealWidth {
     #[arg(long)]
     config: Option<PathBuf>,
     /// The transformer's weights as f32, bf16 (a released checkpoint's) or f16.
-    #[arg(long, default_value = "f32", value_parser = super::bench::parse_dtype)]
+    #[arg(long, default_value = "f32", value_parser = super::bench_common::parse_dtype)]
     dtype: Dtype,
 }
 

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_common;
 pub mod bench_load;
 pub mod bench_reward;
 pub mod bench_shapes;

@@ -1,8 +1,8 @@
-//! The causal 3-D convolution, the RMS norm and the frame cache of the Wan-style VAEs.
+//! The causal 3-D convolution, the RMS norm, the frame cache and the (B, C, T, H, W) ↔ (B·T, C,
+//! H, W) reshapes of the Wan-style VAEs.
 
 use tch::{Kind, Tensor};
 
-use super::blocks::{batch_to_frames, frames_to_batch};
 use crate::nn::Scope;
 
 /// Frames of its input each causal convolution remembers for the next chunk (diffusers' CACHE_T).
@@ -186,4 +186,16 @@ impl FrameCache {
         self.put(slot, history.as_ref(), x, HISTORY);
         y
     }
+}
+
+/// (B, C, T, H, W) → (B·T, C, H, W).
+pub(super) fn frames_to_batch(x: &Tensor) -> Tensor {
+    let (b, c, t, h, w) = x.size5().expect("5-d (B, C, T, H, W) activations");
+    x.permute([0, 2, 1, 3, 4]).reshape([b * t, c, h, w])
+}
+
+/// (B·T, C, H, W) → (B, C, T, H, W).
+pub(super) fn batch_to_frames(x: &Tensor, b: i64) -> Tensor {
+    let (bt, c, h, w) = x.size4().expect("4-d activations");
+    x.reshape([b, bt / b, c, h, w]).permute([0, 2, 1, 3, 4])
 }

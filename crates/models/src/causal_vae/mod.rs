@@ -6,6 +6,7 @@
 //! Not ported: diffusers' tiled encode/decode (`enable_tiling`) and batch slicing.
 
 mod blocks;
+mod coders;
 mod layers;
 mod residual;
 
@@ -17,7 +18,7 @@ use tch::{Device, Kind, Tensor};
 use crate::nn::Scope;
 use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, ModelError};
-use blocks::{Decoder, Encoder};
+use coders::{Decoder, Encoder};
 use layers::{CausalConv3d, FrameCache};
 
 /// Frames per encoder chunk after the first (diffusers' fixed 1 + 4 + 4 + … split).

@@ -95,6 +95,19 @@ pub fn clip_bpe(vocab: Vocab, merges: Merges) -> Result<Tokenizer, ModelError> {
     Ok(tok)
 }
 
+/// A CLIP byte-level BPE tokenizer with no merges, for tiny pipelines: every byte, alone or
+/// word-final (`</w>`), then `<|startoftext|>` and `<|endoftext|>`. Returns it and its vocabulary
+/// size.
+pub fn tiny() -> Result<(Tokenizer, usize), ModelError> {
+    let mut chars: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+    chars.sort_unstable();
+    let words = chars.iter().map(char::to_string).chain(chars.iter().map(|c| format!("{c}</w>")));
+    let words = words.chain(["<|startoftext|>".to_string(), "<|endoftext|>".to_string()]);
+    let vocab: Vocab = words.enumerate().map(|(i, w)| (w, i as u32)).collect();
+    let size = vocab.len();
+    Ok((clip_bpe(vocab, vec![])?, size))
+}
+
 /// OpenAI's merges file (gzip): the first line is a header, then the 48,894 merges CLIP uses.
 pub fn from_merges_file(path: &Path) -> Result<TextTokenizer, ModelError> {
     let io = |e: std::io::Error| ModelError::Io {

@@ -12,7 +12,6 @@ use crate::sd3::tiny::{
     randomize, write_model, write_scheduler, write_tiny_t5, TinyClip, DIFFUSERS_VERSION,
 };
 use crate::sd3::WeightInit;
-use crate::tokenizer::tiny;
 use crate::vae::{AutoencoderKl, VaeConfig};
 use crate::{write_json, ModelError};
 
@@ -81,7 +80,7 @@ pub fn write_tiny_flux(dir: &Path, spec: &TinyFluxSpec) -> Result<(), ModelError
     });
     let mut rng = SampleRng::new(spec.seed);
     let init = WeightInit::Normal(0.1);
-    let (clip_tok, clip_vocab) = tiny::clip()?;
+    let (clip_tok, clip_vocab) = crate::clip::tokenizer::tiny()?;
     let clip = TinyClip {
         tokenizer: &clip_tok,
         vocab: clip_vocab,

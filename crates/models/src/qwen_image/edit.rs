@@ -6,14 +6,12 @@ use image::RgbImage;
 use tch::{Kind, Tensor};
 
 use super::pipeline::QwenText;
-use super::{QwenImagePipeline, CONDITION_LATENTS, CONDITION_SHAPES};
+use super::{QwenImagePipeline, CONDITION_LATENTS, CONDITION_SHAPES, EDIT_PLUS};
 use crate::family::{run_on, FlowPipeline};
 use crate::resize::{resize, Filter};
 use crate::text_encoders::qwen_edit_prompts::ConditionPicture;
 use crate::{ModelError, TextConditioning};
 
-/// The pipeline class of Qwen-Image-Edit-Plus in `model_index.json`.
-pub const EDIT_PLUS: &str = "QwenImageEditPlusPipeline";
 /// Pixel area of the pictures the vision tower sees (diffusers' `CONDITION_IMAGE_SIZE`).
 const CONDITION_AREA: f64 = 384.0 * 384.0;
 /// Pixel area the pictures are VAE-encoded at (diffusers' `VAE_IMAGE_SIZE`).

@@ -12,10 +12,13 @@ mod transformer;
 mod vae;
 
 pub use config::QwenImageTransformerConfig;
-pub use edit::{calculate_dimensions, EDIT_PLUS};
+pub use edit::calculate_dimensions;
 pub use family::FAMILY;
 pub use pipeline::{QwenImagePipeline, QwenText};
 pub use rope::ImageShape;
 pub use tiny::{write_tiny_qwen_image, TinyQwenImageSpec};
 pub use transformer::{QwenImageTransformer, CONDITION_LATENTS, CONDITION_SHAPES};
 pub use vae::{write_tiny_qwen_vae, AutoencoderKlQwenImage, QwenVaeConfig};
+
+/// The pipeline class of Qwen-Image-Edit-Plus in `model_index.json`.
+pub const EDIT_PLUS: &str = "QwenImageEditPlusPipeline";

@@ -8,8 +8,7 @@ use image::RgbaImage;
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 
-use super::edit::EDIT_PLUS;
-use super::{AutoencoderKlQwenImage, QwenImageTransformer};
+use super::{AutoencoderKlQwenImage, QwenImageTransformer, EDIT_PLUS};
 use crate::family::{image_latent_shape, pipeline_parts, run_on, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::text_encoders::qwen_edit_prompts::QwenEditPromptEncoder;

@@ -222,7 +222,7 @@ pub fn write_tiny_sd3(dir: &Path, spec: &TinySd3Spec) -> Result<(), ModelError> 
     let device = Device::Cpu;
     let (clip_tok, clip_vocab) = match &spec.vocabulary {
         Some(words) => tiny::clip_words(words)?,
-        None => tiny::clip()?,
+        None => crate::clip::tokenizer::tiny()?,
     };
 
     // Text encoders and tokenizers (SD3's CLIP-G pads with "!", which word vocabularies lack).
