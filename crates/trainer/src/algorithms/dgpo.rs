@@ -21,7 +21,7 @@ use crate::optim::Ema;
 use crate::run::Run;
 use crate::seeds::DGPO_SALT;
 use crate::source::Source;
-use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
+use crate::update::{optimize, Batching, Learner, SlotLoss};
 use crate::TrainError;
 
 /// DGPO: the old policy samples with the ODE sampler; whole groups train on their re-noised
@@ -50,22 +50,27 @@ impl Algorithm for Dgpo {
         run: &Run<'_>,
         learner: &mut Learner,
         source: &mut Source,
-        k: u64,
+        step: u64,
         lr: f64,
-        m: &mut Metrics,
+        metrics: &mut Metrics,
     ) -> Result<usize, TrainError> {
         let old = super::started(&mut self.old, "dgpo")?;
-        let c = super::collect_with_old_policy(run, learner, old, source, k, m)?;
-        dgpo_step(run, learner, old, &c, k, lr, m)?;
-        Ok(c.batch.images.len())
+        let collected = super::collect_with_old_policy(run, learner, old, source, step, metrics)?;
+        dgpo_step(run, learner, old, &collected, step, lr, metrics)?;
+        Ok(collected.batch.images.len())
     }
 }
 
 /// The rollout-schedule indices every sample trains at this step: `count` of `range`, drawn
 /// without replacement from the run's seed and the step.
-pub(crate) fn shared_timesteps(range: [usize; 2], count: usize, seed: u64, k: u64) -> Vec<usize> {
+pub(crate) fn shared_timesteps(
+    range: [usize; 2],
+    count: usize,
+    seed: u64,
+    step: u64,
+) -> Vec<usize> {
     let mut all: Vec<usize> = (range[0]..range[1]).collect();
-    all.shuffle(&mut ChaCha8Rng::seed_from_u64(row_seed(seed ^ DGPO_SALT, k, u64::MAX >> 2)));
+    all.shuffle(&mut ChaCha8Rng::seed_from_u64(row_seed(seed ^ DGPO_SALT, step, u64::MAX >> 2)));
     all.truncate(count.clamp(1, range[1] - range[0]));
     all
 }
@@ -74,39 +79,40 @@ pub(crate) fn shared_timesteps(range: [usize; 2], count: usize, seed: u64, k: u6
 fn groups_of(uids: &[String]) -> Vec<Vec<usize>> {
     let mut index: HashMap<&str, usize> = HashMap::new();
     let mut groups: Vec<Vec<usize>> = vec![];
-    for (i, uid) in uids.iter().enumerate() {
-        let g = *index.entry(uid).or_insert_with(|| {
+    for (row, uid) in uids.iter().enumerate() {
+        let group = *index.entry(uid).or_insert_with(|| {
             groups.push(vec![]);
             groups.len() - 1
         });
-        groups[g].push(i);
+        groups[group].push(row);
     }
     groups
 }
 
-/// Advantages, the DGPO update and the old-adapter refresh of training step `k`.
+/// Advantages, the DGPO update and the old-adapter refresh of training step `step`.
 fn dgpo_step(
     run: &Run<'_>,
     learner: &mut Learner,
     old: &mut Ema,
-    c: &Collected,
-    k: u64,
+    collected: &Collected,
+    step: u64,
     lr: f64,
-    m: &mut Metrics,
+    metrics: &mut Metrics,
 ) -> Result<(), TrainError> {
     let (recipe, engine) = (run.recipe, &run.engine);
     let actor = &recipe.actor;
     let model = engine.pipe.denoiser();
     let reference = run.reference.as_ref().expect("dgpo always has a reference");
-    let device = c.kept.device();
+    let kept = &collected.kept;
+    let device = kept.device();
 
     let timer = std::time::Instant::now();
-    let advantages = c.advantages(1, &recipe.advantage, m)?.select(1, 0);
-    m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+    let advantages = collected.advantages(1, &recipe.advantage, metrics)?.select(1, 0);
+    metrics.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
 
     let update = crate::perf::ActorUpdate::start();
-    let x0 = c.batch.trajectory.final_latents.index_select(0, &c.kept);
-    let text = c.batch.text.rows(&c.kept);
+    let x0 = collected.batch.trajectory.final_latents.index_select(0, kept);
+    let text = collected.batch.text.rows(kept);
     let grid = &engine.grid.timesteps;
     let range = actor.train_timestep_range.unwrap_or([0, grid.len()]);
     if range[1] > grid.len() {
@@ -121,15 +127,15 @@ fn dgpo_step(
     let count = actor
         .train_timestep_count
         .unwrap_or(((span as f64 * actor.timestep_fraction) as usize).max(1));
-    let slots = shared_timesteps(range, count, recipe.seed, k);
-    let groups = groups_of(&c.uids);
-    let owned: Vec<bool> = groups.iter().map(|g| c.owned.contains(&g[0])).collect();
-    let t = &recipe.trainer;
+    let timesteps = shared_timesteps(range, count, recipe.seed, step);
+    let groups = groups_of(&collected.uids);
+    let owned: Vec<bool> = groups.iter().map(|group| collected.owned.contains(&group[0])).collect();
+    let trainer = &recipe.trainer;
     let batching = Batching {
         items: groups.len(),
         owned,
-        mini: t.ppo_mini_batch_size,
-        micro: (t.micro_batch_size / recipe.rollout.n).max(1),
+        mini: trainer.ppo_mini_batch_size,
+        micro: (trainer.micro_batch_size / recipe.rollout.n).max(1),
     };
     let settings = DgpoSettings {
         beta: actor.dgpo_beta,
@@ -137,26 +143,29 @@ fn dgpo_step(
         ref_kl_coef: actor.ref_kl_coef,
         adv_clip_max: actor.adv_clip_max,
     };
-    let params =
-        learner.optimizer.params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
-    let result = optimize(learner, run, batching, k, lr, |micro, scale, backward| {
+    let params = learner
+        .optimizer
+        .params
+        .iter()
+        .map(|(name, param)| (name.clone(), param.shallow_clone()))
+        .collect();
+    let result = optimize(learner, run, batching, step, lr, |micro, pass| {
         // This rank's rows of the micro-batch's groups, and each row's group within it.
         let (mut local, mut member_of) = (vec![], vec![]);
-        for (n, &g) in micro.iter().enumerate() {
-            for &i in &groups[g] {
-                local.push((i - c.owned.start) as i64);
-                member_of.push(n as i64);
+        for (member, &group) in micro.iter().enumerate() {
+            for &row in &groups[group] {
+                local.push((row - collected.owned.start) as i64);
+                member_of.push(member as i64);
             }
         }
         let idx = Tensor::from_slice(&local).to_device(device);
         let member_of = Tensor::from_slice(&member_of).to_device(device);
-        let (x0, text, a) =
+        let (x0, text, advantages) =
             (x0.index_select(0, &idx), text.rows(&idx), advantages.index_select(0, &idx));
-        let mut means = MetricMeans::default();
-        for (j, &slot) in slots.iter().enumerate() {
+        pass.slots(timesteps.len(), |slot| {
             let sigma = Tensor::full(
                 [local.len() as i64],
-                (grid[slot] / 1000.0) as f64,
+                (grid[timesteps[slot]] / 1000.0) as f64,
                 (x0.kind(), device),
             );
             let mut one = x0.size();
@@ -164,24 +173,27 @@ fn dgpo_step(
             let noise = Tensor::cat(
                 &micro
                     .iter()
-                    .map(|&g| {
-                        let stream =
-                            row_seed(recipe.seed ^ DGPO_SALT, k, (g * slots.len() + j) as u64);
-                        let n = SampleRng::new(stream).normal(&one, device);
-                        n.repeat_interleave_self_int(groups[g].len() as i64, 0, None)
+                    .map(|&group| {
+                        let stream = row_seed(
+                            recipe.seed ^ DGPO_SALT,
+                            step,
+                            (group * timesteps.len() + slot) as u64,
+                        );
+                        let noise = SampleRng::new(stream).normal(&one, device);
+                        noise.repeat_interleave_self_int(groups[group].len() as i64, 0, None)
                     })
                     .collect::<Vec<_>>(),
                 0,
             );
-            let s = per_row(&sigma, &x0);
-            let xt = (1.0 - &s) * &x0 + &s * &noise;
+            let sigma_rows = per_row(&sigma, &x0);
+            let xt = (1.0 - &sigma_rows) * &x0 + &sigma_rows * &noise;
             let [old_pred, ref_pred, policy_pred] =
                 predictions(model, old, &params, reference, (&xt, &sigma, &text))?;
-            let out = dgpo_loss(
+            let output = dgpo_loss(
                 &DgpoBatch {
                     x0: &x0,
                     noise: &noise,
-                    advantages: &a,
+                    advantages: &advantages,
                     groups: &member_of,
                     policy_pred: &policy_pred,
                     old_pred: &old_pred,
@@ -189,19 +201,15 @@ fn dgpo_step(
                 },
                 settings,
             )?;
-            let total = finite_loss(&out.loss, k, &format!("dgpo timestep slot {j}"))?;
-            means.add(&out.metrics);
-            means.add(&Metrics::from([("actor/loss".to_string(), total)]));
-            backward.run(&(out.loss * (scale / slots.len() as f64)))?;
-        }
-        Ok(means.means())
+            Ok(SlotLoss { what: format!("dgpo timestep slot {slot}"), output })
+        })
     });
-    if k.is_multiple_of(actor.old_policy_update_interval) {
-        old.decay = actor.old_policy_decay.decay(k);
+    if step.is_multiple_of(actor.old_policy_update_interval) {
+        old.decay = actor.old_policy_decay.decay(step);
         old.update(&learner.optimizer.params);
-        m.insert("actor/old_policy_decay".into(), old.decay);
+        metrics.insert("actor/old_policy_decay".into(), old.decay);
     }
-    m.extend(result?);
-    update.finish(m);
+    metrics.extend(result?);
+    update.finish(metrics);
     Ok(())
 }

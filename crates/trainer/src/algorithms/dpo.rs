@@ -19,7 +19,7 @@ use crate::collect::{collect, Collected};
 use crate::run::Run;
 use crate::seeds::DPO_SALT;
 use crate::source::{PairSource, Source};
-use crate::update::{finite_loss, optimize, Batching, Learner};
+use crate::update::{optimize, Batching, Learner, SlotLoss};
 use crate::TrainError;
 
 /// Diffusion-DPO, online on best/worst pairs of each group or offline on a pairs dataset.
@@ -35,21 +35,21 @@ impl Algorithm for Dpo {
         run: &Run<'_>,
         learner: &mut Learner,
         source: &mut Source,
-        k: u64,
+        step: u64,
         lr: f64,
-        m: &mut Metrics,
+        metrics: &mut Metrics,
     ) -> Result<usize, TrainError> {
         match source {
             Source::Pairs(pairs) => {
                 run.status("update");
-                offline_step(run, learner, pairs, k, lr, m)?;
+                offline_step(run, learner, pairs, step, lr, metrics)?;
                 Ok(2 * run.recipe.data.prompts_per_step)
             }
             Source::Prompts(loader) => {
-                let c = collect(run, loader, k, m)?;
+                let collected = collect(run, loader, step, metrics)?;
                 run.status("update");
-                online_step(run, learner, &c, k, lr, m)?;
-                Ok(c.batch.images.len())
+                online_step(run, learner, &collected, step, lr, metrics)?;
+                Ok(collected.batch.images.len())
             }
         }
     }
@@ -59,12 +59,13 @@ impl Algorithm for Dpo {
 /// best reward beats its worst; groups of one and all-equal groups give no pair.
 pub(crate) fn best_worst(rewards: &[f32], uids: &[String]) -> Vec<(usize, usize)> {
     let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for (i, uid) in uids.iter().enumerate() {
-        groups.entry(uid.as_str()).or_default().push(i);
+    for (row, uid) in uids.iter().enumerate() {
+        groups.entry(uid.as_str()).or_default().push(row);
     }
     let mut pairs = vec![];
-    for members in groups.values().filter(|g| g.len() >= 2) {
-        let by_reward = |a: &&usize, b: &&usize| rewards[**a].total_cmp(&rewards[**b]);
+    for members in groups.values().filter(|members| members.len() >= 2) {
+        let by_reward =
+            |left: &&usize, right: &&usize| rewards[**left].total_cmp(&rewards[**right]);
         let best = *members.iter().max_by(by_reward).expect("a group has members");
         let worst = *members.iter().min_by(by_reward).expect("a group has members");
         if rewards[best] > rewards[worst] {
@@ -79,32 +80,36 @@ pub(crate) fn best_worst(rewards: &[f32], uids: &[String]) -> Vec<(usize, usize)
 fn online_step(
     run: &Run<'_>,
     learner: &mut Learner,
-    c: &Collected,
-    k: u64,
+    collected: &Collected,
+    step: u64,
     lr: f64,
-    m: &mut Metrics,
+    metrics: &mut Metrics,
 ) -> Result<(), TrainError> {
-    let pairs = best_worst(&c.rewards, &c.uids);
-    m.insert("critic/dpo_pairs".into(), pairs.len() as f64);
+    let pairs = best_worst(&collected.rewards, &collected.uids);
+    metrics.insert("critic/dpo_pairs".into(), pairs.len() as f64);
     if pairs.is_empty() {
         if run.comm.is_main() {
-            eprintln!("step {k}: no prompt group has two different rewards; no DPO update");
+            eprintln!("step {step}: no prompt group has two different rewards; no DPO update");
         }
         return Ok(());
     }
-    let owned: Vec<bool> = pairs.iter().map(|(w, _)| c.owned.contains(w)).collect();
+    let owns = |&(chosen, _): &(usize, usize)| collected.owned.contains(&chosen);
+    let owned: Vec<bool> = pairs.iter().map(owns).collect();
     // This rank's batch rows of its pairs, chosen then rejected.
-    let rows = Vec::<i64>::try_from(c.kept.to_device(Device::Cpu))?;
-    let row = |p: usize| rows[p - c.owned.start];
+    let rows = Vec::<i64>::try_from(collected.kept.to_device(Device::Cpu))?;
+    let row = |position: usize| rows[position - collected.owned.start];
     let order: Vec<i64> = pairs
         .iter()
-        .filter(|(w, _)| c.owned.contains(w))
-        .flat_map(|&(w, l)| [row(w), row(l)])
+        .filter(|pair| owns(pair))
+        .flat_map(|&(chosen, rejected)| [row(chosen), row(rejected)])
         .collect();
-    let index = Tensor::from_slice(&order).to_device(c.kept.device());
-    let x0 = c.batch.trajectory.final_latents.index_select(0, &index);
-    let text = c.batch.text.rows(&index);
-    update(run, learner, &x0, &text, &owned, k, lr, m)
+    let index = Tensor::from_slice(&order).to_device(collected.kept.device());
+    let pairs = StepPairs {
+        x0: collected.batch.trajectory.final_latents.index_select(0, &index),
+        text: collected.batch.text.rows(&index),
+        owned,
+    };
+    update(run, learner, &pairs, step, lr, metrics)
 }
 
 /// An offline DPO step on the next `data.prompts_per_step` pairs of the dataset.
@@ -112,15 +117,15 @@ fn offline_step(
     run: &Run<'_>,
     learner: &mut Learner,
     source: &mut PairSource,
-    k: u64,
+    step: u64,
     lr: f64,
-    m: &mut Metrics,
+    metrics: &mut Metrics,
 ) -> Result<(), TrainError> {
     let timer = Instant::now();
     let rows = source.loader.next_step();
     // This rank encodes and trains its share of the step's pairs.
     let mine = run.comm.share(rows.len());
-    let owned: Vec<bool> = (0..rows.len()).map(|i| mine.contains(&i)).collect();
+    let owned: Vec<bool> = (0..rows.len()).map(|pair| mine.contains(&pair)).collect();
     let mut latents = vec![];
     for row in &rows[mine.clone()] {
         latents.push(source.latents(run, row.prompt)?);
@@ -134,86 +139,94 @@ fn offline_step(
         .collect();
     let x0 = Tensor::cat(&latents, 0);
     let text = encode_rows(run.engine.pipe, &prompts, &[], &[], None)?;
-    m.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
-    m.insert("critic/dpo_pairs".into(), rows.len() as f64);
-    update(run, learner, &x0, &text, &owned, k, lr, m)
+    metrics.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
+    metrics.insert("critic/dpo_pairs".into(), rows.len() as f64);
+    update(run, learner, &StepPairs { x0, text, owned }, step, lr, metrics)
 }
 
-/// The DPO update of the step's pairs, of which this rank holds those `owned` says: their clean
-/// latents and text rows interleaved `[chosen, rejected, …]`, in pair order.
-#[allow(clippy::too_many_arguments)]
+/// The step's pairs, of which this rank holds those `owned` says: their clean latents and text
+/// rows interleaved `[chosen, rejected, …]`, in pair order.
+struct StepPairs {
+    x0: Tensor,
+    text: TextConditioning,
+    owned: Vec<bool>,
+}
+
+/// The DPO update of the step's pairs.
 fn update(
     run: &Run<'_>,
     learner: &mut Learner,
-    x0: &Tensor,
-    text: &TextConditioning,
-    owned: &[bool],
-    k: u64,
+    pairs: &StepPairs,
+    step: u64,
     lr: f64,
-    m: &mut Metrics,
+    metrics: &mut Metrics,
 ) -> Result<(), TrainError> {
     let update = crate::perf::ActorUpdate::start();
+    let StepPairs { x0, text, owned } = pairs;
     let recipe = run.recipe;
     let model = run.engine.pipe.denoiser();
     let reference = run.reference.as_ref().expect("dpo always has a reference");
-    let pairs = owned.len() as i64;
+    let pair_count = owned.len() as i64;
     let device = x0.device();
     // This rank's position of each of its pairs, and their rows in the step-wide noise.
     let mut local = vec![usize::MAX; owned.len()];
     let mut rows = vec![];
-    for (p, _) in owned.iter().enumerate().filter(|(_, o)| **o) {
-        local[p] = rows.len() / 2;
-        rows.extend([2 * p as i64, 2 * p as i64 + 1]);
+    for (pair, _) in owned.iter().enumerate().filter(|(_, owns)| **owns) {
+        local[pair] = rows.len() / 2;
+        rows.extend([2 * pair as i64, 2 * pair as i64 + 1]);
     }
     let rows = Tensor::from_slice(&rows).to_device(device);
     // One noise and one noise level per pair of the step, from the run's seed and the step.
-    let mut rng = SampleRng::new(row_seed(recipe.seed ^ DPO_SALT, k, 0));
-    let u = Vec::<f32>::try_from(rng.normal(&[pairs], Device::Cpu).sigmoid())?;
-    let sigma: Vec<f32> = u
+    let mut rng = SampleRng::new(row_seed(recipe.seed ^ DPO_SALT, step, 0));
+    let uniforms = Vec::<f32>::try_from(rng.normal(&[pair_count], Device::Cpu).sigmoid())?;
+    let sigma: Vec<f32> = uniforms
         .iter()
-        .flat_map(|&u| {
-            let s = run.engine.pipe.scheduler().training_sigma_at(u as f64) as f32;
-            [s, s]
+        .flat_map(|&uniform| {
+            let sigma = run.engine.pipe.scheduler().training_sigma_at(uniform as f64) as f32;
+            [sigma, sigma]
         })
         .collect();
     let sigma = Tensor::from_slice(&sigma).to_device(device).index_select(0, &rows);
     let mut shape = x0.size();
-    shape[0] = pairs;
+    shape[0] = pair_count;
     let noise = rng.normal(&shape, device).repeat_interleave_self_int(2, 0, None);
     let noise = noise.index_select(0, &rows);
-    let s = per_row(&sigma, x0);
-    let xt: Tensor = &s * &noise + (1.0 - &s) * x0;
-    let t = &recipe.trainer;
+    let sigma_rows = per_row(&sigma, x0);
+    let xt: Tensor = &sigma_rows * &noise + (1.0 - &sigma_rows) * x0;
+    let trainer = &recipe.trainer;
     let batching = Batching {
         items: owned.len(),
-        owned: owned.to_vec(),
-        mini: t.ppo_mini_batch_size,
-        micro: (t.micro_batch_size / 2).max(1),
+        owned: owned.clone(),
+        mini: trainer.ppo_mini_batch_size,
+        micro: (trainer.micro_batch_size / 2).max(1),
     };
-    m.extend(optimize(learner, run, batching, k, lr, |micro, scale, backward| {
-        let rows: Vec<i64> =
-            micro.iter().map(|&p| local[p] as i64).flat_map(|p| [2 * p, 2 * p + 1]).collect();
+    metrics.extend(optimize(learner, run, batching, step, lr, |micro, pass| {
+        let rows: Vec<i64> = micro
+            .iter()
+            .map(|&pair| local[pair] as i64)
+            .flat_map(|pair| [2 * pair, 2 * pair + 1])
+            .collect();
         let idx = Tensor::from_slice(&rows).to_device(device);
-        let (x, sg, txt) = (xt.index_select(0, &idx), sigma.index_select(0, &idx), text.rows(&idx));
-        let ref_pred =
-            tch::no_grad(|| reference.run(model, |net| velocity_at_sigma(net, &x, &sg, &txt)))?;
-        let model_pred = velocity_at_sigma(model, &x, &sg, &txt)?;
-        let out = dpo_loss(
-            &DpoBatch {
-                latents: &x0.index_select(0, &idx),
-                noise: &noise.index_select(0, &idx),
-                model_pred: &model_pred,
-                ref_pred: &ref_pred,
-            },
-            recipe.actor.dpo_beta,
-        )?;
-        let total = finite_loss(&out.loss, k, "dpo")?;
-        backward.run(&(out.loss * scale))?;
-        let mut metrics = out.metrics;
-        metrics.insert("actor/loss".into(), total);
-        Ok(metrics)
+        let (xt, sigma, text) =
+            (xt.index_select(0, &idx), sigma.index_select(0, &idx), text.rows(&idx));
+        pass.slots(1, |_| {
+            let ref_pred = tch::no_grad(|| {
+                reference.run(model, |net| velocity_at_sigma(net, &xt, &sigma, &text))
+            })?;
+            let model_pred = velocity_at_sigma(model, &xt, &sigma, &text)?;
+            let output = dpo_loss(
+                &DpoBatch {
+                    latents: &x0.index_select(0, &idx),
+                    noise: &noise.index_select(0, &idx),
+                    model_pred: &model_pred,
+                    ref_pred: &ref_pred,
+                },
+                recipe.actor.dpo_beta,
+            )?;
+            Ok(SlotLoss { what: "dpo".into(), output })
+        })
     })?);
-    update.finish(m);
+    update.finish(metrics);
     Ok(())
 }
 
@@ -228,9 +241,9 @@ mod tests {
         let pairs = best_worst(&rewards, &uids);
         // a: best 2 (0.7), worst 0 (0.2); b: 1 over 4; c alone and d tied give no pair.
         assert_eq!(pairs, [(2, 0), (1, 4)]);
-        for (w, l) in pairs {
-            assert_eq!(uids[w], uids[l]);
-            assert!(rewards[w] > rewards[l]);
+        for (chosen, rejected) in pairs {
+            assert_eq!(uids[chosen], uids[rejected]);
+            assert!(rewards[chosen] > rewards[rejected]);
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::optim::Ema;
 use crate::replay::replay_all;
 use crate::run::Run;
 use crate::source::Source;
-use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
+use crate::update::{optimize, Batching, Learner, SlotLoss};
 use crate::TrainError;
 
 /// GARDO: Flow-GRPO's rollout and ratio, diversity-shaped advantages and a gated KL to an anchor
@@ -66,9 +66,9 @@ impl Algorithm for Gardo {
         run: &Run<'_>,
         learner: &mut Learner,
         source: &mut Source,
-        k: u64,
+        step: u64,
         lr: f64,
-        m: &mut Metrics,
+        metrics: &mut Metrics,
     ) -> Result<usize, TrainError> {
         if self.features.is_none() {
             let dir = run.recipe.actor.gardo_features.as_ref().ok_or_else(|| {
@@ -76,10 +76,10 @@ impl Algorithm for Gardo {
             })?;
             self.features = Some(DiversityFeatures::load(dir, run.comm.device())?);
         }
-        let c = collect(run, super::prompts(source)?, k, m)?;
+        let collected = collect(run, super::prompts(source)?, step, metrics)?;
         run.status("update");
-        self.update(run, learner, &c, k, lr, m)?;
-        Ok(c.batch.images.len())
+        self.update(run, learner, &collected, step, lr, metrics)?;
+        Ok(collected.batch.images.len())
     }
 }
 
@@ -94,15 +94,15 @@ struct GardoState {
 }
 
 impl Gardo {
-    /// Training step `k` of GARDO on a collected rollout.
+    /// Training step `step` of GARDO on a collected rollout.
     fn update(
         &mut self,
         run: &Run<'_>,
         learner: &mut Learner,
-        c: &Collected,
-        k: u64,
+        collected: &Collected,
+        step: u64,
         lr: f64,
-        m: &mut Metrics,
+        metrics: &mut Metrics,
     ) -> Result<(), TrainError> {
         let (Some(features), Some(anchor)) = (&self.features, &mut self.anchor) else {
             return Err(TrainError::Invalid(
@@ -113,83 +113,91 @@ impl Gardo {
         let (recipe, engine, comm) = (run.recipe, &run.engine, &run.comm);
         let actor = &recipe.actor;
         let model = engine.pipe.denoiser();
-        let batch = &c.batch;
-        let w = batch.windows[0].len() as i64;
-        let device = c.kept.device();
+        let batch = &collected.batch;
+        let kept = &collected.kept;
+        let window = batch.windows[0].len() as i64;
+        let device = kept.device();
 
         // Anchor reset, before the step's forwards.
-        let due = (k > 1 && state.reset_pending)
-            || k.saturating_sub(1).saturating_sub(state.anchor_step) > actor.gardo_reset_interval;
+        let due = (step > 1 && state.reset_pending)
+            || step.saturating_sub(1).saturating_sub(state.anchor_step)
+                > actor.gardo_reset_interval;
         if due {
             anchor.decay = 0.0;
             anchor.update(&learner.optimizer.params);
-            state.anchor_step = k - 1;
+            state.anchor_step = step - 1;
             state.reset_pending = false;
         }
-        m.insert("actor/ref_reset".into(), f64::from(u8::from(due)));
+        metrics.insert("actor/ref_reset".into(), f64::from(u8::from(due)));
 
         // old log-probs
         let timer = Instant::now();
-        let rollout_lp = batch.trajectory.all_log_probs.index_select(0, &c.kept);
+        let rollout_lp = batch.trajectory.all_log_probs.index_select(0, kept);
         let old_lp = match recipe.trainer.old_log_prob {
             OldLogProb::Recompute => {
-                let old = replay_all(engine, model, batch, &c.kept, w, false)?.log_probs;
+                let old = replay_all(engine, model, batch, kept, window, false)?.log_probs;
                 let drift = comm.gather_rows(&(&old - &rollout_lp).abs())?;
-                m.insert(
+                metrics.insert(
                     "rollout_corr/logprob_abs_diff_mean".into(),
                     drift.mean(Kind::Float).double_value(&[]),
                 );
-                m.insert("rollout_corr/logprob_abs_diff_max".into(), drift.max().double_value(&[]));
+                metrics.insert(
+                    "rollout_corr/logprob_abs_diff_max".into(),
+                    drift.max().double_value(&[]),
+                );
                 old
             }
             OldLogProb::Bypass => rollout_lp,
         };
-        m.insert("timing_s/old_log_prob".into(), timer.elapsed().as_secs_f64());
+        metrics.insert("timing_s/old_log_prob".into(), timer.elapsed().as_secs_f64());
 
         // ref: the anchor's transition means
         let timer = Instant::now();
         let params = &learner.optimizer.params;
         let anchor_means = anchor
-            .with_swapped(params, || replay_all(engine, model, batch, &c.kept, w, true))?
+            .with_swapped(params, || replay_all(engine, model, batch, kept, window, true))?
             .means
             .expect("means are kept");
-        m.insert("timing_s/ref".into(), timer.elapsed().as_secs_f64());
+        metrics.insert("timing_s/ref".into(), timer.elapsed().as_secs_f64());
 
         // adv: diversity-shaped advantages and the gate, over the whole step
         let timer = Instant::now();
-        let kept = Vec::<i64>::try_from(c.kept.to_device(Device::Cpu))?;
-        let images: Vec<_> = kept.iter().map(|&i| batch.images[i as usize].clone()).collect();
+        let kept_rows = Vec::<i64>::try_from(kept.to_device(Device::Cpu))?;
+        let images: Vec<_> =
+            kept_rows.iter().map(|&row| batch.images[row as usize].clone()).collect();
         let feats: Vec<Vec<Vec<f32>>> = comm.gather(&features.embed(&images)?)?;
-        let rewards: Vec<f64> = c.rewards.iter().map(|&r| r as f64).collect();
-        let adv = diversity_advantages(&rewards, &c.uids, &feats.concat())?;
-        stats("critic/advantages", &adv.values, m);
-        m.insert(
+        let rewards: Vec<f64> = collected.rewards.iter().map(|&reward| reward as f64).collect();
+        let adv = diversity_advantages(&rewards, &collected.uids, &feats.concat())?;
+        stats("critic/advantages", &adv.values, metrics);
+        metrics.insert(
             "critic/diversity/mean".into(),
             adv.distances.iter().sum::<f64>() / adv.distances.len() as f64,
         );
-        let proxies = proxy_scores(c, &actor.gardo_proxy_rewards)?;
+        let proxies = proxy_scores(collected, &actor.gardo_proxy_rewards)?;
         let gate = state.gate.gate(&uncertainty(&rewards, &proxies));
-        m.insert("actor/kl_perc".into(), state.gate.share);
-        let gated = gate.iter().filter(|&&g| g).count() as f64 / gate.len() as f64;
-        m.insert("actor/gated_fraction".into(), gated);
-        let mine = c.owned.clone();
-        let advantages: Vec<f32> = adv.values[mine.clone()].iter().map(|&a| a as f32).collect();
+        metrics.insert("actor/kl_perc".into(), state.gate.share);
+        let gated = gate.iter().filter(|&&gated| gated).count() as f64 / gate.len() as f64;
+        metrics.insert("actor/gated_fraction".into(), gated);
+        let mine = collected.owned.clone();
+        let advantages: Vec<f32> =
+            adv.values[mine.clone()].iter().map(|&advantage| advantage as f32).collect();
         let advantages = Tensor::from_slice(&advantages).to_device(device);
         let gate = Tensor::from_slice(&gate[mine]).to_device(device);
-        m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+        metrics.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
 
         // update
         let update = crate::perf::ActorUpdate::start();
-        let batching = Batching::groups(recipe, c.rewards.len(), c.owned.clone());
-        let result = optimize(learner, run, batching, k, lr, |micro, scale, backward| {
-            let local: Vec<i64> = micro.iter().map(|&i| (i - c.owned.start) as i64).collect();
+        let batching = Batching::groups(recipe, collected.rewards.len(), collected.owned.clone());
+        let result = optimize(learner, run, batching, step, lr, |micro, pass| {
+            let first = collected.owned.start;
+            let local: Vec<i64> = micro.iter().map(|&row| (row - first) as i64).collect();
             let local = Tensor::from_slice(&local).to_device(device);
-            let rows = c.kept.index_select(0, &local);
-            let mut means = MetricMeans::default();
-            for j in 0..w {
-                let out = engine.replay(batch, &rows, j)?;
-                let at = |t: &Tensor| t.index_select(0, &local).select(1, j);
-                let loss = gardo_loss(
+            let rows = kept.index_select(0, &local);
+            pass.slots(window as usize, |slot| {
+                let slot = slot as i64;
+                let out = engine.replay(batch, &rows, slot)?;
+                let at = |steps: &Tensor| steps.index_select(0, &local).select(1, slot);
+                let output = gardo_loss(
                     &GardoBatch {
                         log_prob: &out.log_prob,
                         old_log_prob: &at(&old_lp),
@@ -201,32 +209,29 @@ impl Gardo {
                     },
                     actor,
                 )?;
-                let total = finite_loss(&loss.loss, k, &format!("window step {j}"))?;
-                means.add(&loss.metrics);
-                means.add(&Metrics::from([("actor/loss".to_string(), total)]));
-                backward.run(&(loss.loss * (scale / w as f64)))?;
-            }
-            Ok(means.means())
+                Ok(SlotLoss { what: format!("window step {slot}"), output })
+            })
         });
         let result = result?;
         if result.get("actor/kl_loss").is_some_and(|&kl| kl > actor.gardo_kl_threshold) {
             state.reset_pending = true;
         }
-        m.extend(result);
-        update.finish(m);
+        metrics.extend(result);
+        update.finish(metrics);
         Ok(())
     }
 }
 
 /// Each proxy reward's scores of the step's rows.
-fn proxy_scores(c: &Collected, names: &[String]) -> Result<Vec<Vec<f64>>, TrainError> {
+fn proxy_scores(collected: &Collected, names: &[String]) -> Result<Vec<Vec<f64>>, TrainError> {
     names
         .iter()
         .map(|name| {
-            c.details
+            collected
+                .details
                 .iter()
-                .map(|d| {
-                    d.by_scorer.get(name).copied().ok_or_else(|| {
+                .map(|detail| {
+                    detail.by_scorer.get(name).copied().ok_or_else(|| {
                         TrainError::Invalid(format!(
                             "actor.gardo_proxy_rewards: `{name}` gave no score for a sample"
                         ))

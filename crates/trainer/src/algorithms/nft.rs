@@ -23,7 +23,7 @@ use crate::reference::Reference;
 use crate::run::Run;
 use crate::seeds::NFT_SALT;
 use crate::source::Source;
-use crate::update::{finite_loss, optimize, Batching, Learner, MetricMeans};
+use crate::update::{optimize, Batching, Learner, SlotLoss};
 use crate::TrainError;
 
 /// DiffusionNFT: the old policy samples, the forward-process loss trains.
@@ -51,14 +51,14 @@ impl Algorithm for Nft {
         run: &Run<'_>,
         learner: &mut Learner,
         source: &mut Source,
-        k: u64,
+        step: u64,
         lr: f64,
-        m: &mut Metrics,
+        metrics: &mut Metrics,
     ) -> Result<usize, TrainError> {
         let old = super::started(&mut self.old, "diffusion_nft")?;
-        let c = super::collect_with_old_policy(run, learner, old, source, k, m)?;
-        nft_step(run, learner, old, &c, k, lr, m)?;
-        Ok(c.batch.images.len())
+        let collected = super::collect_with_old_policy(run, learner, old, source, step, metrics)?;
+        nft_step(run, learner, old, &collected, step, lr, metrics)?;
+        Ok(collected.batch.images.len())
     }
 }
 
@@ -66,16 +66,16 @@ impl Algorithm for Nft {
 /// without replacement.
 pub(crate) fn trained_timesteps(
     rows: usize,
-    steps: usize,
+    timesteps: usize,
     fraction: f64,
     seed: u64,
-    k: u64,
+    step: u64,
 ) -> Vec<Vec<usize>> {
-    let count = ((steps as f64 * fraction) as usize).clamp(1, steps);
-    let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed ^ NFT_SALT, k, u64::MAX >> 2));
+    let count = ((timesteps as f64 * fraction) as usize).clamp(1, timesteps);
+    let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed ^ NFT_SALT, step, u64::MAX >> 2));
     (0..rows)
         .map(|_| {
-            let mut all: Vec<usize> = (0..steps).collect();
+            let mut all: Vec<usize> = (0..timesteps).collect();
             all.shuffle(&mut rng);
             all.truncate(count);
             all
@@ -83,52 +83,60 @@ pub(crate) fn trained_timesteps(
         .collect()
 }
 
-/// Advantages, the NFT update and the old-adapter refresh of training step `k`.
+/// Advantages, the NFT update and the old-adapter refresh of training step `step`.
 fn nft_step(
     run: &Run<'_>,
     learner: &mut Learner,
     old: &mut Ema,
-    c: &Collected,
-    k: u64,
+    collected: &Collected,
+    step: u64,
     lr: f64,
-    m: &mut Metrics,
+    metrics: &mut Metrics,
 ) -> Result<(), TrainError> {
     let (recipe, engine) = (run.recipe, &run.engine);
     let actor = &recipe.actor;
     let model = engine.pipe.denoiser();
     let reference = run.reference.as_ref().expect("diffusion_nft always has a reference");
-    let device = c.kept.device();
+    let kept = &collected.kept;
+    let device = kept.device();
 
     let timer = Instant::now();
-    let a = c.advantages(1, &recipe.advantage, m)?.select(1, 0);
-    let prob = reward_probability(&a, actor.reward_mode, actor.adv_clip_max).to_device(device);
-    m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+    let advantages = collected.advantages(1, &recipe.advantage, metrics)?.select(1, 0);
+    let prob =
+        reward_probability(&advantages, actor.reward_mode, actor.adv_clip_max).to_device(device);
+    metrics.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
 
     let update = crate::perf::ActorUpdate::start();
-    let x0 = c.batch.trajectory.final_latents.index_select(0, &c.kept);
-    let text = c.batch.text.rows(&c.kept);
+    let x0 = collected.batch.trajectory.final_latents.index_select(0, kept);
+    let text = collected.batch.text.rows(kept);
     let grid = &engine.grid.timesteps;
-    let chosen =
-        trained_timesteps(c.rewards.len(), grid.len(), actor.timestep_fraction, recipe.seed, k);
+    let samples = collected.rewards.len();
+    let chosen = trained_timesteps(samples, grid.len(), actor.timestep_fraction, recipe.seed, step);
     let slots = chosen[0].len();
-    let batching = Batching::groups(recipe, c.rewards.len(), c.owned.clone());
-    let params =
-        learner.optimizer.params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
-    let result = optimize(learner, run, batching, k, lr, |micro, scale, backward| {
-        // `micro` holds step-wide positions; this rank's tensors start at `c.owned.start`.
-        let idx = micro.iter().map(|&i| (i - c.owned.start) as i64).collect::<Vec<_>>();
+    let batching = Batching::groups(recipe, samples, collected.owned.clone());
+    let params = learner
+        .optimizer
+        .params
+        .iter()
+        .map(|(name, param)| (name.clone(), param.shallow_clone()))
+        .collect();
+    let result = optimize(learner, run, batching, step, lr, |micro, pass| {
+        // `micro` holds step-wide positions; this rank's tensors start at `collected.owned.start`.
+        let first = collected.owned.start;
+        let idx = micro.iter().map(|&sample| (sample - first) as i64).collect::<Vec<_>>();
         let idx = Tensor::from_slice(&idx).to_device(device);
         let (x0, text, prob) =
             (x0.index_select(0, &idx), text.rows(&idx), prob.index_select(0, &idx));
-        let mut means = MetricMeans::default();
-        for j in 0..slots {
-            let sigma: Vec<f32> = micro.iter().map(|&i| grid[chosen[i][j]] / 1000.0).collect();
+        pass.slots(slots, |slot| {
+            let sigma: Vec<f32> =
+                micro.iter().map(|&sample| grid[chosen[sample][slot]] / 1000.0).collect();
             let sigma = Tensor::from_slice(&sigma).to_device(device);
             let noise = Tensor::cat(
                 &micro
                     .iter()
-                    .map(|&i| {
-                        let stream = row_seed(recipe.seed ^ NFT_SALT, k, (i * slots + j) as u64);
+                    .map(|&sample| {
+                        let stream =
+                            row_seed(recipe.seed ^ NFT_SALT, step, (sample * slots + slot) as u64);
                         let mut shape = x0.size();
                         shape[0] = 1;
                         SampleRng::new(stream).normal(&shape, device)
@@ -136,11 +144,11 @@ fn nft_step(
                     .collect::<Vec<_>>(),
                 0,
             );
-            let s = per_row(&sigma, &x0);
-            let xt = (1.0 - &s) * &x0 + &s * &noise;
+            let sigma_rows = per_row(&sigma, &x0);
+            let xt = (1.0 - &sigma_rows) * &x0 + &sigma_rows * &noise;
             let [old_pred, ref_pred, policy_pred] =
                 predictions(model, old, &params, reference, (&xt, &sigma, &text))?;
-            let out = nft_loss(
+            let output = nft_loss(
                 &NftBatch {
                     x0: &x0,
                     xt: &xt,
@@ -154,20 +162,16 @@ fn nft_step(
                 actor.ref_kl_coef,
                 actor.adv_clip_max,
             )?;
-            let total = finite_loss(&out.loss, k, &format!("nft timestep slot {j}"))?;
-            means.add(&out.metrics);
-            means.add(&Metrics::from([("actor/loss".to_string(), total)]));
-            backward.run(&(out.loss * (scale / slots as f64)))?;
-        }
-        Ok(means.means())
+            Ok(SlotLoss { what: format!("nft timestep slot {slot}"), output })
+        })
     });
-    if k.is_multiple_of(actor.old_policy_update_interval) {
-        old.decay = actor.old_policy_decay.decay(k);
+    if step.is_multiple_of(actor.old_policy_update_interval) {
+        old.decay = actor.old_policy_decay.decay(step);
         old.update(&learner.optimizer.params);
-        m.insert("actor/old_policy_decay".into(), old.decay);
+        metrics.insert("actor/old_policy_decay".into(), old.decay);
     }
-    m.extend(result?);
-    update.finish(m);
+    metrics.extend(result?);
+    update.finish(metrics);
     Ok(())
 }
 

@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use flowtune_config::{OldLogProb, Recipe};
 use flowtune_models::{FlowPipeline, PipelineOptions};
-use flowtune_objectives::losses::{distill_kl, kl_to_reference, PolicyBatch, PolicyLoss};
+use flowtune_objectives::losses::{
+    distill_kl, kl_to_reference, LossOutput, PolicyBatch, PolicyLoss,
+};
 use flowtune_objectives::{Correction, Metrics};
 use flowtune_rollout::{Engine, RolloutBatch};
 use tch::{Kind, Tensor};
@@ -18,7 +20,7 @@ use crate::collect::{collect, Collected};
 use crate::replay::{replay_all, OldPolicy};
 use crate::run::Run;
 use crate::source::Source;
-use crate::update::{finite_loss, optimize, Backward, Batching, Learner, MetricMeans};
+use crate::update::{optimize, Batching, Learner, MicroPass, SlotLoss};
 use crate::TrainError;
 
 /// Flow-GRPO and its family: SDE rollouts, group advantages, a clipped step-ratio loss; with no
@@ -54,48 +56,52 @@ impl Algorithm for PolicyGradient {
         run: &Run<'_>,
         learner: &mut Learner,
         source: &mut Source,
-        k: u64,
+        step: u64,
         lr: f64,
-        m: &mut Metrics,
+        metrics: &mut Metrics,
     ) -> Result<usize, TrainError> {
-        let c = collect(run, super::prompts(source)?, k, m)?;
+        let collected = collect(run, super::prompts(source)?, step, metrics)?;
         run.status("update");
-        self.update(run, learner, &c, k, lr, m)?;
-        Ok(c.batch.images.len())
+        self.update(run, learner, &collected, step, lr, metrics)?;
+        Ok(collected.batch.images.len())
     }
 }
 
 impl PolicyGradient {
-    /// Old log-probs, reference, teachers, advantages and the update of training step `k`;
+    /// Old log-probs, reference, teachers, advantages and the update of training step `step`;
     /// without a policy loss (`diffusion_opd`) the update minimises the distillation KL alone.
     fn update(
         &self,
         run: &Run<'_>,
         learner: &mut Learner,
-        c: &Collected,
-        k: u64,
+        collected: &Collected,
+        step: u64,
         lr: f64,
-        m: &mut Metrics,
+        metrics: &mut Metrics,
     ) -> Result<(), TrainError> {
         let (loss_kind, teachers) = (self.loss, &self.teachers);
         let (recipe, engine, comm) = (run.recipe, &run.engine, &run.comm);
         let model = engine.pipe.denoiser();
-        let batch = &c.batch;
-        let w = batch.windows[0].len() as i64;
-        let rollout_lp = batch.trajectory.all_log_probs.index_select(0, &c.kept);
+        let batch = &collected.batch;
+        let kept = &collected.kept;
+        let window = batch.windows[0].len() as i64;
+        let rollout_lp = batch.trajectory.all_log_probs.index_select(0, kept);
 
         // old log-probs
         let timer = Instant::now();
         let old = match recipe.trainer.old_log_prob {
             OldLogProb::Recompute => {
                 let means = loss_kind.is_some_and(PolicyLoss::needs_means);
-                let old = replay_all(engine, model, batch, &c.kept, w, means)?;
+                let old = replay_all(engine, model, batch, kept, window, means)?;
                 let drift = comm.gather_rows(&(&old.log_probs - &rollout_lp).abs())?;
-                m.insert(
+                metrics.insert(
                     "rollout_corr/logprob_abs_diff_mean".into(),
                     drift.mean(Kind::Float).double_value(&[]),
                 );
-                m.insert("rollout_corr/logprob_abs_diff_max".into(), drift.max().double_value(&[]));
+                metrics.insert(
+                    "rollout_corr/logprob_abs_diff_max".into(),
+                    drift.max().double_value(&[]),
+                );
                 old
             }
             OldLogProb::Bypass => OldPolicy {
@@ -110,8 +116,9 @@ impl PolicyGradient {
             let (all_old, all_rollout) =
                 (comm.gather_rows(&old.log_probs)?, comm.gather_rows(&rollout_lp)?);
             let all = recipe.rollout_correction.compute(&all_old, &all_rollout)?;
-            m.extend(all.metrics.clone());
-            let mine = |t: &Tensor| t.narrow(0, c.owned.start as i64, c.owned.len() as i64);
+            metrics.extend(all.metrics.clone());
+            let owned = &collected.owned;
+            let mine = |rows: &Tensor| rows.narrow(0, owned.start as i64, owned.len() as i64);
             Some(Correction {
                 weights: mine(&all.weights),
                 keep: mine(&all.keep),
@@ -120,54 +127,54 @@ impl PolicyGradient {
         } else {
             None
         };
-        m.insert("timing_s/old_log_prob".into(), timer.elapsed().as_secs_f64());
+        metrics.insert("timing_s/old_log_prob".into(), timer.elapsed().as_secs_f64());
 
         // ref
         let timer = Instant::now();
         let reference = match &run.reference {
-            Some(r) if recipe.actor.use_kl_loss => {
-                Some(r.run(model, |net| replay_all(engine, net, batch, &c.kept, w, true))?)
-            }
+            Some(reference) if recipe.actor.use_kl_loss => Some(
+                reference.run(model, |net| replay_all(engine, net, batch, kept, window, true))?,
+            ),
             _ => None,
         };
-        m.insert("timing_s/ref".into(), timer.elapsed().as_secs_f64());
+        metrics.insert("timing_s/ref".into(), timer.elapsed().as_secs_f64());
 
         // teacher
         let timer = Instant::now();
         let distils = loss_kind.is_none() || recipe.actor.use_distill_loss;
         let teacher = if distils {
-            let sources = &c.sources[c.owned.clone()];
-            Some(super::teachers::teacher_means(teachers, engine, batch, &c.kept, sources, w)?)
+            let sources = &collected.sources[collected.owned.clone()];
+            Some(super::teachers::teacher_means(teachers, engine, batch, kept, sources, window)?)
         } else {
             None
         };
-        m.insert("timing_s/teacher".into(), timer.elapsed().as_secs_f64());
+        metrics.insert("timing_s/teacher".into(), timer.elapsed().as_secs_f64());
 
         // adv
         let timer = Instant::now();
-        let advantages = c.advantages(w as usize, &recipe.advantage, m)?;
-        m.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+        let advantages = collected.advantages(window as usize, &recipe.advantage, metrics)?;
+        metrics.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
 
         // update
         let update = crate::perf::ActorUpdate::start();
         let inputs = Inputs {
             engine,
             batch,
-            rows: &c.kept,
+            rows: kept,
             old: &old,
             reference: reference.as_ref(),
             teacher: teacher.as_ref(),
             correction: correction.as_ref(),
             advantages: &advantages,
             loss: loss_kind,
-            window: w,
-            first: c.owned.start,
+            window,
+            first: collected.owned.start,
         };
-        let batching = Batching::groups(recipe, c.rewards.len(), c.owned.clone());
-        m.extend(optimize(learner, run, batching, k, lr, |micro, scale, backward| {
-            inputs.micro_step(run, micro, scale / w as f64, k, backward)
+        let batching = Batching::groups(recipe, collected.rewards.len(), collected.owned.clone());
+        metrics.extend(optimize(learner, run, batching, step, lr, |micro, pass| {
+            inputs.micro_step(run, micro, pass)
         })?);
-        update.finish(m);
+        update.finish(metrics);
         Ok(())
     }
 }
@@ -192,37 +199,37 @@ struct Inputs<'a> {
 }
 
 impl Inputs<'_> {
-    /// Forward and backward of one micro-batch (step-wide positions of this rank's kept rows),
-    /// step by step.
+    /// The losses of one micro-batch (step-wide positions of this rank's kept rows), window step
+    /// by window step.
     fn micro_step(
         &self,
         run: &Run<'_>,
         micro: &[usize],
-        scale: f64,
-        k: u64,
-        backward: &Backward,
-    ) -> Result<Metrics, TrainError> {
+        pass: &mut MicroPass,
+    ) -> Result<(), TrainError> {
         let recipe = run.recipe;
         let device = self.rows.device();
-        let local = micro.iter().map(|&i| (i - self.first) as i64).collect::<Vec<_>>();
+        let local = micro.iter().map(|&row| (row - self.first) as i64).collect::<Vec<_>>();
         let local = Tensor::from_slice(&local).to_device(device);
         let rows = self.rows.index_select(0, &local);
-        let at = |t: &Tensor, j: i64| t.index_select(0, &local).select(1, j);
-        let mut means = MetricMeans::default();
-        for j in 0..self.window {
-            let out = self.engine.replay(self.batch, &rows, j)?;
-            let pick = |t: &Option<Tensor>| t.as_ref().map(|t| at(t, j));
+        let at = |steps: &Tensor, slot: i64| steps.index_select(0, &local).select(1, slot);
+        pass.slots(self.window as usize, |slot| {
+            let slot = slot as i64;
+            let out = self.engine.replay(self.batch, &rows, slot)?;
+            let pick = |steps: &Option<Tensor>| steps.as_ref().map(|steps| at(steps, slot));
             let (old_mean, old_std, old_dt) =
                 (pick(&self.old.means), pick(&self.old.std), pick(&self.old.sqrt_dt));
-            let weights = self.correction.map(|c| at(&c.weights, j));
-            let keep = self.correction.map(|c| at(&c.keep, j));
+            let weights = self.correction.map(|correction| at(&correction.weights, slot));
+            let keep = self.correction.map(|correction| at(&correction.keep, slot));
             let mut loss = Tensor::zeros([], (Kind::Float, device));
+            // The policy loss's, the distillation KL's and the reference KL's keys are distinct.
+            let mut metrics = Metrics::new();
             if let Some(kind) = self.loss {
                 let pg = kind.compute(
                     &PolicyBatch {
                         log_prob: &out.log_prob,
-                        old_log_prob: &at(&self.old.log_probs, j),
-                        advantages: &at(self.advantages, j),
+                        old_log_prob: &at(&self.old.log_probs, slot),
+                        advantages: &at(self.advantages, slot),
                         prev_sample_mean: Some(&out.prev_sample_mean),
                         old_prev_sample_mean: old_mean.as_ref(),
                         std_dev_t: old_std.as_ref().or(Some(&out.std_dev_t)),
@@ -232,28 +239,33 @@ impl Inputs<'_> {
                     },
                     &recipe.actor,
                 )?;
-                means.add(&pg.metrics);
+                metrics.extend(pg.metrics);
                 loss = pg.loss;
             }
-            if let Some(t) = self.teacher {
-                let teacher_mean = at(&t.means, j);
-                let w = t.weights.index_select(0, &local);
-                let kl =
-                    distill_kl(&out.prev_sample_mean, &teacher_mean, &out.std_dev_t, Some(&w))?;
-                means.add(&kl.metrics);
+            if let Some(teacher) = self.teacher {
+                let teacher_mean = at(&teacher.means, slot);
+                let weights = teacher.weights.index_select(0, &local);
+                let kl = distill_kl(
+                    &out.prev_sample_mean,
+                    &teacher_mean,
+                    &out.std_dev_t,
+                    Some(&weights),
+                )?;
+                metrics.extend(kl.metrics);
                 let coef = if self.loss.is_some() { recipe.actor.distill_loss_coef } else { 1.0 };
                 loss += kl.loss * coef;
             }
-            if let Some(r) = self.reference {
-                let ref_mean = at(r.means.as_ref().expect("reference means are kept"), j);
+            if let Some(reference) = self.reference {
+                let ref_mean =
+                    at(reference.means.as_ref().expect("reference means are kept"), slot);
                 let kl = kl_to_reference(&out.prev_sample_mean, &ref_mean, &out.std_dev_t)?;
-                means.add(&kl.metrics);
+                metrics.extend(kl.metrics);
                 loss += kl.loss * recipe.actor.kl_loss_coef;
             }
-            let total = finite_loss(&loss, k, &format!("window step {j}"))?;
-            means.add(&Metrics::from([("actor/loss".to_string(), total)]));
-            backward.run(&(loss * scale))?;
-        }
-        Ok(means.means())
+            Ok(SlotLoss {
+                what: format!("window step {slot}"),
+                output: LossOutput { loss, metrics },
+            })
+        })
     }
 }
