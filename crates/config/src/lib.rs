@@ -2,6 +2,7 @@
 //! settings with defaults and validated before anything runs. Every error is one line naming the
 //! file or override, the key, the value and what is allowed.
 
+mod needs;
 mod overrides;
 mod paths;
 mod recipe;

@@ -2,12 +2,9 @@
 
 use std::path::Path;
 
-use flowtune_objectives::{
-    AdvantageConfig, Algorithm, CorrectionConfig, LossConfig, Objective, ObjectiveError,
-    RolloutNeed,
-};
+use flowtune_objectives::{AdvantageConfig, CorrectionConfig, LossConfig, ObjectiveError};
 use flowtune_rewards::RewardConfig;
-use flowtune_sampling::{SamplerConfig, SamplingError, SdeType};
+use flowtune_sampling::{SamplerConfig, SamplingError};
 use serde::{Deserialize, Serialize};
 use serde_yaml::Value;
 
@@ -15,7 +12,7 @@ use flowtune_models::Dtype;
 
 use crate::suggest::nearest_name;
 use crate::{
-    ConfigError, DataSection, Finetune, ModelSection, OldLogProb, Override, Sharding, StateOffload,
+    ConfigError, DataSection, Finetune, ModelSection, Override, Sharding, StateOffload,
     TrainerSection,
 };
 
@@ -209,169 +206,7 @@ impl Recipe {
         if let Some(r) = self.model.output_resolution.filter(|r| *r < 32) {
             return Err(("model.output_resolution".into(), format!("{r}: expected ≥ 32 pixels")));
         }
-        self.check_algorithm(algorithm)
-    }
-
-    /// Settings an algorithm depends on: each error names the setting to change.
-    fn check_algorithm(&self, algorithm: &Algorithm) -> Result<(), (String, String)> {
-        let (name, objective) = (algorithm.name, algorithm.objective);
-        let fail = |key: &str, message: String| Err((key.to_string(), message));
-        let bypass = self.trainer.old_log_prob == OldLogProb::Bypass;
-        if matches!(objective, Objective::Policy(_) | Objective::Gardo) && self.rollout.n < 2 {
-            return fail("rollout.n", format!("{}: {name}'s advantages are rewards minus their prompt group's mean, so a group of one sample trains nothing; set rollout.n ≥ 2", self.rollout.n));
-        }
-        match objective {
-            Objective::Policy(loss) => {
-                if self.rollout.noise_level == 0.0 {
-                    return fail(
-                        "rollout.noise_level",
-                        format!(
-                            "0 leaves {name} no stochastic step to train; set it > 0 (e.g. 0.7)"
-                        ),
-                    );
-                }
-                if bypass && loss.needs_means() {
-                    return fail("trainer.old_log_prob", format!("{name} needs the old policy's transition means, which bypass mode does not compute; set trainer.old_log_prob: recompute"));
-                }
-                if bypass && self.rollout_correction.enabled() {
-                    return fail("rollout_correction", "corrects rollout log-probs towards recomputed old ones, but bypass mode uses the rollout's as the old ones; set trainer.old_log_prob: recompute or turn rollout_is / rollout_rs off".into());
-                }
-                let need = algorithm.rollout;
-                if need == RolloutNeed::DanceSde && self.rollout.sde_type != SdeType::DanceSde {
-                    return fail("rollout.sde_type", format!("{name} samples with the DanceGRPO SDE; set rollout.sde_type: dance_sde"));
-                }
-                if need == RolloutNeed::SdeWindow && self.rollout.sde_window_size == 0 {
-                    return fail("rollout.sde_window_size", format!("{name} trains an SDE window and takes ODE steps outside it; set rollout.sde_window_size ≥ 1"));
-                }
-            }
-            Objective::Gardo => self.check_gardo()?,
-            Objective::Dgpo => self.check_dgpo()?,
-            Objective::Distill if self.rollout.noise_level == 0.0 => {
-                return fail(
-                    "rollout.noise_level",
-                    format!("0 leaves {name} no stochastic step to distil; set it > 0 (e.g. 0.7)"),
-                );
-            }
-            Objective::Dpo | Objective::Nft if self.rollout_correction.enabled() => {
-                return fail("rollout_correction", format!("{name} trains on clean samples, not on rollout log-probs; turn rollout_is / rollout_rs off"));
-            }
-            Objective::Dpo if self.data.preference_files.is_empty() && self.rollout.n < 2 => {
-                return fail("rollout.n", "online dpo pairs the best and worst sample of each prompt, so it needs rollout.n ≥ 2 (or data.preference_files for offline pairs)".into());
-            }
-            Objective::Nft if self.rollout.n < 2 => {
-                return fail(
-                    "rollout.n",
-                    "diffusion_nft compares samples of a prompt with each other; set rollout.n ≥ 2"
-                        .into(),
-                );
-            }
-            _ => {}
-        }
-        self.check_teachers(objective)?;
-        if !self.data.preference_files.is_empty() && objective != Objective::Dpo {
-            return fail(
-                "data.preference_files",
-                format!("preference pairs train only algorithm: dpo, not {name}"),
-            );
-        }
-        Ok(())
-    }
-
-    /// Teachers go with distillation: `diffusion_opd`, or `actor.use_distill_loss` on a
-    /// policy-gradient algorithm; each needs at least one teacher, and no teacher stays unused.
-    fn check_teachers(&self, objective: Objective) -> Result<(), (String, String)> {
-        let m = &self.model;
-        let fail = |key: &str, message: &str| Err((key.to_string(), message.to_string()));
-        if m.teacher_path.is_some() && !m.teachers.is_empty() {
-            return fail(
-                "model.teachers",
-                "set model.teacher_path (one teacher) or model.teachers (several), not both",
-            );
-        }
-        let teachers = m.all_teachers();
-        let distils = objective == Objective::Distill || self.actor.use_distill_loss;
-        if self.actor.use_distill_loss && !matches!(objective, Objective::Policy(_)) {
-            return fail("actor.use_distill_loss", "adds the distillation KL to a policy-gradient loss (flow_grpo, …); use algorithm: diffusion_opd for distillation alone");
-        }
-        if distils && teachers.is_empty() {
-            return fail(
-                "model.teacher_path",
-                "distillation needs a frozen teacher: set model.teacher_path or model.teachers",
-            );
-        }
-        if !distils && !teachers.is_empty() {
-            return fail("model.teacher_path", "a teacher is set but nothing distils; use algorithm: diffusion_opd or actor.use_distill_loss: true");
-        }
-        for (i, t) in teachers.iter().enumerate() {
-            if !(t.weight > 0.0 && t.weight.is_finite()) {
-                return Err((
-                    format!("model.teachers[{i}].weight"),
-                    format!("{} is not allowed; expected a finite number > 0", t.weight),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// DGPO's needs: ODE rollouts, groups of at least two, and whole groups in every micro-batch.
-    fn check_dgpo(&self) -> Result<(), (String, String)> {
-        let (n, micro) = (self.rollout.n, self.trainer.micro_batch_size);
-        let fail = |key: &str, message: String| Err((key.to_string(), message));
-        if self.rollout.noise_level != 0.0 {
-            return fail("rollout.noise_level", format!("{} is not allowed; dgpo samples with the ODE sampler, set rollout.noise_level: 0", self.rollout.noise_level));
-        }
-        if n < 2 {
-            return fail(
-                "rollout.n",
-                "dgpo compares the samples of a prompt group; set rollout.n ≥ 2".into(),
-            );
-        }
-        if micro % n != 0 {
-            return fail("trainer.micro_batch_size", format!("{micro} is not a multiple of rollout.n {n}; dgpo scores each prompt group as a whole, so every group must sit in one micro-batch on one rank"));
-        }
-        if self.rollout_correction.enabled() {
-            return fail("rollout_correction", "dgpo trains on clean samples, not on rollout log-probs; turn rollout_is / rollout_rs off".into());
-        }
-        if self.actor.use_kl_loss {
-            return fail("actor.use_kl_loss", "dgpo regularises with actor.ref_kl_coef (velocity MSE to the reference); set use_kl_loss: false".into());
-        }
-        Ok(())
-    }
-
-    /// GARDO's needs: SDE rollouts, its own KL (not `use_kl_loss`), a diversity model and at least
-    /// one proxy reward among the reward functions.
-    fn check_gardo(&self) -> Result<(), (String, String)> {
-        let a = &self.actor;
-        let fail = |key: &str, message: &str| Err((key.to_string(), message.to_string()));
-        if self.rollout.noise_level == 0.0 {
-            return fail(
-                "rollout.noise_level",
-                "0 leaves gardo no stochastic step to train; set it > 0 (e.g. 0.7)",
-            );
-        }
-        if self.rollout_correction.enabled() {
-            return fail(
-                "rollout_correction",
-                "gardo does not weigh rollout log-probs; turn rollout_is / rollout_rs off",
-            );
-        }
-        if a.use_kl_loss {
-            return fail("actor.use_kl_loss", "gardo has its own gated KL to its anchor (weight actor.kl_loss_coef); set use_kl_loss: false");
-        }
-        if a.gardo_features.is_none() {
-            return fail("actor.gardo_features", "gardo needs a transformers CLIPModel folder whose image embeddings measure diversity");
-        }
-        if a.gardo_proxy_rewards.is_empty() {
-            return fail("actor.gardo_proxy_rewards", "gardo gates its KL by how a sample's trained-reward rank departs from its proxy rewards' ranks; name at least one of reward.functions (weight 0 keeps it out of the trained reward)");
-        }
-        let names: Vec<&str> = self.reward.functions.iter().map(|f| f.name.as_str()).collect();
-        if let Some(missing) = a.gardo_proxy_rewards.iter().find(|p| !names.contains(&p.as_str())) {
-            return Err((
-                "actor.gardo_proxy_rewards".into(),
-                format!("`{missing}` is not one of reward.functions ({})", names.join(", ")),
-            ));
-        }
-        Ok(())
+        self.check_needs(algorithm)
     }
 
     /// The resolved recipe as YAML.

@@ -11,7 +11,10 @@ pub mod registry;
 pub use advantages::{group_advantages, AdvantageConfig, Advantages};
 pub use correction::{Correction, CorrectionConfig, Level};
 pub use losses::{LossConfig, LossOutput, Metrics};
-pub use registry::{algorithm, Algorithm, Objective, RolloutNeed, ALGORITHMS};
+pub use registry::{
+    algorithm, algorithms, register, Algorithm, Distills, Needs, Objective, ReferenceNeed,
+    RolloutNeed, Sampling, ALGORITHMS,
+};
 
 /// Errors of the objectives: bad settings, mismatched shapes, missing inputs, non-finite values.
 #[derive(Debug, thiserror::Error)]

@@ -84,26 +84,15 @@ pub(crate) fn save(
     if let Some(blocks) = blocks {
         write_blocks(blocks, learner, kept, &tmp, comm)?;
     }
-    let moments = |named: &mut Vec<(String, Tensor)>| {
-        for (name, t) in optimizer.exp_avg.iter().filter(|(n, _)| !optimizer.local.contains(*n)) {
-            named.push((format!("exp_avg.{name}"), t.shallow_clone()));
-            named.push((format!("exp_avg_sq.{name}"), optimizer.exp_avg_sq[name].shallow_clone()));
-        }
-        for (name, t) in &optimizer.master {
-            named.push((format!("master.{name}"), t.shallow_clone()));
-        }
-    };
     if !comm.is_main() {
-        if optimizer.owners.is_some() {
-            let mut named = vec![];
-            moments(&mut named);
+        if optimizer.shards_state() {
+            let named = optimizer.state_tensors();
             Tensor::write_safetensors(&named, tmp.join(rank_file(comm.rank())))?;
         }
         comm.barrier()?;
         comm.barrier()?;
         return Ok(dir);
     }
-    let mut named: Vec<(String, Tensor)> = vec![];
     match (model.adapters().is_some(), blocks) {
         (true, _) => model.save_lora(&tmp.join(ADAPTERS))?,
         (false, None) => model.save_weights(&tmp.join(WEIGHTS))?,
@@ -119,11 +108,9 @@ pub(crate) fn save(
             Tensor::write_safetensors(&others, tmp.join(WEIGHTS))?;
         }
     }
-    moments(&mut named);
+    let mut named = optimizer.state_tensors();
     for (prefix, shadow) in shadows(learner, kept) {
-        for (name, t) in shadow.shadow.iter().filter(|(n, _)| !optimizer.local.contains(*n)) {
-            named.push((format!("{prefix}.{name}"), t.shallow_clone()));
-        }
+        named.extend(shadow.state_tensors(prefix, optimizer.local()));
     }
     Tensor::write_safetensors(&named, tmp.join(OPTIMIZER))?;
     let text = serde_json::to_string_pretty(state).expect("state is JSON");
@@ -169,7 +156,7 @@ fn write_blocks(
 ) -> Result<(), TrainError> {
     let optimizer = &learner.optimizer;
     let masters = blocks.masters();
-    let mut parts = vec![("exp_avg", &optimizer.exp_avg), ("exp_avg_sq", &optimizer.exp_avg_sq)];
+    let mut parts = optimizer.moments().to_vec();
     if blocks.kind() != Kind::Float {
         parts.push(("master", &masters));
     }
@@ -309,25 +296,13 @@ pub(crate) fn load(
     for file in ranks.chain(whole_blocks) {
         saved.extend(Tensor::read_safetensors(&file)?);
     }
+    optimizer.load_state_tensors(&saved, state.optimizer_steps).map_err(|e| {
+        TrainError::Invalid(format!(
+            "{}: {e} in {OPTIMIZER} or its other ranks' files",
+            dir.display()
+        ))
+    })?;
     let _guard = tch::no_grad_guard();
-    for (name, m) in optimizer.exp_avg.iter().filter(|(n, _)| !optimizer.local.contains(*n)) {
-        let (sm, sv) =
-            (saved.get(&format!("exp_avg.{name}")), saved.get(&format!("exp_avg_sq.{name}")));
-        let (Some(sm), Some(sv)) = (sm, sv) else {
-            return Err(TrainError::Invalid(format!(
-                "{}: no optimizer state for {name} in {OPTIMIZER} or its other ranks' files",
-                dir.display()
-            )));
-        };
-        m.shallow_clone().copy_(sm);
-        optimizer.exp_avg_sq[name].shallow_clone().copy_(sv);
-    }
-    for (name, master) in &optimizer.master {
-        // A checkpoint written without master copies starts them at the loaded weights.
-        let value = saved.get(&format!("master.{name}")).unwrap_or(&optimizer.params[name]);
-        master.shallow_clone().copy_(value);
-    }
-    optimizer.steps = state.optimizer_steps;
     if let Some(blocks) = sharded {
         for block in blocks.blocks() {
             // This block's own file; a checkpoint without them (written whole) has it in `saved`.
@@ -340,10 +315,7 @@ pub(crate) fn load(
                 &saved
             };
             let slice = |prefix: &str| blocks.reshard_block(&block, &prefixed(named, prefix));
-            let optimizer = &learner.optimizer;
-            for (prefix, moments) in
-                [("exp_avg", &optimizer.exp_avg), ("exp_avg_sq", &optimizer.exp_avg_sq)]
-            {
+            for (prefix, moments) in learner.optimizer.moments() {
                 let t = slice(prefix).ok_or_else(|| {
                     TrainError::Invalid(format!(
                         "{}: no {prefix} for {block}'s weights in {} or {OPTIMIZER}",
@@ -365,14 +337,9 @@ pub(crate) fn load(
             }
         }
     }
+    let optimizer = &learner.optimizer;
     for (prefix, shadow) in shadows(learner, kept) {
-        for (name, value) in
-            shadow.shadow.iter().filter(|(n, _)| !learner.optimizer.local.contains(*n))
-        {
-            // A checkpoint from a run without this shadow starts it at the loaded weights.
-            let saved = saved.get(&format!("{prefix}.{name}"));
-            value.shallow_clone().copy_(saved.unwrap_or(&learner.optimizer.params[name]));
-        }
+        shadow.load_state_tensors(prefix, &saved, &optimizer.params, optimizer.local());
     }
     Ok(state)
 }

@@ -4,7 +4,9 @@
 //! algorithms (one module each under `algorithms/`) only through [`algorithms::Algorithm`].
 
 mod algorithms;
+mod build;
 pub mod checkpoint;
+mod checkpointer;
 mod collect;
 pub mod dist;
 mod fit;
@@ -26,6 +28,15 @@ mod update;
 mod validation;
 
 pub use fit::{train, train_with, TrainOptions, TrainSummary};
+
+/// The algorithm seam, for an algorithm made outside this crate (a test's, a plug-in's): the
+/// trait, its registration, and what a step reads and calls (`docs/algorithms/adding.md`).
+pub mod algorithm {
+    pub use crate::algorithms::{register as register_algorithm, Algorithm, Builder};
+    pub use crate::run::Run;
+    pub use crate::source::{PairSource, Source};
+    pub use crate::update::{optimize, Batching, Learner, MicroPass, SlotLoss};
+}
 pub use perf::status_bytes;
 
 use std::path::{Path, PathBuf};

@@ -164,6 +164,66 @@ impl AdamW {
         }
     }
 
+    /// The state a checkpoint keeps, by name: this rank's moments of the parameters every rank
+    /// holds whole (`exp_avg.<name>`, `exp_avg_sq.<name>`) and the f32 masters (`master.<name>`).
+    pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut named = vec![];
+        for (name, t) in self.exp_avg.iter().filter(|(n, _)| !self.local.contains(*n)) {
+            named.push((format!("exp_avg.{name}"), t.shallow_clone()));
+            named.push((format!("exp_avg_sq.{name}"), self.exp_avg_sq[name].shallow_clone()));
+        }
+        for (name, t) in &self.master {
+            named.push((format!("master.{name}"), t.shallow_clone()));
+        }
+        named
+    }
+
+    /// Takes back what [`Self::state_tensors`] gave from `saved` (every rank's files together)
+    /// after `steps` updates; a master the checkpoint lacks starts at its parameter. The error
+    /// names the first parameter whose moments are missing.
+    pub fn load_state_tensors(
+        &mut self,
+        saved: &BTreeMap<String, Tensor>,
+        steps: i64,
+    ) -> Result<(), String> {
+        let _guard = tch::no_grad_guard();
+        for (name, m) in self.exp_avg.iter().filter(|(n, _)| !self.local.contains(*n)) {
+            let (sm, sv) =
+                (saved.get(&format!("exp_avg.{name}")), saved.get(&format!("exp_avg_sq.{name}")));
+            let (Some(sm), Some(sv)) = (sm, sv) else {
+                return Err(format!("no optimizer state for {name}"));
+            };
+            m.shallow_clone().copy_(sm);
+            self.exp_avg_sq[name].shallow_clone().copy_(sv);
+        }
+        for (name, master) in &self.master {
+            let value = saved.get(&format!("master.{name}")).unwrap_or(&self.params[name]);
+            master.shallow_clone().copy_(value);
+        }
+        self.steps = steps;
+        Ok(())
+    }
+
+    /// Updates made so far.
+    pub fn steps(&self) -> i64 {
+        self.steps
+    }
+
+    /// Whether the moments are sharded over the ranks, each keeping its share (ZeRO-1).
+    pub fn shards_state(&self) -> bool {
+        self.owners.is_some()
+    }
+
+    /// The parameters that are this rank's slices of sharded blocks.
+    pub fn local(&self) -> &BTreeSet<String> {
+        &self.local
+    }
+
+    /// The Adam moments by the prefix checkpoints save them under.
+    pub fn moments(&self) -> [(&'static str, &BTreeMap<String, Tensor>); 2] {
+        [("exp_avg", &self.exp_avg), ("exp_avg_sq", &self.exp_avg_sq)]
+    }
+
     /// Drops every gradient (PyTorch's default `set_to_none`): a parameter that no backward pass
     /// reaches before the next step has none and does not step (no momentum, no weight decay),
     /// as in a fresh process after a resume.
@@ -342,6 +402,28 @@ impl Ema {
             let s = &self.shadow[name];
             let p = p.detach().to_device(s.device());
             s.shallow_clone().copy_(&(s * self.decay + p * (1.0 - self.decay)));
+        }
+    }
+
+    /// Its copies as `prefix.<name>`, but those of `skip`.
+    pub fn state_tensors(&self, prefix: &str, skip: &BTreeSet<String>) -> Vec<(String, Tensor)> {
+        let kept = self.shadow.iter().filter(|(n, _)| !skip.contains(*n));
+        kept.map(|(n, t)| (format!("{prefix}.{n}"), t.shallow_clone())).collect()
+    }
+
+    /// Takes back its copies (but those of `skip`) from `saved`; one a checkpoint lacks (from a
+    /// run without this copy) starts at its parameter in `params`.
+    pub fn load_state_tensors(
+        &self,
+        prefix: &str,
+        saved: &BTreeMap<String, Tensor>,
+        params: &BTreeMap<String, Tensor>,
+        skip: &BTreeSet<String>,
+    ) {
+        let _guard = tch::no_grad_guard();
+        for (name, value) in self.shadow.iter().filter(|(n, _)| !skip.contains(*n)) {
+            let saved = saved.get(&format!("{prefix}.{name}"));
+            value.shallow_clone().copy_(saved.unwrap_or(&params[name]));
         }
     }
 

@@ -9,11 +9,11 @@ use crate::dist::Comm;
 use crate::reference::Reference;
 
 /// The read-only state of a run.
-pub(crate) struct Run<'a> {
+pub struct Run<'a> {
     pub recipe: &'a Recipe,
     pub engine: Engine<'a>,
     /// The reference policy, when the algorithm or the KL term needs one.
-    pub reference: Option<Reference>,
+    pub(crate) reference: Option<Reference>,
     pub scorers: Vec<Weighted>,
     pub bar: indicatif::ProgressBar,
     pub comm: Comm,

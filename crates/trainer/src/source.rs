@@ -12,7 +12,7 @@ use crate::run::Run;
 use crate::TrainError;
 
 /// Where a step's training data comes from.
-pub(crate) enum Source {
+pub enum Source {
     /// Prompts, sampled `rollout.n` times each and scored.
     Prompts(PromptLoader),
     /// Offline preference pairs (DPO).
@@ -65,7 +65,7 @@ impl Source {
 }
 
 /// Offline pairs: the dataset, its seeded loader and the encoded images.
-pub(crate) struct PairSource {
+pub struct PairSource {
     pub pairs: Vec<PreferencePair>,
     pub loader: PromptLoader,
     cache: HashMap<usize, Tensor>,

@@ -26,7 +26,7 @@ use crate::TrainError;
 
 /// The trainable state every algorithm shares: the optimizer (which holds the parameters) and
 /// the evaluation EMA. An algorithm's own copies of the weights are its own.
-pub(crate) struct Learner {
+pub struct Learner {
     pub optimizer: AdamW,
     pub ema: Option<Ema>,
 }
@@ -66,7 +66,7 @@ impl MetricMeans {
 }
 
 /// How the step's training units (samples, pairs) are batched, and which this rank holds.
-pub(crate) struct Batching {
+pub struct Batching {
     /// Units of the whole step, over all ranks.
     pub items: usize,
     /// Which units this rank holds and trains (all of them in a world of one).
@@ -96,7 +96,7 @@ impl Batching {
 /// whole step) slot by slot through [`MicroPass::slots`], which checks them, backpropagates them
 /// and averages their metrics. Returns the means over all ranks plus `actor/grad_norm` and
 /// `actor/skipped_steps`.
-pub(crate) fn optimize(
+pub fn optimize(
     learner: &mut Learner,
     run: &Run<'_>,
     batching: Batching,
@@ -184,13 +184,13 @@ pub(crate) fn optimize(
 
 /// One slot's loss (a window step's, a timestep's) with its metrics, and what the message calls
 /// the slot if the loss is not finite.
-pub(crate) struct SlotLoss {
+pub struct SlotLoss {
     pub what: String,
     pub output: LossOutput,
 }
 
 /// One forward/backward pass over a micro-batch, which the algorithm fills slot by slot.
-pub(crate) struct MicroPass<'a> {
+pub struct MicroPass<'a> {
     step: u64,
     /// The micro-batch's share of its mini-batch (0 for a repeated pass).
     share: f64,

@@ -1,6 +1,6 @@
 //! `flowtune list`: what the registries hold.
 
-use flowtune_objectives::ALGORITHMS;
+use flowtune_objectives::algorithms;
 use flowtune_sampling::{Pipeline, SdeType};
 
 use crate::Failure;
@@ -8,7 +8,7 @@ use crate::Failure;
 /// Prints every registered algorithm, SDE type, sigma-grid schedule, reward and model family.
 pub fn run() -> Result<(), Failure> {
     println!("algorithms:");
-    for a in ALGORITHMS {
+    for a in algorithms() {
         println!("  {:<14} {}", a.name, a.summary);
     }
     println!("sde types: {}", SdeType::NAMES.join(", "));

@@ -9,7 +9,6 @@ use anyhow::Context;
 use clap::Args;
 use flowtune_config::{Finetune, Offload, Recipe, Sharding, StateOffload};
 use flowtune_models::Dtype;
-use flowtune_objectives::Objective;
 use flowtune_plan::{plan, verdict, Patterns, Pipeline, Place, Setup, GIB};
 
 use crate::Failure;
@@ -181,15 +180,10 @@ pub(crate) fn setup(
         Dtype::F16 => flowtune_plan::Dtype::F16,
     };
     let (m, t, r) = (&recipe.model, &recipe.trainer, &recipe.rollout);
-    let objective = flowtune_objectives::algorithm(&recipe.algorithm)?.objective;
-    // As the trainer decides (`Reference::for_recipe`, `Algorithm::keeps_old_policy`).
-    let reference = match objective {
-        Objective::Policy(_) | Objective::Distill => recipe.actor.use_kl_loss,
-        // GARDO's KL anchor is a weight copy, counted below.
-        Objective::Gardo => false,
-        _ => true,
-    };
-    let old_policy = matches!(objective, Objective::Nft | Objective::Dgpo | Objective::Gardo);
+    // As the trainer reads the algorithm's needs (GARDO's KL anchor is an old-policy copy).
+    let needs = flowtune_objectives::algorithm(&recipe.algorithm)?.needs;
+    let reference = needs.keeps_reference(recipe.actor.use_kl_loss);
+    let old_policy = needs.old_policy;
     m.lora.validate()?;
     let ranks = m.lora.rank_pattern.iter().map(|(k, &r)| (k, r as u64));
     let setup = Setup {

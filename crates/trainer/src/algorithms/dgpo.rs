@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use flowtune_config::Recipe;
 use flowtune_objectives::losses::{dgpo_loss, DgpoBatch, DgpoSettings};
 use flowtune_objectives::Metrics;
 use flowtune_sampling::{per_row, row_seed, SampleRng};
@@ -33,10 +32,6 @@ pub(crate) struct Dgpo {
 }
 
 impl Algorithm for Dgpo {
-    fn needs_reference(&self, _: &Recipe) -> bool {
-        true
-    }
-
     fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
         self.old = Some(Ema::new(0.0, params, host));
     }

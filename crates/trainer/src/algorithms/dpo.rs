@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use flowtune_config::Recipe;
 use flowtune_models::{velocity_at_sigma, TextConditioning};
 use flowtune_objectives::losses::{dpo_loss, DpoBatch};
 use flowtune_objectives::Metrics;
@@ -26,10 +25,6 @@ use crate::TrainError;
 pub(crate) struct Dpo;
 
 impl Algorithm for Dpo {
-    fn needs_reference(&self, _: &Recipe) -> bool {
-        true
-    }
-
     fn step(
         &mut self,
         run: &Run<'_>,

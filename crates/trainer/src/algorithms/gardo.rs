@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use std::collections::BTreeMap;
 
-use flowtune_config::{OldLogProb, Recipe};
+use flowtune_config::OldLogProb;
 use flowtune_objectives::gardo::{diversity_advantages, uncertainty, GateController};
 use flowtune_objectives::losses::{gardo_loss, GardoBatch};
 use flowtune_objectives::Metrics;
@@ -36,10 +36,6 @@ pub(crate) struct Gardo {
 }
 
 impl Algorithm for Gardo {
-    fn needs_reference(&self, _: &Recipe) -> bool {
-        false
-    }
-
     fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
         self.anchor = Some(Ema::new(0.0, params, host));
     }

@@ -13,6 +13,7 @@ mod policy_gradient;
 mod teachers;
 
 use std::collections::BTreeMap;
+use std::sync::RwLock;
 
 use flowtune_config::Recipe;
 use flowtune_data::PromptLoader;
@@ -28,10 +29,7 @@ use crate::update::Learner;
 use crate::TrainError;
 
 /// One family of training steps and the state it carries from step to step.
-pub(crate) trait Algorithm {
-    /// Whether its steps read the reference policy (its own loss, or `actor.use_kl_loss`).
-    fn needs_reference(&self, recipe: &Recipe) -> bool;
-
+pub trait Algorithm {
     /// Loads the models it needs beside the pipeline (teachers), as the pipeline was loaded with
     /// `options`, before the run's folder exists.
     fn load(
@@ -75,16 +73,43 @@ pub(crate) trait Algorithm {
     ) -> Result<usize, TrainError>;
 }
 
-/// The algorithm of a registered objective.
-pub(crate) fn for_objective(objective: Objective) -> Box<dyn Algorithm> {
-    match objective {
+/// The algorithm of a registry entry (its trainer step); one line per built-in objective.
+pub(crate) fn build(
+    entry: &'static flowtune_objectives::Algorithm,
+) -> Result<Box<dyn Algorithm>, TrainError> {
+    Ok(match entry.objective {
         Objective::Policy(loss) => Box::new(policy_gradient::PolicyGradient::new(Some(loss))),
         Objective::Distill => Box::new(policy_gradient::PolicyGradient::new(None)),
         Objective::Dpo => Box::new(dpo::Dpo),
         Objective::Nft => Box::new(nft::Nft::default()),
         Objective::Dgpo => Box::new(dgpo::Dgpo::default()),
         Objective::Gardo => Box::new(gardo::Gardo::default()),
-    }
+        Objective::Registered => registered(entry.name)?,
+    })
+}
+
+/// Steps of algorithms registered at run time, by name.
+static REGISTERED: RwLock<Vec<(&'static str, Builder)>> = RwLock::new(Vec::new());
+
+/// Makes a fresh algorithm.
+pub type Builder = fn() -> Box<dyn Algorithm>;
+
+/// Registers an algorithm: its registry entry (name, needs, summary; `objective:
+/// Objective::Registered`) with the recipe loader, and `build` as its trainer step.
+pub fn register(entry: &'static flowtune_objectives::Algorithm, build: Builder) {
+    flowtune_objectives::register(entry);
+    REGISTERED.write().expect("registry lock").push((entry.name, build));
+}
+
+fn registered(name: &str) -> Result<Box<dyn Algorithm>, TrainError> {
+    let steps = REGISTERED.read().expect("registry lock");
+    let build = steps.iter().rev().find(|(n, _)| *n == name).map(|(_, b)| *b);
+    build.map(|b| b()).ok_or_else(|| {
+        TrainError::Invalid(format!(
+            "algorithm: {name} is registered without a trainer step; register it with \
+             flowtune_trainer::register_algorithm"
+        ))
+    })
 }
 
 /// The prompt loader of an online step.

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use flowtune_config::Recipe;
 use flowtune_models::{velocity_at_sigma, TextConditioning, TrainableDenoiser};
 use flowtune_objectives::losses::{nft_loss, reward_probability, NftBatch};
 use flowtune_objectives::Metrics;
@@ -34,10 +33,6 @@ pub(crate) struct Nft {
 }
 
 impl Algorithm for Nft {
-    fn needs_reference(&self, _: &Recipe) -> bool {
-        true
-    }
-
     fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
         self.old = Some(Ema::new(0.0, params, host));
     }

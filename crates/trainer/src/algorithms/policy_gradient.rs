@@ -37,10 +37,6 @@ impl PolicyGradient {
 }
 
 impl Algorithm for PolicyGradient {
-    fn needs_reference(&self, recipe: &Recipe) -> bool {
-        recipe.actor.use_kl_loss
-    }
-
     fn load(
         &mut self,
         recipe: &Recipe,
