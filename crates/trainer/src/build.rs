@@ -7,19 +7,33 @@ use std::time::{Duration, Instant};
 
 use flowtune_config::{Finetune, Recipe, Sharding, StateOffload};
 use flowtune_data::{PromptDataset, PromptRecord};
-use flowtune_models::{Dtypes, FlowPipeline, PipelineOptions};
+use flowtune_models::{Dtypes, FlowPipeline, PipelineOptions, RandomWeights};
 use tch::Device;
 
 use crate::algorithms::Algorithm;
 use crate::checkpointer::Checkpointer;
 use crate::dist::Comm;
-use crate::fit::TrainOptions;
 use crate::optim::{AdamW, Ema};
 use crate::reference::Reference;
 use crate::source::Source;
 use crate::update::Learner;
 use crate::validation::validation_sampler;
 use crate::TrainError;
+
+/// How a run goes besides its recipe (`flowtune bench step` measures with these).
+#[derive(Debug, Clone, Copy)]
+pub struct TrainOptions {
+    /// Seeded random weights and stand-in prompt embeddings instead of the checkpoint files.
+    pub random_weights: Option<RandomWeights>,
+    /// Checkpoints and the exported weights are written (off: a measurement leaves nothing).
+    pub write: bool,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        Self { random_weights: None, write: true }
+    }
+}
 
 /// A run ready to train: loaded, laid out over the ranks and restored, no step taken.
 pub(crate) struct Trainer<'r> {

@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use flowtune_config::Recipe;
-use flowtune_models::{FlowPipeline, RandomWeights};
+use flowtune_models::FlowPipeline;
 use flowtune_objectives::Metrics;
 use flowtune_rollout::Engine;
 use tch::Device;
 
-use crate::build::Trainer;
+use crate::build::{TrainOptions, Trainer};
 use crate::checkpointer::Trained;
 use crate::logging::{metric_line, progress_bar, step_line, summary_line, MetricLog};
 use crate::optim::learning_rate;
@@ -33,21 +33,6 @@ pub struct TrainSummary {
     pub rank: usize,
     /// Why the run stopped before `trainer.total_steps` at a signal, with its checkpoint saved.
     pub stopped: Option<String>,
-}
-
-/// How a run goes besides its recipe (`flowtune bench step` measures with these).
-#[derive(Debug, Clone, Copy)]
-pub struct TrainOptions {
-    /// Seeded random weights and stand-in prompt embeddings instead of the checkpoint files.
-    pub random_weights: Option<RandomWeights>,
-    /// Checkpoints and the exported weights are written (off: a measurement leaves nothing).
-    pub write: bool,
-}
-
-impl Default for TrainOptions {
-    fn default() -> Self {
-        Self { random_weights: None, write: true }
-    }
 }
 
 /// Runs `recipe` on `device` until `trainer.total_steps`, resuming as `trainer.resume` says. In a

@@ -27,7 +27,8 @@ pub mod tensorboard;
 mod update;
 mod validation;
 
-pub use fit::{train, train_with, TrainOptions, TrainSummary};
+pub use build::TrainOptions;
+pub use fit::{train, train_with, TrainSummary};
 
 /// The algorithm seam, for an algorithm made outside this crate (a test's, a plug-in's): the
 /// trait, its registration, and what a step reads and calls (`docs/algorithms/adding.md`).
