@@ -74,10 +74,10 @@ pub enum ModelError {
 }
 
 impl ModelError {
-    /// Whether the failure came from the running computation (libtorch) rather than from the
-    /// files, settings or inputs it was given.
+    /// Whether the failure came from the running computation (libtorch, or a collective with
+    /// the other ranks) rather than from the files, settings or inputs it was given.
     pub fn is_runtime(&self) -> bool {
-        matches!(self, Self::Torch(_))
+        matches!(self, Self::Torch(_) | Self::Collective(_))
     }
 }
 

@@ -125,6 +125,8 @@ mod tests {
         assert!(TrainError::Model(missing).is_bad_input());
         let torch = ModelError::Torch(tch::TchError::Torch("CUDA out of memory".into()));
         assert!(!TrainError::Model(torch).is_bad_input());
+        let lost = ModelError::Collective("all-gather: rank 1 is gone".into());
+        assert!(!TrainError::Model(lost).is_bad_input(), "a lost rank is no bad input");
         assert!(!TrainError::Diverged("step 3: the loss is NaN".into()).is_bad_input());
         let down = RewardError::Failed { reward: "http".into(), message: "refused".into() };
         assert!(!TrainError::Reward(down).is_bad_input());
