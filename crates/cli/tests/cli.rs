@@ -133,7 +133,7 @@ fn bad_input_gives_one_clear_line_and_exit_2() {
     let recipe = repo("examples/flow_grpo_sd35.yaml");
     assert_bad_input(
         &flowtune(&["config", "show", &text_file("unknown.yaml", "rollout:\n  stepz: 3\n")]),
-        &["unknown.yaml: rollout: unknown field `stepz`, expected one of `n`, `batch_size`, `steps`", "line 2"],
+        &["unknown.yaml: rollout: unknown field `stepz` at line 2 column 3; did you mean `steps`?"],
     );
     assert_bad_input(
         &flowtune(&["config", "show", &recipe, "rollout.steps=ten"]),

@@ -22,7 +22,7 @@ impl Recipe {
                 let n = self.rollout.n;
                 let offline =
                     if needs.pairs { " (or data.preference_files for offline pairs)" } else { "" };
-                return fail("rollout.n", format!("{n}: {name}: {why}, so a group of one sample trains nothing; set rollout.n ≥ 2{offline}"));
+                return fail("rollout.n", format!("{n}: {name}{why}, so a group of one sample trains nothing; set rollout.n ≥ 2{offline}"));
             }
         }
         self.check_sampling(name, needs)?;

@@ -74,8 +74,8 @@ pub enum Distills {
 pub struct Needs {
     pub sampling: Sampling,
     pub rollout: RolloutNeed,
-    /// Compares the samples of a prompt group online (`rollout.n ≥ 2`); the reason, for the
-    /// error.
+    /// Compares the samples of a prompt group online (`rollout.n ≥ 2`); the reason, which the
+    /// error puts right after the algorithm's name.
     pub groups: Option<&'static str>,
     /// Trains on the rollout's log-probs, so `rollout_correction` applies (else it is refused).
     pub rollout_log_probs: bool,
@@ -112,7 +112,7 @@ impl Needs {
 const POLICY: Needs = Needs {
     sampling: Sampling::Sde,
     rollout: RolloutNeed::Any,
-    groups: Some("advantages are rewards minus their prompt group's mean"),
+    groups: Some("'s advantages are rewards minus their prompt group's mean"),
     rollout_log_probs: true,
     old_means: false,
     reference: ReferenceNeed::WithKlLoss,
@@ -178,13 +178,13 @@ pub const ALGORITHMS: &[Algorithm] = &[
     Algorithm {
         name: "dpo",
         objective: Objective::Dpo,
-        needs: Needs { groups: Some("online it pairs the best and worst sample of each prompt"), pairs: true, ..CLEAN },
+        needs: Needs { groups: Some(" pairs the best and worst sample of each prompt online"), pairs: true, ..CLEAN },
         summary: "Diffusion-DPO: best vs worst of each group (online) or dataset pairs (offline)",
     },
     Algorithm {
         name: "diffusion_nft",
         objective: Objective::Nft,
-        needs: Needs { groups: Some("it compares the samples of a prompt with each other"), old_policy: true, ..CLEAN },
+        needs: Needs { groups: Some(" compares the samples of a prompt with each other"), old_policy: true, ..CLEAN },
         summary: "DiffusionNFT: forward-process positive/negative velocity loss, ODE rollouts",
     },
     Algorithm {
@@ -198,7 +198,7 @@ pub const ALGORITHMS: &[Algorithm] = &[
         objective: Objective::Dgpo,
         needs: Needs {
             sampling: Sampling::Ode,
-            groups: Some("it compares the samples of a prompt group"),
+            groups: Some(" compares the samples of a prompt group"),
             old_policy: true,
             own_kl: Some("actor.ref_kl_coef (velocity MSE to the reference)"),
             whole_groups: true,
