@@ -194,7 +194,7 @@ fn shard_optimizer(
     comm: &Comm,
 ) -> AdamW {
     if let Some(blocks) = pipe.denoiser().sharded().filter(|s| s.trains()) {
-        optimizer.local = blocks.masters().into_keys().collect();
+        optimizer.set_local(blocks.masters().into_keys().collect());
     }
     if recipe.sharding() == Sharding::Optimizer && comm.size() > 1 {
         optimizer.shard(comm.rank(), comm.size());

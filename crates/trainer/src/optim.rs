@@ -10,22 +10,22 @@ use tch::{Device, Kind, Tensor};
 /// Decoupled-weight-decay Adam (PyTorch's `AdamW` update).
 pub struct AdamW {
     pub params: BTreeMap<String, Tensor>,
-    pub exp_avg: BTreeMap<String, Tensor>,
-    pub exp_avg_sq: BTreeMap<String, Tensor>,
-    pub steps: i64,
-    pub betas: [f64; 2],
-    pub eps: f64,
-    pub weight_decay: f64,
+    exp_avg: BTreeMap<String, Tensor>,
+    exp_avg_sq: BTreeMap<String, Tensor>,
+    steps: i64,
+    betas: [f64; 2],
+    eps: f64,
+    weight_decay: f64,
     /// Under a sharded state, the rank that keeps each parameter's moments and updates it; this
     /// rank's `exp_avg`/`exp_avg_sq` then hold only its own parameters.
-    pub owners: Option<BTreeMap<String, usize>>,
+    owners: Option<BTreeMap<String, usize>>,
     /// f32 copies of the non-f32 parameters this rank updates (`trainer.f32_master_weights`):
     /// the update is applied to them and the parameters take their rounding.
-    pub master: BTreeMap<String, Tensor>,
+    master: BTreeMap<String, Tensor>,
     /// Parameters that are this rank's slice of sharded blocks (`trainer.sharding: full`):
     /// their gradients are summed over the ranks already, and the ranks' slices together make
     /// the gradient norm.
-    pub local: BTreeSet<String>,
+    local: BTreeSet<String>,
 }
 
 impl AdamW {
@@ -202,6 +202,16 @@ impl AdamW {
         }
         self.steps = steps;
         Ok(())
+    }
+
+    /// Marks `names` as this rank's slices of sharded blocks (`trainer.sharding: full`).
+    pub fn set_local(&mut self, names: BTreeSet<String>) {
+        self.local = names;
+    }
+
+    /// Under a sharded state, the rank that keeps each parameter's moments and updates it.
+    pub fn owners(&self) -> Option<&BTreeMap<String, usize>> {
+        self.owners.as_ref()
     }
 
     /// Updates made so far.

@@ -154,11 +154,11 @@ pub fn optimize(
                 None => comm.sum_gradients(&whole)?,
             };
             let (whole_sq, local_sq) = optimizer.grad_squares();
-            let local_sq = if optimizer.local.is_empty() { 0.0 } else { comm.sum_f64(local_sq)? };
+            let local_sq = if optimizer.local().is_empty() { 0.0 } else { comm.sum_f64(local_sq)? };
             let norm = optimizer.clip_to((whole_sq + local_sq).sqrt(), trainer.max_grad_norm);
             if norm.is_finite() {
                 optimizer.step(lr, &untouched);
-                if let Some(owners) = &optimizer.owners {
+                if let Some(owners) = optimizer.owners() {
                     comm.broadcast_from_owners(&optimizer.params, owners)?;
                 }
                 if let Some(ema) = learner.ema.as_mut() {
