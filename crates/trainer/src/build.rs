@@ -118,7 +118,11 @@ impl<'r> Trainer<'r> {
 
         let keeps_reference = registered.needs.keeps_reference(recipe.actor.use_kl_loss);
         let (reference, layout) = parallelize(recipe, pipe.as_ref(), keeps_reference, &comm)?;
-        eprintln!("{}", crate::perf::load_line(device, loaded.elapsed().as_secs_f64(), rss_before));
+        crate::logging::line(&crate::perf::load_line(
+            device,
+            loaded.elapsed().as_secs_f64(),
+            rss_before,
+        ));
         let params = pipe.denoiser().trainable_parameters();
         // `trainer.offload`: the optimizer's state and the weight copies in host memory.
         let host = t.offload != StateOffload::None;

@@ -114,10 +114,16 @@ pub(crate) fn step_line(k: u64, total: u64, m: &Metrics, seconds: f64) -> String
 /// Prints a line above the progress bar; without a terminal (bar hidden) to stderr as it is.
 pub(crate) fn say(bar: &indicatif::ProgressBar, line: String) {
     if bar.is_hidden() {
-        eprintln!("{line}");
+        self::line(&line);
     } else {
         bar.println(line);
     }
+}
+
+/// Writes `text` and its newline to stderr in one write, so that the lines of ranks sharing one
+/// stderr never interleave mid-line (`eprintln!` writes the newline apart).
+pub(crate) fn line(text: &str) {
+    let _ = std::io::stderr().lock().write_all(format!("{text}\n").as_bytes());
 }
 
 /// The validation metrics as `name value` pairs on one line.
