@@ -126,7 +126,7 @@ impl<'r> Trainer<'r> {
         let params = pipe.denoiser().trainable_parameters();
         // `trainer.offload`: the optimizer's state and the weight copies in host memory.
         let host = t.offload != StateOffload::None;
-        let ema = t.ema_decay.map(|d| Ema::new(d, &params, host));
+        let ema = t.ema_decay.map(|d| Ema::new("ema", d, &params, host));
         algorithm.start(&params, host);
         let optimizer = AdamW::new(params, t.betas, t.eps, t.weight_decay, host);
         let optimizer = shard_optimizer(recipe, pipe.as_ref(), optimizer, &comm);
@@ -134,10 +134,15 @@ impl<'r> Trainer<'r> {
         let checkpointer = Checkpointer::new(t, write);
         let (mut start, mut saved_line) = (0, serde_json::Value::Null);
         let model = pipe.denoiser_mut();
-        if let Some(state) =
-            checkpointer.resume(&t.resume, model, &mut learner, algorithm.as_mut(), &comm)?
-        {
-            source.loader().state = state.loader;
+        let resumed = checkpointer.resume(
+            &t.resume,
+            model,
+            &mut learner,
+            algorithm.as_mut(),
+            &mut source,
+            &comm,
+        )?;
+        if let Some(state) = resumed {
             start = state.step;
             saved_line = state.metrics;
             check_recipe_unchanged(recipe, out_dir)?;

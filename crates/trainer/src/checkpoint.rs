@@ -12,30 +12,60 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use flowtune_data::LoaderState;
 use flowtune_models::shard::ShardedBlocks;
 use flowtune_models::TrainableDenoiser;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::dist::Comm;
-use crate::optim::Ema;
-use crate::update::Learner;
+use crate::optim::{AdamW, Ema};
+use crate::stateful::{Scope, Stateful};
 use crate::TrainError;
+
+/// The parts whose tensors a checkpoint holds beside the model's weights: the optimizer, the
+/// copies of the weights (the EMA, an algorithm's old policy or anchor) and any other part
+/// (the algorithm) with tensors of its own.
+pub(crate) struct Parts<'a> {
+    pub optimizer: &'a AdamW,
+    pub shadows: Vec<&'a Ema>,
+    pub others: Vec<&'a dyn Stateful>,
+}
+
+impl Parts<'_> {
+    /// What the parts see: the trained parameters and this rank's slices of sharded blocks.
+    fn scope(&self) -> Scope<'_> {
+        Scope { params: &self.optimizer.params, sliced: self.optimizer.local() }
+    }
+
+    /// Every part's tensors but the slices of sharded blocks, by checkpoint name.
+    fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let scope = self.scope();
+        let mut named = self.optimizer.state_tensors(&scope);
+        for shadow in &self.shadows {
+            named.extend(shadow.state_tensors(&scope));
+        }
+        for part in &self.others {
+            named.extend(part.state_tensors(&scope));
+        }
+        named
+    }
+}
 
 /// The loop state saved beside the weights.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LoopState {
     /// Training steps completed.
     pub step: u64,
-    pub loader: LoaderState,
-    pub optimizer_steps: i64,
+    /// The data source's state ([`Stateful::state`]: the loader's epoch and cursor).
+    pub loader: serde_json::Value,
+    /// The optimizer's state (its update count).
+    pub optimizer_steps: serde_json::Value,
     /// The step's metric line as known before the save (without the save's own timings), so a run
     /// killed between the save and the log line still has its line restored on resume.
     #[serde(default)]
     pub metrics: serde_json::Value,
-    /// The algorithm's own state ([`crate::algorithms::Algorithm::state`]); checkpoints written
-    /// before algorithms kept their own state name GARDO's `gardo`.
+    /// The algorithm's own state ([`Stateful::state`]); checkpoints written before algorithms
+    /// kept their own state name GARDO's `gardo`.
     #[serde(default, alias = "gardo", skip_serializing_if = "serde_json::Value::is_null")]
     pub algorithm: serde_json::Value,
 }
@@ -59,18 +89,17 @@ fn rank_file(rank: usize) -> String {
     format!("optimizer.rank{rank}.safetensors")
 }
 
-/// Writes a checkpoint for `state.step` and keeps the newest `keep`; every rank of a job calls it.
-/// `kept` are the algorithm's copies of the weights, by prefix.
+/// Writes a checkpoint for `state.step` with the tensors of `parts` and keeps the newest `keep`;
+/// every rank of a job calls it.
 pub(crate) fn save(
     root: &Path,
     model: &dyn TrainableDenoiser,
-    learner: &Learner,
-    kept: &[(&'static str, &Ema)],
+    parts: &Parts<'_>,
     state: &LoopState,
     keep: usize,
     comm: &Comm,
 ) -> Result<PathBuf, TrainError> {
-    let optimizer = &learner.optimizer;
+    let optimizer = parts.optimizer;
     let dir = root.join(format!("step_{:06}", state.step));
     let tmp = root.join(format!(".step_{:06}.tmp", state.step));
     let blocks = model.sharded().filter(|s| s.trains());
@@ -82,11 +111,11 @@ pub(crate) fn save(
     comm.barrier()?;
     // Trained sharded blocks: each gathered from every rank and written whole by one.
     if let Some(blocks) = blocks {
-        write_blocks(blocks, learner, kept, &tmp, comm)?;
+        write_blocks(blocks, parts, &tmp, comm)?;
     }
     if !comm.is_main() {
         if optimizer.shards_state() {
-            let named = optimizer.state_tensors();
+            let named = optimizer.state_tensors(&parts.scope());
             Tensor::write_safetensors(&named, tmp.join(rank_file(comm.rank())))?;
         }
         comm.barrier()?;
@@ -108,11 +137,7 @@ pub(crate) fn save(
             Tensor::write_safetensors(&others, tmp.join(WEIGHTS))?;
         }
     }
-    let mut named = optimizer.state_tensors();
-    for (prefix, shadow) in shadows(learner, kept) {
-        named.extend(shadow.state_tensors(prefix, optimizer.local()));
-    }
-    Tensor::write_safetensors(&named, tmp.join(OPTIMIZER))?;
+    Tensor::write_safetensors(&parts.state_tensors(), tmp.join(OPTIMIZER))?;
     let text = serde_json::to_string_pretty(state).expect("state is JSON");
     std::fs::write(tmp.join(STATE), text).map_err(|e| TrainError::io(&tmp, e))?;
     // Every rank's files on disk before the rename makes the checkpoint visible.
@@ -149,25 +174,23 @@ pub(crate) fn save(
 /// block i is gathered on every rank and written by rank i mod N, one block at a time.
 fn write_blocks(
     blocks: &ShardedBlocks,
-    learner: &Learner,
-    kept: &[(&'static str, &Ema)],
+    parts: &Parts<'_>,
     tmp: &Path,
     comm: &Comm,
 ) -> Result<(), TrainError> {
-    let optimizer = &learner.optimizer;
     let masters = blocks.masters();
-    let mut parts = optimizer.moments().to_vec();
+    let mut sliced = parts.optimizer.moments().to_vec();
     if blocks.kind() != Kind::Float {
-        parts.push(("master", &masters));
+        sliced.push(("master", &masters));
     }
-    parts.extend(shadows(learner, kept).map(|(prefix, shadow)| (prefix, &shadow.shadow)));
+    sliced.extend(parts.shadows.iter().map(|shadow| (shadow.name, &shadow.shadow)));
     let cpu = |named: Vec<(String, Tensor)>| -> Vec<(String, Tensor)> {
         named.into_iter().map(|(n, t)| (n, t.to_device(Device::Cpu))).collect()
     };
     for (i, block) in blocks.blocks().iter().enumerate() {
         let weights = blocks.unshard_block(block, &masters[block], blocks.kind())?;
         let mut state = vec![];
-        for (prefix, part) in &parts {
+        for (prefix, part) in &sliced {
             for (name, t) in blocks.unshard_block(block, &part[block], Kind::Float)? {
                 state.push((format!("{prefix}.{name}"), t));
             }
@@ -250,24 +273,14 @@ pub(crate) fn set_aside_after(
     Ok(())
 }
 
-/// The copies of the weights, by the prefix they are saved under: the learner's EMA, then the
-/// algorithm's `kept` (an old policy, an anchor).
-fn shadows<'a>(
-    learner: &'a Learner,
-    kept: &'a [(&'static str, &'a Ema)],
-) -> impl Iterator<Item = (&'static str, &'a Ema)> {
-    learner.ema.iter().map(|ema| ("ema", ema)).chain(kept.iter().copied())
-}
-
-/// Restores adapters, optimizer state, the copies of the weights (the learner's and the
-/// algorithm's `kept`) and the loop state from `dir`.
+/// Restores the adapters (or weights) and the tensors of `parts` from `dir` and returns its loop
+/// state, whose JSON states the caller gives back to their parts.
 pub(crate) fn load(
     dir: &Path,
     model: &mut dyn TrainableDenoiser,
-    learner: &mut Learner,
-    kept: &[(&'static str, &Ema)],
+    parts: &Parts<'_>,
 ) -> Result<LoopState, TrainError> {
-    let optimizer = &mut learner.optimizer;
+    let optimizer = parts.optimizer;
     let state_file = dir.join(STATE);
     let text = std::fs::read_to_string(&state_file).map_err(|e| TrainError::io(&state_file, e))?;
     let state: LoopState = serde_json::from_str(&text).map_err(|e| {
@@ -296,7 +309,8 @@ pub(crate) fn load(
     for file in ranks.chain(whole_blocks) {
         saved.extend(Tensor::read_safetensors(&file)?);
     }
-    optimizer.load_state_tensors(&saved, state.optimizer_steps).map_err(|e| {
+    let scope = parts.scope();
+    optimizer.load_state_tensors(&saved, &scope).map_err(|e| {
         TrainError::Invalid(format!(
             "{}: {e} in {OPTIMIZER} or its other ranks' files",
             dir.display()
@@ -315,7 +329,7 @@ pub(crate) fn load(
                 &saved
             };
             let slice = |prefix: &str| blocks.reshard_block(&block, &prefixed(named, prefix));
-            for (prefix, moments) in learner.optimizer.moments() {
+            for (prefix, moments) in optimizer.moments() {
                 let t = slice(prefix).ok_or_else(|| {
                     TrainError::Invalid(format!(
                         "{}: no {prefix} for {block}'s weights in {} or {OPTIMIZER}",
@@ -331,15 +345,17 @@ pub(crate) fn load(
             if let Some(t) = slice("master") {
                 master.shallow_clone().copy_(&t);
             }
-            for (prefix, shadow) in shadows(learner, kept) {
-                let value = slice(prefix).unwrap_or_else(|| master.shallow_clone());
+            for shadow in &parts.shadows {
+                let value = slice(shadow.name).unwrap_or_else(|| master.shallow_clone());
                 shadow.shadow[&block].shallow_clone().copy_(&value);
             }
         }
     }
-    let optimizer = &learner.optimizer;
-    for (prefix, shadow) in shadows(learner, kept) {
-        shadow.load_state_tensors(prefix, &saved, &optimizer.params, optimizer.local());
+    let others =
+        parts.shadows.iter().map(|s| *s as &dyn Stateful).chain(parts.others.iter().copied());
+    for part in others {
+        part.load_state_tensors(&saved, &scope)
+            .map_err(|e| TrainError::Invalid(format!("{}: {e} in {OPTIMIZER}", dir.display())))?;
     }
     Ok(state)
 }

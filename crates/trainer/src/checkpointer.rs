@@ -7,12 +7,13 @@
 use std::path::{Path, PathBuf};
 
 use flowtune_config::{Resume, TrainerSection};
-use flowtune_data::LoaderState;
 use flowtune_models::TrainableDenoiser;
 
 use crate::algorithms::Algorithm;
-use crate::checkpoint::{self, LoopState};
+use crate::checkpoint::{self, LoopState, Parts};
 use crate::dist::Comm;
+use crate::source::Source;
+use crate::stateful::Stateful;
 use crate::update::Learner;
 use crate::TrainError;
 
@@ -25,11 +26,20 @@ pub(crate) struct Checkpointer {
     write: bool,
 }
 
-/// What a checkpoint saves: the trained model, the learner and the algorithm.
+/// What a checkpoint saves: the trained model, the learner, the algorithm and the data source.
 pub(crate) struct Trained<'a> {
     pub model: &'a dyn TrainableDenoiser,
     pub learner: &'a Learner,
     pub algorithm: &'a dyn Algorithm,
+    pub source: &'a Source,
+}
+
+/// The parts with tensors of their own: the optimizer, the copies of the weights (the learner's
+/// EMA, then the algorithm's) and the algorithm.
+fn parts<'a>(learner: &'a Learner, algorithm: &'a dyn Algorithm) -> Parts<'a> {
+    let mut shadows: Vec<_> = learner.ema.iter().collect();
+    shadows.extend(algorithm.shadows());
+    Parts { optimizer: &learner.optimizer, shadows, others: vec![algorithm as &dyn Stateful] }
 }
 
 impl Checkpointer {
@@ -43,19 +53,22 @@ impl Checkpointer {
         }
     }
 
-    /// Restores the model, the learner and the algorithm from the checkpoint `resume` names,
-    /// if any, and returns its loop state.
+    /// Restores the model, the learner, the algorithm and the data source from the checkpoint
+    /// `resume` names, if any, and returns its loop state.
     pub fn resume(
         &self,
         resume: &Resume,
         model: &mut dyn TrainableDenoiser,
         learner: &mut Learner,
         algorithm: &mut dyn Algorithm,
+        source: &mut Source,
         comm: &Comm,
     ) -> Result<Option<LoopState>, TrainError> {
         let Some(dir) = self.resume_from(resume, comm)? else { return Ok(None) };
-        let state = checkpoint::load(&dir, model, learner, &algorithm.shadows())?;
+        let state = checkpoint::load(&dir, model, &parts(learner, algorithm))?;
+        learner.optimizer.restore(&state.optimizer_steps)?;
         algorithm.restore(&state.algorithm)?;
+        source.restore(&state.loader)?;
         if comm.is_main() {
             eprintln!("resumed from {} (step {})", dir.display(), state.step);
         }
@@ -77,7 +90,6 @@ impl Checkpointer {
         step: u64,
         last: bool,
         trained: Trained<'_>,
-        loader: LoaderState,
         metrics: serde_json::Value,
         comm: &Comm,
     ) -> Result<(), TrainError> {
@@ -87,21 +99,13 @@ impl Checkpointer {
         }
         let state = LoopState {
             step,
-            loader,
-            optimizer_steps: trained.learner.optimizer.steps(),
+            loader: trained.source.state(),
+            optimizer_steps: trained.learner.optimizer.state(),
             metrics,
             algorithm: trained.algorithm.state(),
         };
-        let kept = trained.algorithm.shadows();
-        checkpoint::save(
-            &self.root,
-            trained.model,
-            trained.learner,
-            &kept,
-            &state,
-            self.keep,
-            comm,
-        )?;
+        let parts = parts(trained.learner, trained.algorithm);
+        checkpoint::save(&self.root, trained.model, &parts, &state, self.keep, comm)?;
         Ok(())
     }
 

@@ -181,16 +181,10 @@ impl Trainer<'_> {
                 model: pipe.denoiser(),
                 learner: &learner,
                 algorithm: algorithm.as_ref(),
+                source: &source,
             };
             let line = metric_line(k, &m);
-            checkpointer.save_if_due(
-                k,
-                last_step || stop,
-                trained,
-                source.loader().state,
-                line,
-                comm,
-            )?;
+            checkpointer.save_if_due(k, last_step || stop, trained, line, comm)?;
             m.insert("timing_s/save_checkpoint".into(), timer.elapsed().as_secs_f64());
             let elapsed = step_start.elapsed().as_secs_f64();
             m.insert("timing_s/step".into(), elapsed);

@@ -23,6 +23,7 @@ mod scoring;
 mod seeds;
 mod signals;
 mod source;
+mod stateful;
 pub mod tensorboard;
 mod update;
 mod validation;
@@ -36,6 +37,7 @@ pub mod algorithm {
     pub use crate::algorithms::{register as register_algorithm, Algorithm, Builder};
     pub use crate::run::Run;
     pub use crate::source::{PairSource, Source};
+    pub use crate::stateful::{Scope, Stateful};
     pub use crate::update::{optimize, Batching, Learner, MicroPass, SlotLoss};
 }
 pub use perf::status_bytes;

@@ -7,6 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use flowtune_config::LrSchedule;
 use tch::{Device, Kind, Tensor};
 
+use crate::stateful::{Scope, Stateful};
+use crate::TrainError;
+
 /// Decoupled-weight-decay Adam (PyTorch's `AdamW` update).
 pub struct AdamW {
     pub params: BTreeMap<String, Tensor>,
@@ -164,46 +167,6 @@ impl AdamW {
         }
     }
 
-    /// The state a checkpoint keeps, by name: this rank's moments of the parameters every rank
-    /// holds whole (`exp_avg.<name>`, `exp_avg_sq.<name>`) and the f32 masters (`master.<name>`).
-    pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
-        let mut named = vec![];
-        for (name, t) in self.exp_avg.iter().filter(|(n, _)| !self.local.contains(*n)) {
-            named.push((format!("exp_avg.{name}"), t.shallow_clone()));
-            named.push((format!("exp_avg_sq.{name}"), self.exp_avg_sq[name].shallow_clone()));
-        }
-        for (name, t) in &self.master {
-            named.push((format!("master.{name}"), t.shallow_clone()));
-        }
-        named
-    }
-
-    /// Takes back what [`Self::state_tensors`] gave from `saved` (every rank's files together)
-    /// after `steps` updates; a master the checkpoint lacks starts at its parameter. The error
-    /// names the first parameter whose moments are missing.
-    pub fn load_state_tensors(
-        &mut self,
-        saved: &BTreeMap<String, Tensor>,
-        steps: i64,
-    ) -> Result<(), String> {
-        let _guard = tch::no_grad_guard();
-        for (name, m) in self.exp_avg.iter().filter(|(n, _)| !self.local.contains(*n)) {
-            let (sm, sv) =
-                (saved.get(&format!("exp_avg.{name}")), saved.get(&format!("exp_avg_sq.{name}")));
-            let (Some(sm), Some(sv)) = (sm, sv) else {
-                return Err(format!("no optimizer state for {name}"));
-            };
-            m.shallow_clone().copy_(sm);
-            self.exp_avg_sq[name].shallow_clone().copy_(sv);
-        }
-        for (name, master) in &self.master {
-            let value = saved.get(&format!("master.{name}")).unwrap_or(&self.params[name]);
-            master.shallow_clone().copy_(value);
-        }
-        self.steps = steps;
-        Ok(())
-    }
-
     /// Marks `names` as this rank's slices of sharded blocks (`trainer.sharding: full`).
     pub fn set_local(&mut self, names: BTreeSet<String>) {
         self.local = names;
@@ -212,11 +175,6 @@ impl AdamW {
     /// Under a sharded state, the rank that keeps each parameter's moments and updates it.
     pub fn owners(&self) -> Option<&BTreeMap<String, usize>> {
         self.owners.as_ref()
-    }
-
-    /// Updates made so far.
-    pub fn steps(&self) -> i64 {
-        self.steps
     }
 
     /// Whether the moments are sharded over the ranks, each keeping its share (ZeRO-1).
@@ -386,16 +344,74 @@ mod tests {
     }
 }
 
+/// The Adam state a checkpoint keeps: the update count (in `state.json`), this rank's moments of
+/// the parameters every rank holds whole (`exp_avg.<name>`, `exp_avg_sq.<name>`) and the f32
+/// masters (`master.<name>`); a master the checkpoint lacks starts at its parameter.
+impl Stateful for AdamW {
+    fn state(&self) -> serde_json::Value {
+        self.steps.into()
+    }
+
+    fn restore(&mut self, state: &serde_json::Value) -> Result<(), TrainError> {
+        self.steps = state.as_i64().ok_or_else(|| {
+            TrainError::Invalid(format!("the optimizer's update count is {state}, not a number"))
+        })?;
+        Ok(())
+    }
+
+    fn state_tensors(&self, _scope: &Scope<'_>) -> Vec<(String, Tensor)> {
+        let mut named = vec![];
+        for (name, t) in self.exp_avg.iter().filter(|(n, _)| !self.local.contains(*n)) {
+            named.push((format!("exp_avg.{name}"), t.shallow_clone()));
+            named.push((format!("exp_avg_sq.{name}"), self.exp_avg_sq[name].shallow_clone()));
+        }
+        for (name, t) in &self.master {
+            named.push((format!("master.{name}"), t.shallow_clone()));
+        }
+        named
+    }
+
+    fn load_state_tensors(
+        &self,
+        saved: &BTreeMap<String, Tensor>,
+        _scope: &Scope<'_>,
+    ) -> Result<(), String> {
+        let _guard = tch::no_grad_guard();
+        for (name, m) in self.exp_avg.iter().filter(|(n, _)| !self.local.contains(*n)) {
+            let (sm, sv) =
+                (saved.get(&format!("exp_avg.{name}")), saved.get(&format!("exp_avg_sq.{name}")));
+            let (Some(sm), Some(sv)) = (sm, sv) else {
+                return Err(format!("no optimizer state for {name}"));
+            };
+            m.shallow_clone().copy_(sm);
+            self.exp_avg_sq[name].shallow_clone().copy_(sv);
+        }
+        for (name, master) in &self.master {
+            let value = saved.get(&format!("master.{name}")).unwrap_or(&self.params[name]);
+            master.shallow_clone().copy_(value);
+        }
+        Ok(())
+    }
+}
+
 /// An exponential moving average of the trainable tensors, for evaluation:
 /// `ema ← d·ema + (1 − d)·θ` after every optimizer step.
 pub struct Ema {
+    /// The prefix its copies are saved under (`ema`, `old`).
+    pub name: &'static str,
     pub decay: f64,
     pub shadow: BTreeMap<String, Tensor>,
 }
 
 impl Ema {
-    /// A copy of `params`, beside them or, with `host`, in host memory (`trainer.offload`).
-    pub fn new(decay: f64, params: &BTreeMap<String, Tensor>, host: bool) -> Self {
+    /// A copy of `params` saved as `name`, beside them or, with `host`, in host memory
+    /// (`trainer.offload`).
+    pub fn new(
+        name: &'static str,
+        decay: f64,
+        params: &BTreeMap<String, Tensor>,
+        host: bool,
+    ) -> Self {
         // A copy, never the parameter itself (`to_device` to where a tensor is already is not one).
         let copy = |p: &Tensor| {
             let mut t =
@@ -403,7 +419,7 @@ impl Ema {
             t.copy_(&p.detach());
             t
         };
-        Self { decay, shadow: params.iter().map(|(n, p)| (n.clone(), copy(p))).collect() }
+        Self { name, decay, shadow: params.iter().map(|(n, p)| (n.clone(), copy(p))).collect() }
     }
 
     pub fn update(&mut self, params: &BTreeMap<String, Tensor>) {
@@ -412,28 +428,6 @@ impl Ema {
             let s = &self.shadow[name];
             let p = p.detach().to_device(s.device());
             s.shallow_clone().copy_(&(s * self.decay + p * (1.0 - self.decay)));
-        }
-    }
-
-    /// Its copies as `prefix.<name>`, but those of `skip`.
-    pub fn state_tensors(&self, prefix: &str, skip: &BTreeSet<String>) -> Vec<(String, Tensor)> {
-        let kept = self.shadow.iter().filter(|(n, _)| !skip.contains(*n));
-        kept.map(|(n, t)| (format!("{prefix}.{n}"), t.shallow_clone())).collect()
-    }
-
-    /// Takes back its copies (but those of `skip`) from `saved`; one a checkpoint lacks (from a
-    /// run without this copy) starts at its parameter in `params`.
-    pub fn load_state_tensors(
-        &self,
-        prefix: &str,
-        saved: &BTreeMap<String, Tensor>,
-        params: &BTreeMap<String, Tensor>,
-        skip: &BTreeSet<String>,
-    ) {
-        let _guard = tch::no_grad_guard();
-        for (name, value) in self.shadow.iter().filter(|(n, _)| !skip.contains(*n)) {
-            let saved = saved.get(&format!("{prefix}.{name}"));
-            value.shallow_clone().copy_(saved.unwrap_or(&params[name]));
         }
     }
 
@@ -461,6 +455,28 @@ impl Ema {
     }
 }
 
+/// An EMA's copies, as `<name>.<weight>`; one a checkpoint lacks (from a run without this copy)
+/// starts at its parameter.
+impl Stateful for Ema {
+    fn state_tensors(&self, scope: &Scope<'_>) -> Vec<(String, Tensor)> {
+        let kept = self.shadow.iter().filter(|(n, _)| !scope.sliced.contains(*n));
+        kept.map(|(n, t)| (format!("{}.{n}", self.name), t.shallow_clone())).collect()
+    }
+
+    fn load_state_tensors(
+        &self,
+        saved: &BTreeMap<String, Tensor>,
+        scope: &Scope<'_>,
+    ) -> Result<(), String> {
+        let _guard = tch::no_grad_guard();
+        for (name, value) in self.shadow.iter().filter(|(n, _)| !scope.sliced.contains(*n)) {
+            let saved = saved.get(&format!("{}.{name}", self.name));
+            value.shallow_clone().copy_(saved.unwrap_or(&scope.params[name]));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod ema_tests {
     use super::*;
@@ -469,7 +485,7 @@ mod ema_tests {
     fn ema_lags_and_swaps() {
         let p = Tensor::from_slice(&[0.0f32]);
         let params = BTreeMap::from([("p".to_string(), p.shallow_clone())]);
-        let mut ema = Ema::new(0.9, &params, false);
+        let mut ema = Ema::new("ema", 0.9, &params, false);
         let _ = p.shallow_clone().fill_(1.0);
         ema.update(&params);
         assert!((ema.shadow["p"].double_value(&[0]) - 0.1).abs() < 1e-7);

@@ -76,7 +76,7 @@ pub fn pretrain(
         }
     }
     let mut optimizer = AdamW::new(params, [0.9, 0.999], 1e-8, config.weight_decay, false);
-    let mut ema = config.ema_decay.map(|d| Ema::new(d, &optimizer.params, false));
+    let mut ema = config.ema_decay.map(|d| Ema::new("ema", d, &optimizer.params, false));
     let mut rng = SampleRng::new(config.seed);
     let shift = pipe.scheduler().static_shift();
     let bar = indicatif::ProgressBar::new(config.steps);

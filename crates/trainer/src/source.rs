@@ -9,6 +9,7 @@ use image::imageops::FilterType;
 use tch::Tensor;
 
 use crate::run::Run;
+use crate::stateful::Stateful;
 use crate::TrainError;
 
 /// Where a step's training data comes from.
@@ -56,11 +57,29 @@ impl Source {
     }
 
     /// The seeded loader whose state checkpoints keep.
-    pub fn loader(&mut self) -> &mut PromptLoader {
+    fn loader(&self) -> &PromptLoader {
         match self {
             Self::Prompts(l) => l,
-            Self::Pairs(p) => &mut p.loader,
+            Self::Pairs(p) => &p.loader,
         }
+    }
+}
+
+/// The loader's place (epoch and cursor), so a resumed run goes on with the same prompts.
+impl Stateful for Source {
+    fn state(&self) -> serde_json::Value {
+        serde_json::to_value(self.loader().state).expect("the loader's state is JSON")
+    }
+
+    fn restore(&mut self, state: &serde_json::Value) -> Result<(), TrainError> {
+        let state = serde_json::from_value(state.clone()).map_err(|e| {
+            TrainError::Invalid(format!("a checkpoint's data loader state does not read: {e}"))
+        })?;
+        match self {
+            Self::Prompts(l) => l.state = state,
+            Self::Pairs(p) => p.loader.state = state,
+        }
+        Ok(())
     }
 }
 

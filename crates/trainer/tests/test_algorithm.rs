@@ -12,7 +12,7 @@ use common::{load_recipe, scratch, tensors};
 use flowtune_objectives::losses::LossOutput;
 use flowtune_objectives::{Algorithm as Entry, Metrics, Needs, Objective};
 use flowtune_trainer::algorithm::{
-    optimize, register_algorithm, Algorithm, Batching, Learner, Run, SlotLoss, Source,
+    optimize, register_algorithm, Algorithm, Batching, Learner, Run, SlotLoss, Source, Stateful,
 };
 use flowtune_trainer::optim::Ema;
 use flowtune_trainer::{train, TrainError};
@@ -48,15 +48,8 @@ struct Shrink {
     steps: u64,
 }
 
-impl Algorithm for Shrink {
-    fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
-        self.old = Some(Ema::new(0.5, params, host));
-    }
-
-    fn shadows(&self) -> Vec<(&'static str, &Ema)> {
-        self.old.iter().map(|old| ("old", old)).collect()
-    }
-
+/// Its step count, to show an algorithm's own state checkpoints and resumes.
+impl Stateful for Shrink {
     fn state(&self) -> serde_json::Value {
         serde_json::json!({ "steps": self.steps })
     }
@@ -65,7 +58,16 @@ impl Algorithm for Shrink {
         self.steps = state["steps"].as_u64().unwrap_or(0);
         Ok(())
     }
+}
 
+impl Algorithm for Shrink {
+    fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
+        self.old = Some(Ema::new("old", 0.5, params, host));
+    }
+
+    fn shadows(&self) -> Vec<&Ema> {
+        self.old.iter().collect()
+    }
     fn step(
         &mut self,
         run: &Run<'_>,

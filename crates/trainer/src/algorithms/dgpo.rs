@@ -20,6 +20,7 @@ use crate::optim::Ema;
 use crate::run::Run;
 use crate::seeds::DGPO_SALT;
 use crate::source::Source;
+use crate::stateful::Stateful;
 use crate::update::{optimize, Batching, Learner, SlotLoss};
 use crate::TrainError;
 
@@ -31,13 +32,16 @@ pub(crate) struct Dgpo {
     old: Option<Ema>,
 }
 
+/// Its old policy is a shadow; nothing else carries over.
+impl Stateful for Dgpo {}
+
 impl Algorithm for Dgpo {
     fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
-        self.old = Some(Ema::new(0.0, params, host));
+        self.old = Some(Ema::new("old", 0.0, params, host));
     }
 
-    fn shadows(&self) -> Vec<(&'static str, &Ema)> {
-        self.old.iter().map(|old| ("old", old)).collect()
+    fn shadows(&self) -> Vec<&Ema> {
+        self.old.iter().collect()
     }
 
     fn step(

@@ -18,11 +18,15 @@ use crate::collect::{collect, Collected};
 use crate::run::Run;
 use crate::seeds::DPO_SALT;
 use crate::source::{PairSource, Source};
+use crate::stateful::Stateful;
 use crate::update::{optimize, Batching, Learner, SlotLoss};
 use crate::TrainError;
 
 /// Diffusion-DPO, online on best/worst pairs of each group or offline on a pairs dataset.
 pub(crate) struct Dpo;
+
+/// Nothing carries over from step to step.
+impl Stateful for Dpo {}
 
 impl Algorithm for Dpo {
     fn step(

@@ -21,6 +21,7 @@ use crate::optim::Ema;
 use crate::replay::replay_all;
 use crate::run::Run;
 use crate::source::Source;
+use crate::stateful::Stateful;
 use crate::update::{optimize, Batching, Learner, SlotLoss};
 use crate::TrainError;
 
@@ -35,15 +36,8 @@ pub(crate) struct Gardo {
     state: GardoState,
 }
 
-impl Algorithm for Gardo {
-    fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
-        self.anchor = Some(Ema::new(0.0, params, host));
-    }
-
-    fn shadows(&self) -> Vec<(&'static str, &Ema)> {
-        self.anchor.iter().map(|anchor| ("old", anchor)).collect()
-    }
-
+/// The gate and the anchor's age (its copy of the weights is a shadow).
+impl Stateful for Gardo {
     fn state(&self) -> serde_json::Value {
         serde_json::to_value(&self.state).expect("GARDO's state is JSON")
     }
@@ -55,6 +49,16 @@ impl Algorithm for Gardo {
             })?;
         }
         Ok(())
+    }
+}
+
+impl Algorithm for Gardo {
+    fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
+        self.anchor = Some(Ema::new("old", 0.0, params, host));
+    }
+
+    fn shadows(&self) -> Vec<&Ema> {
+        self.anchor.iter().collect()
     }
 
     fn step(

@@ -25,11 +25,13 @@ use crate::collect::{collect, Collected};
 use crate::optim::Ema;
 use crate::run::Run;
 use crate::source::Source;
+use crate::stateful::Stateful;
 use crate::update::Learner;
 use crate::TrainError;
 
-/// One family of training steps and the state it carries from step to step.
-pub trait Algorithm {
+/// One family of training steps and the state it carries from step to step; what it keeps beside
+/// the weights and its copies of them ([`Stateful`]) goes into every checkpoint.
+pub trait Algorithm: Stateful {
     /// Loads the models it needs beside the pipeline (teachers), as the pipeline was loaded with
     /// `options`, before the run's folder exists.
     fn load(
@@ -45,19 +47,10 @@ pub trait Algorithm {
     /// they exist and before any step or resume.
     fn start(&mut self, _params: &BTreeMap<String, Tensor>, _host: bool) {}
 
-    /// Its copies of the trained weights, by the prefix checkpoints save them under.
-    fn shadows(&self) -> Vec<(&'static str, &Ema)> {
+    /// Its copies of the trained weights (saved under their names, block by block when the
+    /// blocks are sharded).
+    fn shadows(&self) -> Vec<&Ema> {
         vec![]
-    }
-
-    /// What its checkpoints keep beside the weights and shadows (`null`: nothing).
-    fn state(&self) -> serde_json::Value {
-        serde_json::Value::Null
-    }
-
-    /// Takes back what [`Self::state`] gave (`null` from a checkpoint that has none).
-    fn restore(&mut self, _state: &serde_json::Value) -> Result<(), TrainError> {
-        Ok(())
     }
 
     /// Training step `k` at learning rate `lr`: gathers its data from `source` (rollout and

@@ -22,6 +22,7 @@ use crate::reference::Reference;
 use crate::run::Run;
 use crate::seeds::NFT_SALT;
 use crate::source::Source;
+use crate::stateful::Stateful;
 use crate::update::{optimize, Batching, Learner, SlotLoss};
 use crate::TrainError;
 
@@ -32,13 +33,16 @@ pub(crate) struct Nft {
     old: Option<Ema>,
 }
 
+/// Its old policy is a shadow; nothing else carries over.
+impl Stateful for Nft {}
+
 impl Algorithm for Nft {
     fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
-        self.old = Some(Ema::new(0.0, params, host));
+        self.old = Some(Ema::new("old", 0.0, params, host));
     }
 
-    fn shadows(&self) -> Vec<(&'static str, &Ema)> {
-        self.old.iter().map(|old| ("old", old)).collect()
+    fn shadows(&self) -> Vec<&Ema> {
+        self.old.iter().collect()
     }
 
     fn step(

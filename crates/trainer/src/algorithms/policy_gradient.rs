@@ -20,6 +20,7 @@ use crate::collect::{collect, Collected};
 use crate::replay::{replay_all, OldPolicy};
 use crate::run::Run;
 use crate::source::Source;
+use crate::stateful::Stateful;
 use crate::update::{optimize, Batching, Learner, MicroPass, SlotLoss};
 use crate::TrainError;
 
@@ -35,6 +36,9 @@ impl PolicyGradient {
         Self { loss, teachers: vec![] }
     }
 }
+
+/// Nothing carries over from step to step.
+impl Stateful for PolicyGradient {}
 
 impl Algorithm for PolicyGradient {
     fn load(
