@@ -17,6 +17,7 @@ use tch::Tensor;
 use crate::logging::stats;
 use crate::run::Run;
 use crate::scoring::{rollout_and_score, Scored};
+use crate::step::Step;
 use crate::TrainError;
 
 /// A scored rollout, restricted to the rows that have a reward.
@@ -57,14 +58,14 @@ impl Collected {
     }
 }
 
-/// Samples and scores step `k`'s prompts; logs `timing_s/{gen,reward}`, `perf/tflops/rollout`
-/// and `critic/rewards/*`.
+/// Samples and scores the prompts of `step`; times `gen` and `reward`, logs
+/// `perf/tflops/rollout` and `critic/rewards/*`.
 pub(crate) fn collect(
     run: &Run<'_>,
     loader: &mut PromptLoader,
-    k: u64,
-    m: &mut Metrics,
+    step: &mut Step,
 ) -> Result<Collected, TrainError> {
+    let (k, m) = (step.number, &mut step.metrics);
     let (engine, recipe, comm) = (&run.engine, run.recipe, &run.comm);
     let rows = loader.next_step();
     let records: Vec<&PromptRecord> = rows.iter().map(|r| loader.record(r)).collect();
@@ -83,8 +84,8 @@ pub(crate) fn collect(
         recipe.reward.on_error,
     )?;
     let gen = timer.elapsed().as_secs_f64();
-    m.insert("timing_s/gen".into(), gen);
-    m.insert("timing_s/reward".into(), reward_seconds);
+    step.timers.add("gen", gen);
+    step.timers.add("reward", reward_seconds);
     // The rewards score on their own thread, so this thread's count is the rollout's alone.
     let work = flowtune_models::flops::counted() - work;
     m.insert("perf/tflops/rollout".into(), work / gen / 1e12);

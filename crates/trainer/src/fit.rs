@@ -17,6 +17,7 @@ use crate::checkpointer::Trained;
 use crate::logging::{metric_line, progress_bar, step_line, summary_line, MetricLog};
 use crate::optim::learning_rate;
 use crate::run::Run;
+use crate::step::Step;
 use crate::validation::validate;
 use crate::TrainError;
 
@@ -137,9 +138,10 @@ impl Trainer<'_> {
         let (mut last, mut stopped) = (start, None);
         if t.val_before_train && start == 0 {
             run.status("validation");
-            let timer = Instant::now();
-            let mut m = validate(&run, &val_records, 0)?;
-            m.insert("timing_s/testing".into(), timer.elapsed().as_secs_f64());
+            let mut before = Step::new(0, 0.0);
+            let scores = before.timers.time("testing", || validate(&run, &val_records, 0))?;
+            before.metrics.extend(scores);
+            let m = before.into_metrics();
             if let Some(log) = log.as_mut() {
                 log.log(0, &m)?;
                 run.say(format!("validation before training: {}", summary_line(&m)));
@@ -149,11 +151,11 @@ impl Trainer<'_> {
         for k in start + 1..=t.total_steps {
             let step_start = Instant::now();
             let perf = crate::perf::start_step(device);
-            let mut m = Metrics::new();
             let lr = learning_rate(t.lr_schedule, t.lr, k - 1, t.warmup_steps, t.total_steps);
+            let mut step = Step::new(k, lr);
             run.status("rollout + reward");
-            let samples = algorithm.step(&run, &mut learner, &mut source, k, lr, &mut m)?;
-            m.insert("actor/lr".into(), lr);
+            let samples = algorithm.step(&run, &mut learner, &mut source, &mut step)?;
+            step.metrics.insert("actor/lr".into(), lr);
 
             // Every rank stops at the same step: when any of them is out of time or interrupted.
             let out_of_time =
@@ -163,19 +165,16 @@ impl Trainer<'_> {
             // testing
             if t.val_freq > 0 && (k.is_multiple_of(t.val_freq) || last_step) {
                 run.status("validation");
-                let timer = Instant::now();
                 // Validation sees the EMA weights when there are some.
                 let params = &learner.optimizer.params;
-                let scores = match learner.ema.as_mut() {
+                let scores = step.timers.time("testing", || match learner.ema.as_mut() {
                     Some(ema) => ema.with_swapped(params, || validate(&run, &val_records, k)),
                     None => validate(&run, &val_records, k),
-                };
-                m.extend(scores?);
-                m.insert("timing_s/testing".into(), timer.elapsed().as_secs_f64());
+                });
+                step.metrics.extend(scores?);
             }
 
             // checkpoint
-            let timer = Instant::now();
             let stop = comm.any(stop_request.received().is_some())?;
             let trained = Trained {
                 model: pipe.denoiser(),
@@ -183,9 +182,11 @@ impl Trainer<'_> {
                 algorithm: algorithm.as_ref(),
                 source: &source,
             };
-            let line = metric_line(k, &m);
-            checkpointer.save_if_due(k, last_step || stop, trained, line, comm)?;
-            m.insert("timing_s/save_checkpoint".into(), timer.elapsed().as_secs_f64());
+            // The line as known now: the step's metrics and timers but the save's own.
+            let line = metric_line(k, &step.timers.snapshot(&step.metrics));
+            let save = || checkpointer.save_if_due(k, last_step || stop, trained, line, comm);
+            step.timers.time("save_checkpoint", save)?;
+            let mut m = step.into_metrics();
             let elapsed = step_start.elapsed().as_secs_f64();
             m.insert("timing_s/step".into(), elapsed);
             // Images per second per rank (per GPU; a sequence-parallel group shares its samples).

@@ -24,6 +24,7 @@ mod seeds;
 mod signals;
 mod source;
 mod stateful;
+mod step;
 pub mod tensorboard;
 mod update;
 mod validation;
@@ -38,6 +39,7 @@ pub mod algorithm {
     pub use crate::run::Run;
     pub use crate::source::{PairSource, Source};
     pub use crate::stateful::{Scope, Stateful};
+    pub use crate::step::{Step, Timers};
     pub use crate::update::{optimize, Batching, Learner, MicroPass, SlotLoss};
 }
 pub use perf::status_bytes;

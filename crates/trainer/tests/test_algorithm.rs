@@ -13,6 +13,7 @@ use flowtune_objectives::losses::LossOutput;
 use flowtune_objectives::{Algorithm as Entry, Metrics, Needs, Objective};
 use flowtune_trainer::algorithm::{
     optimize, register_algorithm, Algorithm, Batching, Learner, Run, SlotLoss, Source, Stateful,
+    Step,
 };
 use flowtune_trainer::optim::Ema;
 use flowtune_trainer::{train, TrainError};
@@ -73,14 +74,13 @@ impl Algorithm for Shrink {
         run: &Run<'_>,
         learner: &mut Learner,
         _source: &mut Source,
-        step: u64,
-        lr: f64,
-        metrics: &mut Metrics,
+        step: &mut Step,
     ) -> Result<usize, TrainError> {
         let params: Vec<Tensor> =
             learner.optimizer.params.values().map(Tensor::shallow_clone).collect();
         let batching = Batching { items: 1, owned: vec![true], mini: 1, micro: 1 };
-        metrics.extend(optimize(learner, run, batching, step, lr, |_, pass| {
+        let (number, lr) = (step.number, step.lr);
+        step.metrics.extend(optimize(learner, run, batching, number, lr, |_, pass| {
             pass.slots(1, |_| {
                 let squares = params.iter().map(|p| p.square().sum(Kind::Float));
                 let loss = squares
@@ -95,7 +95,7 @@ impl Algorithm for Shrink {
         let old = self.old.as_mut().expect("started");
         old.update(&learner.optimizer.params);
         self.steps += 1;
-        metrics.insert("test/steps".into(), self.steps as f64);
+        step.metrics.insert("test/steps".into(), self.steps as f64);
         Ok(0)
     }
 }

@@ -6,7 +6,6 @@
 use std::collections::{BTreeMap, HashMap};
 
 use flowtune_objectives::losses::{dgpo_loss, DgpoBatch, DgpoSettings};
-use flowtune_objectives::Metrics;
 use flowtune_sampling::{per_row, row_seed, SampleRng};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -21,6 +20,7 @@ use crate::run::Run;
 use crate::seeds::DGPO_SALT;
 use crate::source::Source;
 use crate::stateful::Stateful;
+use crate::step::Step;
 use crate::update::{optimize, Batching, Learner, SlotLoss};
 use crate::TrainError;
 
@@ -49,13 +49,11 @@ impl Algorithm for Dgpo {
         run: &Run<'_>,
         learner: &mut Learner,
         source: &mut Source,
-        step: u64,
-        lr: f64,
-        metrics: &mut Metrics,
+        step: &mut Step,
     ) -> Result<usize, TrainError> {
         let old = super::started(&mut self.old, "dgpo")?;
-        let collected = super::collect_with_old_policy(run, learner, old, source, step, metrics)?;
-        dgpo_step(run, learner, old, &collected, step, lr, metrics)?;
+        let collected = super::collect_with_old_policy(run, learner, old, source, step)?;
+        dgpo_step(run, learner, old, &collected, step)?;
         Ok(collected.batch.images.len())
     }
 }
@@ -94,9 +92,7 @@ fn dgpo_step(
     learner: &mut Learner,
     old: &mut Ema,
     collected: &Collected,
-    step: u64,
-    lr: f64,
-    metrics: &mut Metrics,
+    step: &mut Step,
 ) -> Result<(), TrainError> {
     let (recipe, engine) = (run.recipe, &run.engine);
     let actor = &recipe.actor;
@@ -105,9 +101,10 @@ fn dgpo_step(
     let kept = &collected.kept;
     let device = kept.device();
 
-    let timer = std::time::Instant::now();
-    let advantages = collected.advantages(1, &recipe.advantage, metrics)?.select(1, 0);
-    metrics.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+    let advantages = step
+        .timers
+        .time("adv", || collected.advantages(1, &recipe.advantage, &mut step.metrics))?
+        .select(1, 0);
 
     let update = crate::perf::ActorUpdate::start();
     let x0 = collected.batch.trajectory.final_latents.index_select(0, kept);
@@ -126,7 +123,7 @@ fn dgpo_step(
     let count = actor
         .train_timestep_count
         .unwrap_or(((span as f64 * actor.timestep_fraction) as usize).max(1));
-    let timesteps = shared_timesteps(range, count, recipe.seed, step);
+    let timesteps = shared_timesteps(range, count, recipe.seed, step.number);
     let groups = groups_of(&collected.uids);
     let owned: Vec<bool> = groups.iter().map(|group| collected.owned.contains(&group[0])).collect();
     let trainer = &recipe.trainer;
@@ -148,7 +145,7 @@ fn dgpo_step(
         .iter()
         .map(|(name, param)| (name.clone(), param.shallow_clone()))
         .collect();
-    let result = optimize(learner, run, batching, step, lr, |micro, pass| {
+    let result = optimize(learner, run, batching, step.number, step.lr, |micro, pass| {
         // This rank's rows of the micro-batch's groups, and each row's group within it.
         let (mut local, mut member_of) = (vec![], vec![]);
         for (member, &group) in micro.iter().enumerate() {
@@ -175,7 +172,7 @@ fn dgpo_step(
                     .map(|&group| {
                         let stream = row_seed(
                             recipe.seed ^ DGPO_SALT,
-                            step,
+                            step.number,
                             (group * timesteps.len() + slot) as u64,
                         );
                         let noise = SampleRng::new(stream).normal(&one, device);
@@ -203,12 +200,12 @@ fn dgpo_step(
             Ok(SlotLoss { what: format!("dgpo timestep slot {slot}"), output })
         })
     });
-    if step.is_multiple_of(actor.old_policy_update_interval) {
-        old.decay = actor.old_policy_decay.decay(step);
+    if step.number.is_multiple_of(actor.old_policy_update_interval) {
+        old.decay = actor.old_policy_decay.decay(step.number);
         old.update(&learner.optimizer.params);
-        metrics.insert("actor/old_policy_decay".into(), old.decay);
+        step.metrics.insert("actor/old_policy_decay".into(), old.decay);
     }
-    metrics.extend(result?);
-    update.finish(metrics);
+    step.metrics.extend(result?);
+    update.finish(&mut step.metrics);
     Ok(())
 }

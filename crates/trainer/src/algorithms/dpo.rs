@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use flowtune_models::{velocity_at_sigma, TextConditioning};
 use flowtune_objectives::losses::{dpo_loss, DpoBatch};
-use flowtune_objectives::Metrics;
 use flowtune_rollout::encode_rows;
 use flowtune_sampling::{per_row, row_seed, SampleRng};
 use tch::{Device, Tensor};
@@ -19,6 +18,7 @@ use crate::run::Run;
 use crate::seeds::DPO_SALT;
 use crate::source::{PairSource, Source};
 use crate::stateful::Stateful;
+use crate::step::Step;
 use crate::update::{optimize, Batching, Learner, SlotLoss};
 use crate::TrainError;
 
@@ -34,20 +34,18 @@ impl Algorithm for Dpo {
         run: &Run<'_>,
         learner: &mut Learner,
         source: &mut Source,
-        step: u64,
-        lr: f64,
-        metrics: &mut Metrics,
+        step: &mut Step,
     ) -> Result<usize, TrainError> {
         match source {
             Source::Pairs(pairs) => {
                 run.status("update");
-                offline_step(run, learner, pairs, step, lr, metrics)?;
+                offline_step(run, learner, pairs, step)?;
                 Ok(2 * run.recipe.data.prompts_per_step)
             }
             Source::Prompts(loader) => {
-                let collected = collect(run, loader, step, metrics)?;
+                let collected = collect(run, loader, step)?;
                 run.status("update");
-                online_step(run, learner, &collected, step, lr, metrics)?;
+                online_step(run, learner, &collected, step)?;
                 Ok(collected.batch.images.len())
             }
         }
@@ -80,15 +78,16 @@ fn online_step(
     run: &Run<'_>,
     learner: &mut Learner,
     collected: &Collected,
-    step: u64,
-    lr: f64,
-    metrics: &mut Metrics,
+    step: &mut Step,
 ) -> Result<(), TrainError> {
     let pairs = best_worst(&collected.rewards, &collected.uids);
-    metrics.insert("critic/dpo_pairs".into(), pairs.len() as f64);
+    step.metrics.insert("critic/dpo_pairs".into(), pairs.len() as f64);
     if pairs.is_empty() {
         if run.comm.is_main() {
-            eprintln!("step {step}: no prompt group has two different rewards; no DPO update");
+            eprintln!(
+                "step {}: no prompt group has two different rewards; no DPO update",
+                step.number
+            );
         }
         return Ok(());
     }
@@ -108,7 +107,7 @@ fn online_step(
         text: collected.batch.text.rows(&index),
         owned,
     };
-    update(run, learner, &pairs, step, lr, metrics)
+    update(run, learner, &pairs, step)
 }
 
 /// An offline DPO step on the next `data.prompts_per_step` pairs of the dataset.
@@ -116,9 +115,7 @@ fn offline_step(
     run: &Run<'_>,
     learner: &mut Learner,
     source: &mut PairSource,
-    step: u64,
-    lr: f64,
-    metrics: &mut Metrics,
+    step: &mut Step,
 ) -> Result<(), TrainError> {
     let timer = Instant::now();
     let rows = source.loader.next_step();
@@ -138,9 +135,9 @@ fn offline_step(
         .collect();
     let x0 = Tensor::cat(&latents, 0);
     let text = encode_rows(run.engine.pipe, &prompts, &[], &[], None)?;
-    metrics.insert("timing_s/gen".into(), timer.elapsed().as_secs_f64());
-    metrics.insert("critic/dpo_pairs".into(), rows.len() as f64);
-    update(run, learner, &StepPairs { x0, text, owned }, step, lr, metrics)
+    step.timers.add("gen", timer.elapsed().as_secs_f64());
+    step.metrics.insert("critic/dpo_pairs".into(), rows.len() as f64);
+    update(run, learner, &StepPairs { x0, text, owned }, step)
 }
 
 /// The step's pairs, of which this rank holds those `owned` says: their clean latents and text
@@ -156,9 +153,7 @@ fn update(
     run: &Run<'_>,
     learner: &mut Learner,
     pairs: &StepPairs,
-    step: u64,
-    lr: f64,
-    metrics: &mut Metrics,
+    step: &mut Step,
 ) -> Result<(), TrainError> {
     let update = crate::perf::ActorUpdate::start();
     let StepPairs { x0, text, owned } = pairs;
@@ -176,7 +171,7 @@ fn update(
     }
     let rows = Tensor::from_slice(&rows).to_device(device);
     // One noise and one noise level per pair of the step, from the run's seed and the step.
-    let mut rng = SampleRng::new(row_seed(recipe.seed ^ DPO_SALT, step, 0));
+    let mut rng = SampleRng::new(row_seed(recipe.seed ^ DPO_SALT, step.number, 0));
     let uniforms = Vec::<f32>::try_from(rng.normal(&[pair_count], Device::Cpu).sigmoid())?;
     let sigma: Vec<f32> = uniforms
         .iter()
@@ -199,7 +194,7 @@ fn update(
         mini: trainer.ppo_mini_batch_size,
         micro: (trainer.micro_batch_size / 2).max(1),
     };
-    metrics.extend(optimize(learner, run, batching, step, lr, |micro, pass| {
+    step.metrics.extend(optimize(learner, run, batching, step.number, step.lr, |micro, pass| {
         let rows: Vec<i64> = micro
             .iter()
             .map(|&pair| local[pair] as i64)
@@ -225,7 +220,7 @@ fn update(
             Ok(SlotLoss { what: "dpo".into(), output })
         })
     })?);
-    update.finish(metrics);
+    update.finish(&mut step.metrics);
     Ok(())
 }
 

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use flowtune_config::OldLogProb;
 use flowtune_objectives::gardo::{diversity_advantages, uncertainty, GateController};
 use flowtune_objectives::losses::{gardo_loss, GardoBatch};
-use flowtune_objectives::Metrics;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
@@ -22,6 +21,7 @@ use crate::replay::replay_all;
 use crate::run::Run;
 use crate::source::Source;
 use crate::stateful::Stateful;
+use crate::step::Step;
 use crate::update::{optimize, Batching, Learner, SlotLoss};
 use crate::TrainError;
 
@@ -66,9 +66,7 @@ impl Algorithm for Gardo {
         run: &Run<'_>,
         learner: &mut Learner,
         source: &mut Source,
-        step: u64,
-        lr: f64,
-        metrics: &mut Metrics,
+        step: &mut Step,
     ) -> Result<usize, TrainError> {
         if self.features.is_none() {
             let dir = run.recipe.actor.gardo_features.as_ref().ok_or_else(|| {
@@ -76,9 +74,9 @@ impl Algorithm for Gardo {
             })?;
             self.features = Some(DiversityFeatures::load(dir, run.comm.device())?);
         }
-        let collected = collect(run, super::prompts(source)?, step, metrics)?;
+        let collected = collect(run, super::prompts(source)?, step)?;
         run.status("update");
-        self.update(run, learner, &collected, step, lr, metrics)?;
+        self.update(run, learner, &collected, step)?;
         Ok(collected.batch.images.len())
     }
 }
@@ -100,9 +98,7 @@ impl Gardo {
         run: &Run<'_>,
         learner: &mut Learner,
         collected: &Collected,
-        step: u64,
-        lr: f64,
-        metrics: &mut Metrics,
+        step: &mut Step,
     ) -> Result<(), TrainError> {
         let (Some(features), Some(anchor)) = (&self.features, &mut self.anchor) else {
             return Err(TrainError::Invalid(
@@ -119,16 +115,16 @@ impl Gardo {
         let device = kept.device();
 
         // Anchor reset, before the step's forwards.
-        let due = (step > 1 && state.reset_pending)
-            || step.saturating_sub(1).saturating_sub(state.anchor_step)
+        let due = (step.number > 1 && state.reset_pending)
+            || step.number.saturating_sub(1).saturating_sub(state.anchor_step)
                 > actor.gardo_reset_interval;
         if due {
             anchor.decay = 0.0;
             anchor.update(&learner.optimizer.params);
-            state.anchor_step = step - 1;
+            state.anchor_step = step.number - 1;
             state.reset_pending = false;
         }
-        metrics.insert("actor/ref_reset".into(), f64::from(u8::from(due)));
+        step.metrics.insert("actor/ref_reset".into(), f64::from(u8::from(due)));
 
         // old log-probs
         let timer = Instant::now();
@@ -137,11 +133,11 @@ impl Gardo {
             OldLogProb::Recompute => {
                 let old = replay_all(engine, model, batch, kept, window, false)?.log_probs;
                 let drift = comm.gather_rows(&(&old - &rollout_lp).abs())?;
-                metrics.insert(
+                step.metrics.insert(
                     "rollout_corr/logprob_abs_diff_mean".into(),
                     drift.mean(Kind::Float).double_value(&[]),
                 );
-                metrics.insert(
+                step.metrics.insert(
                     "rollout_corr/logprob_abs_diff_max".into(),
                     drift.max().double_value(&[]),
                 );
@@ -149,16 +145,17 @@ impl Gardo {
             }
             OldLogProb::Bypass => rollout_lp,
         };
-        metrics.insert("timing_s/old_log_prob".into(), timer.elapsed().as_secs_f64());
+        step.timers.add("old_log_prob", timer.elapsed().as_secs_f64());
 
         // ref: the anchor's transition means
-        let timer = Instant::now();
         let params = &learner.optimizer.params;
-        let anchor_means = anchor
-            .with_swapped(params, || replay_all(engine, model, batch, kept, window, true))?
+        let anchor_means = step
+            .timers
+            .time("ref", || {
+                anchor.with_swapped(params, || replay_all(engine, model, batch, kept, window, true))
+            })?
             .means
             .expect("means are kept");
-        metrics.insert("timing_s/ref".into(), timer.elapsed().as_secs_f64());
 
         // adv: diversity-shaped advantages and the gate, over the whole step
         let timer = Instant::now();
@@ -168,27 +165,27 @@ impl Gardo {
         let feats: Vec<Vec<Vec<f32>>> = comm.gather(&features.embed(&images)?)?;
         let rewards: Vec<f64> = collected.rewards.iter().map(|&reward| reward as f64).collect();
         let adv = diversity_advantages(&rewards, &collected.uids, &feats.concat())?;
-        stats("critic/advantages", &adv.values, metrics);
-        metrics.insert(
+        stats("critic/advantages", &adv.values, &mut step.metrics);
+        step.metrics.insert(
             "critic/diversity/mean".into(),
             adv.distances.iter().sum::<f64>() / adv.distances.len() as f64,
         );
         let proxies = proxy_scores(collected, &actor.gardo_proxy_rewards)?;
         let gate = state.gate.gate(&uncertainty(&rewards, &proxies));
-        metrics.insert("actor/kl_perc".into(), state.gate.share);
+        step.metrics.insert("actor/kl_perc".into(), state.gate.share);
         let gated = gate.iter().filter(|&&gated| gated).count() as f64 / gate.len() as f64;
-        metrics.insert("actor/gated_fraction".into(), gated);
+        step.metrics.insert("actor/gated_fraction".into(), gated);
         let mine = collected.owned.clone();
         let advantages: Vec<f32> =
             adv.values[mine.clone()].iter().map(|&advantage| advantage as f32).collect();
         let advantages = Tensor::from_slice(&advantages).to_device(device);
         let gate = Tensor::from_slice(&gate[mine]).to_device(device);
-        metrics.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+        step.timers.add("adv", timer.elapsed().as_secs_f64());
 
         // update
         let update = crate::perf::ActorUpdate::start();
         let batching = Batching::groups(recipe, collected.rewards.len(), collected.owned.clone());
-        let result = optimize(learner, run, batching, step, lr, |micro, pass| {
+        let result = optimize(learner, run, batching, step.number, step.lr, |micro, pass| {
             let first = collected.owned.start;
             let local: Vec<i64> = micro.iter().map(|&row| (row - first) as i64).collect();
             let local = Tensor::from_slice(&local).to_device(device);
@@ -216,8 +213,8 @@ impl Gardo {
         if result.get("actor/kl_loss").is_some_and(|&kl| kl > actor.gardo_kl_threshold) {
             state.reset_pending = true;
         }
-        metrics.extend(result);
-        update.finish(metrics);
+        step.metrics.extend(result);
+        update.finish(&mut step.metrics);
         Ok(())
     }
 }

@@ -18,7 +18,7 @@ use std::sync::RwLock;
 use flowtune_config::Recipe;
 use flowtune_data::PromptLoader;
 use flowtune_models::{FlowPipeline, PipelineOptions};
-use flowtune_objectives::{Metrics, Objective};
+use flowtune_objectives::Objective;
 use tch::Tensor;
 
 use crate::collect::{collect, Collected};
@@ -26,6 +26,7 @@ use crate::optim::Ema;
 use crate::run::Run;
 use crate::source::Source;
 use crate::stateful::Stateful;
+use crate::step::Step;
 use crate::update::Learner;
 use crate::TrainError;
 
@@ -53,16 +54,15 @@ pub trait Algorithm: Stateful {
         vec![]
     }
 
-    /// Training step `k` at learning rate `lr`: gathers its data from `source` (rollout and
-    /// rewards, or preference pairs) and updates `learner`; returns the samples it trained on.
+    /// Training step `step`: gathers its data from `source` (rollout and rewards, or preference
+    /// pairs) and updates `learner`, at the step's learning rate, into the step's metrics and
+    /// timers; returns the samples it trained on.
     fn step(
         &mut self,
         run: &Run<'_>,
         learner: &mut Learner,
         source: &mut Source,
-        k: u64,
-        lr: f64,
-        m: &mut Metrics,
+        step: &mut Step,
     ) -> Result<usize, TrainError>;
 }
 
@@ -122,11 +122,10 @@ fn collect_with_old_policy(
     learner: &Learner,
     old: &mut Ema,
     source: &mut Source,
-    k: u64,
-    m: &mut Metrics,
+    step: &mut Step,
 ) -> Result<Collected, TrainError> {
     let loader = prompts(source)?;
-    let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, k, m))?;
+    let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, step))?;
     run.status("update");
     Ok(c)
 }

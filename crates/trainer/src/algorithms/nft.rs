@@ -4,11 +4,9 @@
 //! adapter, trained adapter, reference — then the old adapter follows the trained one.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 use flowtune_models::{velocity_at_sigma, TextConditioning, TrainableDenoiser};
 use flowtune_objectives::losses::{nft_loss, reward_probability, NftBatch};
-use flowtune_objectives::Metrics;
 use flowtune_sampling::{per_row, row_seed, SampleRng};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -23,6 +21,7 @@ use crate::run::Run;
 use crate::seeds::NFT_SALT;
 use crate::source::Source;
 use crate::stateful::Stateful;
+use crate::step::Step;
 use crate::update::{optimize, Batching, Learner, SlotLoss};
 use crate::TrainError;
 
@@ -50,13 +49,11 @@ impl Algorithm for Nft {
         run: &Run<'_>,
         learner: &mut Learner,
         source: &mut Source,
-        step: u64,
-        lr: f64,
-        metrics: &mut Metrics,
+        step: &mut Step,
     ) -> Result<usize, TrainError> {
         let old = super::started(&mut self.old, "diffusion_nft")?;
-        let collected = super::collect_with_old_policy(run, learner, old, source, step, metrics)?;
-        nft_step(run, learner, old, &collected, step, lr, metrics)?;
+        let collected = super::collect_with_old_policy(run, learner, old, source, step)?;
+        nft_step(run, learner, old, &collected, step)?;
         Ok(collected.batch.images.len())
     }
 }
@@ -88,9 +85,7 @@ fn nft_step(
     learner: &mut Learner,
     old: &mut Ema,
     collected: &Collected,
-    step: u64,
-    lr: f64,
-    metrics: &mut Metrics,
+    step: &mut Step,
 ) -> Result<(), TrainError> {
     let (recipe, engine) = (run.recipe, &run.engine);
     let actor = &recipe.actor;
@@ -99,18 +94,19 @@ fn nft_step(
     let kept = &collected.kept;
     let device = kept.device();
 
-    let timer = Instant::now();
-    let advantages = collected.advantages(1, &recipe.advantage, metrics)?.select(1, 0);
-    let prob =
-        reward_probability(&advantages, actor.reward_mode, actor.adv_clip_max).to_device(device);
-    metrics.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+    let prob = step.timers.time("adv", || -> Result<Tensor, TrainError> {
+        let advantages = collected.advantages(1, &recipe.advantage, &mut step.metrics)?;
+        let advantages = advantages.select(1, 0);
+        Ok(reward_probability(&advantages, actor.reward_mode, actor.adv_clip_max).to_device(device))
+    })?;
 
     let update = crate::perf::ActorUpdate::start();
     let x0 = collected.batch.trajectory.final_latents.index_select(0, kept);
     let text = collected.batch.text.rows(kept);
     let grid = &engine.grid.timesteps;
     let samples = collected.rewards.len();
-    let chosen = trained_timesteps(samples, grid.len(), actor.timestep_fraction, recipe.seed, step);
+    let chosen =
+        trained_timesteps(samples, grid.len(), actor.timestep_fraction, recipe.seed, step.number);
     let slots = chosen[0].len();
     let batching = Batching::groups(recipe, samples, collected.owned.clone());
     let params = learner
@@ -119,7 +115,7 @@ fn nft_step(
         .iter()
         .map(|(name, param)| (name.clone(), param.shallow_clone()))
         .collect();
-    let result = optimize(learner, run, batching, step, lr, |micro, pass| {
+    let result = optimize(learner, run, batching, step.number, step.lr, |micro, pass| {
         // `micro` holds step-wide positions; this rank's tensors start at `collected.owned.start`.
         let first = collected.owned.start;
         let idx = micro.iter().map(|&sample| (sample - first) as i64).collect::<Vec<_>>();
@@ -134,8 +130,11 @@ fn nft_step(
                 &micro
                     .iter()
                     .map(|&sample| {
-                        let stream =
-                            row_seed(recipe.seed ^ NFT_SALT, step, (sample * slots + slot) as u64);
+                        let stream = row_seed(
+                            recipe.seed ^ NFT_SALT,
+                            step.number,
+                            (sample * slots + slot) as u64,
+                        );
                         let mut shape = x0.size();
                         shape[0] = 1;
                         SampleRng::new(stream).normal(&shape, device)
@@ -164,13 +163,13 @@ fn nft_step(
             Ok(SlotLoss { what: format!("nft timestep slot {slot}"), output })
         })
     });
-    if step.is_multiple_of(actor.old_policy_update_interval) {
-        old.decay = actor.old_policy_decay.decay(step);
+    if step.number.is_multiple_of(actor.old_policy_update_interval) {
+        old.decay = actor.old_policy_decay.decay(step.number);
         old.update(&learner.optimizer.params);
-        metrics.insert("actor/old_policy_decay".into(), old.decay);
+        step.metrics.insert("actor/old_policy_decay".into(), old.decay);
     }
-    metrics.extend(result?);
-    update.finish(metrics);
+    step.metrics.extend(result?);
+    update.finish(&mut step.metrics);
     Ok(())
 }
 

@@ -21,6 +21,7 @@ use crate::replay::{replay_all, OldPolicy};
 use crate::run::Run;
 use crate::source::Source;
 use crate::stateful::Stateful;
+use crate::step::Step;
 use crate::update::{optimize, Batching, Learner, MicroPass, SlotLoss};
 use crate::TrainError;
 
@@ -56,13 +57,11 @@ impl Algorithm for PolicyGradient {
         run: &Run<'_>,
         learner: &mut Learner,
         source: &mut Source,
-        step: u64,
-        lr: f64,
-        metrics: &mut Metrics,
+        step: &mut Step,
     ) -> Result<usize, TrainError> {
-        let collected = collect(run, super::prompts(source)?, step, metrics)?;
+        let collected = collect(run, super::prompts(source)?, step)?;
         run.status("update");
-        self.update(run, learner, &collected, step, lr, metrics)?;
+        self.update(run, learner, &collected, step)?;
         Ok(collected.batch.images.len())
     }
 }
@@ -75,9 +74,7 @@ impl PolicyGradient {
         run: &Run<'_>,
         learner: &mut Learner,
         collected: &Collected,
-        step: u64,
-        lr: f64,
-        metrics: &mut Metrics,
+        step: &mut Step,
     ) -> Result<(), TrainError> {
         let (loss_kind, teachers) = (self.loss, &self.teachers);
         let (recipe, engine, comm) = (run.recipe, &run.engine, &run.comm);
@@ -94,11 +91,11 @@ impl PolicyGradient {
                 let means = loss_kind.is_some_and(PolicyLoss::needs_means);
                 let old = replay_all(engine, model, batch, kept, window, means)?;
                 let drift = comm.gather_rows(&(&old.log_probs - &rollout_lp).abs())?;
-                metrics.insert(
+                step.metrics.insert(
                     "rollout_corr/logprob_abs_diff_mean".into(),
                     drift.mean(Kind::Float).double_value(&[]),
                 );
-                metrics.insert(
+                step.metrics.insert(
                     "rollout_corr/logprob_abs_diff_max".into(),
                     drift.max().double_value(&[]),
                 );
@@ -116,7 +113,7 @@ impl PolicyGradient {
             let (all_old, all_rollout) =
                 (comm.gather_rows(&old.log_probs)?, comm.gather_rows(&rollout_lp)?);
             let all = recipe.rollout_correction.compute(&all_old, &all_rollout)?;
-            metrics.extend(all.metrics.clone());
+            step.metrics.extend(all.metrics.clone());
             let owned = &collected.owned;
             let mine = |rows: &Tensor| rows.narrow(0, owned.start as i64, owned.len() as i64);
             Some(Correction {
@@ -127,33 +124,30 @@ impl PolicyGradient {
         } else {
             None
         };
-        metrics.insert("timing_s/old_log_prob".into(), timer.elapsed().as_secs_f64());
+        step.timers.add("old_log_prob", timer.elapsed().as_secs_f64());
 
         // ref
-        let timer = Instant::now();
-        let reference = match &run.reference {
-            Some(reference) if recipe.actor.use_kl_loss => Some(
-                reference.run(model, |net| replay_all(engine, net, batch, kept, window, true))?,
-            ),
-            _ => None,
-        };
-        metrics.insert("timing_s/ref".into(), timer.elapsed().as_secs_f64());
+        let reference = step.timers.time("ref", || match &run.reference {
+            Some(reference) if recipe.actor.use_kl_loss => reference
+                .run(model, |net| replay_all(engine, net, batch, kept, window, true))
+                .map(Some),
+            _ => Ok(None),
+        })?;
 
         // teacher
-        let timer = Instant::now();
         let distils = loss_kind.is_none() || recipe.actor.use_distill_loss;
-        let teacher = if distils {
+        let teacher = step.timers.time("teacher", || {
+            if !distils {
+                return Ok(None);
+            }
             let sources = &collected.sources[collected.owned.clone()];
-            Some(super::teachers::teacher_means(teachers, engine, batch, kept, sources, window)?)
-        } else {
-            None
-        };
-        metrics.insert("timing_s/teacher".into(), timer.elapsed().as_secs_f64());
+            super::teachers::teacher_means(teachers, engine, batch, kept, sources, window).map(Some)
+        })?;
 
         // adv
-        let timer = Instant::now();
-        let advantages = collected.advantages(window as usize, &recipe.advantage, metrics)?;
-        metrics.insert("timing_s/adv".into(), timer.elapsed().as_secs_f64());
+        let advantages = step.timers.time("adv", || {
+            collected.advantages(window as usize, &recipe.advantage, &mut step.metrics)
+        })?;
 
         // update
         let update = crate::perf::ActorUpdate::start();
@@ -171,10 +165,15 @@ impl PolicyGradient {
             first: collected.owned.start,
         };
         let batching = Batching::groups(recipe, collected.rewards.len(), collected.owned.clone());
-        metrics.extend(optimize(learner, run, batching, step, lr, |micro, pass| {
-            inputs.micro_step(run, micro, pass)
-        })?);
-        update.finish(metrics);
+        step.metrics.extend(optimize(
+            learner,
+            run,
+            batching,
+            step.number,
+            step.lr,
+            |micro, pass| inputs.micro_step(run, micro, pass),
+        )?);
+        update.finish(&mut step.metrics);
         Ok(())
     }
 }
