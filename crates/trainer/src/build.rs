@@ -13,6 +13,7 @@ use tch::Device;
 use crate::algorithms::Algorithm;
 use crate::checkpointer::Checkpointer;
 use crate::dist::Comm;
+use crate::layout::Layout;
 use crate::optim::{AdamW, Ema};
 use crate::reference::Reference;
 use crate::source::Source;
@@ -53,12 +54,6 @@ pub(crate) struct Trainer<'r> {
     /// The last step done (0: a fresh run) and its metric line as the checkpoint kept it.
     pub start: u64,
     pub saved_line: serde_json::Value,
-}
-
-/// How the model is spread over the ranks, as `fit` reports it.
-pub(crate) struct Layout {
-    /// Bytes of this rank's slices of the sharded blocks, and of one gathered block.
-    pub sharded_bytes: Option<(i64, i64)>,
 }
 
 impl<'r> Trainer<'r> {
@@ -190,7 +185,11 @@ fn parallelize(
     pipe.denoiser().set_gradient_checkpointing(recipe.trainer.gradient_checkpointing);
     let reference = Reference::for_recipe(recipe, pipe, keeps_reference)?;
     comm.shard_blocks(recipe, pipe.denoiser(), reference.as_ref())?;
-    Ok((reference, Layout { sharded_bytes: pipe.denoiser().sharded_bytes() }))
+    let layout = Layout {
+        sharded_blocks: comm.shards_blocks(recipe),
+        sharded_bytes: pipe.denoiser().sharded_bytes(),
+    };
+    Ok((reference, layout))
 }
 
 /// The optimizer's part of the layout: a sharded block's parameters are this rank's slices;

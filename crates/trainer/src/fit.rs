@@ -128,6 +128,7 @@ impl Trainer<'_> {
             scorers,
             bar,
             comm,
+            layout,
         };
         let comm = &run.comm;
         let mut log =
@@ -196,7 +197,7 @@ impl Trainer<'_> {
             crate::perf::step_metrics(&perf, elapsed, t.peak_tflops, kind, &mut m);
             m.insert("dist/world_size".into(), world as f64);
             m.insert("dist/sequence_parallel_size".into(), comm.sequence_size() as f64);
-            if let Some((kept, block)) = layout.sharded_bytes {
+            if let Some((kept, block)) = run.layout.sharded_bytes {
                 m.insert("dist/sharded_weights_gb".into(), kept as f64 / (1u64 << 30) as f64);
                 m.insert("dist/gathered_block_gb".into(), block as f64 / (1u64 << 30) as f64);
             }

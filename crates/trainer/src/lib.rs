@@ -11,6 +11,7 @@ mod collect;
 pub mod dist;
 mod fit;
 pub mod images;
+mod layout;
 mod logging;
 mod manifest;
 pub mod optim;

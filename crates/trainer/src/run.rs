@@ -1,11 +1,13 @@
 //! What every step of a run reads: the recipe, the rollout engine (and through it the pipeline),
-//! the reference policy, the scorers, the progress bar, and this process's place among the ranks.
+//! the reference policy, the scorers, the progress bar, and this process's place among the ranks
+//! and the model's layout over them.
 
 use flowtune_config::Recipe;
 use flowtune_rewards::Weighted;
 use flowtune_rollout::Engine;
 
 use crate::dist::Comm;
+use crate::layout::Layout;
 use crate::reference::Reference;
 
 /// The read-only state of a run.
@@ -17,6 +19,8 @@ pub struct Run<'a> {
     pub scorers: Vec<Weighted>,
     pub bar: indicatif::ProgressBar,
     pub comm: Comm,
+    /// How the model is spread over the ranks.
+    pub layout: Layout,
 }
 
 impl Run<'_> {

@@ -108,7 +108,7 @@ pub fn optimize(
     let trainer = &recipe.trainer;
     let mut means = MetricMeans::default();
     let (mut grad_norms, mut skipped) = (vec![], 0.0);
-    let sharded_blocks = comm.shards_blocks(recipe);
+    let sharded_blocks = run.layout.sharded_blocks;
     let blocks = run.engine.pipe.denoiser().sharded();
     let trained_blocks = blocks.filter(|blocks| blocks.trains());
     // What a rank with fewer passes than the others repeats (any unit it holds).

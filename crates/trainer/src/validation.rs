@@ -36,7 +36,7 @@ pub(crate) fn validate(
     // Under sharded blocks every rank takes part in each block's gather, so every rank samples
     // as many rows: a short share is filled with copies of a prompt whose results are dropped.
     if let (true, Some(filler)) =
-        (comm.shards_blocks(recipe), records.get(mine.start.min(records.len().saturating_sub(1))))
+        (run.layout.sharded_blocks, records.get(mine.start.min(records.len().saturating_sub(1))))
     {
         rows.resize(records.len().div_ceil(comm.groups()), filler);
     }
