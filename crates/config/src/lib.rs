@@ -7,6 +7,7 @@ mod overrides;
 mod paths;
 mod recipe;
 mod reference;
+mod renamed;
 mod resolved;
 mod sections;
 mod suggest;
@@ -14,6 +15,7 @@ mod suggest;
 pub use overrides::Override;
 pub use recipe::Recipe;
 pub use reference::recipe_keys;
+pub use renamed::RENAMED;
 pub use resolved::RESOLVED;
 pub use sections::{
     DataSection, Finetune, LrSchedule, ModelSection, Offload, OldLogProb, Resume, Sharding,

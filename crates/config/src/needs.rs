@@ -131,16 +131,16 @@ impl Recipe {
     /// A diversity model and at least one proxy reward among the reward functions (GARDO).
     fn check_diversity(&self, name: &str) -> Checked {
         let a = &self.actor;
-        if a.gardo_features.is_none() {
-            return fail("actor.gardo_features", format!("{name} needs a transformers CLIPModel folder whose image embeddings measure diversity"));
+        if a.gardo.features.is_none() {
+            return fail("actor.gardo.features", format!("{name} needs a transformers CLIPModel folder whose image embeddings measure diversity"));
         }
-        if a.gardo_proxy_rewards.is_empty() {
-            return fail("actor.gardo_proxy_rewards", format!("{name} gates its KL by how a sample's trained-reward rank departs from its proxy rewards' ranks; name at least one of reward.functions (weight 0 keeps it out of the trained reward)"));
+        if a.gardo.proxy_rewards.is_empty() {
+            return fail("actor.gardo.proxy_rewards", format!("{name} gates its KL by how a sample's trained-reward rank departs from its proxy rewards' ranks; name at least one of reward.functions (weight 0 keeps it out of the trained reward)"));
         }
         let names: Vec<&str> = self.reward.functions.iter().map(|f| f.name.as_str()).collect();
-        if let Some(missing) = a.gardo_proxy_rewards.iter().find(|p| !names.contains(&p.as_str())) {
+        if let Some(missing) = a.gardo.proxy_rewards.iter().find(|p| !names.contains(&p.as_str())) {
             return fail(
-                "actor.gardo_proxy_rewards",
+                "actor.gardo.proxy_rewards",
                 format!("`{missing}` is not one of reward.functions ({})", names.join(", ")),
             );
         }

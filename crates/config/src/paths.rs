@@ -15,7 +15,7 @@ const INPUTS: &[&str] = &[
     "data.train_files.*",
     "data.val_files.*",
     "data.preference_files.*",
-    "actor.gardo_features",
+    "actor.gardo.features",
     "reward.functions.*.http.ca_file",
     "reward.functions.*.ocr.models",
     "reward.functions.*.ocr.runtime",

@@ -83,17 +83,30 @@ impl Recipe {
         if tree.is_null() {
             tree = Value::Mapping(Default::default());
         }
+        // Old keys read as their new ones (a file with some is checked from the tree below).
+        let migrated = crate::renamed::migrate(&mut tree);
         // The file alone first, straight from the text, so errors carry the key path, line and
         // column (serde_yaml writes both into its message).
-        if !tree.as_mapping().is_some_and(|m| m.is_empty()) {
+        if !migrated && !tree.as_mapping().is_some_and(|m| m.is_empty()) {
             serde_yaml::from_str::<Self>(text).map_err(|e| parse_error(&e))?;
         }
         if let Some(folder) = folder {
             crate::paths::rebase(&mut tree, folder);
         }
         let file_alone = tree.clone();
-        let overrides =
+        if migrated {
+            serde_path_to_error::deserialize::<_, Self>(file_alone.clone()).map_err(|e| {
+                let message = nearest_name(&e.inner().to_string());
+                parse_error(&format!("{}: {message}", key_of(e.path())))
+            })?;
+        }
+        let mut overrides =
             overrides.iter().map(|o| Override::parse(o)).collect::<Result<Vec<_>, _>>()?;
+        for o in &mut overrides {
+            if let Some(path) = crate::renamed::renamed_path(&o.path) {
+                o.path = path;
+            }
+        }
         for o in &overrides {
             o.apply(&mut tree)?;
         }
@@ -423,9 +436,16 @@ mod tests {
     #[test]
     fn gardo_needs_features_and_a_proxy_among_the_rewards() {
         let gardo = "algorithm: gardo\nactor:\n  gardo_features: clip\n  gardo_proxy_rewards: [aesthetic]\nreward:\n  functions:\n    - name: brightness\n    - name: aesthetic\n      weight: 0\n      clip: {model: clip, head: h}\n";
-        assert!(load(gardo, &[]).is_ok());
+        let old_keys = load(gardo, &[]).unwrap();
+        // The same in GARDO's own section of `actor`, where its knobs live now.
+        let section = gardo.replace(
+            "  gardo_features: clip\n  gardo_proxy_rewards: [aesthetic]\n",
+            "  gardo: {features: clip, proxy_rewards: [aesthetic]}\n",
+        );
+        assert_eq!(load(&section, &[]).unwrap(), old_keys);
+        assert_eq!(old_keys.actor.gardo.proxy_rewards, ["aesthetic"]);
         let err = load("algorithm: gardo\n", &[]).unwrap_err();
-        assert!(err.contains("actor.gardo_features"), "{err}");
+        assert!(err.contains("actor.gardo.features"), "{err}");
         let err = load(gardo, &["actor.gardo_proxy_rewards=[]"]).unwrap_err();
         assert!(
             err.contains("actor.gardo_proxy_rewards") && err.contains("reward.functions"),

@@ -35,6 +35,13 @@ pub fn recipe_keys() -> String {
     let defaults = serde_yaml::to_value(Recipe::default()).expect("a recipe always serialises");
     let mut page = INTRO.to_string();
     Defs(&root["$defs"]).table(&mut page, "", root, Some(&defaults));
+    page.push_str(
+        "\n## Keys that moved\n\nRecipes and overrides with the old key still load; it reads \
+         as the new one.\n\n",
+    );
+    for (old, new) in crate::renamed::RENAMED {
+        page.push_str(&format!("- `{old}` → `{new}`\n"));
+    }
     page
 }
 

@@ -93,7 +93,7 @@ pub struct Needs {
     /// Every prompt group sits whole in one micro-batch (`trainer.micro_batch_size` a multiple
     /// of `rollout.n`).
     pub whole_groups: bool,
-    /// A diversity model (`actor.gardo_features`) and proxy rewards (`actor.gardo_proxy_rewards`).
+    /// A diversity model (`actor.gardo.features`) and proxy rewards (`actor.gardo.proxy_rewards`).
     pub diversity: bool,
 }
 

@@ -47,6 +47,10 @@ fn advantages_match_reference() {
 /// Case fields that are neither loss settings nor bookkeeping are metrics to compare.
 const BOOKKEEPING: [&str; 3] = ["loss", "key", "value"];
 
+/// The fixtures' flat names of settings that live in an algorithm's section of `actor` now.
+const IN_SECTIONS: [(&str, [&str; 2]); 2] =
+    [("dpo_beta", ["dpo", "beta"]), ("mix_beta", ["nft", "beta"])];
+
 fn loss_config(case: &Value) -> (LossConfig, Vec<(String, f64)>) {
     let mut config = serde_json::to_value(LossConfig::default()).expect("serialise");
     let mut metrics = vec![];
@@ -54,7 +58,9 @@ fn loss_config(case: &Value) -> (LossConfig, Vec<(String, f64)>) {
         if BOOKKEEPING.contains(&field.as_str()) {
             continue;
         }
-        if config.get(field).is_some() {
+        if let Some((_, [section, key])) = IN_SECTIONS.iter().find(|(flat, _)| flat == field) {
+            config[section][key] = value.clone();
+        } else if config.get(field).is_some() {
             config[field] = value.clone();
         } else {
             metrics.push((field.clone(), value.as_f64().expect("numeric metric")));
@@ -93,7 +99,7 @@ fn evaluate(kind: &str, config: &LossConfig, t: &HashMap<String, Tensor>) -> Los
                 model_pred: &t["dpo.noise_pred"],
                 ref_pred: &t["dpo.ref_noise_pred"],
             };
-            dpo_loss(&batch, config.dpo_beta).expect("dpo")
+            dpo_loss(&batch, config.dpo.beta).expect("dpo")
         }
         "diffusion_nft" => {
             let batch = NftBatch {
@@ -105,7 +111,7 @@ fn evaluate(kind: &str, config: &LossConfig, t: &HashMap<String, Tensor>) -> Los
                 old_pred: &t["nft.old_prediction"],
                 ref_pred: &t["nft.ref_forward_prediction"],
             };
-            nft_loss(&batch, config.mix_beta, config.ref_kl_coef, config.adv_clip_max).expect("nft")
+            nft_loss(&batch, config.nft.beta, config.ref_kl_coef, config.adv_clip_max).expect("nft")
         }
         other => panic!("losses.json: unknown loss kind `{other}`"),
     }

@@ -46,44 +46,105 @@ pub struct LossConfig {
     pub kl_mask_threshold: f64,
     /// Flow-DPPO: divide the divergence by the step variance `(s·√−dt)²`.
     pub add_kl_coefficient: bool,
-    /// Diffusion-DPO β.
-    pub dpo_beta: f64,
-    /// DiffusionNFT β mixing the trained and old velocities.
-    pub mix_beta: f64,
-    /// DiffusionNFT weight of `mean((v_θ − v_ref)²)`.
+    /// DiffusionNFT and DGPO: weight of `mean((v_θ − v_ref)²)`.
     pub ref_kl_coef: f64,
-    /// DiffusionNFT: how advantages become optimality probabilities.
-    pub reward_mode: RewardMode,
-    /// DiffusionNFT: fraction of the N timesteps trained per sample.
+    /// DiffusionNFT and DGPO: fraction of the N timesteps trained per sample.
     pub timestep_fraction: f64,
-    /// DiffusionNFT: how the old adapter follows the trained one.
+    /// DiffusionNFT and DGPO: how the old policy follows the trained one.
     pub old_policy_decay: OldPolicyDecay,
-    /// DiffusionNFT: refresh the old adapter every this many training steps.
+    /// DiffusionNFT and DGPO: refresh the old policy every this many training steps.
     pub old_policy_update_interval: u64,
     /// Add the on-policy distillation KL to the teachers (`model.teacher_path` / `model.teachers`)
     /// to a policy-gradient loss.
     pub use_distill_loss: bool,
     /// Weight of the distillation KL when `use_distill_loss`.
     pub distill_loss_coef: f64,
-    /// DGPO: β of the group preference score.
-    pub dgpo_beta: f64,
-    /// DGPO: ε_c of the old-policy ratio (0: no clip).
-    pub dgpo_clip_range: f64,
-    /// DGPO: the rollout-schedule indices `[start, end)` trained timesteps are drawn from; unset:
-    /// the whole schedule.
+    /// Diffusion-DPO's knobs (`algorithm: dpo`).
+    pub dpo: DpoConfig,
+    /// DiffusionNFT's knobs (`algorithm: diffusion_nft`).
+    pub nft: NftConfig,
+    /// DGPO's knobs (`algorithm: dgpo`).
+    pub dgpo: DgpoConfig,
+    /// GARDO's knobs (`algorithm: gardo`).
+    pub gardo: GardoConfig,
+}
+
+/// `actor.dpo`: Diffusion-DPO.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct DpoConfig {
+    /// β of the preference loss.
+    pub beta: f64,
+}
+
+impl Default for DpoConfig {
+    fn default() -> Self {
+        Self { beta: 2000.0 }
+    }
+}
+
+/// `actor.nft`: DiffusionNFT.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct NftConfig {
+    /// β mixing the trained and old velocities.
+    pub beta: f64,
+    /// How advantages become optimality probabilities.
+    pub reward_mode: RewardMode,
+}
+
+impl Default for NftConfig {
+    fn default() -> Self {
+        Self { beta: 0.5, reward_mode: RewardMode::Continuous }
+    }
+}
+
+/// `actor.dgpo`: DGPO.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct DgpoConfig {
+    /// β of the group preference score.
+    pub beta: f64,
+    /// ε_c of the old-policy ratio (0: no clip).
+    pub clip_range: f64,
+    /// The rollout-schedule indices `[start, end)` trained timesteps are drawn from; unset: the
+    /// whole schedule.
     pub train_timestep_range: Option<[usize; 2]>,
-    /// DGPO: how many timesteps are drawn per step (shared by the batch); unset:
+    /// How many timesteps are drawn per step (shared by the batch); unset:
     /// `max(1, ⌊range·timestep_fraction⌋)`.
     pub train_timestep_count: Option<usize>,
-    /// GARDO: a step whose mean gated KL exceeds this resets the anchor before the next step.
-    pub gardo_kl_threshold: f64,
-    /// GARDO: the anchor is reset at the latest after this many steps.
-    pub gardo_reset_interval: u64,
-    /// GARDO: the reward functions (by name) whose ranks, against the trained reward's, measure
-    /// each sample's uncertainty; give them weight 0 to keep them out of the trained reward.
-    pub gardo_proxy_rewards: Vec<String>,
-    /// GARDO: a transformers `CLIPModel` folder whose image embeddings measure diversity.
-    pub gardo_features: Option<std::path::PathBuf>,
+}
+
+impl Default for DgpoConfig {
+    fn default() -> Self {
+        Self {
+            beta: 100.0,
+            clip_range: 0.01,
+            train_timestep_range: None,
+            train_timestep_count: None,
+        }
+    }
+}
+
+/// `actor.gardo`: GARDO.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct GardoConfig {
+    /// A step whose mean gated KL exceeds this resets the anchor before the next step.
+    pub kl_threshold: f64,
+    /// The anchor is reset at the latest after this many steps.
+    pub reset_interval: u64,
+    /// The reward functions (by name) whose ranks, against the trained reward's, measure each
+    /// sample's uncertainty; give them weight 0 to keep them out of the trained reward.
+    pub proxy_rewards: Vec<String>,
+    /// A transformers `CLIPModel` folder whose image embeddings measure diversity.
+    pub features: Option<std::path::PathBuf>,
+}
+
+impl Default for GardoConfig {
+    fn default() -> Self {
+        Self { kl_threshold: 3e-4, reset_interval: 15, proxy_rewards: vec![], features: None }
+    }
 }
 
 impl Default for LossConfig {
@@ -95,23 +156,16 @@ impl Default for LossConfig {
             kl_loss_coef: 0.001,
             kl_mask_threshold: 1e-5,
             add_kl_coefficient: true,
-            dpo_beta: 2000.0,
-            mix_beta: 0.5,
             ref_kl_coef: 1e-4,
-            reward_mode: RewardMode::Continuous,
             timestep_fraction: 1.0,
             old_policy_decay: OldPolicyDecay::LinearTo0_5,
             old_policy_update_interval: 1,
             use_distill_loss: false,
             distill_loss_coef: 1.0,
-            dgpo_beta: 100.0,
-            dgpo_clip_range: 0.01,
-            train_timestep_range: None,
-            train_timestep_count: None,
-            gardo_kl_threshold: 3e-4,
-            gardo_reset_interval: 15,
-            gardo_proxy_rewards: vec![],
-            gardo_features: None,
+            dpo: DpoConfig::default(),
+            nft: NftConfig::default(),
+            dgpo: DgpoConfig::default(),
+            gardo: GardoConfig::default(),
         }
     }
 }
@@ -122,9 +176,9 @@ impl LossConfig {
         let positive = [
             ("clip_ratio", self.clip_ratio),
             ("adv_clip_max", self.adv_clip_max),
-            ("dpo_beta", self.dpo_beta),
-            ("mix_beta", self.mix_beta),
-            ("dgpo_beta", self.dgpo_beta),
+            ("dpo.beta", self.dpo.beta),
+            ("nft.beta", self.nft.beta),
+            ("dgpo.beta", self.dgpo.beta),
         ];
         for (key, value) in positive {
             if !(value > 0.0 && value.is_finite()) {
@@ -135,8 +189,8 @@ impl LossConfig {
             ("kl_loss_coef", self.kl_loss_coef),
             ("kl_mask_threshold", self.kl_mask_threshold),
             ("ref_kl_coef", self.ref_kl_coef),
-            ("gardo_kl_threshold", self.gardo_kl_threshold),
-            ("dgpo_clip_range", self.dgpo_clip_range),
+            ("gardo.kl_threshold", self.gardo.kl_threshold),
+            ("dgpo.clip_range", self.dgpo.clip_range),
             ("distill_loss_coef", self.distill_loss_coef),
         ];
         for (key, value) in non_negative {
@@ -151,17 +205,17 @@ impl LossConfig {
                 "in (0, 1]",
             ));
         }
-        if let Some([start, end]) = self.train_timestep_range {
+        if let Some([start, end]) = self.dgpo.train_timestep_range {
             if start >= end {
                 return Err(ObjectiveError::invalid(
-                    "train_timestep_range",
+                    "dgpo.train_timestep_range",
                     format!("[{start}, {end}]"),
                     "[start, end) with start < end",
                 ));
             }
         }
-        if self.train_timestep_count == Some(0) {
-            return Err(ObjectiveError::invalid("train_timestep_count", 0, "≥ 1"));
+        if self.dgpo.train_timestep_count == Some(0) {
+            return Err(ObjectiveError::invalid("dgpo.train_timestep_count", 0, "≥ 1"));
         }
         if self.old_policy_update_interval == 0 {
             return Err(ObjectiveError::invalid("old_policy_update_interval", 0, "≥ 1"));

@@ -110,10 +110,10 @@ fn dgpo_step(
     let x0 = collected.batch.trajectory.final_latents.index_select(0, kept);
     let text = collected.batch.text.rows(kept);
     let grid = &engine.grid.timesteps;
-    let range = actor.train_timestep_range.unwrap_or([0, grid.len()]);
+    let range = actor.dgpo.train_timestep_range.unwrap_or([0, grid.len()]);
     if range[1] > grid.len() {
         return Err(TrainError::Invalid(format!(
-            "actor.train_timestep_range [{}, {}] reaches past the {} rollout steps",
+            "actor.dgpo.train_timestep_range [{}, {}] reaches past the {} rollout steps",
             range[0],
             range[1],
             grid.len()
@@ -121,6 +121,7 @@ fn dgpo_step(
     }
     let span = range[1] - range[0];
     let count = actor
+        .dgpo
         .train_timestep_count
         .unwrap_or(((span as f64 * actor.timestep_fraction) as usize).max(1));
     let timesteps = shared_timesteps(range, count, recipe.seed, step.number);
@@ -134,8 +135,8 @@ fn dgpo_step(
         micro: (trainer.micro_batch_size / recipe.rollout.n).max(1),
     };
     let settings = DgpoSettings {
-        beta: actor.dgpo_beta,
-        clip_range: actor.dgpo_clip_range,
+        beta: actor.dgpo.beta,
+        clip_range: actor.dgpo.clip_range,
         ref_kl_coef: actor.ref_kl_coef,
         adv_clip_max: actor.adv_clip_max,
     };

@@ -23,7 +23,7 @@ impl DiversityFeatures {
     /// Loads the CLIP model folder `dir` onto `device` in f32.
     pub fn load(dir: &Path, device: Device) -> Result<Self, TrainError> {
         let context = |e: flowtune_models::ModelError| {
-            TrainError::Invalid(format!("actor.gardo_features {}: {e}", dir.display()))
+            TrainError::Invalid(format!("actor.gardo.features {}: {e}", dir.display()))
         };
         Ok(Self {
             model: ClipModel::load(dir, device, Kind::Float).map_err(context)?,

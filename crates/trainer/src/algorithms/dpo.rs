@@ -215,7 +215,7 @@ fn update(
                     model_pred: &model_pred,
                     ref_pred: &ref_pred,
                 },
-                recipe.actor.dpo_beta,
+                recipe.actor.dpo.beta,
             )?;
             Ok(SlotLoss { what: "dpo".into(), output })
         })

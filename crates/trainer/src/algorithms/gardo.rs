@@ -69,8 +69,8 @@ impl Algorithm for Gardo {
         step: &mut Step,
     ) -> Result<usize, TrainError> {
         if self.features.is_none() {
-            let dir = run.recipe.actor.gardo_features.as_ref().ok_or_else(|| {
-                TrainError::Invalid("actor.gardo_features: gardo needs a CLIP model".into())
+            let dir = run.recipe.actor.gardo.features.as_ref().ok_or_else(|| {
+                TrainError::Invalid("actor.gardo.features: gardo needs a CLIP model".into())
             })?;
             self.features = Some(DiversityFeatures::load(dir, run.comm.device())?);
         }
@@ -87,7 +87,7 @@ struct GardoState {
     pub gate: GateController,
     /// The training step after which the anchor was last set (0: the start).
     pub anchor_step: u64,
-    /// The last step's KL exceeded `actor.gardo_kl_threshold`.
+    /// The last step's KL exceeded `actor.gardo.kl_threshold`.
     pub reset_pending: bool,
 }
 
@@ -117,7 +117,7 @@ impl Gardo {
         // Anchor reset, before the step's forwards.
         let due = (step.number > 1 && state.reset_pending)
             || step.number.saturating_sub(1).saturating_sub(state.anchor_step)
-                > actor.gardo_reset_interval;
+                > actor.gardo.reset_interval;
         if due {
             anchor.decay = 0.0;
             anchor.update(&learner.optimizer.params);
@@ -170,7 +170,7 @@ impl Gardo {
             "critic/diversity/mean".into(),
             adv.distances.iter().sum::<f64>() / adv.distances.len() as f64,
         );
-        let proxies = proxy_scores(collected, &actor.gardo_proxy_rewards)?;
+        let proxies = proxy_scores(collected, &actor.gardo.proxy_rewards)?;
         let gate = state.gate.gate(&uncertainty(&rewards, &proxies));
         step.metrics.insert("actor/kl_perc".into(), state.gate.share);
         let gated = gate.iter().filter(|&&gated| gated).count() as f64 / gate.len() as f64;
@@ -210,7 +210,7 @@ impl Gardo {
             })
         });
         let result = result?;
-        if result.get("actor/kl_loss").is_some_and(|&kl| kl > actor.gardo_kl_threshold) {
+        if result.get("actor/kl_loss").is_some_and(|&kl| kl > actor.gardo.kl_threshold) {
             state.reset_pending = true;
         }
         step.metrics.extend(result);
@@ -230,7 +230,7 @@ fn proxy_scores(collected: &Collected, names: &[String]) -> Result<Vec<Vec<f64>>
                 .map(|detail| {
                     detail.by_scorer.get(name).copied().ok_or_else(|| {
                         TrainError::Invalid(format!(
-                            "actor.gardo_proxy_rewards: `{name}` gave no score for a sample"
+                            "actor.gardo.proxy_rewards: `{name}` gave no score for a sample"
                         ))
                     })
                 })

@@ -97,7 +97,8 @@ fn nft_step(
     let prob = step.timers.time("adv", || -> Result<Tensor, TrainError> {
         let advantages = collected.advantages(1, &recipe.advantage, &mut step.metrics)?;
         let advantages = advantages.select(1, 0);
-        Ok(reward_probability(&advantages, actor.reward_mode, actor.adv_clip_max).to_device(device))
+        Ok(reward_probability(&advantages, actor.nft.reward_mode, actor.adv_clip_max)
+            .to_device(device))
     })?;
 
     let update = crate::perf::ActorUpdate::start();
@@ -156,7 +157,7 @@ fn nft_step(
                     old_pred: &old_pred,
                     ref_pred: &ref_pred,
                 },
-                actor.mix_beta,
+                actor.nft.beta,
                 actor.ref_kl_coef,
                 actor.adv_clip_max,
             )?;
