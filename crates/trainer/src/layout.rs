@@ -1,4 +1,4 @@
-//! How the trained model is spread over the ranks, as [`crate::build`]'s parallelize step laid it
+//! How the trained model is spread over the ranks, as the build's parallelize step laid it
 //! out: what the update, validation and the step's metrics read instead of asking the recipe.
 
 /// The model's layout over the ranks.
