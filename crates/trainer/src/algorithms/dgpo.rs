@@ -13,6 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use tch::Tensor;
 
 use super::nft::predictions;
+use super::old_policy::OldPolicy;
 use super::Algorithm;
 use crate::collect::Collected;
 use crate::optim::Ema;
@@ -29,7 +30,7 @@ use crate::TrainError;
 #[derive(Default)]
 pub(crate) struct Dgpo {
     /// The old policy: a copy of the trained weights that samples and follows them.
-    old: Option<Ema>,
+    old: OldPolicy,
 }
 
 /// Its old policy is a shadow; nothing else carries over.
@@ -37,11 +38,11 @@ impl Stateful for Dgpo {}
 
 impl Algorithm for Dgpo {
     fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
-        self.old = Some(Ema::new("old", 0.0, params, host));
+        self.old.start(params, host);
     }
 
     fn shadows(&self) -> Vec<&Ema> {
-        self.old.iter().collect()
+        self.old.shadows()
     }
 
     fn step(
@@ -51,8 +52,7 @@ impl Algorithm for Dgpo {
         source: &mut Source,
         step: &mut Step,
     ) -> Result<usize, TrainError> {
-        let old = super::started(&mut self.old, "dgpo")?;
-        let collected = super::collect_with_old_policy(run, learner, old, source, step)?;
+        let (collected, old) = self.old.collect("dgpo", run, learner, source, step)?;
         dgpo_step(run, learner, old, &collected, step)?;
         Ok(collected.batch.images.len())
     }
@@ -201,11 +201,7 @@ fn dgpo_step(
             Ok(SlotLoss { what: format!("dgpo timestep slot {slot}"), output })
         })
     });
-    if step.number.is_multiple_of(actor.old_policy_update_interval) {
-        old.decay = actor.old_policy_decay.decay(step.number);
-        old.update(&learner.optimizer.params);
-        step.metrics.insert("actor/old_policy_decay".into(), old.decay);
-    }
+    super::old_policy::follow(old, actor, &learner.optimizer.params, step);
     step.metrics.extend(result?);
     update.finish(&mut step.metrics);
     Ok(())

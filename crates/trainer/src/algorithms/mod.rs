@@ -9,6 +9,7 @@ mod diversity;
 mod dpo;
 mod gardo;
 mod nft;
+mod old_policy;
 mod policy_gradient;
 mod teachers;
 
@@ -21,7 +22,6 @@ use flowtune_models::{FlowPipeline, PipelineOptions};
 use flowtune_objectives::Objective;
 use tch::Tensor;
 
-use crate::collect::{collect, Collected};
 use crate::optim::Ema;
 use crate::run::Run;
 use crate::source::Source;
@@ -113,26 +113,4 @@ fn prompts(source: &mut Source) -> Result<&mut PromptLoader, TrainError> {
             Err(TrainError::Invalid("data.preference_files trains only algorithm: dpo".into()))
         }
     }
-}
-
-/// The step's samples drawn by the old policy `old` (its weights swapped in while sampling), for
-/// the algorithms that keep one to sample with (DiffusionNFT, DGPO).
-fn collect_with_old_policy(
-    run: &Run<'_>,
-    learner: &Learner,
-    old: &mut Ema,
-    source: &mut Source,
-    step: &mut Step,
-) -> Result<Collected, TrainError> {
-    let loader = prompts(source)?;
-    let c = old.with_swapped(&learner.optimizer.params, || collect(run, loader, step))?;
-    run.status("update");
-    Ok(c)
-}
-
-/// The old policy of an algorithm that keeps one, made by [`Algorithm::start`].
-fn started<'a>(old: &'a mut Option<Ema>, name: &str) -> Result<&'a mut Ema, TrainError> {
-    old.as_mut().ok_or_else(|| {
-        TrainError::Invalid(format!("{name}: its old policy is made when training starts"))
-    })
 }

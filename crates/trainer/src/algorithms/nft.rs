@@ -13,6 +13,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tch::Tensor;
 
+use super::old_policy::OldPolicy;
 use super::Algorithm;
 use crate::collect::Collected;
 use crate::optim::Ema;
@@ -29,7 +30,7 @@ use crate::TrainError;
 #[derive(Default)]
 pub(crate) struct Nft {
     /// The old policy: a copy of the trained weights that samples and follows them.
-    old: Option<Ema>,
+    old: OldPolicy,
 }
 
 /// Its old policy is a shadow; nothing else carries over.
@@ -37,11 +38,11 @@ impl Stateful for Nft {}
 
 impl Algorithm for Nft {
     fn start(&mut self, params: &BTreeMap<String, Tensor>, host: bool) {
-        self.old = Some(Ema::new("old", 0.0, params, host));
+        self.old.start(params, host);
     }
 
     fn shadows(&self) -> Vec<&Ema> {
-        self.old.iter().collect()
+        self.old.shadows()
     }
 
     fn step(
@@ -51,8 +52,7 @@ impl Algorithm for Nft {
         source: &mut Source,
         step: &mut Step,
     ) -> Result<usize, TrainError> {
-        let old = super::started(&mut self.old, "diffusion_nft")?;
-        let collected = super::collect_with_old_policy(run, learner, old, source, step)?;
+        let (collected, old) = self.old.collect("diffusion_nft", run, learner, source, step)?;
         nft_step(run, learner, old, &collected, step)?;
         Ok(collected.batch.images.len())
     }
@@ -164,11 +164,7 @@ fn nft_step(
             Ok(SlotLoss { what: format!("nft timestep slot {slot}"), output })
         })
     });
-    if step.number.is_multiple_of(actor.old_policy_update_interval) {
-        old.decay = actor.old_policy_decay.decay(step.number);
-        old.update(&learner.optimizer.params);
-        step.metrics.insert("actor/old_policy_decay".into(), old.decay);
-    }
+    super::old_policy::follow(old, actor, &learner.optimizer.params, step);
     step.metrics.extend(result?);
     update.finish(&mut step.metrics);
     Ok(())
