@@ -45,14 +45,14 @@ impl Collected {
         &self,
         steps: usize,
         config: &flowtune_objectives::AdvantageConfig,
-        m: &mut Metrics,
+        metrics: &mut Metrics,
     ) -> Result<Tensor, TrainError> {
         let uids: Vec<&str> = self.uids.iter().map(String::as_str).collect();
         let adv = flowtune_objectives::group_advantages(&self.rewards, &uids, steps, config)?;
-        m.insert("critic/rewards/zero_std_ratio".into(), adv.zero_std_ratio);
+        metrics.insert("critic/rewards/zero_std_ratio".into(), adv.zero_std_ratio);
         let first: Vec<f64> =
             Vec::<f32>::try_from(adv.values.select(1, 0))?.into_iter().map(f64::from).collect();
-        stats("critic/advantages", &first, m);
+        stats("critic/advantages", &first, metrics);
         let owned = adv.values.narrow(0, self.owned.start as i64, self.owned.len() as i64);
         Ok(owned.to_device(self.kept.device()))
     }
@@ -65,7 +65,7 @@ pub(crate) fn collect(
     loader: &mut PromptLoader,
     step: &mut Step,
 ) -> Result<Collected, TrainError> {
-    let (k, m) = (step.number, &mut step.metrics);
+    let (number, metrics) = (step.number, &mut step.metrics);
     let (engine, recipe, comm) = (&run.engine, run.recipe, &run.comm);
     let rows = loader.next_step();
     let records: Vec<&PromptRecord> = rows.iter().map(|r| loader.record(r)).collect();
@@ -74,12 +74,12 @@ pub(crate) fn collect(
     let local = groups.start * recipe.rollout.n..groups.end * recipe.rollout.n;
     let timer = Instant::now();
     let work = flowtune_models::flops::counted();
-    let seeds = engine.row_seeds(records.len(), k);
+    let seeds = engine.row_seeds(records.len(), number);
     let Scored { batch, scores, reward_seconds } = rollout_and_score(
         engine,
         &records[local.clone()],
         &seeds[local.clone()],
-        k,
+        number,
         run.scorers(),
         recipe.reward.on_error,
     )?;
@@ -88,20 +88,20 @@ pub(crate) fn collect(
     step.timers.add("reward", reward_seconds);
     // The rewards score on their own thread, so this thread's count is the rollout's alone.
     let work = flowtune_models::flops::counted() - work;
-    m.insert("perf/tflops/rollout".into(), work / gen / 1e12);
+    metrics.insert("perf/tflops/rollout".into(), work / gen / 1e12);
     let scores = ScoredBatch::concat(comm.gather(&scores)?);
     if comm.is_main() {
         for e in &scores.errors {
-            eprintln!("step {k}: skipped samples after a reward failure: {e}");
+            eprintln!("step {number}: skipped samples after a reward failure: {e}");
         }
     }
-    m.extend(scores.metrics());
+    metrics.extend(scores.metrics());
     // Where the SDE window sat (MixGRPO's strategies move it).
     let windows: Vec<Vec<Range<usize>>> = comm.gather(&batch.windows)?;
     let starts: Vec<f64> = windows.concat().iter().map(|w| w.start as f64).collect();
-    m.insert("rollout/window_start".into(), starts.iter().sum::<f64>() / starts.len() as f64);
+    metrics.insert("rollout/window_start".into(), starts.iter().sum::<f64>() / starts.len() as f64);
     let t = &recipe.trainer;
-    if t.image_freq > 0 && k.is_multiple_of(t.image_freq) {
+    if t.image_freq > 0 && number.is_multiple_of(t.image_freq) {
         let shown = rows.len().min(16);
         let mine = local.start.min(shown)..local.end.min(shown);
         let images = crate::images::gather(comm, &batch.images[..mine.len()])?;
@@ -111,7 +111,7 @@ pub(crate) fn collect(
         if comm.is_main() {
             crate::images::save_grid(
                 &Path::new(&t.output_dir).join("images"),
-                &format!("train_step_{k:06}"),
+                &format!("train_step_{number:06}"),
                 &images,
                 &captions,
                 engine.pipe.decoded_frames(&engine.latent_shape),
@@ -126,14 +126,14 @@ pub(crate) fn collect(
             scores.errors.join("; ")
         };
         return Err(TrainError::NoSamples(format!(
-            "step {k}: every sample was dropped by reward.on_error: skip_sample ({why})"
+            "step {number}: every sample was dropped by reward.on_error: skip_sample ({why})"
         )));
     }
     let rewards: Vec<f32> = kept.iter().map(|&i| scores.totals[i].unwrap() as f32).collect();
     let uids = kept.iter().map(|&i| rows[i].uid.clone()).collect();
     let details = kept.iter().map(|&i| scores.details[i].clone()).collect();
     let sources = kept.iter().map(|&i| records[i].data_source.clone()).collect();
-    stats("critic/rewards", &rewards.iter().map(|&r| r as f64).collect::<Vec<_>>(), m);
+    stats("critic/rewards", &rewards.iter().map(|&r| r as f64).collect::<Vec<_>>(), metrics);
     let device = batch.trajectory.final_latents.device();
     let first = kept.partition_point(|&i| i < local.start);
     let owned = first..kept.partition_point(|&i| i < local.end);

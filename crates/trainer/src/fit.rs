@@ -114,9 +114,9 @@ impl Trainer<'_> {
             start,
             saved_line,
         } = self;
-        let t = &recipe.trainer;
-        let (device, out_dir) = (comm.device(), &t.output_dir);
-        let bar = progress_bar(t.total_steps, start);
+        let trainer = &recipe.trainer;
+        let (device, out_dir) = (comm.device(), &trainer.output_dir);
+        let bar = progress_bar(trainer.total_steps, start);
         if !comm.is_main() {
             bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
         }
@@ -137,40 +137,46 @@ impl Trainer<'_> {
         let stop_request = crate::signals::StopRequest::listen(comm.is_main());
         let mut all = vec![];
         let (mut last, mut stopped) = (start, None);
-        if t.val_before_train && start == 0 {
+        if trainer.val_before_train && start == 0 {
             run.status("validation");
             let mut before = Step::new(0, 0.0);
             let scores = before.timers.time("testing", || validate(&run, &val_records, 0))?;
             before.metrics.extend(scores);
-            let m = before.into_metrics();
+            let metrics = before.into_metrics();
             if let Some(log) = log.as_mut() {
-                log.log(0, &m)?;
-                run.say(format!("validation before training: {}", summary_line(&m)));
+                log.log(0, &metrics)?;
+                run.say(format!("validation before training: {}", summary_line(&metrics)));
             }
         }
         let training = Instant::now();
-        for k in start + 1..=t.total_steps {
+        for number in start + 1..=trainer.total_steps {
             let step_start = Instant::now();
             let perf = crate::perf::start_step(device);
-            let lr = learning_rate(t.lr_schedule, t.lr, k - 1, t.warmup_steps, t.total_steps);
-            let mut step = Step::new(k, lr);
+            let lr = learning_rate(
+                trainer.lr_schedule,
+                trainer.lr,
+                number - 1,
+                trainer.warmup_steps,
+                trainer.total_steps,
+            );
+            let mut step = Step::new(number, lr);
             run.status("rollout + reward");
             let samples = algorithm.step(&run, &mut learner, &mut source, &mut step)?;
             step.metrics.insert("actor/lr".into(), lr);
 
             // Every rank stops at the same step: when any of them is out of time or interrupted.
-            let out_of_time =
-                comm.any(t.time_limit_s.is_some_and(|l| training.elapsed().as_secs_f64() >= l))?;
-            let last_step = k == t.total_steps || out_of_time;
+            let out_of_time = comm
+                .any(trainer.time_limit_s.is_some_and(|l| training.elapsed().as_secs_f64() >= l))?;
+            let last_step = number == trainer.total_steps || out_of_time;
 
             // testing
-            if t.val_freq > 0 && (k.is_multiple_of(t.val_freq) || last_step) {
+            if trainer.val_freq > 0 && (number.is_multiple_of(trainer.val_freq) || last_step) {
                 run.status("validation");
                 // Validation sees the EMA weights when there are some.
                 let params = &learner.optimizer.params;
                 let scores = step.timers.time("testing", || match learner.ema.as_mut() {
-                    Some(ema) => ema.with_swapped(params, || validate(&run, &val_records, k)),
-                    None => validate(&run, &val_records, k),
+                    Some(ema) => ema.with_swapped(params, || validate(&run, &val_records, number)),
+                    None => validate(&run, &val_records, number),
                 });
                 step.metrics.extend(scores?);
             }
@@ -184,45 +190,45 @@ impl Trainer<'_> {
                 source: &source,
             };
             // The line as known now: the step's metrics and timers but the save's own.
-            let line = metric_line(k, &step.timers.snapshot(&step.metrics));
-            let save = || checkpointer.save_if_due(k, last_step || stop, trained, line, comm);
+            let line = metric_line(number, &step.timers.snapshot(&step.metrics));
+            let save = || checkpointer.save_if_due(number, last_step || stop, trained, line, comm);
             step.timers.time("save_checkpoint", save)?;
-            let mut m = step.into_metrics();
+            let mut metrics = step.into_metrics();
             let elapsed = step_start.elapsed().as_secs_f64();
-            m.insert("timing_s/step".into(), elapsed);
+            metrics.insert("timing_s/step".into(), elapsed);
             // Images per second per rank (per GPU; a sequence-parallel group shares its samples).
             let per_rank = samples as f64 / comm.sequence_size() as f64;
-            m.insert("perf/throughput".into(), per_rank / elapsed);
+            metrics.insert("perf/throughput".into(), per_rank / elapsed);
             let kind = recipe.model.dtype.kind();
-            crate::perf::step_metrics(&perf, elapsed, t.peak_tflops, kind, &mut m);
-            m.insert("dist/world_size".into(), world as f64);
-            m.insert("dist/sequence_parallel_size".into(), comm.sequence_size() as f64);
+            crate::perf::step_metrics(&perf, elapsed, trainer.peak_tflops, kind, &mut metrics);
+            metrics.insert("dist/world_size".into(), world as f64);
+            metrics.insert("dist/sequence_parallel_size".into(), comm.sequence_size() as f64);
             if let Some((kept, block)) = run.layout.sharded_bytes {
-                m.insert("dist/sharded_weights_gb".into(), kept as f64 / (1u64 << 30) as f64);
-                m.insert("dist/gathered_block_gb".into(), block as f64 / (1u64 << 30) as f64);
+                metrics.insert("dist/sharded_weights_gb".into(), kept as f64 / (1u64 << 30) as f64);
+                metrics.insert("dist/gathered_block_gb".into(), block as f64 / (1u64 << 30) as f64);
             }
 
             if let Some(log) = log.as_mut() {
-                log.log(k, &m)?;
+                log.log(number, &metrics)?;
             }
             run.bar.inc(1);
-            run.say(step_line(k, t.total_steps, &m, elapsed));
-            if m.contains_key("timing_s/testing") {
-                run.say(format!("validation at step {k}: {}", summary_line(&m)));
+            run.say(step_line(number, trainer.total_steps, &metrics, elapsed));
+            if metrics.contains_key("timing_s/testing") {
+                run.say(format!("validation at step {number}: {}", summary_line(&metrics)));
             }
-            all.push(m);
-            last = k;
+            all.push(metrics);
+            last = number;
             if stop {
                 let by =
                     stop_request.received().map_or("another rank's signal", crate::signals::name);
                 stopped = Some(format!(
-                    "stopped by {by} after step {k}, with a checkpoint saved for it; rerun with \
+                    "stopped by {by} after step {number}, with a checkpoint saved for it; rerun with \
                      trainer.resume: auto to continue"
                 ));
                 break;
             }
-            if out_of_time && k < t.total_steps {
-                run.say(format!("trainer.time_limit_s reached after step {k}; stopping"));
+            if out_of_time && number < trainer.total_steps {
+                run.say(format!("trainer.time_limit_s reached after step {number}; stopping"));
                 break;
             }
         }
