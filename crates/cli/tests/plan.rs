@@ -390,3 +390,90 @@ fn every_shipped_recipe_fits_its_stated_hardware() {
     let planned = text.lines().filter(|l| l.starts_with("ok ")).count();
     assert!(planned >= 60, "{planned} recipes planned:\n{text}");
 }
+
+/// The sizes `auto` chose, from the line `flowtune` says: (micro-batch, rollout batch).
+fn auto_sizes(stderr: &str) -> (usize, usize) {
+    let line = stderr.lines().find(|l| l.starts_with("auto sizes: ")).expect("an auto line");
+    let size = |key: &str| -> usize {
+        let after = line.split(key).nth(1).unwrap_or_else(|| panic!("{key} in {line}"));
+        after.trim().split([',', ' ']).next().unwrap().parse().expect("a size")
+    };
+    (size("trainer.micro_batch_size "), size("rollout.batch_size "))
+}
+
+#[test]
+fn auto_sizes_are_the_largest_the_plan_fits() {
+    let recipe = "examples/plan/qwen_image_lora_1gpu.yaml";
+    let plan = |overrides: &[String], gib: &str| {
+        let mut args = vec!["plan", recipe, "--gpus", "1", "--gpu-memory", gib, "--json"];
+        args.extend(overrides.iter().map(String::as_str));
+        flowtune(&args)
+    };
+    let fits = |micro: usize, rows: usize, gib: &str| -> bool {
+        let sizes =
+            [format!("trainer.micro_batch_size={micro}"), format!("rollout.batch_size={rows}")];
+        let out: serde_json::Value = serde_json::from_str(&stdout(&plan(&sizes, gib))).unwrap();
+        out["fits"].as_bool().unwrap()
+    };
+    let auto = ["trainer.micro_batch_size=auto".to_string(), "rollout.batch_size=auto".into()];
+    // 8 prompts of 16 samples on one GPU: 128 rows a step, mini-batches of one group (16).
+    // The size of one pass fewer than `size` takes over `total`: it must not fit.
+    let fewer = |total: usize, size: usize| {
+        let passes = total.div_ceil(size);
+        (passes > 1).then(|| total.div_ceil(passes - 1))
+    };
+    for gib in ["60", "80"] {
+        let out = plan(&auto, gib);
+        let (micro, rows) = auto_sizes(&String::from_utf8_lossy(&out.stderr));
+        let chosen: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(chosen["fits"], true, "{gib} GiB: {chosen}");
+        assert!(fits(micro, rows, gib), "{gib} GiB: {micro}, {rows}");
+        assert!(micro <= 16 && rows < 128, "{gib} GiB: {micro}, {rows}");
+        if let Some(larger) = fewer(16, micro) {
+            assert!(!fits(larger, 1, gib), "{gib} GiB: micro {larger} fits too");
+        }
+        let larger = fewer(128, rows).unwrap();
+        assert!(!fits(micro, larger, gib), "{gib} GiB: rows {larger} fit too");
+        // Evened out: no pass is a small remainder.
+        assert_eq!(rows, 128usize.div_ceil(128usize.div_ceil(rows)), "{gib} GiB: {rows}");
+    }
+    // Less memory than one row needs is refused by name.
+    let err = String::from_utf8_lossy(&plan(&auto, "10").stderr).to_string();
+    assert!(err.contains("auto finds no size that fits 10.0 GiB"), "{err}");
+}
+
+#[test]
+fn auto_sizes_train_the_same_samples() {
+    let dir = scratch("auto-sizes");
+    let model = dir.join("tiny");
+    assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
+    let train = |name: &str, sizes: [&str; 2]| {
+        let mut args = vec![
+            "train".to_string(),
+            root().join("examples/flow_grpo_tiny.yaml").display().to_string(),
+            format!("model.path={}", model.display()),
+            format!("data.train_files=[{}]", root().join("examples/prompts/tiny.txt").display()),
+            format!("trainer.output_dir={}", dir.join(name).display()),
+            "trainer.total_steps=1".into(),
+            "trainer.save_freq=0".into(),
+            "reward.functions=[{name: brightness}]".into(),
+        ];
+        args.extend(sizes.map(String::from));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = flowtune(&args);
+        stdout(&out);
+        let metrics = std::fs::read_to_string(dir.join(name).join("metrics.jsonl")).unwrap();
+        let line: serde_json::Value =
+            serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+        (String::from_utf8_lossy(&out.stderr).to_string(), line)
+    };
+    let (said, auto) = train("auto", ["rollout.batch_size=auto", "trainer.micro_batch_size=auto"]);
+    // The tiny pipeline fits whole: 2 prompts of 2 samples.
+    assert_eq!(auto_sizes(&said), (4, 4), "{said}");
+    assert!(said.contains("available on the host"), "{said}");
+    let (_, one) = train("one", ["rollout.batch_size=1", "trainer.micro_batch_size=4"]);
+    for key in ["critic/rewards/mean", "critic/rewards/min", "critic/rewards/max"] {
+        let (a, b) = (auto[key].as_f64().unwrap(), one[key].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{key}: {a} vs {b}");
+    }
+}

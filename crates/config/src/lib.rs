@@ -2,6 +2,7 @@
 //! settings with defaults and validated before anything runs. Every error is one line naming the
 //! file or override, the key, the value and what is allowed.
 
+mod auto_sizes;
 mod needs;
 mod overrides;
 mod paths;
@@ -12,6 +13,7 @@ mod resolved;
 mod sections;
 mod suggest;
 
+pub use auto_sizes::AutoSizes;
 pub use overrides::Override;
 pub use recipe::Recipe;
 pub use reference::recipe_keys;

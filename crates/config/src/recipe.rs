@@ -12,7 +12,7 @@ use flowtune_models::Dtype;
 
 use crate::suggest::nearest_name;
 use crate::{
-    ConfigError, DataSection, Finetune, ModelSection, Override, Sharding, StateOffload,
+    AutoSizes, ConfigError, DataSection, Finetune, ModelSection, Override, Sharding, StateOffload,
     TrainerSection,
 };
 
@@ -33,6 +33,11 @@ pub struct Recipe {
     pub rollout_correction: CorrectionConfig,
     pub reward: RewardConfig,
     pub trainer: TrainerSection,
+    /// The sizes given as `auto`, still to be fitted to the device's memory (their fields hold
+    /// stand-ins until then).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub auto: AutoSizes,
 }
 
 impl Default for Recipe {
@@ -48,6 +53,7 @@ impl Default for Recipe {
             rollout_correction: CorrectionConfig::default(),
             reward: RewardConfig::default(),
             trainer: TrainerSection::default(),
+            auto: AutoSizes::default(),
         }
     }
 }
@@ -85,16 +91,23 @@ impl Recipe {
         }
         // Old keys read as their new ones (a file with some is checked from the tree below).
         let migrated = crate::renamed::migrate(&mut tree);
+        // `auto` sizes stand in as numbers until the device's memory is known.
+        let rewritten = migrated || AutoSizes::take(&mut tree.clone()).any();
+        let stand_ins = |tree: &Value| {
+            let mut tree = tree.clone();
+            AutoSizes::take(&mut tree);
+            tree
+        };
         // The file alone first, straight from the text, so errors carry the key path, line and
         // column (serde_yaml writes both into its message).
-        if !migrated && !tree.as_mapping().is_some_and(|m| m.is_empty()) {
+        if !rewritten && !tree.as_mapping().is_some_and(|m| m.is_empty()) {
             serde_yaml::from_str::<Self>(text).map_err(|e| parse_error(&e))?;
         }
         if let Some(folder) = folder {
             crate::paths::rebase(&mut tree, folder);
         }
-        let file_alone = tree.clone();
-        if migrated {
+        let file_alone = stand_ins(&tree);
+        if rewritten {
             serde_path_to_error::deserialize::<_, Self>(file_alone.clone()).map_err(|e| {
                 let message = nearest_name(&e.inner().to_string());
                 parse_error(&format!("{}: {message}", key_of(e.path())))
@@ -110,7 +123,8 @@ impl Recipe {
         for o in &overrides {
             o.apply(&mut tree)?;
         }
-        let recipe: Self = serde_path_to_error::deserialize(tree).map_err(|e| {
+        let auto = AutoSizes::take(&mut tree);
+        let mut recipe: Self = serde_path_to_error::deserialize(tree).map_err(|e| {
             let key = key_of(e.path());
             let culprit = related(&overrides, &key);
             ConfigError::Override {
@@ -118,6 +132,7 @@ impl Recipe {
                 message: format!("{key}: {}", nearest_name(&e.inner().to_string())),
             }
         })?;
+        recipe.auto = auto;
         recipe.validate().map_err(|(key, message)| {
             // The file is at fault when it fails the same way alone; else the override that set
             // the key (or a section above or below it).
@@ -222,9 +237,11 @@ impl Recipe {
         self.check_needs(algorithm)
     }
 
-    /// The resolved recipe as YAML.
+    /// The resolved recipe as YAML (a size still open reads `auto`).
     pub fn to_yaml(&self) -> String {
-        serde_yaml::to_string(self).expect("a recipe always serialises")
+        let mut tree = serde_yaml::to_value(self).expect("a recipe always serialises");
+        self.auto.mark(&mut tree);
+        serde_yaml::to_string(&tree).expect("a recipe always serialises")
     }
 }
 

@@ -27,6 +27,7 @@ const FREE: &[&str] = &[
     "trainer.sequence_parallel_size",
     "trainer.allow_recipe_change",
     "trainer.memory_check",
+    "trainer.auto_memory_gib",
     "trainer.exact_gradient_sum",
     "rollout.batch_size",
     "model.offload",

@@ -244,7 +244,8 @@ pub struct TrainerSection {
     pub ppo_epochs: usize,
     /// Prompt groups per optimizer step (`ppo_mini_batch_size × n` samples).
     pub ppo_mini_batch_size: usize,
-    /// Samples per forward/backward pass.
+    /// Samples per forward/backward pass; `auto`: the largest the plan fits in the device's memory
+    /// (`auto_memory_gib`), said when the run starts.
     pub micro_batch_size: usize,
     pub old_log_prob: OldLogProb,
     /// Where training runs: `cpu`, `cuda` or `cuda:N` (a launched job's ranks take
@@ -277,6 +278,10 @@ pub struct TrainerSection {
     /// On a GPU, `train` plans the recipe for the job's GPUs before anything loads and refuses
     /// one that does not fit (the plan's verdict names the change that does); false skips it.
     pub memory_check: bool,
+    /// GiB of memory per device that `auto` sizes (`rollout.batch_size`,
+    /// `trainer.micro_batch_size`) are fitted to by the plan; unset: what the device has free
+    /// when the run starts (host memory on the CPU).
+    pub auto_memory_gib: Option<f64>,
     /// Under several ranks, how long a collective waits for the others before the run stops
     /// with an error (a rank that died or hangs).
     pub dist_timeout_s: f64,
@@ -381,6 +386,7 @@ impl Default for TrainerSection {
             time_limit_s: None,
             allow_recipe_change: false,
             memory_check: true,
+            auto_memory_gib: None,
             dist_timeout_s: 1800.0,
             gradient_checkpointing: false,
             peak_tflops: None,
@@ -446,6 +452,9 @@ impl TrainerSection {
         }
         if self.total_steps == 0 {
             return bad("total_steps", "0".into(), "≥ 1");
+        }
+        if let Some(gib) = self.auto_memory_gib.filter(|g| !(*g > 0.0 && g.is_finite())) {
+            return bad("auto_memory_gib", gib.to_string(), "a finite number of GiB > 0");
         }
         Ok(())
     }

@@ -11,7 +11,8 @@ use crate::SamplingError;
 pub struct SamplerConfig {
     /// Samples per prompt (the GRPO group size).
     pub n: usize,
-    /// Rows sampled per model batch (0: all rows of a step at once), independent of `n`.
+    /// Rows sampled per model batch (0: all rows of a step at once), independent of `n`; `auto`:
+    /// the largest the plan fits in the device's memory (`trainer.auto_memory_gib`).
     pub batch_size: usize,
     /// Denoising steps of a training rollout.
     pub steps: usize,

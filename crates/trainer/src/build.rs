@@ -63,6 +63,12 @@ impl<'r> Trainer<'r> {
         device: Device,
         options: TrainOptions,
     ) -> Result<Self, TrainError> {
+        if recipe.auto.any() {
+            return Err(TrainError::Invalid(
+                "rollout.batch_size / trainer.micro_batch_size: auto is fitted to the device's                  memory by `flowtune train`; give numbers when training through the library"
+                    .into(),
+            ));
+        }
         let registered = flowtune_objectives::algorithm(&recipe.algorithm)?;
         let mut algorithm = crate::algorithms::build(registered)?;
         let t = &recipe.trainer;

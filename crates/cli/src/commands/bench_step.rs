@@ -144,7 +144,7 @@ pub fn run(a: StepArgs, device: &DeviceArg) -> Result<(), Failure> {
         "trainer.resume=none".into(),
         format!("trainer.output_dir={}", out.display()),
     ]);
-    let recipe = Recipe::load(&a.recipe, &overrides).map_err(Failure::input)?;
+    let mut recipe = Recipe::load(&a.recipe, &overrides).map_err(Failure::input)?;
     let random =
         a.random_weights.then_some(RandomWeights { seed: a.seed, text_tokens: a.text_tokens });
 
@@ -154,6 +154,7 @@ pub fn run(a: StepArgs, device: &DeviceArg) -> Result<(), Failure> {
         pipe.use_constants(&super::plan::read_constants(path).map_err(Failure::input)?);
     }
     let gpus = std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok()).unwrap_or(1);
+    super::auto_sizes::fit_to_device(&mut recipe, device, gpus)?;
     let gpu = match device {
         Device::Cuda(i) => flowtune_cuda::device_info(i),
         _ => None,

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod auto_sizes;
 pub mod bench;
 pub mod bench_common;
 pub mod bench_load;

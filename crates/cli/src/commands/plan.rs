@@ -56,7 +56,7 @@ pub(crate) fn read_constants(path: &Path) -> anyhow::Result<BTreeMap<String, (f6
 }
 
 pub fn run(args: PlanArgs) -> Result<(), Failure> {
-    let recipe = Recipe::load(&args.recipe, &args.overrides).map_err(Failure::input)?;
+    let mut recipe = Recipe::load(&args.recipe, &args.overrides).map_err(Failure::input)?;
     let gpus = match args.gpus {
         Some(n) => n,
         None => std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok()).unwrap_or(1),
@@ -69,6 +69,10 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
             "{}: model.path is not set; point it at a pipeline directory (configs are enough)",
             args.recipe.display()
         )));
+    }
+    let memory = (args.gpu_memory, "per GPU (--gpu-memory)");
+    if let Some(line) = super::auto_sizes::fit(&mut recipe, gpus, memory.0, memory.1)? {
+        eprintln!("{line}");
     }
     let (dir, mut pipe) = read_model(&recipe)?;
     if let Some(path) = &args.constants {
@@ -137,7 +141,7 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
 
 /// The configs of `model.path`: a Hub id reads them from the local Hugging Face cache, as
 /// training does. The error names the key.
-fn read_model(recipe: &Recipe) -> Result<(std::path::PathBuf, Pipeline), Failure> {
+pub(crate) fn read_model(recipe: &Recipe) -> Result<(std::path::PathBuf, Pipeline), Failure> {
     let named = |e: &dyn std::fmt::Display| Failure::input(anyhow::anyhow!("model.path: {e}"));
     let dir = flowtune_models::hub::resolve(&recipe.model.path).map_err(|e| named(&e))?;
     let pipe = Pipeline::read(&dir).map_err(|e| named(&e))?;

@@ -19,10 +19,11 @@ pub struct TrainArgs {
 }
 
 pub fn run(args: TrainArgs, named: Option<DeviceArg>) -> Result<(), Failure> {
-    let recipe = Recipe::load(&args.recipe, &args.overrides).map_err(Failure::input)?;
+    let mut recipe = Recipe::load(&args.recipe, &args.overrides).map_err(Failure::input)?;
     let device = device(named, recipe.trainer.device.as_deref())?;
+    let gpus = std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok()).unwrap_or(1);
+    super::auto_sizes::fit_to_device(&mut recipe, device, gpus)?;
     if let (tch::Device::Cuda(i), true) = (device, recipe.trainer.memory_check) {
-        let gpus = std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok()).unwrap_or(1);
         // What is free now (other processes' memory is not), else the device's total.
         let bytes = flowtune_cuda::free_memory(i)
             .map(|free| (free, "free"))
