@@ -30,6 +30,7 @@ pub fn passive_wait() {
 pub fn configure(requested: Option<usize>) {
     if let Some(n) = requested {
         tch::set_num_threads(n as i32);
+        flowtune_trainer::threads::fixed_by_user();
     }
 }
 

@@ -117,6 +117,16 @@ impl<'r> Trainer<'r> {
             ));
         }
 
+        if device == Device::Cpu {
+            let said = crate::threads::fit(
+                pipe.denoiser().store().variables().values().map(|t| t.numel() as f64).sum(),
+                rows_per_forward(recipe, &comm) as f64,
+                latent_shape.iter().skip(1).product::<i64>() as f64 / 4.0,
+            );
+            if let (Some(line), true) = (said, comm.is_main()) {
+                crate::logging::line(&line);
+            }
+        }
         let keeps_reference = registered.needs.keeps_reference(recipe.actor.use_kl_loss);
         let (reference, layout) = parallelize(recipe, pipe.as_ref(), keeps_reference, &comm)?;
         crate::logging::line(&crate::perf::load_line(
@@ -287,6 +297,15 @@ fn check_inputs(recipe: &Recipe) -> Result<(), TrainError> {
             .map_err(|e| TrainError::Invalid(format!("{key}: {e}{}", whence(&path))))?;
     }
     Ok(())
+}
+
+/// Rows of one rollout forward on this rank: `rollout.batch_size`, or all of its rows (0).
+fn rows_per_forward(recipe: &Recipe, comm: &Comm) -> usize {
+    let rows = recipe.data.prompts_per_step.div_ceil(comm.groups()) * recipe.rollout.n;
+    match recipe.rollout.batch_size {
+        0 => rows,
+        b => b.min(rows),
+    }
 }
 
 /// How many prompt groups (or offline pairs) a step has: every rank needs at least one.

@@ -27,6 +27,7 @@ mod source;
 mod stateful;
 mod step;
 pub mod tensorboard;
+pub mod threads;
 mod update;
 mod validation;
 

@@ -30,7 +30,15 @@ pub fn run(arg: &DeviceArg) -> Result<(), Failure> {
         }
     }
     println!("cudnn available: {}", tch::Cuda::cudnn_is_available());
-    println!("threads: {}", tch::get_num_threads());
+    let threads = tch::get_num_threads();
+    match std::env::var_os("OMP_NUM_THREADS").is_some() {
+        true => println!("threads: {threads} (OMP_NUM_THREADS)"),
+        false => println!(
+            "threads: {threads} (a CPU run takes one per {:.0e} multiply-adds of a denoiser \
+             forward, up to these, and says so; --threads fixes them)",
+            flowtune_trainer::threads::WORK_PER_THREAD
+        ),
+    }
     let wait = |v: &str| std::env::var(v).unwrap_or_else(|_| "unset".into());
     println!(
         "openmp wait: OMP_WAIT_POLICY={} GOMP_SPINCOUNT={}",
