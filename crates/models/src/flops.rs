@@ -56,4 +56,17 @@ mod tests {
         assert_eq!(counted() - before, 4.0 * 2.0 * 3.0 * 5.0 * 7.0 * 4.0);
         assert_eq!(y.size(), [2, 3, 6]);
     }
+
+    #[test]
+    fn the_largest_attention_says_its_kernel_once() {
+        use crate::nn::{attention_backend_name, take_attention_backend};
+        let _ = take_attention_backend();
+        let x = |n: i64| Tensor::randn([1, 2, n, 8], (Kind::Float, Device::Cpu));
+        let _ = tch::no_grad(|| attention(&x(4), &x(4), &x(4), None, false, None));
+        let _ = tch::no_grad(|| attention(&x(16), &x(16), &x(16), None, false, None));
+        let code = take_attention_backend().expect("an attention ran");
+        assert!((0..=4).contains(&code), "{code}");
+        assert_ne!(attention_backend_name(code), "unknown");
+        assert_eq!(take_attention_backend(), None);
+    }
 }

@@ -244,8 +244,42 @@ pub fn attention(
     let out = Tensor::scaled_dot_product_attention(q, k, v, bias, 0.0, causal, scale, false);
     // (…, Sq, d) against (…, Sk, d): Sq·Sk·d multiply-adds for the scores and as many for values.
     let sk = k.size()[k.dim() - 2];
-    flops::add(4.0 * q.numel() as f64 * sk as f64, &out);
+    let work = 4.0 * q.numel() as f64 * sk as f64;
+    flops::add(work, &out);
+    LARGEST_ATTENTION.with(|largest| {
+        if work > largest.get().0 {
+            // SDPA's own choice for these inputs (a host-side check, no synchronisation).
+            let choice =
+                Tensor::f_internal_fused_sdp_choice(q, k, v, bias, 0.0, causal, scale, false);
+            largest.set((work, choice.unwrap_or(-1)));
+        }
+    });
     out
+}
+
+thread_local! {
+    /// The work and SDPA backend of the largest attention on this thread since the last take.
+    static LARGEST_ATTENTION: std::cell::Cell<(f64, i64)> = const { std::cell::Cell::new((0.0, -1)) };
+}
+
+/// The kernel SDPA chose for the largest attention run on this thread since the last call
+/// (`at::_fused_sdp_choice`: 0 math, 1 flash, 2 memory-efficient, 3 cuDNN, 4 overrideable), if
+/// any ran; starts over.
+pub fn take_attention_backend() -> Option<i64> {
+    let (work, backend) = LARGEST_ATTENTION.with(|largest| largest.replace((0.0, -1)));
+    (work > 0.0).then_some(backend)
+}
+
+/// The name of an SDPA backend code of [`take_attention_backend`].
+pub fn attention_backend_name(code: i64) -> &'static str {
+    match code {
+        0 => "math",
+        1 => "flash",
+        2 => "memory_efficient",
+        3 => "cudnn",
+        4 => "overrideable",
+        _ => "unknown",
+    }
 }
 
 /// `FeedForward(dim, mult=4, "gelu-approximate")`: `net.0.proj` → GELU(tanh) → `net.2`.

@@ -199,6 +199,14 @@ impl Trainer<'_> {
             // Images per second per rank (per GPU; a sequence-parallel group shares its samples).
             let per_rank = samples as f64 / comm.sequence_size() as f64;
             metrics.insert("perf/throughput".into(), per_rank / elapsed);
+            // The kernel SDPA took for the step's largest attention, said once.
+            if let Some(code) = flowtune_models::nn::take_attention_backend() {
+                metrics.insert("perf/attention_backend".into(), code as f64);
+                if number == start + 1 {
+                    let name = flowtune_models::nn::attention_backend_name(code);
+                    run.say(format!("attention: SDPA runs the largest attention on {name}"));
+                }
+            }
             let kind = recipe.model.dtype.kind();
             crate::perf::step_metrics(&perf, elapsed, trainer.peak_tflops, kind, &mut metrics);
             metrics.insert("dist/world_size".into(), world as f64);
