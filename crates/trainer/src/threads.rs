@@ -20,7 +20,7 @@ pub fn fixed_by_user() {
 }
 
 /// Whether the thread count is the user's (`--threads`, or `OMP_NUM_THREADS`).
-fn fixed() -> bool {
+pub fn fixed() -> bool {
     FIXED.load(Ordering::Relaxed) || std::env::var_os("OMP_NUM_THREADS").is_some()
 }
 

@@ -31,8 +31,8 @@ pub fn run(arg: &DeviceArg) -> Result<(), Failure> {
     }
     println!("cudnn available: {}", tch::Cuda::cudnn_is_available());
     let threads = tch::get_num_threads();
-    match std::env::var_os("OMP_NUM_THREADS").is_some() {
-        true => println!("threads: {threads} (OMP_NUM_THREADS)"),
+    match flowtune_trainer::threads::fixed() {
+        true => println!("threads: {threads}"),
         false => println!(
             "threads: {threads} (a CPU run takes one per {:.0e} multiply-adds of a denoiser \
              forward, up to these, and says so; --threads fixes them)",
