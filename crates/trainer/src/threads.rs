@@ -58,7 +58,7 @@ mod tests {
         assert_eq!(for_work(8e5, 2), 1);
         assert_eq!(for_work(1.5e9, 2), 2);
         assert_eq!(for_work(3.3e10, 16), 16);
-        assert_eq!(for_work(3.3e10, 64), 34);
+        assert_eq!(for_work(3.3e10, 64), 33);
         assert_eq!(for_work(0.0, 8), 1);
     }
 }
