@@ -37,6 +37,10 @@ pub struct ModelSection {
     /// Which frozen components live off the training device: `none`, `encoders` (text encoders)
     /// or `encoders_and_vae`.
     pub offload: Offload,
+    /// Rows of padded prompt states run without their padding where the family's forward gives
+    /// the same velocities (Qwen-Image, Z-Image: rows grouped by token count; Qwen-Image 2.1: a
+    /// mask every row fills dropped), so attention runs unmasked on SDPA's fastest kernels.
+    pub unpadded_attention: bool,
     /// On-policy distillation: a frozen teacher pipeline of the same family and scheduler.
     pub teacher_path: Option<PathBuf>,
     /// On-policy distillation from several teachers, each scoring the prompts its filter selects.
@@ -88,6 +92,7 @@ impl Default for ModelSection {
             num_frames: None,
             output_resolution: None,
             offload: Offload::None,
+            unpadded_attention: true,
             teacher_path: None,
             teachers: vec![],
         }

@@ -15,6 +15,18 @@ use crate::ModelError;
 /// and log-probs average over the other (generated) frames only.
 pub const HELD_LATENTS: &str = "held_latents";
 
+/// What a denoiser that masks padded text tokens can run instead, for the same velocities: its
+/// key mask dropped when every row's tokens fill the text (`FullRows`), or also its rows grouped
+/// by token count, each group trimmed to its length and run without a mask (`Regroup`; for
+/// families whose other conditioning does not depend on the text's length). Attention without a
+/// mask can take SDPA's fastest kernels (flash, cuDNN), which refuse arbitrary masks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unpadding {
+    Keep,
+    FullRows,
+    Regroup,
+}
+
 /// Text conditioning of a denoiser, one row per sample.
 pub struct TextConditioning {
     /// (B, L, D) token states.
@@ -23,6 +35,10 @@ pub struct TextConditioning {
     pub pooled: Option<Tensor>,
     /// (B, L) 1 for tokens, 0 for padding, where the model masks attention (Qwen-Image, Wan).
     pub mask: Option<Tensor>,
+    /// Each row's token count on the host, where `mask` is each row's first tokens (padding at
+    /// the end): what lets the denoiser run rows without padding ([`crate::unpadded_velocity`])
+    /// without reading the device. `None` when unknown.
+    pub lengths: Option<Vec<i64>>,
     /// Per-row extras a family's denoiser reads by name, each (B, …): e.g. `guidance` (B,) for
     /// Flux [dev], `img_shapes` (B, 3) for Qwen-Image.
     pub extras: BTreeMap<String, Tensor>,
@@ -31,7 +47,7 @@ pub struct TextConditioning {
 impl TextConditioning {
     /// Token states and an optional pooled vector; no mask, no extras.
     pub fn new(embeds: Tensor, pooled: Option<Tensor>) -> Self {
-        Self { embeds, pooled, mask: None, extras: BTreeMap::new() }
+        Self { embeds, pooled, mask: None, lengths: None, extras: BTreeMap::new() }
     }
 
     /// The conditioning in diffusers' argument names: `encoder_hidden_states`, optional
@@ -59,12 +75,14 @@ impl TextConditioning {
         Ok(text)
     }
 
-    /// The same conditioning with `f` applied to every per-row tensor.
+    /// The same conditioning with `f` applied to every per-row tensor; `f` keeps the rows (a
+    /// move to another device, say), or the caller sets [`Self::lengths`] after.
     pub fn map_rows(&self, f: impl Fn(&Tensor) -> Tensor) -> Self {
         Self {
             embeds: f(&self.embeds),
             pooled: self.pooled.as_ref().map(&f),
             mask: self.mask.as_ref().map(&f),
+            lengths: self.lengths.clone(),
             extras: self.extras.iter().map(|(k, t)| (k.clone(), f(t))).collect(),
         }
     }
@@ -80,6 +98,11 @@ impl TextConditioning {
             embeds: cat(&self.embeds, &other.embeds),
             pooled: both(&self.pooled, &other.pooled),
             mask: both(&self.mask, &other.mask),
+            lengths: self
+                .lengths
+                .as_ref()
+                .zip(other.lengths.as_ref())
+                .map(|(a, b)| [&a[..], b].concat()),
             extras: self
                 .extras
                 .iter()
@@ -89,11 +112,13 @@ impl TextConditioning {
     }
 
     /// The rows of `parts` stacked in order; token lengths may differ (shorter rows are padded
-    /// with zeros and masked), extras must have the same shape past the batch.
+    /// with zeros and masked), extras must have the same shape past the batch. The rows' token
+    /// counts are read to the host here, once per batch ([`Self::lengths`]).
     pub fn stack(parts: Vec<Self>) -> Result<Self, ModelError> {
         if parts.len() == 1 {
-            return Ok(parts.into_iter().next().expect("one part"));
+            return Ok(parts.into_iter().next().expect("one part").with_lengths());
         }
+        let parts: Vec<Self> = parts.into_iter().map(Self::with_lengths).collect();
         let longest = parts.iter().map(|p| p.embeds.size()[1]).max().unwrap_or(0);
         // Parts of one length without masks (fixed-length encoders) stay without one.
         let unmasked = parts.iter().all(|p| p.mask.is_none() && p.embeds.size()[1] == longest);
@@ -110,9 +135,15 @@ impl TextConditioning {
                 Tensor::ones([b, len], (tch::Kind::Int64, part.embeds.device()))
             });
             let embeds = pad(&part.embeds, len);
+            // A row without a mask is all tokens; a mask that is not a prefix leaves it unknown.
+            let lengths = match &part.mask {
+                None => Some(vec![len; b as usize]),
+                Some(_) => part.lengths,
+            };
             padded.push(Self {
                 embeds,
                 mask: Some(pad(&mask, len)),
+                lengths,
                 pooled: part.pooled,
                 extras: part.extras,
             });
@@ -141,6 +172,10 @@ impl TextConditioning {
                 .as_ref()
                 .map(|_| cat(&|p| p.pooled.as_ref().unwrap().shallow_clone())),
             mask: (!unmasked).then(|| cat(&|p| p.mask.as_ref().unwrap().shallow_clone())),
+            lengths: (!unmasked)
+                .then(|| padded.iter().map(|p| p.lengths.clone()).collect::<Option<Vec<_>>>())
+                .flatten()
+                .map(|lengths| lengths.concat()),
             extras: first
                 .extras
                 .keys()
@@ -154,15 +189,60 @@ impl TextConditioning {
         self.extras.get(HELD_LATENTS)
     }
 
-    /// The rows at `index` (a 1-D int64 tensor).
+    /// The rows at `index` (a 1-D int64 tensor). With [`Self::lengths`] the index is read to the
+    /// host (a synchronisation on a GPU; [`Self::rows_at`] takes host indices).
     pub fn rows(&self, index: &Tensor) -> Self {
-        self.map_rows(|t| t.index_select(0, index))
+        let mut rows = self.map_rows(|t| t.index_select(0, index));
+        rows.lengths = self.lengths.as_ref().and_then(|lengths| {
+            let host = Vec::<i64>::try_from(index.to_device(tch::Device::Cpu)).ok()?;
+            Some(host.iter().map(|&i| lengths[i as usize]).collect())
+        });
+        rows
+    }
+
+    /// The rows at host indices `index`.
+    pub fn rows_at(&self, index: &[i64]) -> Self {
+        let device = Tensor::from_slice(index).to_device(self.embeds.device());
+        let mut rows = self.map_rows(|t| t.index_select(0, &device));
+        rows.lengths =
+            self.lengths.as_ref().map(|l| index.iter().map(|&i| l[i as usize]).collect());
+        rows
     }
 
     /// Rows `start .. start + len`.
     pub fn narrow(&self, start: i64, len: i64) -> Self {
-        self.map_rows(|t| t.narrow(0, start, len))
+        let mut rows = self.map_rows(|t| t.narrow(0, start, len));
+        rows.lengths =
+            self.lengths.as_ref().map(|l| l[start as usize..(start + len) as usize].to_vec());
+        rows
     }
+
+    /// Every row's first `len` tokens, without a mask: for rows whose tokens all lie there.
+    pub fn trimmed(&self, len: i64) -> Self {
+        let mut text = self.map_rows(Tensor::shallow_clone);
+        text.embeds = self.embeds.narrow(1, 0, len);
+        text.mask = None;
+        text.lengths = None;
+        text
+    }
+
+    /// [`Self::lengths`] read from the mask (a host read) when unknown and the mask is each row's
+    /// first tokens.
+    fn with_lengths(mut self) -> Self {
+        if self.lengths.is_none() {
+            self.lengths = self.mask.as_ref().and_then(prefix_lengths);
+        }
+        self
+    }
+}
+
+/// Each row's token count when the mask (B, L) marks each row's first tokens only.
+fn prefix_lengths(mask: &Tensor) -> Option<Vec<i64>> {
+    let tokens = mask.ne(0).to_device(tch::Device::Cpu);
+    let counts = tokens.sum_dim_intlist(1, false, tch::Kind::Int64);
+    let positions = Tensor::arange(tokens.size()[1], (tch::Kind::Int64, tch::Device::Cpu));
+    let prefix = positions.unsqueeze(0).lt_tensor(&counts.unsqueeze(1));
+    prefix.equal(&tokens).then(|| Vec::<i64>::try_from(&counts).ok()).flatten()
 }
 
 /// `latents` (B, C, F, H, W) with their first frames replaced by `held` (B, C, Fh, H, W), in the

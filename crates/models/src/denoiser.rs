@@ -15,7 +15,7 @@ use crate::model_weights::ModelWeights;
 use crate::sequence::SequenceParallel;
 use crate::shard::{ShardGroup, ShardMode, ShardedBlocks};
 use crate::weights::{load_weights, LoadOptions};
-use crate::{ModelError, TextConditioning};
+use crate::{ModelError, TextConditioning, Unpadding};
 
 /// A flow-matching denoiser: velocity of latents at timesteps (0‥1000) given text.
 pub trait Denoiser {
@@ -51,6 +51,58 @@ pub trait Denoiser {
     /// `None` for a single network.
     fn expert_boundary(&self) -> Option<f64> {
         None
+    }
+
+    /// How rows padded to one text length may run without their padding; see [`Unpadding`].
+    fn unpadding(&self) -> Unpadding {
+        Unpadding::Keep
+    }
+}
+
+/// [`Denoiser::velocity`], without the text's padding where [`Denoiser::unpadding`] and the
+/// rows' host token counts ([`TextConditioning::lengths`]) allow: rows of one token count run
+/// together, trimmed and unmasked, and the velocities come back in the rows' order.
+pub fn unpadded_velocity<D: Denoiser + ?Sized>(
+    model: &D,
+    latents: &Tensor,
+    timestep: &Tensor,
+    text: &TextConditioning,
+) -> Result<Tensor, ModelError> {
+    let full = text.embeds.size()[1];
+    let lengths = match (&text.mask, &text.lengths, model.unpadding()) {
+        (Some(_), Some(lengths), unpadding) if unpadding != Unpadding::Keep => lengths,
+        _ => return model.velocity(latents, timestep, text),
+    };
+    let mut groups: Vec<(i64, Vec<i64>)> = vec![];
+    for (row, &len) in lengths.iter().enumerate() {
+        match groups.iter_mut().find(|(l, _)| *l == len) {
+            Some((_, rows)) => rows.push(row as i64),
+            None => groups.push((len, vec![row as i64])),
+        }
+    }
+    match (model.unpadding(), groups.as_slice()) {
+        (_, [(len, _)]) if *len == full => model.velocity(latents, timestep, &text.trimmed(full)),
+        (Unpadding::Regroup, [(len, _)]) if *len > 0 => {
+            model.velocity(latents, timestep, &text.trimmed(*len))
+        }
+        (Unpadding::Regroup, _) if groups.iter().all(|(len, _)| *len > 0) => {
+            let device = latents.device();
+            let mut parts = vec![];
+            for (len, rows) in &groups {
+                let index = Tensor::from_slice(rows).to_device(device);
+                let rows_text = text.rows_at(rows).trimmed(*len);
+                let (x, t) = (latents.index_select(0, &index), timestep.index_select(0, &index));
+                parts.push(model.velocity(&x, &t, &rows_text)?);
+            }
+            // Row r of the output is part row `place[r]` of the groups concatenated.
+            let mut place = vec![0i64; lengths.len()];
+            for (at, &row) in groups.iter().flat_map(|(_, rows)| rows).enumerate() {
+                place[row as usize] = at as i64;
+            }
+            let place = Tensor::from_slice(&place).to_device(device);
+            Ok(Tensor::cat(&parts, 0).index_select(0, &place))
+        }
+        _ => model.velocity(latents, timestep, text),
     }
 }
 
@@ -91,21 +143,21 @@ pub fn guided_velocity<D: Denoiser + ?Sized>(
         _ => model.combine_guidance(cond, uncond, scale.scale),
     };
     let Some(negative) = negative else {
-        return Ok(model.velocity(latents, timestep, text)?.to_kind(Kind::Float));
+        return Ok(unpadded_velocity(model, latents, timestep, text)?.to_kind(Kind::Float));
     };
     if model.batched_cfg() {
-        let out = model
-            .velocity(
-                &Tensor::cat(&[latents, latents], 0),
-                &Tensor::cat(&[timestep, timestep], 0),
-                &negative.concat(text),
-            )?
-            .to_kind(Kind::Float);
+        let out = unpadded_velocity(
+            model,
+            &Tensor::cat(&[latents, latents], 0),
+            &Tensor::cat(&[timestep, timestep], 0),
+            &negative.concat(text),
+        )?
+        .to_kind(Kind::Float);
         let parts = out.chunk(2, 0);
         Ok(combine(&parts[1], &parts[0]))
     } else {
-        let uncond = model.velocity(latents, timestep, negative)?.to_kind(Kind::Float);
-        let cond = model.velocity(latents, timestep, text)?.to_kind(Kind::Float);
+        let uncond = unpadded_velocity(model, latents, timestep, negative)?.to_kind(Kind::Float);
+        let cond = unpadded_velocity(model, latents, timestep, text)?.to_kind(Kind::Float);
         Ok(combine(&cond, &uncond))
     }
 }
@@ -128,7 +180,7 @@ pub fn velocity_at_sigma<D: Denoiser + ?Sized>(
     sigma: &Tensor,
     text: &TextConditioning,
 ) -> Result<Tensor, ModelError> {
-    Ok(model.velocity(latents, &(sigma * 1000.0), text)?.to_kind(Kind::Float))
+    Ok(unpadded_velocity(model, latents, &(sigma * 1000.0), text)?.to_kind(Kind::Float))
 }
 
 /// The size of made-up inputs: `batch` samples of `frames` × `height` × `width` latent cells and
@@ -206,6 +258,12 @@ pub trait TrainableDenoiser: Denoiser {
     /// (`trainer.gradient_checkpointing`): less memory, one more block forward per backward.
     fn set_gradient_checkpointing(&self, on: bool) {
         self.weights().checkpointing.set(on);
+    }
+
+    /// Whether padded text runs without its padding where the family allows it
+    /// (`model.unpadded_attention`; see [`Unpadding`]).
+    fn set_unpadded_attention(&self, on: bool) {
+        self.weights().unpadded.set(on);
     }
 
     /// Keeps this rank's share of the transformer blocks' base weights only, gathering each block

@@ -35,10 +35,10 @@ pub mod wan;
 pub mod weights;
 pub mod z_image;
 
-pub use conditioning::{generated_frames, hold_frames, TextConditioning, HELD_LATENTS};
+pub use conditioning::{generated_frames, hold_frames, TextConditioning, Unpadding, HELD_LATENTS};
 pub use denoiser::{
-    guided_velocity, rescaled_guidance, velocity_at_sigma, CfgScale, Denoiser, ExampleInputs,
-    ExampleShape, TrainableDenoiser,
+    guided_velocity, rescaled_guidance, unpadded_velocity, velocity_at_sigma, CfgScale, Denoiser,
+    ExampleInputs, ExampleShape, TrainableDenoiser,
 };
 pub use family::{Dtype, Dtypes, FlowPipeline, Offload, PipelineOptions};
 pub use lora::{AdapterSwitch, LoraConfig};

@@ -15,7 +15,7 @@ use crate::sequence::{SequenceParallel, Split, Stream, Ulysses};
 use crate::shard::{ShardGroup, ShardMode, ShardedBlocks};
 use crate::shard_load::DeferredBlocks;
 use crate::weights::{checkpoint_files, load_weights, store, LoadOptions};
-use crate::ModelError;
+use crate::{ModelError, Unpadding};
 
 /// Base weights and optional adapters.
 #[derive(Debug)]
@@ -27,6 +27,9 @@ pub struct ModelWeights {
     /// Whether the transformer blocks recompute their activations in backward
     /// ([`crate::denoiser::TrainableDenoiser::set_gradient_checkpointing`]).
     pub checkpointing: std::cell::Cell<bool>,
+    /// Whether padded text may run without its padding (`model.unpadded_attention`, on by
+    /// default; [`Self::unpadding`]).
+    pub unpadded: std::cell::Cell<bool>,
     /// The lists of transformer blocks in the module tree (`transformer_blocks`, …).
     pub blocks: &'static [&'static str],
     /// The blocks' base weights sharded over the ranks ([`Self::shard_blocks`]).
@@ -42,6 +45,15 @@ pub struct ModelWeights {
 }
 
 impl ModelWeights {
+    /// The family's `unpadding` while [`Self::unpadded`] is on, [`Unpadding::Keep`] otherwise.
+    pub fn unpadding(&self, unpadding: Unpadding) -> Unpadding {
+        if self.unpadded.get() {
+            unpadding
+        } else {
+            Unpadding::Keep
+        }
+    }
+
     /// Runs block `index` of the block list `list` (`block`, borrowing this model's modules) on
     /// `inputs`, through activation checkpointing when it is switched on and grad is enabled.
     /// Sharded blocks are gathered first and always checkpointed (see [`crate::shard`]). A
@@ -204,6 +216,7 @@ impl WeightsBuilder {
             base,
             adapters,
             checkpointing: Default::default(),
+            unpadded: std::cell::Cell::new(true),
             blocks,
             sharded: OnceCell::new(),
             sequence: OnceCell::new(),
@@ -227,7 +240,8 @@ impl ModelWeights {
     }
 
     /// A frozen copy of these base weights, in a model `build` makes (as this one, without
-    /// adapters): whole, or with the blocks still in their files when these are.
+    /// adapters, running as this one does): whole, or with the blocks still in their files when
+    /// these are.
     pub fn frozen_copy<M>(
         &self,
         build: impl FnOnce() -> Result<M, ModelError>,
@@ -247,6 +261,7 @@ impl ModelWeights {
             deferred.is_none() || crate::shard::block_of(n, self.blocks).is_none()
         })?;
         *to.deferred.borrow_mut() = deferred;
+        to.unpadded.set(self.unpadded.get());
         Ok(copy)
     }
 }

@@ -17,7 +17,7 @@ use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, Mlp, RmsNorm, TIMESTEP_CHANNELS};
 use crate::packing;
 use crate::sequence::{Role, SequenceParallel, Stream};
-use crate::{rescaled_guidance, ModelError, TextConditioning};
+use crate::{rescaled_guidance, ModelError, TextConditioning, Unpadding};
 
 /// The rotary base of every axis.
 const ROPE_THETA: f64 = 10_000.0;
@@ -283,6 +283,11 @@ impl Denoiser for QwenImageTransformer {
     /// The two CFG branches have their own text lengths: two forwards, as diffusers does.
     fn batched_cfg(&self) -> bool {
         false
+    }
+
+    /// Padding lies at the end of each row's text and nothing else depends on its length.
+    fn unpadding(&self) -> Unpadding {
+        self.weights.unpadding(Unpadding::Regroup)
     }
 
     /// "True CFG": `n + s(c − n)` rescaled per packed token to the conditional norm.

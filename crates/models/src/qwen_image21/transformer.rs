@@ -17,7 +17,7 @@ use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, Linear, Mlp, Scope, TIMESTEP_CHANNELS};
 use crate::qwen_image::{ImageShape, CONDITION_LATENTS, CONDITION_SHAPES};
-use crate::{ModelError, TextConditioning};
+use crate::{ModelError, TextConditioning, Unpadding};
 
 /// `QwenImage21TemporalTimesteps` multiplies σ by this before the sinusoid.
 const TIME_FACTOR: f64 = 1000.0;
@@ -309,6 +309,12 @@ impl Denoiser for QwenImage21Transformer {
     /// The two CFG branches have their own text lengths: two forwards, as diffusers does.
     fn batched_cfg(&self) -> bool {
         false
+    }
+
+    /// The image tokens' rotary positions follow the padded text, so trimming would move them:
+    /// only a mask every row fills is dropped.
+    fn unpadding(&self) -> Unpadding {
+        self.weights.unpadding(Unpadding::FullRows)
     }
 }
 

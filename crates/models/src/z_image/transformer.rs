@@ -18,7 +18,7 @@ use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{layer_norm, timestep_features, Linear, RmsNorm, Scope, TIMESTEP_CHANNELS};
 use crate::sequence::{Role, SequenceParallel, Stream};
-use crate::{ModelError, TextConditioning};
+use crate::{ModelError, TextConditioning, Unpadding};
 
 /// Image and caption token runs are padded to a multiple of this.
 pub const SEQ_MULTI_OF: i64 = 32;
@@ -379,6 +379,11 @@ impl Denoiser for ZImageTransformer {
     /// Conditional and unconditional captions differ in length: two forwards.
     fn batched_cfg(&self) -> bool {
         false
+    }
+
+    /// Padding lies at the end of each row's text and nothing else depends on its length.
+    fn unpadding(&self) -> Unpadding {
+        self.weights.unpadding(Unpadding::Regroup)
     }
 
     /// ZImagePipeline's `do_classifier_free_guidance`: any scale above 0.
