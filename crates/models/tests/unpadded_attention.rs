@@ -12,10 +12,13 @@ use flowtune_models::{
 };
 use tch::{Device, Kind, Tensor};
 
-/// The denoiser, recording each forward's (rows, text tokens, masked).
+/// A forward's rows, text tokens and whether its text was masked.
+type Forward = (i64, i64, bool);
+
+/// The denoiser, recording each forward.
 struct Spy<'a> {
     inner: &'a dyn TrainableDenoiser,
-    seen: RefCell<Vec<(i64, i64, bool)>>,
+    seen: RefCell<Vec<Forward>>,
 }
 
 impl Denoiser for Spy<'_> {
@@ -58,7 +61,7 @@ fn check(family: &str, unpadding: Unpadding) {
     let (x, t) = (&inputs.latents, &inputs.timestep);
     let spy = Spy { inner: model, seen: RefCell::new(vec![]) };
     let regroup = unpadding == Unpadding::Regroup;
-    let cases: [(&[i64], &[(i64, i64, bool)]); 3] = [
+    let cases: [(&[i64], &[Forward]); 3] = [
         (
             &[7, 4, 7, 5],
             if regroup { &[(2, 7, false), (1, 4, false), (1, 5, false)] } else { &[(4, 7, true)] },
