@@ -266,6 +266,12 @@ pub trait TrainableDenoiser: Denoiser {
         self.weights().unpadded.set(on);
     }
 
+    /// Whether layers built together on one input run as one GEMM (`model.fused_projections`;
+    /// see [`crate::nn::project`]).
+    fn set_fused_projections(&self, on: bool) {
+        self.weights().fused.set(on);
+    }
+
     /// Keeps this rank's share of the transformer blocks' base weights only, gathering each block
     /// over `group` when it runs (`trainer.sharding: frozen` or `full`); the slices live on the
     /// host with `on_host` (`trainer.offload: all`).

@@ -28,6 +28,7 @@ pub mod sequence;
 pub mod shard;
 pub mod shard_load;
 pub mod streamed;
+mod switch;
 pub mod text_encoders;
 pub mod tokenizer;
 pub mod vae;

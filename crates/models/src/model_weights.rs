@@ -14,6 +14,7 @@ use crate::nn::{LoraScope, Scope};
 use crate::sequence::{SequenceParallel, Split, Stream, Ulysses};
 use crate::shard::{ShardGroup, ShardMode, ShardedBlocks};
 use crate::shard_load::DeferredBlocks;
+use crate::switch::Switch;
 use crate::weights::{checkpoint_files, load_weights, store, LoadOptions};
 use crate::{ModelError, Unpadding};
 
@@ -30,6 +31,9 @@ pub struct ModelWeights {
     /// Whether padded text may run without its padding (`model.unpadded_attention`, on by
     /// default; [`Self::unpadding`]).
     pub unpadded: std::cell::Cell<bool>,
+    /// Whether layers built together on one input run as one GEMM (`model.fused_projections`, on
+    /// by default; [`crate::nn::project`]).
+    pub fused: Switch,
     /// The lists of transformer blocks in the module tree (`transformer_blocks`, …).
     pub blocks: &'static [&'static str],
     /// The blocks' base weights sharded over the ranks ([`Self::shard_blocks`]).
@@ -162,6 +166,7 @@ pub struct WeightsBuilder {
     adapters: Option<(VarStore, AdapterSwitch, LoraConfig)>,
     /// Base variables in host memory, their blocks read when sharded ([`crate::shard_load`]).
     deferred: bool,
+    fuse: Switch,
 }
 
 impl WeightsBuilder {
@@ -172,6 +177,7 @@ impl WeightsBuilder {
             base: store(device, kind),
             adapters: lora.map(|c| (VarStore::new(device), AdapterSwitch::default(), c.clone())),
             deferred: crate::shard_load::deferring(),
+            fuse: Switch::default(),
         }
     }
 
@@ -182,7 +188,8 @@ impl WeightsBuilder {
             config,
             switch: switch.clone(),
         });
-        Scope { deferred: self.deferred, ..Scope::root(self.base.root(), lora) }
+        let fuse = self.fuse.clone();
+        Scope { deferred: self.deferred, fuse, ..Scope::root(self.base.root(), lora) }
     }
 
     /// The built weights: with adapters, the base is frozen (only adapters train) and the
@@ -217,6 +224,7 @@ impl WeightsBuilder {
             adapters,
             checkpointing: Default::default(),
             unpadded: std::cell::Cell::new(true),
+            fused: self.fuse,
             blocks,
             sharded: OnceCell::new(),
             sequence: OnceCell::new(),
@@ -262,6 +270,7 @@ impl ModelWeights {
         })?;
         *to.deferred.borrow_mut() = deferred;
         to.unpadded.set(self.unpadded.get());
+        to.fused.set(self.fused.enabled());
         Ok(copy)
     }
 }

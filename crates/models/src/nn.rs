@@ -2,12 +2,14 @@
 //! layer. A [`Scope`] is a position in the module tree: `scope / "attn" / "to_q"`.
 
 use std::ops::Div;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tch::nn::{Init, Path};
 use tch::{Kind, Tensor};
 
 use crate::flops;
 use crate::lora::{AdapterSwitch, LoraConfig, LoraPair};
+use crate::switch::Switch;
 
 /// Where adapters are created while a model is built.
 #[derive(Clone)]
@@ -27,12 +29,14 @@ pub struct Scope<'a> {
     /// Variables are made in host memory, their blocks to be read when sharded
     /// ([`crate::shard_load`]).
     pub deferred: bool,
+    /// Whether [`project`] runs the layers [`Self::linears`] makes as one GEMM.
+    pub fuse: Switch,
 }
 
 impl<'a> Scope<'a> {
     /// The root of a model's tree.
     pub fn root(path: Path<'a>, lora: Option<LoraScope<'a>>) -> Self {
-        Self { path, name: String::new(), lora, deferred: false }
+        Self { path, name: String::new(), lora, deferred: false, fuse: Switch::default() }
     }
 
     /// A variable at this position, named `name`, in its store's kind and on its device, left
@@ -48,15 +52,49 @@ impl<'a> Scope<'a> {
     pub fn linear(&self, input: i64, output: i64, bias: bool) -> Linear {
         let weight = self.var("weight", &[output, input]);
         let bias = bias.then(|| self.var("bias", &[output]));
-        let lora = self.lora.as_ref().filter(|l| l.config.targets(&self.name)).map(|l| {
+        Linear { weight, bias, lora: self.adapter(input, output), fuse: None }
+    }
+
+    /// Linear layers on one input, `(name, output)` each: their weights (and biases) are
+    /// consecutive rows of one tensor, so that [`project`] can run them as one GEMM. The
+    /// variables and adapters are named as [`Self::linear`]'s.
+    pub fn linears<const N: usize>(
+        &self,
+        input: i64,
+        outputs: [(&str, i64); N],
+        bias: bool,
+    ) -> [Linear; N] {
+        let total: i64 = outputs.iter().map(|(_, o)| o).sum();
+        let device = if self.deferred { tch::Device::Cpu } else { self.path.device() };
+        let options = (self.path.kind(), device);
+        let weights = Tensor::empty([total, input], options);
+        let biases = bias.then(|| Tensor::empty([total], options));
+        let mut start = 0;
+        outputs.map(|(name, output)| {
+            let scope = self / name;
+            let weight = scope.path.add("weight", weights.narrow(0, start, output), true);
+            let bias =
+                biases.as_ref().map(|b| scope.path.add("bias", b.narrow(0, start, output), true));
+            start += output;
+            Linear {
+                weight,
+                bias,
+                lora: scope.adapter(input, output),
+                fuse: Some(self.fuse.clone()),
+            }
+        })
+    }
+
+    /// The adapter of a linear layer here, when LoRA targets it.
+    fn adapter(&self, input: i64, output: i64) -> Option<(LoraPair, AdapterSwitch)> {
+        self.lora.as_ref().filter(|l| l.config.targets(&self.name)).map(|l| {
             let r = l.config.rank_of(&self.name);
             let (a_path, b_path) = (&l.path / "lora_A", &l.path / "lora_B");
             // Values come from `Adapters::initialize`, seeded and machine-independent.
             let a = a_path.var("weight", &[r, input], Init::Const(0.0));
             let b = b_path.var("weight", &[output, r], Init::Const(0.0));
             (LoraPair { a, b, scale: l.config.scale_of(&self.name) }, l.switch.clone())
-        });
-        Linear { weight, bias, lora }
+        })
     }
 
     /// A 2-D convolution (`weight`: out × in × k × k, `bias`).
@@ -89,6 +127,7 @@ impl<'a, T: ToString> Div<T> for &Scope<'a> {
             name,
             lora: self.lora.as_ref().map(|l| LoraScope { path: &l.path / &child, ..l.clone() }),
             deferred: self.deferred,
+            fuse: self.fuse.clone(),
         }
     }
 }
@@ -99,28 +138,113 @@ pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
     pub lora: Option<(LoraPair, AdapterSwitch)>,
+    /// Made by [`Scope::linears`], with its model's fusing switch.
+    pub fuse: Option<Switch>,
 }
 
 impl Linear {
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let y = x.linear(&self.weight, self.bias.as_ref());
-        let (out, width) = (self.weight.size()[0], self.weight.size()[1]);
-        let mut work = 2.0 * (width * out) as f64;
-        let y = match &self.lora {
-            Some((pair, switch)) if switch.enabled() => {
-                work += 2.0 * (pair.a.size()[0] * (width + out)) as f64;
-                let delta = x
-                    .to_kind(pair.a.kind())
-                    .linear::<Tensor>(&pair.a, None)
-                    .linear::<Tensor>(&pair.b, None)
-                    * pair.scale;
-                y + delta.to_kind(x.kind())
+        let width = self.weight.size()[1];
+        let y = match self.adapter() {
+            Some(pair) => {
+                y + pair.delta(&x.to_kind(pair.a.kind()).linear::<Tensor>(&pair.a, None), x.kind())
             }
-            _ => y,
+            None => y,
         };
-        flops::add(work * flops::rows(x, width), &y);
+        flops::add(self.work() * flops::rows(x, width), &y);
         y
     }
+
+    /// The adapter, while it is switched on.
+    fn adapter(&self) -> Option<&LoraPair> {
+        self.lora.as_ref().filter(|(_, switch)| switch.enabled()).map(|(pair, _)| pair)
+    }
+
+    /// Multiply-adds ×2 per input row, adapter included.
+    fn work(&self) -> f64 {
+        let (out, width) = (self.weight.size()[0], self.weight.size()[1]);
+        let rank = self.adapter().map_or(0, |pair| pair.a.size()[0]);
+        2.0 * (width * out + rank * (width + out)) as f64
+    }
+}
+
+/// The outputs of `layers` on one input `x`, as each one's [`Linear::forward`] gives them. Layers
+/// made together by [`Scope::linears`] run as one GEMM over their weights' rows (when fusing is
+/// on and the weights are frozen and still lie together: sharded or replaced weights run apart),
+/// and their adapters' A matrices as one more.
+pub fn project<const N: usize>(x: &Tensor, layers: [&Linear; N]) -> [Tensor; N] {
+    let Some((weight, bias)) = fused_weights(&layers) else {
+        return layers.map(|l| l.forward(x));
+    };
+    let sizes: Vec<i64> = layers.iter().map(|l| l.weight.size()[0]).collect();
+    let y = x.linear(&weight, bias.as_ref());
+    let mut outs = y.split_with_sizes(sizes.as_slice(), -1);
+    let adapted: Vec<(usize, &LoraPair)> =
+        layers.iter().enumerate().filter_map(|(i, l)| l.adapter().map(|p| (i, p))).collect();
+    if let Some((_, first)) = adapted.first() {
+        let a = Tensor::cat(&adapted.iter().map(|(_, p)| &p.a).collect::<Vec<_>>(), 0);
+        let ranks: Vec<i64> = adapted.iter().map(|(_, p)| p.a.size()[0]).collect();
+        let down = x.to_kind(first.a.kind()).linear::<Tensor>(&a, None);
+        for ((i, pair), down) in adapted.iter().zip(down.split_with_sizes(ranks.as_slice(), -1)) {
+            outs[*i] = &outs[*i] + pair.delta(&down, x.kind());
+        }
+    }
+    FUSED_GEMMS.fetch_add(1, Ordering::Relaxed);
+    let width = weight.size()[1];
+    for (layer, out) in layers.iter().zip(&outs) {
+        flops::add(layer.work() * flops::rows(x, width), out);
+    }
+    <[Tensor; N]>::try_from(outs).expect("one output per layer")
+}
+
+static FUSED_GEMMS: AtomicU64 = AtomicU64::new(0);
+
+/// How many fused GEMMs [`project`] has run in this process.
+pub fn fused_gemms() -> u64 {
+    FUSED_GEMMS.load(Ordering::Relaxed)
+}
+
+/// The weights (and biases) of `layers` as one tensor each, when [`project`] can fuse them:
+/// frozen, contiguous and consecutive in one tensor. (Trained weights run apart even without
+/// autograd, so that a block recomputed in backward rounds as its first forward did.)
+fn fused_weights(layers: &[&Linear]) -> Option<(Tensor, Option<Tensor>)> {
+    let first = layers.first()?;
+    if !first.fuse.as_ref().is_some_and(Switch::enabled) {
+        return None;
+    }
+    let together = |parts: &[&Tensor]| -> Option<Tensor> {
+        let head = parts[0];
+        let mut next = head.data_ptr() as usize;
+        for t in parts {
+            let frozen = !t.requires_grad() && t.is_contiguous();
+            let same = t.kind() == head.kind() && t.device() == head.device();
+            if !frozen
+                || !same
+                || t.data_ptr() as usize != next
+                || t.size()[1..] != head.size()[1..]
+            {
+                return None;
+            }
+            next += t.numel() * t.kind().elt_size_in_bytes();
+        }
+        let mut size = head.size();
+        size[0] = parts.iter().map(|t| t.size()[0]).sum();
+        let mut stride = vec![1i64; size.len()];
+        for d in (0..size.len().saturating_sub(1)).rev() {
+            stride[d] = stride[d + 1] * size[d + 1];
+        }
+        // A view of the first one's storage: refused when the rows lie beyond it.
+        head.f_as_strided(size.as_slice(), stride.as_slice(), None::<i64>).ok()
+    };
+    let weights: Vec<&Tensor> = layers.iter().map(|l| &l.weight).collect();
+    let weight = together(&weights)?;
+    let bias = match layers.iter().map(|l| l.bias.as_ref()).collect::<Option<Vec<_>>>() {
+        Some(biases) => Some(together(&biases)?),
+        None if layers.iter().all(|l| l.bias.is_none()) => None,
+        None => return None,
+    };
+    Some((weight, bias))
 }
 
 /// A 2-D convolution with bias.

@@ -6,14 +6,12 @@
 //! the KL reference).
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use flowtune_lora_match::Patterns;
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use crate::ModelError;
 
@@ -194,24 +192,7 @@ impl LoraConfig {
 }
 
 /// Turns every adapter of a model on or off at once.
-#[derive(Debug, Clone)]
-pub struct AdapterSwitch(Arc<AtomicBool>);
-
-impl Default for AdapterSwitch {
-    fn default() -> Self {
-        Self(Arc::new(AtomicBool::new(true)))
-    }
-}
-
-impl AdapterSwitch {
-    pub fn enabled(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-
-    pub fn set(&self, on: bool) {
-        self.0.store(on, Ordering::Relaxed);
-    }
-}
+pub use crate::switch::Switch as AdapterSwitch;
 
 /// A model's adapters: their weights (the only trainable variables), switch and config.
 #[derive(Debug)]
@@ -276,6 +257,13 @@ pub struct LoraPair {
     pub a: Tensor,
     pub b: Tensor,
     pub scale: f64,
+}
+
+impl LoraPair {
+    /// The update `scale·B·down` in `kind`, from `down` = A·x.
+    pub fn delta(&self, down: &Tensor, kind: Kind) -> Tensor {
+        (down.linear::<Tensor>(&self.b, None) * self.scale).to_kind(kind)
+    }
 }
 
 /// Writes the adapters of `store` as `<component>.<module>.lora_{A,B}.weight` (f32 safetensors),

@@ -3,7 +3,7 @@
 
 use tch::Tensor;
 
-use crate::nn::{Linear, RmsNorm, Scope};
+use crate::nn::{project, Linear, RmsNorm, Scope};
 use crate::sequence::Keys;
 
 /// q/k RMS-normalisation per head (SD3.5 `qk_norm: rms_norm`).
@@ -52,27 +52,34 @@ impl Attention {
             })
         };
         let inner = heads * head_dim;
+        let [to_q, to_k, to_v] =
+            scope.linears(dim, [("to_q", inner), ("to_k", inner), ("to_v", inner)], true);
         Self {
-            to_q: (scope / "to_q").linear(dim, inner, true),
-            to_k: (scope / "to_k").linear(dim, inner, true),
-            to_v: (scope / "to_v").linear(dim, inner, true),
+            to_q,
+            to_k,
+            to_v,
             to_out: (&(scope / "to_out") / 0).linear(inner, dim, true),
             norm: norm_pair("norm_q", "norm_k"),
-            added: joint.then(|| AddedProjections {
-                add_q_proj: (scope / "add_q_proj").linear(dim, inner, true),
-                add_k_proj: (scope / "add_k_proj").linear(dim, inner, true),
-                add_v_proj: (scope / "add_v_proj").linear(dim, inner, true),
-                to_add_out: context_out.then(|| (scope / "to_add_out").linear(inner, dim, true)),
-                norm: norm_pair("norm_added_q", "norm_added_k"),
+            added: joint.then(|| {
+                let names = [("add_q_proj", inner), ("add_k_proj", inner), ("add_v_proj", inner)];
+                let [add_q_proj, add_k_proj, add_v_proj] = scope.linears(dim, names, true);
+                AddedProjections {
+                    add_q_proj,
+                    add_k_proj,
+                    add_v_proj,
+                    to_add_out: context_out
+                        .then(|| (scope / "to_add_out").linear(inner, dim, true)),
+                    norm: norm_pair("norm_added_q", "norm_added_k"),
+                }
             }),
             heads,
         }
     }
 
-    /// (B, N, D) → (B, heads, N, head_dim), normalised if configured.
-    fn heads_of(&self, x: &Tensor, proj: &Linear, norm: Option<&RmsNorm>) -> Tensor {
-        let (b, n) = (x.size()[0], x.size()[1]);
-        let t = proj.forward(x).view([b, n, self.heads, -1]).transpose(1, 2);
+    /// Projected (B, N, inner) → (B, heads, N, head_dim), normalised if configured.
+    fn heads_of(&self, projected: Tensor, norm: Option<&RmsNorm>) -> Tensor {
+        let (b, n) = (projected.size()[0], projected.size()[1]);
+        let t = projected.view([b, n, self.heads, -1]).transpose(1, 2);
         match norm {
             Some(norm) => norm.forward(&t),
             None => t,
@@ -88,10 +95,11 @@ impl Attention {
 
     fn qkv(&self, x: &Tensor) -> (Tensor, Tensor, Tensor) {
         let norm = self.norm.as_ref();
+        let [q, k, v] = project(x, [&self.to_q, &self.to_k, &self.to_v]);
         (
-            self.heads_of(x, &self.to_q, norm.map(|n| &n.q)),
-            self.heads_of(x, &self.to_k, norm.map(|n| &n.k)),
-            self.heads_of(x, &self.to_v, None),
+            self.heads_of(q, norm.map(|n| &n.q)),
+            self.heads_of(k, norm.map(|n| &n.k)),
+            self.heads_of(v, None),
         )
     }
 
@@ -107,9 +115,10 @@ impl Attention {
         let added = self.added.as_ref().expect("joint attention has context projections");
         let (q, k, v) = self.qkv(x);
         let norm = added.norm.as_ref();
-        let cq = self.heads_of(c, &added.add_q_proj, norm.map(|n| &n.q));
-        let ck = self.heads_of(c, &added.add_k_proj, norm.map(|n| &n.k));
-        let cv = self.heads_of(c, &added.add_v_proj, None);
+        let [cq, ck, cv] = project(c, [&added.add_q_proj, &added.add_k_proj, &added.add_v_proj]);
+        let cq = self.heads_of(cq, norm.map(|n| &n.q));
+        let ck = self.heads_of(ck, norm.map(|n| &n.k));
+        let cv = self.heads_of(cv, None);
         let cat = |a: Tensor, b: Tensor| Tensor::cat(&[a, b], 2);
         let out = attend(&cat(q, cq), &cat(k, ck), &cat(v, cv), keys);
         let n = x.size()[1];

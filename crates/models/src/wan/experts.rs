@@ -160,6 +160,11 @@ impl TrainableDenoiser for WanExperts {
         self.low.set_gradient_checkpointing(on);
     }
 
+    fn set_fused_projections(&self, on: bool) {
+        self.high.set_fused_projections(on);
+        self.low.set_fused_projections(on);
+    }
+
     fn sequence_parallel(
         &self,
         group: crate::sequence::SequenceParallel,
