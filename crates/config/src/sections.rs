@@ -41,6 +41,10 @@ pub struct ModelSection {
     /// the same velocities (Qwen-Image, Z-Image: rows grouped by token count; Qwen-Image 2.1: a
     /// mask every row fills dropped), so attention runs unmasked on SDPA's fastest kernels.
     pub unpadded_attention: bool,
+    /// Layers on one input (queries, keys and values; a SwiGLU's two input projections) run as
+    /// one GEMM, and so do their LoRA A matrices, while their base weights are frozen (LoRA).
+    /// The weights and adapters keep their names and files.
+    pub fused_projections: bool,
     /// On-policy distillation: a frozen teacher pipeline of the same family and scheduler.
     pub teacher_path: Option<PathBuf>,
     /// On-policy distillation from several teachers, each scoring the prompts its filter selects.
@@ -93,6 +97,7 @@ impl Default for ModelSection {
             output_resolution: None,
             offload: Offload::None,
             unpadded_attention: true,
+            fused_projections: true,
             teacher_path: None,
             teachers: vec![],
         }

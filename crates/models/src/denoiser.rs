@@ -487,7 +487,14 @@ pub fn copy_frozen(
         let target = targets.get(&name).ok_or_else(|| {
             ModelError::Input(format!("copying frozen weights: {name} is not in the copy"))
         })?;
-        target.shallow_clone().set_data(&var.detach().copy());
+        // Copied in place where it fits, so that layers laid out together stay so.
+        let fits = target.kind() == var.kind()
+            && target.device() == var.device()
+            && target.size() == var.size();
+        match fits {
+            true => target.shallow_clone().copy_(&var.detach()),
+            false => target.shallow_clone().set_data(&var.detach().copy()),
+        }
     }
     to.freeze();
     Ok(())

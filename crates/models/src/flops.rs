@@ -40,7 +40,8 @@ mod tests {
     #[test]
     fn products_count_their_multiply_adds_and_backward_triples_them() {
         let opts = (Kind::Float, Device::Cpu);
-        let layer = Linear { weight: Tensor::randn([6, 4], opts), bias: None, lora: None };
+        let layer =
+            Linear { weight: Tensor::randn([6, 4], opts), bias: None, lora: None, fuse: None };
         let x = Tensor::randn([2, 3, 4], opts);
         let before = counted();
         let y = tch::no_grad(|| layer.forward(&x));

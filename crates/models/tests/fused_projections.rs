@@ -1,6 +1,6 @@
 //! Layers on one input run as one GEMM ([`flowtune_models::nn::project`]): for every family's
 //! tiny transformer with LoRA, the velocity and the adapters' gradients are those of the layers
-//! run apart (f32, within 1e-6 of the largest value), fused GEMMs ran, and the adapters keep
+//! run apart (f32, within 1e-6 of the largest value; gradients 1e-5), fused GEMMs ran, and the adapters keep
 //! their names.
 
 use std::collections::BTreeMap;
@@ -68,9 +68,10 @@ fn check(family: &str, targets: &[&str]) {
     assert!(error <= 1e-6, "{family}: velocity {error:e} of the largest value");
     assert_eq!(grads.keys().collect::<Vec<_>>(), apart_grads.keys().collect::<Vec<_>>());
     assert!(!grads.is_empty(), "{family}: no adapter gradient");
+    // Gradients sum over more terms in another order: 1e-5 (as gradient checkpointing's test).
     for (name, g) in &apart_grads {
         let error = largest_difference(g, &grads[name]);
-        assert!(error <= 1e-6, "{family}: {name} gradient {error:e} of its largest value");
+        assert!(error <= 1e-5, "{family}: {name} gradient {error:e} of its largest value");
     }
 }
 

@@ -200,6 +200,7 @@ fn parallelize(
 ) -> Result<(Option<Reference>, Layout), TrainError> {
     pipe.denoiser().set_gradient_checkpointing(recipe.trainer.gradient_checkpointing);
     pipe.denoiser().set_unpadded_attention(recipe.model.unpadded_attention);
+    pipe.denoiser().set_fused_projections(recipe.model.fused_projections);
     let reference = Reference::for_recipe(recipe, pipe, keeps_reference)?;
     comm.shard_blocks(recipe, pipe.denoiser(), reference.as_ref())?;
     let layout = Layout {

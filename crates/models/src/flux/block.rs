@@ -5,7 +5,7 @@
 use tch::Tensor;
 
 use super::rope::{apply_rotary, RotaryTables};
-use crate::nn::{gelu_tanh, layer_norm, FeedForward, Linear, RmsNorm, Scope};
+use crate::nn::{gelu_tanh, layer_norm, project, FeedForward, Linear, RmsNorm, Scope};
 use crate::sequence::Keys;
 
 const EPS: f64 = 1e-6;
@@ -28,22 +28,18 @@ impl Projections {
         head_dim: i64,
         bias: bool,
     ) -> Self {
-        let linear = |name: &str| (scope / name).linear(dim, dim, bias);
         let norm = |name: &str| RmsNorm::new(&(scope / name), head_dim, EPS);
-        Self {
-            q: linear(names[0]),
-            k: linear(names[1]),
-            v: linear(names[2]),
-            norm_q: norm(names[3]),
-            norm_k: norm(names[4]),
-        }
+        let [q, k, v] =
+            scope.linears(dim, [(names[0], dim), (names[1], dim), (names[2], dim)], bias);
+        Self { q, k, v, norm_q: norm(names[3]), norm_k: norm(names[4]) }
     }
 
     /// (B, S, D) → normed queries, normed keys, values, each (B, S, H, d).
     pub(crate) fn heads(&self, x: &Tensor, heads: i64) -> [Tensor; 3] {
         let (b, s) = (x.size()[0], x.size()[1]);
-        let split = |p: &Linear| p.forward(x).view([b, s, heads, -1]);
-        [self.norm_q.forward(&split(&self.q)), self.norm_k.forward(&split(&self.k)), split(&self.v)]
+        let [q, k, v] = project(x, [&self.q, &self.k, &self.v]);
+        let split = |t: Tensor| t.view([b, s, heads, -1]);
+        [self.norm_q.forward(&split(q)), self.norm_k.forward(&split(k)), split(v)]
     }
 }
 

@@ -5,7 +5,7 @@
 use tch::Tensor;
 
 use super::rope::{apply_rotary, RotaryAngles};
-use crate::nn::{layer_norm, FeedForward, Linear, RmsNorm, Scope};
+use crate::nn::{layer_norm, project, FeedForward, Linear, RmsNorm, Scope};
 use crate::sequence::Keys;
 
 const EPS: f64 = 1e-6;
@@ -33,14 +33,18 @@ impl JointAttention {
         let linear =
             |name: &str, input: i64, output: i64| (scope / name).linear(input, output, true);
         let norm = |name: &str| RmsNorm::new(&(scope / name), head_dim, EPS);
+        let [to_q, to_k, to_v] =
+            scope.linears(dim, [("to_q", inner), ("to_k", inner), ("to_v", inner)], true);
+        let added = [("add_q_proj", inner), ("add_k_proj", inner), ("add_v_proj", inner)];
+        let [add_q_proj, add_k_proj, add_v_proj] = scope.linears(dim, added, true);
         Self {
-            to_q: linear("to_q", dim, inner),
-            to_k: linear("to_k", dim, inner),
-            to_v: linear("to_v", dim, inner),
+            to_q,
+            to_k,
+            to_v,
             to_out: (&(scope / "to_out") / 0).linear(inner, dim, true),
-            add_q_proj: linear("add_q_proj", dim, inner),
-            add_k_proj: linear("add_k_proj", dim, inner),
-            add_v_proj: linear("add_v_proj", dim, inner),
+            add_q_proj,
+            add_k_proj,
+            add_v_proj,
             to_add_out: linear("to_add_out", inner, dim),
             norm_q: norm("norm_q"),
             norm_k: norm("norm_k"),
@@ -50,16 +54,15 @@ impl JointAttention {
         }
     }
 
-    /// (B, S, D) → (B, S, H, d), normed and rotated where given.
+    /// Projected (B, S, inner) → (B, S, H, d), normed and rotated where given.
     fn heads_of(
         &self,
-        x: &Tensor,
-        proj: &Linear,
+        projected: Tensor,
         norm: Option<&RmsNorm>,
         angles: Option<&Tensor>,
     ) -> Tensor {
-        let (b, s) = (x.size()[0], x.size()[1]);
-        let t = proj.forward(x).view([b, s, self.heads, -1]);
+        let (b, s) = (projected.size()[0], projected.size()[1]);
+        let t = projected.view([b, s, self.heads, -1]);
         let t = norm.map_or(t.shallow_clone(), |n| n.forward(&t));
         angles.map_or(t.shallow_clone(), |a| apply_rotary(&t, a))
     }
@@ -74,27 +77,23 @@ impl JointAttention {
         keys: &Keys<'_>,
     ) -> (Tensor, Tensor) {
         let (ri, rt) = (Some(&rope.image), Some(&rope.text));
+        let [tq, tk, tv] = project(text, [&self.add_q_proj, &self.add_k_proj, &self.add_v_proj]);
+        let [iq, ik, iv] = project(image, [&self.to_q, &self.to_k, &self.to_v]);
         let q = Tensor::cat(
             &[
-                self.heads_of(text, &self.add_q_proj, Some(&self.norm_added_q), rt),
-                self.heads_of(image, &self.to_q, Some(&self.norm_q), ri),
+                self.heads_of(tq, Some(&self.norm_added_q), rt),
+                self.heads_of(iq, Some(&self.norm_q), ri),
             ],
             1,
         );
         let k = Tensor::cat(
             &[
-                self.heads_of(text, &self.add_k_proj, Some(&self.norm_added_k), rt),
-                self.heads_of(image, &self.to_k, Some(&self.norm_k), ri),
+                self.heads_of(tk, Some(&self.norm_added_k), rt),
+                self.heads_of(ik, Some(&self.norm_k), ri),
             ],
             1,
         );
-        let v = Tensor::cat(
-            &[
-                self.heads_of(text, &self.add_v_proj, None, None),
-                self.heads_of(image, &self.to_v, None, None),
-            ],
-            1,
-        );
+        let v = Tensor::cat(&[self.heads_of(tv, None, None), self.heads_of(iv, None, None)], 1);
         let out = keys.attention(&q, &k, &v);
         let (b, n, h, d) = out.size4().expect("4-d attention output");
         let out = out.reshape([b, n, h * d]);

@@ -4,7 +4,7 @@
 
 use tch::Tensor;
 
-use crate::nn::{attention, layer_norm, Linear, RmsNorm, Scope};
+use crate::nn::{attention, layer_norm, project, Linear, RmsNorm, Scope};
 use crate::qwen_image::rope::apply_rotary;
 
 /// What every block of one forward shares: rotary angles, where the target starts, the masks.
@@ -80,18 +80,18 @@ impl QwenImage21TransformerBlock {
         let attn = scope / "attn";
         let mlp = scope / "img_mlp";
         let inner = heads * head_dim;
+        let [to_q, to_k, to_v] =
+            attn.linears(dim, [("to_q", inner), ("to_k", inner), ("to_v", inner)], false);
+        let [proj, gate_layer] =
+            mlp.linears(dim, [("proj", hidden), ("gate_layer", hidden)], false);
         Self {
-            to_q: (&attn / "to_q").linear(dim, inner, false),
-            to_k: (&attn / "to_k").linear(dim, inner, false),
-            to_v: (&attn / "to_v").linear(dim, inner, false),
+            to_q,
+            to_k,
+            to_v,
             norm_q: RmsNorm::new(&(&attn / "norm_q"), head_dim, eps),
             norm_k: RmsNorm::new(&(&attn / "norm_k"), head_dim, eps),
             to_out: (&(&attn / "to_out") / 0).linear(inner, dim, false),
-            img_mlp: SwiGlu {
-                proj: (&mlp / "proj").linear(dim, hidden, false),
-                gate_layer: (&mlp / "gate_layer").linear(dim, hidden, false),
-                out: (&mlp / "out").linear(hidden, dim, false),
-            },
+            img_mlp: SwiGlu { proj, gate_layer, out: (&mlp / "out").linear(hidden, dim, false) },
             heads,
             eps,
         }
@@ -105,18 +105,19 @@ impl QwenImage21TransformerBlock {
         let x = x + m[1].tanh() * self.attention(&normed, ctx);
         let normed = layer_norm(&x, self.eps) * (&m[2] + 1.0);
         let mlp = &self.img_mlp;
-        let ff =
-            mlp.out.forward(&(mlp.gate_layer.forward(&normed).silu() * mlp.proj.forward(&normed)));
+        let [up, gate] = project(&normed, [&mlp.proj, &mlp.gate_layer]);
+        let ff = mlp.out.forward(&(gate.silu() * up));
         &x + m[3].tanh() * ff
     }
 
     /// Block-causal attention: the prefix's queries under its mask, the target's over every key.
     fn attention(&self, x: &Tensor, ctx: &Context) -> Tensor {
         let (b, s) = (x.size()[0], x.size()[1]);
-        let heads = |p: &Linear| p.forward(x).view([b, s, self.heads, -1]);
-        let q = apply_rotary(&self.norm_q.forward(&heads(&self.to_q)), &ctx.angles).transpose(1, 2);
-        let k = apply_rotary(&self.norm_k.forward(&heads(&self.to_k)), &ctx.angles).transpose(1, 2);
-        let v = heads(&self.to_v).transpose(1, 2);
+        let [q, k, v] = project(x, [&self.to_q, &self.to_k, &self.to_v]);
+        let heads = |t: Tensor| t.view([b, s, self.heads, -1]);
+        let q = apply_rotary(&self.norm_q.forward(&heads(q)), &ctx.angles).transpose(1, 2);
+        let k = apply_rotary(&self.norm_k.forward(&heads(k)), &ctx.angles).transpose(1, 2);
+        let v = heads(v).transpose(1, 2);
         let p = ctx.prefix;
         let prefix = attention(
             &q.narrow(2, 0, p),

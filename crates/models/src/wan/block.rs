@@ -6,7 +6,7 @@
 use tch::{Kind, Tensor};
 
 use super::rope::rotate;
-use crate::nn::{layer_norm, FeedForward, LayerNorm, Linear, RmsNorm, Scope};
+use crate::nn::{layer_norm, project, FeedForward, LayerNorm, Linear, RmsNorm, Scope};
 use crate::sequence::Keys;
 
 /// `WanAttention` without the image branch: biased projections, `norm_q` / `norm_k` over the
@@ -23,10 +23,12 @@ pub struct WanAttention {
 
 impl WanAttention {
     fn new(s: &Scope<'_>, dim: i64, heads: i64, eps: f64) -> Self {
+        let [to_q, to_k, to_v] =
+            s.linears(dim, [("to_q", dim), ("to_k", dim), ("to_v", dim)], true);
         Self {
-            to_q: (s / "to_q").linear(dim, dim, true),
-            to_k: (s / "to_k").linear(dim, dim, true),
-            to_v: (s / "to_v").linear(dim, dim, true),
+            to_q,
+            to_k,
+            to_v,
             to_out: (&(s / "to_out") / 0).linear(dim, dim, true),
             norm_q: RmsNorm::new(&(s / "norm_q"), dim, eps),
             norm_k: RmsNorm::new(&(s / "norm_k"), dim, eps),
@@ -44,15 +46,25 @@ impl WanAttention {
         rope: Option<(&Tensor, &Tensor)>,
         keys: &Keys<'_>,
     ) -> Tensor {
-        let context = context.unwrap_or(x);
         let (b, s) = (x.size()[0], x.size()[1]);
+        // Self-attention projects x once; cross-attention projects keys and values of the context.
+        let (q, k, v) = match context {
+            None => {
+                let [q, k, v] = project(x, [&self.to_q, &self.to_k, &self.to_v]);
+                (q, k, v)
+            }
+            Some(context) => {
+                let [k, v] = project(context, [&self.to_k, &self.to_v]);
+                (self.to_q.forward(x), k, v)
+            }
+        };
         let split = |t: Tensor| {
             let len = t.size()[1];
             t.view([b, len, self.heads, -1])
         };
-        let mut q = split(self.norm_q.forward(&self.to_q.forward(x)).to_kind(x.kind()));
-        let mut k = split(self.norm_k.forward(&self.to_k.forward(context)).to_kind(x.kind()));
-        let v = split(self.to_v.forward(context));
+        let mut q = split(self.norm_q.forward(&q).to_kind(x.kind()));
+        let mut k = split(self.norm_k.forward(&k).to_kind(x.kind()));
+        let v = split(v);
         if let Some((cos, sin)) = rope {
             q = rotate(&q, cos, sin);
             k = rotate(&k, cos, sin);

@@ -5,7 +5,7 @@
 use tch::Tensor;
 
 use super::rope::rotate;
-use crate::nn::{Linear, RmsNorm, Scope};
+use crate::nn::{project, Linear, RmsNorm, Scope};
 use crate::sequence::Keys;
 
 /// The diffusers `Attention` of a block: bias-free projections, `norm_q` / `norm_k` per head.
@@ -27,10 +27,12 @@ impl SelfAttention {
         let head_dim = dim / heads;
         let norm =
             |name: &str| qk_norm.then(|| RmsNorm::new(&(scope / name), head_dim, QK_NORM_EPS));
+        let [to_q, to_k, to_v] =
+            scope.linears(dim, [("to_q", dim), ("to_k", dim), ("to_v", dim)], false);
         Self {
-            to_q: (scope / "to_q").linear(dim, dim, false),
-            to_k: (scope / "to_k").linear(dim, dim, false),
-            to_v: (scope / "to_v").linear(dim, dim, false),
+            to_q,
+            to_k,
+            to_v,
             to_out: (&(scope / "to_out") / 0).linear(dim, dim, false),
             norm_q: norm("norm_q"),
             norm_k: norm("norm_k"),
@@ -41,14 +43,15 @@ impl SelfAttention {
     /// Attention over `x` (B, S, D) and its `keys` (this rank's share when they split it).
     fn forward(&self, x: &Tensor, rotations: &Tensor, keys: &Keys<'_>) -> Tensor {
         let (b, s) = (x.size()[0], x.size()[1]);
-        let heads = |proj: &Linear, norm: Option<&RmsNorm>| {
-            let t = proj.forward(x).view([b, s, self.heads, -1]);
+        let [q, k, v] = project(x, [&self.to_q, &self.to_k, &self.to_v]);
+        let heads = |t: Tensor, norm: Option<&RmsNorm>| {
+            let t = t.view([b, s, self.heads, -1]);
             let t = norm.map_or_else(|| t.shallow_clone(), |n| n.forward(&t));
             rotate(&t, rotations)
         };
-        let q = heads(&self.to_q, self.norm_q.as_ref());
-        let k = heads(&self.to_k, self.norm_k.as_ref());
-        let v = self.to_v.forward(x).view([b, s, self.heads, -1]);
+        let q = heads(q, self.norm_q.as_ref());
+        let k = heads(k, self.norm_k.as_ref());
+        let v = v.view([b, s, self.heads, -1]);
         let out = keys.attention(&q, &k, &v);
         self.to_out.forward(&out.reshape([b, s, -1]))
     }
@@ -63,15 +66,13 @@ pub struct SwiGlu {
 
 impl SwiGlu {
     fn new(scope: &Scope<'_>, dim: i64, hidden: i64) -> Self {
-        Self {
-            w1: (scope / "w1").linear(dim, hidden, false),
-            w2: (scope / "w2").linear(hidden, dim, false),
-            w3: (scope / "w3").linear(dim, hidden, false),
-        }
+        let [w1, w3] = scope.linears(dim, [("w1", hidden), ("w3", hidden)], false);
+        Self { w1, w2: (scope / "w2").linear(hidden, dim, false), w3 }
     }
 
     fn forward(&self, x: &Tensor) -> Tensor {
-        self.w2.forward(&(self.w1.forward(x).silu() * self.w3.forward(x)))
+        let [gate, up] = project(x, [&self.w1, &self.w3]);
+        self.w2.forward(&(gate.silu() * up))
     }
 }
 
