@@ -45,3 +45,60 @@ fn edit_plus_trains_on_rows_with_condition_pictures() {
     assert!(first["rollout_corr/logprob_abs_diff_max"] <= 1e-5, "{first:?}");
     assert!(lora_moved(&tensors(&run.export)), "the LoRA trained");
 }
+
+/// The throughput paths change no training: with attention without padding (two prompts of
+/// different lengths share each rollout batch) and fused projections on, as by default, every
+/// metric of 3 steps (smooth reward) is within 1e-5 of the run with both off, and so are the
+/// adapters; fused GEMMs ran.
+#[test]
+fn throughput_paths_train_as_without_them() {
+    let pipeline = scratch("qwen-fast-pipeline");
+    (flowtune_models::family_named("qwen_image").unwrap().write_tiny)(&pipeline, 5).unwrap();
+    let run = |name: &str, on: bool| {
+        let out = scratch(name);
+        let overrides = [
+            format!("model.path={}", pipeline.display()),
+            format!(
+                "data.train_files=[{}]",
+                common::root().join("examples/prompts/tiny.txt").display()
+            ),
+            format!("trainer.output_dir={}", out.display()),
+            "trainer.total_steps=3".into(),
+            "reward.functions=[{name: brightness}]".into(),
+            format!("model.unpadded_attention={on}"),
+            format!("model.fused_projections={on}"),
+        ];
+        let file = common::root().join("examples/flow_grpo_qwen_image_tiny.yaml");
+        let recipe = flowtune_config::Recipe::load(&file, &overrides).expect("recipe");
+        let summary = train(&recipe, Device::Cpu).expect("train");
+        (summary.metrics, tensors(&summary.export))
+    };
+    let fused = flowtune_models::nn::fused_gemms();
+    let (fast, fast_lora) = run("qwen-fast-on", true);
+    assert!(flowtune_models::nn::fused_gemms() > fused, "fused GEMMs ran");
+    let (plain, plain_lora) = run("qwen-fast-off", false);
+    assert_eq!(fast.len(), 3);
+    for (step, (a, b)) in plain.iter().zip(&fast).enumerate() {
+        for (key, x) in
+            a.iter().filter(|(k, _)| !k.starts_with("perf/") && !k.starts_with("timing"))
+        {
+            let y = b[key];
+            assert!(
+                (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                "step {}: {key}: {x} vs {y}",
+                step + 1
+            );
+        }
+    }
+    assert!(lora_moved(&fast_lora));
+    // Adam normalises each element's step, so rounding in a near-zero gradient moves that
+    // element by up to the learning rate: the adapters are compared as a whole.
+    let norm = |t: &tch::Tensor| t.norm().double_value(&[]);
+    let (mut diff, mut size) = (0.0, 0.0);
+    for (key, t) in &plain_lora {
+        diff += norm(&(t - &fast_lora[key])).powi(2);
+        size += norm(t).powi(2);
+    }
+    let relative = (diff / size).sqrt();
+    assert!(relative <= 1e-5, "adapters differ by {relative:e} of their norm");
+}
