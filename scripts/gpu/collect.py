@@ -88,6 +88,11 @@ def main():
     p["e"]["constants"] = load(a.parts, "e.json")
     p["f"], _ = part(a.parts, "f")
     p["f"]["wan"], p["f"]["flux2"] = load(a.parts, "f_wan.json"), load(a.parts, "f_flux2.json")
+    p["g"], _ = part(a.parts, "g")
+    p["g"]["qwen_image"] = load(a.parts, "g.json")
+    on, off = p["c"]["qwen_image"], p["g"]["qwen_image"]
+    if on and off and off["images_per_s_per_gpu"]:
+        p["g"]["items_speedup"] = on["images_per_s_per_gpu"] / off["images_per_s_per_gpu"]
 
     gpu = result["gpu"]
     slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower() + ("-tiny" if a.tiny else "")
@@ -116,9 +121,11 @@ def main():
          f"LoRA update ×{fmt(p['d'].get('update_speedup_vs_diffusers'), '{:.2f}')} (flowtune over diffusers)"),
         ("e activation constants", p["e"], "measured" if p["e"]["constants"] else "no result"),
         ("f Wan2.2-5B / FLUX.2 [klein]", p["f"], f"{step_row(p['f']['wan'])}; {step_row(p['f']['flux2'])}"),
+        ("g Qwen-Image step, throughput items off", p["g"],
+         f"{step_row(p['g']['qwen_image'])}; items on (c) ×{fmt(p['g'].get('items_speedup'), '{:.2f}')}"),
     ]
     with open(stem + ".log", "w") as f:
-        for key in "abcdef":
+        for key in "abcdefg":
             f.write(f"==== part {key}\n{read(os.path.join(a.parts, f'{key}.log')) or ''}\n")
     with open(stem + ".md", "w") as f:
         f.write("| date | GPU | part | status | figures |\n|---|---|---|---|---|\n")

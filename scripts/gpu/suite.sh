@@ -14,9 +14,11 @@
 #   e  constants  the planner's activation constants measured on the GPU (run before c, whose plan
 #                 figure takes them)
 #   f  more       if time remains: Wan2.2-TI2V-5B at 480p x 33 frames, FLUX.2 [klein] at 1024²
+#   g  items off  c again with issue 53's throughput items switched off (attention without padding
+#                 masks, fused projections): c over g is what they gain on this GPU
 # --tiny runs every part on the CPU with tiny configs (CI checks the suite this way).
 #
-# Usage: scripts/gpu/suite.sh [--tiny] [--out DIR] [--parts a,b,c,d,e,f] [--budget SECONDS]
+# Usage: scripts/gpu/suite.sh [--tiny] [--out DIR] [--parts a,b,c,d,e,f,g] [--budget SECONDS]
 # From the bundle (`make gpu-bundle`; the GPU machine needs no Rust and no network):
 #   bash gpu-bundle/scripts/gpu/suite.sh --out "$OUT"
 # Environment: FLOWTUNE_BIN (the binary; default gpu-bundle/flowtune, else target/release/flowtune),
@@ -25,7 +27,7 @@
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$HERE"
-TINY=0 OUT="docs/perf/gpu" PARTS="a,b,c,d,e,f" BUDGET=480
+TINY=0 OUT="docs/perf/gpu" PARTS="a,b,c,d,e,f,g" BUDGET=480
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --tiny) TINY=1 ;;
@@ -129,6 +131,9 @@ part d 150 bash -c "set -e
     '$PYTHON' scripts/bench_transformer_diffusers.py --random-weights '$QWEN_DIR/transformer' \
         --device $DEVICE --dtype $([[ $TINY == 1 ]] && echo f32 || echo bf16) ${QWEN_TRAIN[*]} \
         --iters 2 --json '$WORK/parts/d_train.json'"
+part g 200 "${F[@]}" bench step "${QWEN[@]}" model.unpadded_attention=false \
+    model.fused_projections=false --random-weights --text-tokens 32 "${MEASURED[@]}" \
+    --json "$WORK/parts/g.json"
 part f 120 bash -c "set -e
     '$BIN' --device $DEVICE bench step ${WAN[*]} --random-weights --json '$WORK/parts/f_wan.json'
     '$BIN' --device $DEVICE bench step ${FLUX2[*]} --random-weights --json '$WORK/parts/f_flux2.json'"

@@ -37,8 +37,11 @@ def rows():
         if not step:
             continue
         d, shape, mem = r["parts"].get("d") or {}, step.get("shape") or {}, step["memory_gib"]
+        items = [k.replace("_", " ") for k, on in (step.get("throughput_items") or {}).items() if on]
+        gain = (r["parts"].get("g") or {}).get("items_speedup")
         what = (f"flowtune FlowGRPO LoRA r64, true CFG 4, SDE window {shape.get('window_steps', '?')}, "
-                f"{shape.get('samples_per_rank', '?')} images/step, random weights ({r['date']})")
+                f"{shape.get('samples_per_rank', '?')} images/step, random weights ({r['date']}); "
+                f"items on: {', '.join(items) or 'none'}" + (f" (×{gain:.2f} over off)" if gain else ""))
         out.append(
             f"| flowtune | 1×{r['gpu']} | {what} | {num(step['images_per_s_per_gpu'])} "
             f"| {pct(step['mfu']['step'])} (step) | {pct(step['mfu']['rollout'])} / {pct(step['mfu']['update'])} "

@@ -199,6 +199,11 @@ pub fn run(a: StepArgs, device: &DeviceArg) -> Result<(), Failure> {
         "layers": a.layers,
         "text_tokens": random.map(|r| r.text_tokens),
         "reward": a.reward,
+        // Issue 53's throughput items, as this step ran them.
+        "throughput_items": {
+            "unpadded_attention": recipe.model.unpadded_attention,
+            "fused_projections": recipe.model.fused_projections,
+        },
         "shape": {
             "samples_per_rank": setup.samples(),
             "resolution": recipe.model.resolution,
