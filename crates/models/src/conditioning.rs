@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use flowtune_sampling::upload;
 use tch::Tensor;
 
 use crate::ModelError;
@@ -189,20 +190,17 @@ impl TextConditioning {
         self.extras.get(HELD_LATENTS)
     }
 
-    /// The rows at `index` (a 1-D int64 tensor). With [`Self::lengths`] the index is read to the
-    /// host (a synchronisation on a GPU; [`Self::rows_at`] takes host indices).
+    /// The rows at `index` (a 1-D int64 tensor), without their token counts (which
+    /// [`Self::rows_at`] keeps, reading nothing back from the device).
     pub fn rows(&self, index: &Tensor) -> Self {
         let mut rows = self.map_rows(|t| t.index_select(0, index));
-        rows.lengths = self.lengths.as_ref().and_then(|lengths| {
-            let host = Vec::<i64>::try_from(index.to_device(tch::Device::Cpu)).ok()?;
-            Some(host.iter().map(|&i| lengths[i as usize]).collect())
-        });
+        rows.lengths = None;
         rows
     }
 
     /// The rows at host indices `index`.
     pub fn rows_at(&self, index: &[i64]) -> Self {
-        let device = Tensor::from_slice(index).to_device(self.embeds.device());
+        let device = upload(Tensor::from_slice(index), self.embeds.device());
         let mut rows = self.map_rows(|t| t.index_select(0, &device));
         rows.lengths =
             self.lengths.as_ref().map(|l| index.iter().map(|&i| l[i as usize]).collect());

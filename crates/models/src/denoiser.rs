@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use flowtune_sampling::upload;
 use tch::nn::VarStore;
 use tch::{Kind, Tensor};
 
@@ -89,7 +90,7 @@ pub fn unpadded_velocity<D: Denoiser + ?Sized>(
             let device = latents.device();
             let mut parts = vec![];
             for (len, rows) in &groups {
-                let index = Tensor::from_slice(rows).to_device(device);
+                let index = upload(Tensor::from_slice(rows), device);
                 let rows_text = text.rows_at(rows).trimmed(*len);
                 let (x, t) = (latents.index_select(0, &index), timestep.index_select(0, &index));
                 parts.push(model.velocity(&x, &t, &rows_text)?);
@@ -99,7 +100,7 @@ pub fn unpadded_velocity<D: Denoiser + ?Sized>(
             for (at, &row) in groups.iter().flat_map(|(_, rows)| rows).enumerate() {
                 place[row as usize] = at as i64;
             }
-            let place = Tensor::from_slice(&place).to_device(device);
+            let place = upload(Tensor::from_slice(&place), device);
             Ok(Tensor::cat(&parts, 0).index_select(0, &place))
         }
         _ => model.velocity(latents, timestep, text),

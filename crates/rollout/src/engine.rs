@@ -16,6 +16,7 @@ use flowtune_sampling::{
 use image::{RgbImage, RgbaImage};
 use tch::{Device, Tensor};
 
+use crate::rows::Rows;
 use crate::{
     sample_trajectory, Guidance, PromptCache, RolloutError, Trajectory, TrajectoryRequest,
 };
@@ -270,7 +271,7 @@ impl<'a> Engine<'a> {
     pub fn replay(
         &self,
         batch: &RolloutBatch,
-        rows: &Tensor,
+        rows: &Rows,
         j: i64,
     ) -> Result<StepOutput, RolloutError> {
         self.replay_with(self.pipe.denoiser(), batch, rows, j)
@@ -281,16 +282,17 @@ impl<'a> Engine<'a> {
         &self,
         model: &D,
         batch: &RolloutBatch,
-        rows: &Tensor,
+        rows: &Rows,
         j: i64,
     ) -> Result<StepOutput, RolloutError> {
         let t = &batch.trajectory;
-        let x = t.all_latents.index_select(0, rows).select(1, j);
-        let next = t.all_latents.index_select(0, rows).select(1, j + 1);
-        let tt = t.all_timesteps.index_select(0, rows).select(1, j);
+        let index = &rows.device;
+        let x = t.all_latents.index_select(0, index).select(1, j);
+        let next = t.all_latents.index_select(0, index).select(1, j + 1);
+        let tt = t.all_timesteps.index_select(0, index).select(1, j);
         let (sigma, sigma_next) = self.device_grid.step_sigmas(&tt);
-        let negative = batch.negative.as_ref().map(|n| n.rows(rows));
-        let text = batch.text.rows(rows);
+        let negative = batch.negative.as_ref().map(|n| n.rows_at(&rows.host));
+        let text = batch.text.rows_at(&rows.host);
         let v = guided_velocity(model, &x, &tt, &text, negative.as_ref(), self.cfg_scale())?;
         let params = self.sampler.step_params(self.grid.sigmas[1] as f64);
         let generated = text.held_latents().map(|h| generated_frames(&x, h));

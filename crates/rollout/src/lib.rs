@@ -3,10 +3,12 @@
 
 pub mod engine;
 pub mod prompt_cache;
+pub mod rows;
 pub mod trajectory;
 
 pub use engine::{encode_rows, Engine, RolloutBatch};
 pub use prompt_cache::PromptCache;
+pub use rows::Rows;
 pub use trajectory::{sample_trajectory, Guidance, Trajectory, TrajectoryRequest};
 
 /// Why a rollout failed.

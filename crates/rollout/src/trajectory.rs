@@ -6,7 +6,9 @@ use std::ops::Range;
 use flowtune_models::{
     generated_frames, guided_velocity, hold_frames, CfgScale, Denoiser, TextConditioning,
 };
-use flowtune_sampling::{euler_step, per_row, reverse_step_over, Draw, SigmaGrid, StepParams};
+use flowtune_sampling::{
+    euler_step, per_row, reverse_step_over, upload, Draw, SigmaGrid, StepParams,
+};
 use tch::{Kind, Tensor};
 
 use crate::RolloutError;
@@ -120,7 +122,7 @@ pub fn sample_trajectory<D: Denoiser + ?Sized>(
                     timesteps[row].push(grid.timesteps[i]);
                 }
             }
-            let mask = per_row(&Tensor::from_slice(&in_window).to_device(device), &x);
+            let mask = per_row(&upload(Tensor::from_slice(&in_window), device), &x);
             out.prev_sample.where_self(&mask, &euler)
         } else {
             euler_step(&x, &v, &sigma, &sigma_next)

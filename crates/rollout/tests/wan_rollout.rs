@@ -11,7 +11,7 @@ mod common;
 
 use flowtune_fixtures::{dir, tensors, Checker, MODEL_RTOL};
 use flowtune_models::{guided_velocity, PipelineOptions};
-use flowtune_rollout::{encode_rows, Engine, Guidance};
+use flowtune_rollout::{encode_rows, Engine, Guidance, Rows};
 use flowtune_sampling::SamplerConfig;
 use tch::{Device, Kind, Tensor};
 
@@ -177,10 +177,10 @@ fn wan_i2v_replay_equals_rollout_and_the_held_frame_has_no_velocity() {
     let engine = Engine::new(pipe.as_ref(), &sampler, latent_shape, 3).expect("engine");
     let pictures = vec![vec![picture(&io)]; 2];
     let batch = engine.rollout(&PROMPTS, &["", ""], &pictures, &[11, 12], 1).expect("rollout");
-    let rows = Tensor::from_slice(&[1i64, 0]);
+    let rows = Rows::new(vec![1, 0], Device::Cpu);
     for j in 0..WINDOW.len() as i64 {
         let out = tch::no_grad(|| engine.replay(&batch, &rows, j)).expect("replay");
-        let want = batch.trajectory.all_log_probs.index_select(0, &rows).select(1, j);
+        let want = batch.trajectory.all_log_probs.index_select(0, &rows.device).select(1, j);
         assert!(out.log_prob.equal(&want), "step {j}: {:?} vs {:?}", out.log_prob, want);
     }
     let x = Tensor::randn([2, 16, 2, 2, 4], (Kind::Float, Device::Cpu));

@@ -10,7 +10,7 @@ pub mod step;
 pub mod window;
 
 pub use config::{SamplerConfig, WindowStrategy};
-pub use noise::{row_seed, SampleNoise, SampleRng};
+pub use noise::{row_seed, upload, SampleNoise, SampleRng};
 pub use schedule::{DeviceGrid, GridRequest, Pipeline, SchedulerConfig, SigmaGrid, TimeShiftType};
 pub use step::{
     euler_step, per_row, reverse_step, reverse_step_over, Draw, SdeType, StepOutput, StepParams,

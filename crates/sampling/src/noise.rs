@@ -28,7 +28,7 @@ pub fn row_seed(seed: u64, step: u64, row: u64) -> u64 {
 /// Host values onto `device`. A GPU gets them from pinned memory without blocking, so drawing the
 /// next step's noise does not wait for the GPU to finish the current step (a copy from pageable
 /// memory would synchronise the stream); where pinning fails, the plain copy.
-fn upload(host: Tensor, device: Device) -> Tensor {
+pub fn upload(host: Tensor, device: Device) -> Tensor {
     if !device.is_cuda() {
         return host;
     }

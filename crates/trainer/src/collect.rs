@@ -11,7 +11,7 @@ use std::time::Instant;
 use flowtune_data::{PromptLoader, PromptRecord};
 use flowtune_objectives::Metrics;
 use flowtune_rewards::{SampleScores, ScoredBatch};
-use flowtune_rollout::RolloutBatch;
+use flowtune_rollout::{RolloutBatch, Rows};
 use tch::Tensor;
 
 use crate::logging::stats;
@@ -24,8 +24,8 @@ use crate::TrainError;
 pub(crate) struct Collected {
     /// This rank's rows.
     pub batch: RolloutBatch,
-    /// This rank's batch rows with a reward, as a tensor on the model's device.
-    pub kept: Tensor,
+    /// This rank's batch rows with a reward.
+    pub kept: Rows,
     /// The rewards and group ids (one uid per prompt) of the whole step's rows with a reward.
     pub rewards: Vec<f32>,
     pub uids: Vec<String>,
@@ -54,7 +54,7 @@ impl Collected {
             Vec::<f32>::try_from(adv.values.select(1, 0))?.into_iter().map(f64::from).collect();
         stats("critic/advantages", &first, metrics);
         let owned = adv.values.narrow(0, self.owned.start as i64, self.owned.len() as i64);
-        Ok(owned.to_device(self.kept.device()))
+        Ok(owned.to_device(self.kept.device.device()))
     }
 }
 
@@ -138,6 +138,6 @@ pub(crate) fn collect(
     let first = kept.partition_point(|&i| i < local.start);
     let owned = first..kept.partition_point(|&i| i < local.end);
     let mine: Vec<i64> = kept[owned.clone()].iter().map(|&i| (i - local.start) as i64).collect();
-    let kept = Tensor::from_slice(&mine).to_device(device);
+    let kept = Rows::new(mine, device);
     Ok(Collected { batch, kept, rewards, uids, details, sources, owned })
 }

@@ -3,7 +3,7 @@
 //! have had under them.
 
 use flowtune_models::Denoiser;
-use flowtune_rollout::{Engine, RolloutBatch};
+use flowtune_rollout::{Engine, RolloutBatch, Rows};
 use flowtune_sampling::StepOutput;
 use tch::Tensor;
 
@@ -22,7 +22,7 @@ pub(crate) fn replay_all<D: Denoiser + ?Sized>(
     engine: &Engine<'_>,
     model: &D,
     batch: &RolloutBatch,
-    rows: &Tensor,
+    rows: &Rows,
     w: i64,
     keep_means: bool,
 ) -> Result<OldPolicy, TrainError> {
@@ -30,15 +30,15 @@ pub(crate) fn replay_all<D: Denoiser + ?Sized>(
         let (mut lp, mut means, mut std, mut dt) = (vec![], vec![], vec![], vec![]);
         // `rollout.batch_size` rows at a time, as the rollout ran them: the same matmuls give the
         // same numbers (and a rank's share of a step is not one oversized batch).
-        let n = rows.size()[0];
+        let n = rows.len();
         let size = match engine.sampler.batch_size {
             0 => n,
-            b => b as i64,
+            b => b,
         };
         for j in 0..w {
             let outs = (0..n)
-                .step_by(size.max(1) as usize)
-                .map(|a| engine.replay_with(model, batch, &rows.narrow(0, a, size.min(n - a)), j))
+                .step_by(size.max(1))
+                .map(|a| engine.replay_with(model, batch, &rows.narrow(a, size.min(n - a)), j))
                 .collect::<Result<Vec<_>, _>>()?;
             let cat = |f: &dyn Fn(&StepOutput) -> Tensor| {
                 Tensor::cat(&outs.iter().map(f).collect::<Vec<_>>(), 0)

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use flowtune_objectives::losses::{dgpo_loss, DgpoBatch, DgpoSettings};
-use flowtune_sampling::{per_row, row_seed, SampleRng};
+use flowtune_sampling::{per_row, row_seed, upload, SampleRng};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -99,7 +99,7 @@ fn dgpo_step(
     let model = engine.pipe.denoiser();
     let reference = run.reference.as_ref().expect("dgpo always has a reference");
     let kept = &collected.kept;
-    let device = kept.device();
+    let device = kept.device.device();
 
     let advantages = step
         .timers
@@ -107,8 +107,8 @@ fn dgpo_step(
         .select(1, 0);
 
     let update = crate::perf::ActorUpdate::start();
-    let x0 = collected.batch.trajectory.final_latents.index_select(0, kept);
-    let text = collected.batch.text.rows(kept);
+    let x0 = collected.batch.trajectory.final_latents.index_select(0, &kept.device);
+    let text = collected.batch.text.rows_at(&kept.host);
     let grid = &engine.grid.timesteps;
     let range = actor.dgpo.train_timestep_range.unwrap_or([0, grid.len()]);
     if range[1] > grid.len() {
@@ -155,10 +155,10 @@ fn dgpo_step(
                 member_of.push(member as i64);
             }
         }
-        let idx = Tensor::from_slice(&local).to_device(device);
-        let member_of = Tensor::from_slice(&member_of).to_device(device);
+        let idx = upload(Tensor::from_slice(&local), device);
+        let member_of = upload(Tensor::from_slice(&member_of), device);
         let (x0, text, advantages) =
-            (x0.index_select(0, &idx), text.rows(&idx), advantages.index_select(0, &idx));
+            (x0.index_select(0, &idx), text.rows_at(&local), advantages.index_select(0, &idx));
         pass.slots(timesteps.len(), |slot| {
             let sigma = Tensor::full(
                 [local.len() as i64],

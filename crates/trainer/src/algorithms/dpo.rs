@@ -9,7 +9,7 @@ use std::time::Instant;
 use flowtune_models::{velocity_at_sigma, TextConditioning};
 use flowtune_objectives::losses::{dpo_loss, DpoBatch};
 use flowtune_rollout::encode_rows;
-use flowtune_sampling::{per_row, row_seed, SampleRng};
+use flowtune_sampling::{per_row, row_seed, upload, SampleRng};
 use tch::{Device, Tensor};
 
 use super::Algorithm;
@@ -94,17 +94,17 @@ fn online_step(
     let owns = |&(chosen, _): &(usize, usize)| collected.owned.contains(&chosen);
     let owned: Vec<bool> = pairs.iter().map(owns).collect();
     // This rank's batch rows of its pairs, chosen then rejected.
-    let rows = Vec::<i64>::try_from(collected.kept.to_device(Device::Cpu))?;
+    let rows = &collected.kept.host;
     let row = |position: usize| rows[position - collected.owned.start];
     let order: Vec<i64> = pairs
         .iter()
         .filter(|pair| owns(pair))
         .flat_map(|&(chosen, rejected)| [row(chosen), row(rejected)])
         .collect();
-    let index = Tensor::from_slice(&order).to_device(collected.kept.device());
+    let index = upload(Tensor::from_slice(&order), collected.kept.device.device());
     let pairs = StepPairs {
         x0: collected.batch.trajectory.final_latents.index_select(0, &index),
-        text: collected.batch.text.rows(&index),
+        text: collected.batch.text.rows_at(&order),
         owned,
     };
     update(run, learner, &pairs, step)
@@ -200,9 +200,9 @@ fn update(
             .map(|&pair| local[pair] as i64)
             .flat_map(|pair| [2 * pair, 2 * pair + 1])
             .collect();
-        let idx = Tensor::from_slice(&rows).to_device(device);
+        let idx = upload(Tensor::from_slice(&rows), device);
         let (xt, sigma, text) =
-            (xt.index_select(0, &idx), sigma.index_select(0, &idx), text.rows(&idx));
+            (xt.index_select(0, &idx), sigma.index_select(0, &idx), text.rows_at(&rows));
         pass.slots(1, |_| {
             let ref_pred = tch::no_grad(|| {
                 reference.run(model, |net| velocity_at_sigma(net, &xt, &sigma, &text))

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use flowtune_config::OldLogProb;
 use flowtune_objectives::gardo::{diversity_advantages, uncertainty, GateController};
 use flowtune_objectives::losses::{gardo_loss, GardoBatch};
+use flowtune_sampling::upload;
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use super::diversity::DiversityFeatures;
 use super::Algorithm;
@@ -112,7 +113,7 @@ impl Gardo {
         let batch = &collected.batch;
         let kept = &collected.kept;
         let window = batch.windows[0].len() as i64;
-        let device = kept.device();
+        let device = kept.device.device();
 
         // Anchor reset, before the step's forwards.
         let due = (step.number > 1 && state.reset_pending)
@@ -128,7 +129,7 @@ impl Gardo {
 
         // old log-probs
         let timer = Instant::now();
-        let rollout_lp = batch.trajectory.all_log_probs.index_select(0, kept);
+        let rollout_lp = batch.trajectory.all_log_probs.index_select(0, &kept.device);
         let old_lp = match recipe.trainer.old_log_prob {
             OldLogProb::Recompute => {
                 let old = replay_all(engine, model, batch, kept, window, false)?.log_probs;
@@ -159,7 +160,7 @@ impl Gardo {
 
         // adv: diversity-shaped advantages and the gate, over the whole step
         let timer = Instant::now();
-        let kept_rows = Vec::<i64>::try_from(kept.to_device(Device::Cpu))?;
+        let kept_rows = &kept.host;
         let images: Vec<_> =
             kept_rows.iter().map(|&row| batch.images[row as usize].clone()).collect();
         let feats: Vec<Vec<Vec<f32>>> = comm.gather(&features.embed(&images)?)?;
@@ -188,8 +189,8 @@ impl Gardo {
         let result = optimize(learner, run, batching, step.number, step.lr, |micro, pass| {
             let first = collected.owned.start;
             let local: Vec<i64> = micro.iter().map(|&row| (row - first) as i64).collect();
-            let local = Tensor::from_slice(&local).to_device(device);
-            let rows = kept.index_select(0, &local);
+            let rows = kept.select(&local);
+            let local = upload(Tensor::from_slice(&local), device);
             pass.slots(window as usize, |slot| {
                 let slot = slot as i64;
                 let out = engine.replay(batch, &rows, slot)?;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use flowtune_models::{velocity_at_sigma, TextConditioning, TrainableDenoiser};
 use flowtune_objectives::losses::{nft_loss, reward_probability, NftBatch};
-use flowtune_sampling::{per_row, row_seed, SampleRng};
+use flowtune_sampling::{per_row, row_seed, upload, SampleRng};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -92,7 +92,7 @@ fn nft_step(
     let model = engine.pipe.denoiser();
     let reference = run.reference.as_ref().expect("diffusion_nft always has a reference");
     let kept = &collected.kept;
-    let device = kept.device();
+    let device = kept.device.device();
 
     let prob = step.timers.time("adv", || -> Result<Tensor, TrainError> {
         let advantages = collected.advantages(1, &recipe.advantage, &mut step.metrics)?;
@@ -102,8 +102,8 @@ fn nft_step(
     })?;
 
     let update = crate::perf::ActorUpdate::start();
-    let x0 = collected.batch.trajectory.final_latents.index_select(0, kept);
-    let text = collected.batch.text.rows(kept);
+    let x0 = collected.batch.trajectory.final_latents.index_select(0, &kept.device);
+    let text = collected.batch.text.rows_at(&kept.host);
     let grid = &engine.grid.timesteps;
     let samples = collected.rewards.len();
     let chosen =
@@ -119,10 +119,10 @@ fn nft_step(
     let result = optimize(learner, run, batching, step.number, step.lr, |micro, pass| {
         // `micro` holds step-wide positions; this rank's tensors start at `collected.owned.start`.
         let first = collected.owned.start;
-        let idx = micro.iter().map(|&sample| (sample - first) as i64).collect::<Vec<_>>();
-        let idx = Tensor::from_slice(&idx).to_device(device);
+        let local = micro.iter().map(|&sample| (sample - first) as i64).collect::<Vec<_>>();
+        let idx = upload(Tensor::from_slice(&local), device);
         let (x0, text, prob) =
-            (x0.index_select(0, &idx), text.rows(&idx), prob.index_select(0, &idx));
+            (x0.index_select(0, &idx), text.rows_at(&local), prob.index_select(0, &idx));
         pass.slots(slots, |slot| {
             let sigma: Vec<f32> =
                 micro.iter().map(|&sample| grid[chosen[sample][slot]] / 1000.0).collect();

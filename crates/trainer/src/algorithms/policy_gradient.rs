@@ -11,7 +11,8 @@ use flowtune_objectives::losses::{
     distill_kl, kl_to_reference, LossOutput, PolicyBatch, PolicyLoss,
 };
 use flowtune_objectives::{Correction, Metrics};
-use flowtune_rollout::{Engine, RolloutBatch};
+use flowtune_rollout::{Engine, RolloutBatch, Rows};
+use flowtune_sampling::upload;
 use tch::{Kind, Tensor};
 
 use super::teachers::{Teacher, TeacherMeans};
@@ -82,7 +83,7 @@ impl PolicyGradient {
         let batch = &collected.batch;
         let kept = &collected.kept;
         let window = batch.windows[0].len() as i64;
-        let rollout_lp = batch.trajectory.all_log_probs.index_select(0, kept);
+        let rollout_lp = batch.trajectory.all_log_probs.index_select(0, &kept.device);
 
         // old log-probs
         let timer = Instant::now();
@@ -183,7 +184,7 @@ struct Inputs<'a> {
     engine: &'a Engine<'a>,
     batch: &'a RolloutBatch,
     /// Batch rows that train (those with a reward).
-    rows: &'a Tensor,
+    rows: &'a Rows,
     old: &'a OldPolicy,
     reference: Option<&'a OldPolicy>,
     teacher: Option<&'a TeacherMeans>,
@@ -207,10 +208,10 @@ impl Inputs<'_> {
         pass: &mut MicroPass,
     ) -> Result<(), TrainError> {
         let recipe = run.recipe;
-        let device = self.rows.device();
         let local = micro.iter().map(|&row| (row - self.first) as i64).collect::<Vec<_>>();
-        let local = Tensor::from_slice(&local).to_device(device);
-        let rows = self.rows.index_select(0, &local);
+        let rows = self.rows.select(&local);
+        let device = rows.device.device();
+        let local = upload(Tensor::from_slice(&local), device);
         let at = |steps: &Tensor, slot: i64| steps.index_select(0, &local).select(1, slot);
         pass.slots(self.window as usize, |slot| {
             let slot = slot as i64;

@@ -4,7 +4,8 @@
 
 use flowtune_config::{Recipe, TeacherSection};
 use flowtune_models::{FlowPipeline, PipelineOptions};
-use flowtune_rollout::{Engine, RolloutBatch};
+use flowtune_rollout::{Engine, RolloutBatch, Rows};
+use flowtune_sampling::upload;
 use tch::{Kind, Tensor};
 
 use crate::replay::replay_all;
@@ -69,12 +70,12 @@ pub(crate) fn teacher_means(
     teachers: &[Teacher],
     engine: &Engine<'_>,
     batch: &RolloutBatch,
-    rows: &Tensor,
+    rows: &Rows,
     sources: &[String],
     w: i64,
 ) -> Result<TeacherMeans, TrainError> {
     let routes = route(teachers, sources)?;
-    let device = rows.device();
+    let device = rows.device.device();
     let mut means: Option<Tensor> = None;
     for (t, teacher) in teachers.iter().enumerate() {
         let mine: Vec<i64> =
@@ -82,8 +83,8 @@ pub(crate) fn teacher_means(
         if mine.is_empty() {
             continue;
         }
-        let at = Tensor::from_slice(&mine).to_device(device);
-        let picked = rows.index_select(0, &at);
+        let picked = rows.select(&mine);
+        let at = upload(Tensor::from_slice(&mine), device);
         let out = replay_all(engine, teacher.pipe.denoiser(), batch, &picked, w, true)?;
         let part = out.means.expect("means are kept");
         let all = means.get_or_insert_with(|| {
