@@ -270,7 +270,7 @@ pub trait TrainableDenoiser: Denoiser {
     /// Whether layers built together on one input run as one GEMM (`model.fused_projections`;
     /// see [`crate::nn::project`]).
     fn set_fused_projections(&self, on: bool) {
-        self.weights().fused.set(on);
+        self.weights().fused.switch.set(on);
     }
 
     /// Keeps this rank's share of the transformer blocks' base weights only, gathering each block

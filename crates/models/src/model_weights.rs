@@ -14,7 +14,7 @@ use crate::nn::{LoraScope, Scope};
 use crate::sequence::{SequenceParallel, Split, Stream, Ulysses};
 use crate::shard::{ShardGroup, ShardMode, ShardedBlocks};
 use crate::shard_load::DeferredBlocks;
-use crate::switch::Switch;
+use crate::switch::Fusing;
 use crate::weights::{checkpoint_files, load_weights, store, LoadOptions};
 use crate::{ModelError, Unpadding};
 
@@ -32,8 +32,8 @@ pub struct ModelWeights {
     /// default; [`Self::unpadding`]).
     pub unpadded: std::cell::Cell<bool>,
     /// Whether layers built together on one input run as one GEMM (`model.fused_projections`, on
-    /// by default; [`crate::nn::project`]).
-    pub fused: Switch,
+    /// by default; [`crate::nn::project`]), and which variables lie together.
+    pub fused: Fusing,
     /// The lists of transformer blocks in the module tree (`transformer_blocks`, …).
     pub blocks: &'static [&'static str],
     /// The blocks' base weights sharded over the ranks ([`Self::shard_blocks`]).
@@ -152,8 +152,16 @@ impl ModelWeights {
         on_host: bool,
     ) -> Result<(), ModelError> {
         let deferred = self.deferred.borrow_mut().take();
-        let sharded =
-            ShardedBlocks::new(&self.base, self.blocks, group, mode, on_host, deferred.as_ref())?;
+        let together = self.fused.groups();
+        let sharded = ShardedBlocks::new(
+            &self.base,
+            self.blocks,
+            &together,
+            group,
+            mode,
+            on_host,
+            deferred.as_ref(),
+        )?;
         self.sharded
             .set(sharded)
             .map_err(|_| ModelError::Input("the blocks are sharded already".into()))
@@ -166,7 +174,7 @@ pub struct WeightsBuilder {
     adapters: Option<(VarStore, AdapterSwitch, LoraConfig)>,
     /// Base variables in host memory, their blocks read when sharded ([`crate::shard_load`]).
     deferred: bool,
-    fuse: Switch,
+    fuse: Fusing,
 }
 
 impl WeightsBuilder {
@@ -177,7 +185,7 @@ impl WeightsBuilder {
             base: store(device, kind),
             adapters: lora.map(|c| (VarStore::new(device), AdapterSwitch::default(), c.clone())),
             deferred: crate::shard_load::deferring(),
-            fuse: Switch::default(),
+            fuse: Fusing::default(),
         }
     }
 
@@ -270,7 +278,7 @@ impl ModelWeights {
         })?;
         *to.deferred.borrow_mut() = deferred;
         to.unpadded.set(self.unpadded.get());
-        to.fused.set(self.fused.enabled());
+        to.fused.switch.set(self.fused.switch.enabled());
         Ok(copy)
     }
 }

@@ -9,7 +9,7 @@ use tch::{Kind, Tensor};
 
 use crate::flops;
 use crate::lora::{AdapterSwitch, LoraConfig, LoraPair};
-use crate::switch::Switch;
+use crate::switch::{Fusing, Switch};
 
 /// Where adapters are created while a model is built.
 #[derive(Clone)]
@@ -29,14 +29,14 @@ pub struct Scope<'a> {
     /// Variables are made in host memory, their blocks to be read when sharded
     /// ([`crate::shard_load`]).
     pub deferred: bool,
-    /// Whether [`project`] runs the layers [`Self::linears`] makes as one GEMM.
-    pub fuse: Switch,
+    /// Whether [`project`] runs the layers [`Self::linears`] makes as one GEMM, and their record.
+    pub fuse: Fusing,
 }
 
 impl<'a> Scope<'a> {
     /// The root of a model's tree.
     pub fn root(path: Path<'a>, lora: Option<LoraScope<'a>>) -> Self {
-        Self { path, name: String::new(), lora, deferred: false, fuse: Switch::default() }
+        Self { path, name: String::new(), lora, deferred: false, fuse: Fusing::default() }
     }
 
     /// A variable at this position, named `name`, in its store's kind and on its device, left
@@ -69,6 +69,17 @@ impl<'a> Scope<'a> {
         let options = (self.path.kind(), device);
         let weights = Tensor::empty([total, input], options);
         let biases = bias.then(|| Tensor::empty([total], options));
+        let var = |name: &str, what: &str| {
+            if self.name.is_empty() {
+                format!("{name}.{what}")
+            } else {
+                format!("{}.{name}.{what}", self.name)
+            }
+        };
+        self.fuse.record(outputs.iter().map(|(name, _)| var(name, "weight")).collect());
+        if bias {
+            self.fuse.record(outputs.iter().map(|(name, _)| var(name, "bias")).collect());
+        }
         let mut start = 0;
         outputs.map(|(name, output)| {
             let scope = self / name;
@@ -80,7 +91,7 @@ impl<'a> Scope<'a> {
                 weight,
                 bias,
                 lora: scope.adapter(input, output),
-                fuse: Some(self.fuse.clone()),
+                fuse: Some(self.fuse.switch.clone()),
             }
         })
     }

@@ -63,6 +63,28 @@ impl Unit {
     }
 }
 
+/// `vars` (in name order) with each group of `together` placed where its first member was, its
+/// members in the group's order.
+fn keep_together(vars: Vec<(String, Tensor)>, together: &[Vec<String>]) -> Vec<(String, Tensor)> {
+    let group_of = |name: &str| together.iter().find(|g| g.iter().any(|n| n == name));
+    let mut placed = std::collections::BTreeSet::new();
+    let mut ordered = vec![];
+    for (name, _) in &vars {
+        let members = match group_of(name) {
+            Some(group) => group.clone(),
+            None => vec![name.clone()],
+        };
+        for member in members {
+            if placed.insert(member.clone()) {
+                if let Some(var) = vars.iter().find(|(n, _)| *n == member) {
+                    ordered.push((member, var.1.shallow_clone()));
+                }
+            }
+        }
+    }
+    ordered
+}
+
 /// The sharded blocks of one model.
 pub struct ShardedBlocks {
     group: Arc<dyn ShardGroup>,
@@ -102,13 +124,16 @@ fn collective(what: String) -> impl FnOnce(String) -> ModelError {
 
 impl ShardedBlocks {
     /// Keeps this rank's slice of every block in `lists` of `store` and drops the rest of their
-    /// weights (the store's variables stay, empty until gathered); with `deferred`, the slices
+    /// weights (the store's variables stay, empty until gathered; in name order, except that the
+    /// variables of each group in `together` follow one another, so that a gathered block keeps
+    /// fused layers' weights as rows of one tensor); with `deferred`, the slices
     /// are read from the checkpoint files instead, the variables never having held the blocks.
     /// With `on_host`, the slices and their gradient sums live in host memory and visit the
     /// device only to be gathered and summed.
     pub fn new(
         store: &VarStore,
         lists: &[&str],
+        together: &[Vec<String>],
         group: Arc<dyn ShardGroup>,
         mode: ShardMode,
         on_host: bool,
@@ -137,6 +162,7 @@ impl ShardedBlocks {
         let _guard = tch::no_grad_guard();
         for (block, mut vars) in grouped {
             vars.sort_by(|a, b| a.0.cmp(&b.0));
+            let vars = keep_together(vars, together);
             if let Some((name, v)) = vars.iter().find(|(_, v)| v.kind() != kind) {
                 let message = format!(
                     "{name} is {:?}, the other block weights {kind:?}; sharding needs one dtype",

@@ -4,9 +4,11 @@
 //! their names.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use flowtune_fixtures::scratch;
 use flowtune_models::nn::fused_gemms;
+use flowtune_models::shard::{ShardGroup, ShardMode};
 use flowtune_models::{
     family_named, load_pipeline, ExampleShape, LoraConfig, PipelineOptions, TrainableDenoiser,
 };
@@ -88,4 +90,49 @@ fn fused_projections_equal_the_layers_apart() {
 #[test]
 fn fused_projections_with_some_layers_adapted() {
     check("sd3", &["to_k", "add_v_proj"]);
+}
+
+/// One rank holding whole blocks.
+struct Alone;
+
+impl ShardGroup for Alone {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn size(&self) -> usize {
+        1
+    }
+
+    fn all_gather_into(&self, out: &mut Tensor, shard: &Tensor) -> Result<(), String> {
+        out.f_copy_(shard).map_err(|e| e.to_string())
+    }
+
+    fn reduce_scatter_into(&self, out: &mut Tensor, full: &Tensor) -> Result<(), String> {
+        out.f_copy_(full).map_err(|e| e.to_string())
+    }
+}
+
+/// Sharded frozen blocks are gathered with the fused layers' weights still together: the fused
+/// GEMMs run and give the velocity of the unsharded model, bit for bit.
+#[test]
+fn sharded_blocks_keep_their_projections_fused() {
+    let dir = scratch("fused-sharded");
+    (family_named("flux").unwrap().write_tiny)(&dir, 5).unwrap();
+    let lora = LoraConfig { target_modules: vec!["to_k".into()], ..LoraConfig::default() };
+    let options = PipelineOptions { lora: Some(lora), ..PipelineOptions::new(Device::Cpu) };
+    let pipe = load_pipeline(&dir, &options).unwrap();
+    let model = pipe.denoiser();
+    let velocity = || {
+        tch::manual_seed(3);
+        let shape = ExampleShape { batch: 2, frames: 1, height: 4, width: 4, text_len: 5 };
+        let inputs = model.example_inputs(shape);
+        tch::no_grad(|| model.velocity(&inputs.latents, &inputs.timestep, &inputs.text)).unwrap()
+    };
+    let whole = velocity();
+    model.shard_blocks(Arc::new(Alone), ShardMode::Frozen, false).unwrap();
+    let before = fused_gemms();
+    let sharded = velocity();
+    assert!(fused_gemms() > before, "no fused GEMM ran in sharded blocks");
+    assert!(sharded.equal(&whole), "sharded blocks give another velocity");
 }
