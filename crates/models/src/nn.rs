@@ -64,25 +64,30 @@ impl<'a> Scope<'a> {
         outputs: [(&str, i64); N],
         bias: bool,
     ) -> [Linear; N] {
+        self.linears_at(input, outputs.map(|(name, output)| (self / name, output)), bias)
+    }
+
+    /// [`Self::linears`] at positions `outputs` anywhere in the tree (a block's attention
+    /// projections and its MLP's input, say).
+    pub fn linears_at<const N: usize>(
+        &self,
+        input: i64,
+        outputs: [(Scope<'a>, i64); N],
+        bias: bool,
+    ) -> [Linear; N] {
         let total: i64 = outputs.iter().map(|(_, o)| o).sum();
         let device = if self.deferred { tch::Device::Cpu } else { self.path.device() };
         let options = (self.path.kind(), device);
         let weights = Tensor::empty([total, input], options);
         let biases = bias.then(|| Tensor::empty([total], options));
-        let var = |name: &str, what: &str| {
-            if self.name.is_empty() {
-                format!("{name}.{what}")
-            } else {
-                format!("{}.{name}.{what}", self.name)
-            }
-        };
-        self.fuse.record(outputs.iter().map(|(name, _)| var(name, "weight")).collect());
+        let names =
+            |what: &str| outputs.iter().map(|(s, _)| format!("{}.{what}", s.name)).collect();
+        self.fuse.record(names("weight"));
         if bias {
-            self.fuse.record(outputs.iter().map(|(name, _)| var(name, "bias")).collect());
+            self.fuse.record(names("bias"));
         }
         let mut start = 0;
-        outputs.map(|(name, output)| {
-            let scope = self / name;
+        outputs.map(|(scope, output)| {
             let weight = scope.path.add("weight", weights.narrow(0, start, output), true);
             let bias =
                 biases.as_ref().map(|b| scope.path.add("bias", b.narrow(0, start, output), true));

@@ -28,16 +28,25 @@ impl Projections {
         head_dim: i64,
         bias: bool,
     ) -> Self {
+        let qkv = scope.linears(dim, [(names[0], dim), (names[1], dim), (names[2], dim)], bias);
+        Self::with(qkv, scope, [names[3], names[4]], head_dim)
+    }
+
+    /// Projections `qkv` made elsewhere, with the norms `norms` under `scope`.
+    fn with(qkv: [Linear; 3], scope: &Scope<'_>, norms: [&str; 2], head_dim: i64) -> Self {
         let norm = |name: &str| RmsNorm::new(&(scope / name), head_dim, EPS);
-        let [q, k, v] =
-            scope.linears(dim, [(names[0], dim), (names[1], dim), (names[2], dim)], bias);
-        Self { q, k, v, norm_q: norm(names[3]), norm_k: norm(names[4]) }
+        let [q, k, v] = qkv;
+        Self { q, k, v, norm_q: norm(norms[0]), norm_k: norm(norms[1]) }
     }
 
     /// (B, S, D) → normed queries, normed keys, values, each (B, S, H, d).
     pub(crate) fn heads(&self, x: &Tensor, heads: i64) -> [Tensor; 3] {
         let (b, s) = (x.size()[0], x.size()[1]);
-        let [q, k, v] = project(x, [&self.q, &self.k, &self.v]);
+        self.heads_of(project(x, [&self.q, &self.k, &self.v]), b, s, heads)
+    }
+
+    /// Projected queries, keys and values (B, S, D) → normed queries, normed keys, values.
+    fn heads_of(&self, [q, k, v]: [Tensor; 3], b: i64, s: i64, heads: i64) -> [Tensor; 3] {
         let split = |t: Tensor| t.view([b, s, heads, -1]);
         [self.norm_q.forward(&split(q)), self.norm_k.forward(&split(k)), split(v)]
     }
@@ -158,16 +167,19 @@ pub struct FluxSingleTransformerBlock {
 impl FluxSingleTransformerBlock {
     pub fn new(scope: &Scope<'_>, dim: i64, heads: i64, head_dim: i64) -> Self {
         let mlp = 4 * dim;
+        let attn = scope / "attn";
+        // The attention's projections and the MLP's input read the same tokens: one GEMM.
+        let outputs = [
+            (&attn / "to_q", dim),
+            (&attn / "to_k", dim),
+            (&attn / "to_v", dim),
+            (scope / "proj_mlp", mlp),
+        ];
+        let [q, k, v, proj_mlp] = scope.linears_at(dim, outputs, true);
         Self {
             norm: (&(scope / "norm") / "linear").linear(dim, 3 * dim, true),
-            attn: Projections::new(
-                &(scope / "attn"),
-                ["to_q", "to_k", "to_v", "norm_q", "norm_k"],
-                dim,
-                head_dim,
-                true,
-            ),
-            proj_mlp: (scope / "proj_mlp").linear(dim, mlp, true),
+            attn: Projections::with([q, k, v], &attn, ["norm_q", "norm_k"], head_dim),
+            proj_mlp,
             proj_out: (scope / "proj_out").linear(dim + mlp, dim, true),
             heads,
         }
@@ -184,8 +196,11 @@ impl FluxSingleTransformerBlock {
     ) -> Tensor {
         let m = self.norm.forward(&temb.silu()).chunk(3, 1);
         let normed = modulate(&layer_norm(x, EPS), &m[0], &m[1]);
-        let mlp = gelu_tanh(&self.proj_mlp.forward(&normed));
-        let [q, k, v] = self.attn.heads(&normed, self.heads);
+        let a = &self.attn;
+        let [q, k, v, mlp] = project(&normed, [&a.q, &a.k, &a.v, &self.proj_mlp]);
+        let mlp = gelu_tanh(&mlp);
+        let (b, s) = (normed.size()[0], normed.size()[1]);
+        let [q, k, v] = a.heads_of([q, k, v], b, s, self.heads);
         let attn = rotary_attention(&q, &k, &v, rope, keys);
         x + m[2].unsqueeze(1) * self.proj_out.forward(&Tensor::cat(&[attn, mlp], 2))
     }
