@@ -35,6 +35,27 @@ pub trait ShardGroup: Send + Sync {
     fn reduce_scatter_into(&self, out: &mut Tensor, full: &Tensor) -> Result<(), String>;
 }
 
+/// The one rank of a process without a group: its slice is the whole block.
+pub struct Alone;
+
+impl ShardGroup for Alone {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn size(&self) -> usize {
+        1
+    }
+
+    fn all_gather_into(&self, out: &mut Tensor, shard: &Tensor) -> Result<(), String> {
+        out.f_copy_(shard).map_err(|e| e.to_string())
+    }
+
+    fn reduce_scatter_into(&self, out: &mut Tensor, full: &Tensor) -> Result<(), String> {
+        out.f_copy_(full).map_err(|e| e.to_string())
+    }
+}
+
 /// What is sharded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShardMode {

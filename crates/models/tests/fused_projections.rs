@@ -8,32 +8,18 @@ use std::sync::Arc;
 
 use flowtune_fixtures::scratch;
 use flowtune_models::nn::fused_gemms;
-use flowtune_models::shard::{ShardGroup, ShardMode};
+use flowtune_models::shard::{Alone, ShardMode};
 use flowtune_models::{
     family_named, load_pipeline, ExampleShape, LoraConfig, PipelineOptions, TrainableDenoiser,
 };
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
-/// The velocity and the gradients of `sum(v²)` for every adapter weight.
+mod velocity_grads;
+
+/// The velocity and the gradients of `sum(v²)` for every adapter weight that has one.
 fn velocity_and_grads(model: &dyn TrainableDenoiser) -> (Tensor, BTreeMap<String, Tensor>) {
-    tch::manual_seed(3);
-    let shape = ExampleShape { batch: 2, frames: 1, height: 4, width: 4, text_len: 5 };
-    let inputs = model.example_inputs(shape);
-    let params = model.trainable_parameters();
-    for p in params.values() {
-        let mut g = p.grad();
-        if g.defined() {
-            let _ = g.zero_();
-        }
-    }
-    let v = model.velocity(&inputs.latents, &inputs.timestep, &inputs.text).unwrap();
-    v.square().sum(Kind::Float).backward();
-    let grads = params
-        .iter()
-        .filter(|(_, p)| p.grad().defined())
-        .map(|(n, p)| (n.clone(), p.grad().copy()))
-        .collect();
-    (v.detach(), grads)
+    let (v, grads) = velocity_grads::velocity_and_grads(model);
+    (v, grads.into_iter().filter_map(|(n, g)| Some((n, g?))).collect())
 }
 
 /// The largest elementwise difference, over the largest value of `reference`.
@@ -90,27 +76,6 @@ fn fused_projections_equal_the_layers_apart() {
 #[test]
 fn fused_projections_with_some_layers_adapted() {
     check("sd3", &["to_k", "add_v_proj"]);
-}
-
-/// One rank holding whole blocks.
-struct Alone;
-
-impl ShardGroup for Alone {
-    fn rank(&self) -> usize {
-        0
-    }
-
-    fn size(&self) -> usize {
-        1
-    }
-
-    fn all_gather_into(&self, out: &mut Tensor, shard: &Tensor) -> Result<(), String> {
-        out.f_copy_(shard).map_err(|e| e.to_string())
-    }
-
-    fn reduce_scatter_into(&self, out: &mut Tensor, full: &Tensor) -> Result<(), String> {
-        out.f_copy_(full).map_err(|e| e.to_string())
-    }
 }
 
 /// Sharded frozen blocks are gathered with the fused layers' weights still together: the fused

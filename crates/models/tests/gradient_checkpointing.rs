@@ -2,41 +2,15 @@
 //! transformer, the velocity and every trained weight's gradient are the same with the blocks
 //! recomputed in backward as without (f32, ≤ 1e-5 relative), under LoRA and full fine-tuning.
 
-use std::collections::BTreeMap;
-
 use flowtune_fixtures::scratch;
 use flowtune_models::wan::{write_tiny_wan, TinyWanSpec, WanTransformer};
 use flowtune_models::{
-    family_named, load_pipeline, ExampleShape, LoraConfig, PipelineOptions, TrainableDenoiser,
+    family_named, load_pipeline, LoraConfig, PipelineOptions, TrainableDenoiser,
 };
 use tch::{Device, Kind, Tensor};
+use velocity_grads::velocity_and_grads;
 
-/// The velocity and the gradients of `sum(v²)` with respect to every trained weight.
-/// (Weights no loss reaches, such as the last block's unused text-stream output, have none.)
-fn velocity_and_grads(model: &dyn TrainableDenoiser) -> (Tensor, BTreeMap<String, Option<Tensor>>) {
-    tch::manual_seed(3);
-    let inputs = model.example_inputs(ExampleShape {
-        batch: 2,
-        frames: 1,
-        height: 4,
-        width: 4,
-        text_len: 5,
-    });
-    let params = model.trainable_parameters();
-    for p in params.values() {
-        let mut g = p.grad();
-        if g.defined() {
-            let _ = g.zero_();
-        }
-    }
-    let v = model.velocity(&inputs.latents, &inputs.timestep, &inputs.text).unwrap();
-    v.square().sum(Kind::Float).backward();
-    let grads = params
-        .iter()
-        .map(|(n, p)| (n.clone(), Some(p.grad()).filter(Tensor::defined).map(|g| g.copy())))
-        .collect();
-    (v.detach(), grads)
-}
+mod velocity_grads;
 
 fn relative(a: &Tensor, b: &Tensor) -> f64 {
     let scale = a.norm().double_value(&[]).max(1e-12);

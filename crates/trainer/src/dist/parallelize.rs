@@ -7,7 +7,7 @@ use std::sync::Arc;
 use flowtune_config::{Recipe, Sharding, StateOffload};
 use flowtune_dist::{ProcessGroup, ReduceOp};
 use flowtune_models::sequence::{SequenceGroup, SequenceParallel};
-use flowtune_models::shard::{ShardGroup, ShardMode};
+use flowtune_models::shard::{Alone, ShardGroup, ShardMode};
 use flowtune_models::{ModelError, TrainableDenoiser};
 use tch::Tensor;
 
@@ -87,27 +87,6 @@ impl ShardGroup for BlockGroup {
 
     fn reduce_scatter_into(&self, out: &mut Tensor, full: &Tensor) -> Result<(), String> {
         self.0.reduce_scatter_into(out, full, ReduceOp::Sum).map_err(|e| e.to_string())
-    }
-}
-
-/// The one rank of a process without a group: its slice is the whole block.
-struct Alone;
-
-impl ShardGroup for Alone {
-    fn rank(&self) -> usize {
-        0
-    }
-
-    fn size(&self) -> usize {
-        1
-    }
-
-    fn all_gather_into(&self, out: &mut Tensor, shard: &Tensor) -> Result<(), String> {
-        out.f_copy_(shard).map_err(|e| e.to_string())
-    }
-
-    fn reduce_scatter_into(&self, out: &mut Tensor, full: &Tensor) -> Result<(), String> {
-        out.f_copy_(full).map_err(|e| e.to_string())
     }
 }
 
