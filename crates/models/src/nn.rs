@@ -1,8 +1,8 @@
 //! Building blocks whose variables are named like the checkpoint keys, and the LoRA-aware linear
 //! layer. A [`Scope`] is a position in the module tree: `scope / "attn" / "to_q"`.
 
+use std::cell::Cell;
 use std::ops::Div;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tch::nn::{Init, Path};
 use tch::{Kind, Tensor};
@@ -206,7 +206,7 @@ pub fn project<const N: usize>(x: &Tensor, layers: [&Linear; N]) -> [Tensor; N] 
             outs[*i] = &outs[*i] + pair.delta(&down, x.kind());
         }
     }
-    FUSED_GEMMS.fetch_add(1, Ordering::Relaxed);
+    FUSED_GEMMS.with(|count| count.set(count.get() + 1));
     let width = weight.size()[1];
     for (layer, out) in layers.iter().zip(&outs) {
         flops::add(layer.work() * flops::rows(x, width), out);
@@ -214,11 +214,13 @@ pub fn project<const N: usize>(x: &Tensor, layers: [&Linear; N]) -> [Tensor; N] 
     <[Tensor; N]>::try_from(outs).expect("one output per layer")
 }
 
-static FUSED_GEMMS: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    static FUSED_GEMMS: Cell<u64> = const { Cell::new(0) };
+}
 
-/// How many fused GEMMs [`project`] has run in this process.
+/// How many fused GEMMs [`project`] has run on this thread.
 pub fn fused_gemms() -> u64 {
-    FUSED_GEMMS.load(Ordering::Relaxed)
+    FUSED_GEMMS.with(Cell::get)
 }
 
 /// The weights (and biases) of `layers` as one tensor each, when [`project`] can fuse them:
