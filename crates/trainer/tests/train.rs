@@ -112,10 +112,13 @@ fn model_batch_size_does_not_change_the_samples() {
     };
     let (whole, batched) = (run("batch-all", "0"), run("batch-3", "3"));
     for (a, b) in whole.iter().zip(&batched) {
-        for key in ["critic/rewards/mean", "critic/rewards/max", "critic/rewards/min", "actor/loss"]
-        {
+        for key in ["critic/rewards/mean", "critic/rewards/max", "critic/rewards/min"] {
             assert!(close(a[key], b[key]), "{key}: {} vs {}", a[key], b[key]);
         }
+        // The loss is near 0 on policy: the replays' log-probs round apart in f32 (another
+        // batch of rows through the fused projections), 1e-8 at most.
+        let (x, y) = (a["actor/loss"], b["actor/loss"]);
+        assert!((x - y).abs() <= 1e-7, "actor/loss: {x} vs {y}");
         assert!(b["rollout_corr/logprob_abs_diff_max"] <= 1e-5);
     }
 }
