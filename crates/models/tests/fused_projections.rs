@@ -4,7 +4,7 @@
 //! their names.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use flowtune_fixtures::scratch;
 use flowtune_models::nn::fused_gemms;
@@ -28,7 +28,11 @@ fn largest_difference(reference: &Tensor, other: &Tensor) -> f64 {
     largest(&(reference - other)) / largest(reference).max(1e-30)
 }
 
+/// The tests draw their inputs from libtorch's one global generator: one at a time.
+static SEEDED: Mutex<()> = Mutex::new(());
+
 fn check(family: &str, targets: &[&str]) {
+    let _seeded = SEEDED.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch(family);
     (family_named(family).unwrap().write_tiny)(&dir, 5).unwrap();
     let lora = LoraConfig {
@@ -82,6 +86,7 @@ fn fused_projections_with_some_layers_adapted() {
 /// GEMMs run and give the velocity of the unsharded model.
 #[test]
 fn sharded_blocks_keep_their_projections_fused() {
+    let _seeded = SEEDED.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("fused-sharded");
     (family_named("flux").unwrap().write_tiny)(&dir, 5).unwrap();
     let lora = LoraConfig { target_modules: vec!["to_k".into()], ..LoraConfig::default() };
