@@ -7,7 +7,8 @@ use std::path::Path;
 
 use serde_yaml::Value;
 
-/// The input paths of a recipe, as dotted keys; `*` stands for every item of a list.
+/// The input paths of a recipe, as dotted keys; `*` stands for every item of a list (and
+/// `reward.functions.*.vlm.model` under `backend: native`, in [`rebase`]).
 const INPUTS: &[&str] = &[
     "model.path",
     "model.teacher_path",
@@ -38,6 +39,15 @@ pub(crate) fn rebase(tree: &mut Value, base: &Path) {
         let hub = PIPELINES.contains(key);
         visit(tree, &parts, &mut |value| rebase_one(value, base, hub));
     }
+    // A judge's `vlm.model` is a folder (or Hub id) only when it runs in this process; a served
+    // model's name stays as written.
+    visit(tree, &["reward", "functions", "*", "vlm"], &mut |vlm| {
+        if vlm.get("backend").and_then(Value::as_str) == Some("native") {
+            if let Some(model) = vlm.get_mut("model") {
+                rebase_one(model, base, true);
+            }
+        }
+    });
 }
 
 fn visit(node: &mut Value, parts: &[&str], f: &mut impl FnMut(&mut Value)) {
@@ -98,6 +108,16 @@ mod tests {
         assert_eq!(functions[1]["http"]["ca_file"], Value::from("recipes/ca.pem"));
         assert_eq!(tree["trainer"]["output_dir"], Value::from("runs/x"), "outputs: working dir");
         assert_eq!(tree["trainer"]["resume"], Value::from("runs/x/checkpoints/step_000002"));
+        let judges = rebased(
+            "reward: {functions: [{name: vlm_judge, vlm: {backend: native, model: judge_vl}},\n\
+             {name: vlm_judge, vlm: {backend: native, model: Qwen/Qwen3-VL-8B-Instruct}},\n\
+             {name: vlm_judge, url: 'http://127.0.0.1:1/v1/chat/completions', vlm: {model: served}}]}",
+            Path::new("recipes"),
+        );
+        let judges = &judges["reward"]["functions"];
+        assert_eq!(judges[0]["vlm"]["model"], Value::from("recipes/judge_vl"), "a native folder");
+        assert_eq!(judges[1]["vlm"]["model"], Value::from("Qwen/Qwen3-VL-8B-Instruct"), "a Hub id");
+        assert_eq!(judges[2]["vlm"]["model"], Value::from("served"), "a served model's name");
         let same = rebased("data: {train_files: [p.txt]}", Path::new(""));
         assert_eq!(same["data"]["train_files"][0], Value::from("p.txt"), "a recipe in the cwd");
     }

@@ -32,6 +32,7 @@ mod switch;
 pub mod text_encoders;
 pub mod tokenizer;
 pub mod vae;
+pub mod vlm;
 pub mod wan;
 pub mod weights;
 pub mod z_image;

@@ -225,6 +225,24 @@ impl TextTokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// The text of `ids`, without special tokens when `skip_special` (transformers' `decode`
+    /// without clean-up of tokenization spaces).
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, ModelError> {
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| ModelError::Input(format!("decoding {} token ids: {e}", ids.len())))
+    }
+
+    /// The id of the padding token.
+    pub fn pad_id(&self) -> u32 {
+        self.pad_id
+    }
+
+    /// The id of `token` (a special or ordinary token of the vocabulary), if it has one.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     /// Token ids (B, `length`) of `texts`, truncated and padded to exactly `length`.
     pub fn encode(&self, texts: &[&str], length: usize) -> Result<Tensor, ModelError> {
         Ok(self.encode_with_mask(texts, length)?.0)

@@ -6,6 +6,7 @@
 pub mod denoisers;
 pub mod inventory;
 pub mod json;
+pub mod judges;
 pub mod memory;
 pub mod pipeline;
 pub mod text;
@@ -111,6 +112,8 @@ pub struct Setup {
     /// Frozen teacher pipelines (on-policy distillation), loaded whole with the model's dtypes
     /// and offload.
     pub teachers: Vec<Pipeline>,
+    /// Reward models that run in the training process.
+    pub judges: Vec<judges::Judge>,
 }
 
 impl Setup {

@@ -129,6 +129,14 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
             push(format!("teacher {i} {}", v.name), frozen, v.params * frozen.bytes(), place);
         }
     }
+    for judge in &setup.judges {
+        push(
+            format!("{} weights", judge.name),
+            judge.dtype,
+            judge.weight_bytes(),
+            on_host(judge.offload),
+        );
+    }
     if full_shards {
         let (whole, share) = (params - sharded, sharded.div_ceil(n));
         let acc = if setup.exact_gradient_sum { 8 } else { 4 };
@@ -205,6 +213,21 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         place: Place::Device,
         phase: Phase::Rollout,
     });
+    // Scoring follows the rollout: a judge's cache, and its weights when they sleep on the host.
+    for judge in &setup.judges {
+        let mut scoring = |item: String, bytes: u64| {
+            let dtype = judge.dtype.name();
+            items.push(Item { item, dtype, bytes, place: Place::Device, phase: Phase::Rollout });
+        };
+        let (batch, tokens) = (judge.batch, judge.tokens);
+        scoring(
+            format!("{} key-value cache ({batch} × {tokens} tokens)", judge.name),
+            judge.cache_bytes(),
+        );
+        if judge.offload {
+            scoring(format!("{} weights while scoring", judge.name), judge.weight_bytes());
+        }
+    }
     let device = |phase| {
         let held = items.iter().filter(|i| i.place == Place::Device);
         held.filter(|i| i.phase == Phase::Step || i.phase == phase).map(|i| i.bytes).sum::<u64>()
@@ -230,6 +253,7 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         .filter(|i| i.place == Place::Device)
         .filter(|i| {
             i.item.starts_with("teacher ")
+                || (i.phase == Phase::Step && i.item.starts_with("vlm_judge "))
                 || pipe.text_encoders.iter().any(|t| i.item.starts_with(&t.name))
                 || pipe.vae.as_ref().is_some_and(|(v, _)| i.item.starts_with(&v.name))
         })

@@ -33,6 +33,29 @@ pub fn text_encoder(cfg: &Json, class: &str) -> Result<u64, PlanError> {
     }
 }
 
+/// The parameters of a vision-language judge (both towers and the language-model head, unless
+/// tied to the token embeddings), by its class.
+pub fn judge(cfg: &Json, class: &str) -> Result<u64, PlanError> {
+    match class {
+        "Qwen2_5_VLForConditionalGeneration" => qwen2_5_vl(cfg),
+        "Qwen3VLForConditionalGeneration" => {
+            let text = cfg.nested_or_self("text_config");
+            let lm = Decoder::read(&text)?;
+            let tied = cfg.boolean("tie_word_embeddings", false)?
+                || text.boolean("tie_word_embeddings", false)?;
+            let head = if tied { 0 } else { lm.vocab * lm.d };
+            Ok(qwen3(&text, false)? + head + qwen3_vl_vision(&cfg.nested_or_self("vision_config"))?)
+        }
+        other => Err(cfg.bad(
+            "architectures",
+            format!(
+                "`{other}` is not a judge flowtune runs; known: \
+                 Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration"
+            ),
+        )),
+    }
+}
+
 /// CLIP's text tower: token and position embeddings, pre-LN blocks with biased projections,
 /// a final LayerNorm; `projection` adds the bias-free text projection.
 fn clip(cfg: &Json, projection: bool) -> Result<u64, PlanError> {

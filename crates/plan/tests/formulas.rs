@@ -78,6 +78,7 @@ fn setup(full: bool, gpus: u64) -> Setup {
         exact_gradient_sum: false,
         state_offload: StateOffload::None,
         teachers: vec![],
+        judges: vec![],
     }
 }
 

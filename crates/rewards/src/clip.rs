@@ -78,7 +78,8 @@ pub struct ClipReward {
 unsafe impl Sync for ClipReward {}
 unsafe impl Send for ClipReward {}
 
-fn device_named(name: Option<&str>) -> Result<Device, String> {
+/// The device `name` (`cpu`, `cuda`, `cuda:N`) of the setting `key`; none: the GPU when present.
+pub(crate) fn device_named(name: Option<&str>, key: &str) -> Result<Device, String> {
     match name {
         None => Ok(Device::cuda_if_available()),
         Some("cpu") => Ok(Device::Cpu),
@@ -87,14 +88,15 @@ fn device_named(name: Option<&str>) -> Result<Device, String> {
             .strip_prefix("cuda:")
             .and_then(|n| n.parse().ok())
             .map(Device::Cuda)
-            .ok_or_else(|| format!("clip.device `{other}`: expected cpu, cuda or cuda:N")),
+            .ok_or_else(|| format!("{key} `{other}`: expected cpu, cuda or cuda:N")),
     }
 }
 
 impl ClipReward {
     pub fn new(kind: ClipKind, settings: &ClipSettings) -> Result<Self, RewardError> {
         let fail = |message: String| RewardError::Failed { reward: kind.name().into(), message };
-        let device = device_named(settings.device.as_deref()).map_err(RewardError::Config)?;
+        let device =
+            device_named(settings.device.as_deref(), "clip.device").map_err(RewardError::Config)?;
         let model = ClipModel::load(&settings.model, device, Kind::Float)
             .map_err(|e| fail(e.to_string()))?;
         let processor =

@@ -16,6 +16,7 @@ mod ocr_score;
 mod registry;
 mod shapes;
 mod vlm;
+mod vlm_native;
 
 use std::collections::BTreeMap;
 
@@ -31,7 +32,8 @@ pub use ocr::{Line, OcrReward, OcrSettings, Reader};
 pub use ocr_score::ocr_score;
 pub use registry::{build, validate, REWARD_NAMES};
 pub use shapes::ShapesGeneval;
-pub use vlm::{JudgeMode, VlmJudge, VlmSettings};
+pub use vlm::{JudgeBackend, JudgeMode, VlmJudge, VlmSettings};
+pub use vlm_native::NativeJudge;
 
 /// An RGB image, row-major u8 (H × W × 3).
 pub type RgbImage = image::RgbImage;

@@ -1,7 +1,7 @@
 //! The OCR score of the reference frameworks (flow_grpo, VeRL-Omni): how close recognised text is
 //! to the text the prompt asked for.
 
-use crate::{RewardError, Sample};
+use crate::Sample;
 
 /// `1 − min(d, |gt|) / |gt|` where both texts are lower-cased with all whitespace removed, and `d`
 /// is 0 when the ground truth appears inside the recognised text, else their Levenshtein distance
@@ -21,12 +21,12 @@ pub fn ocr_score(recognised: &str, ground_truth: &str) -> Option<f64> {
 
 /// The OCR score of `text` read from `sample` (the `index`-th of its batch); `fail` makes the
 /// error, naming the sample, when it has no ground truth or an empty one.
-pub(crate) fn score_read_text(
+pub(crate) fn score_read_text<E>(
     index: usize,
     sample: &Sample<'_>,
     text: &str,
-    fail: impl Fn(String) -> RewardError,
-) -> Result<f64, RewardError> {
+    fail: impl Fn(String) -> E,
+) -> Result<f64, E> {
     let gt = sample.ground_truth.ok_or_else(|| {
         fail(format!(
             "sample {index} (prompt {:?}) has no ground truth: give reward_model.ground_truth or quote the text in the prompt",

@@ -1,8 +1,8 @@
 //! The reward registry: scorer names → constructors.
 
 use crate::{
-    Brightness, ClipKind, ClipReward, HttpReward, JpegSize, OcrReward, PerFrame, Reward,
-    RewardConfig, RewardError, RewardFunction, ShapesGeneval, VlmJudge, Weighted,
+    Brightness, ClipKind, ClipReward, HttpReward, JpegSize, JudgeBackend, NativeJudge, OcrReward,
+    PerFrame, Reward, RewardConfig, RewardError, RewardFunction, ShapesGeneval, VlmJudge, Weighted,
 };
 
 /// Every registered reward name.
@@ -20,8 +20,9 @@ pub const REWARD_NAMES: [&str; 10] = [
 ];
 
 const HTTP_URL: &str = "`url: http(s)://host:port/path`";
-/// `vlm_judge` needs both, so either missing names both.
-const CHAT: &str = "`url: http(s)://host:port/v1/chat/completions` and `vlm: {model: …}`";
+/// `vlm_judge` needs both (but `url` with `backend: native`), so either missing names both.
+const CHAT: &str = "`url: http(s)://host:port/v1/chat/completions` and `vlm: {model: …}`, or \
+                    `vlm: {backend: native, model: <Qwen2.5-VL or Qwen3-VL folder>}`";
 const CLIP: &str = "`clip: {model: <CLIPModel folder>}`";
 
 /// The setting `f` needs, or an error saying what to write.
@@ -56,7 +57,21 @@ pub fn validate(config: &RewardConfig) -> Result<(), RewardError> {
         }
         match f.name.as_str() {
             "http" => drop(needs(f, &f.url, HTTP_URL)?),
-            "vlm_judge" => drop((needs(f, &f.url, CHAT)?, needs(f, &f.vlm, CHAT)?)),
+            "vlm_judge" => {
+                let vlm = needs(f, &f.vlm, CHAT)?;
+                match (vlm.backend, &f.url) {
+                    (JudgeBackend::Openai, None) => drop(needs(f, &f.url, CHAT)?),
+                    (JudgeBackend::Native, Some(_)) => {
+                        return Err(RewardError::Config(
+                            "reward `vlm_judge`: backend native runs the judge in this process; \
+                             drop `url`"
+                                .into(),
+                        ))
+                    }
+                    _ => {}
+                }
+                vlm.check()?;
+            }
             "clip_score" | "pickscore" | "aesthetic" => drop(needs(f, &f.clip, CLIP)?),
             name if REWARD_NAMES.contains(&name) => {}
             other => {
@@ -102,11 +117,17 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
                     f.http.clone().unwrap_or_default(),
                 )?),
                 "shapes_geneval" => Box::new(ShapesGeneval { partial: f.partial }),
-                "vlm_judge" => Box::new(VlmJudge::new(
-                    needs(f, &f.url, CHAT)?.clone(),
-                    needs(f, &f.vlm, CHAT)?.clone(),
-                    f.http.clone().unwrap_or_default(),
-                )?),
+                "vlm_judge" => {
+                    let vlm = needs(f, &f.vlm, CHAT)?.clone();
+                    match vlm.backend {
+                        JudgeBackend::Native => Box::new(NativeJudge::new(vlm)?),
+                        JudgeBackend::Openai => Box::new(VlmJudge::new(
+                            needs(f, &f.url, CHAT)?.clone(),
+                            vlm,
+                            f.http.clone().unwrap_or_default(),
+                        )?),
+                    }
+                }
                 "ocr" => Box::new(OcrReward::new(&f.ocr.clone().unwrap_or_default())?),
                 "clip_score" | "pickscore" | "aesthetic" => {
                     let kind = match f.name.as_str() {

@@ -1,5 +1,7 @@
-//! `vlm_judge`: a vision-language model behind an OpenAI-compatible chat-completions endpoint
-//! (vLLM, SGLang, …) looks at each image and answers; the answer becomes the score.
+//! `vlm_judge`: a vision-language model looks at each image and answers; the answer becomes the
+//! score. With `backend: openai` (the default) the model sits behind an OpenAI-compatible
+//! chat-completions endpoint (vLLM, SGLang, …); with `backend: native` it runs in this process
+//! ([`crate::NativeJudge`]).
 //!
 //! One request per image (`POST <url>` with `Authorization: Bearer $<api_key_env>` when set):
 //! `{"model", "messages": [{"role": "system", "content": <system_prompt>}, {"role": "user",
@@ -13,9 +15,14 @@
 //! - `score`: the last number in the answer (pattern `\d+(\.\d+)?`, so `Final Score: 4` gives 4),
 //!   which must lie in `score_range` `[lo, hi]`, mapped to `(x − lo) / (hi − lo)` in [0, 1]
 //!   (UnifiedReward-style 1–5 scores by default).
+//! - `expectation` (native only): no answer is decoded; the probabilities of the `score_tokens`
+//!   as the first answer token (after `answer_prefix`), renormalised over them, weigh their
+//!   values, and the expectation is mapped by `score_range` (1–5 digits, or yes/no as 1/0).
 //!
 //! A request that fails after its retries, an answer without a number, a number out of range, or
 //! an OCR sample without a ground truth is an error naming the sample — never a score of 0.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -35,13 +42,32 @@ pub enum JudgeMode {
     Ocr,
     /// The answer ends with a numeric score in `score_range`.
     Score,
+    /// The expected value of the first answer token over `score_tokens` (`backend: native`).
+    Expectation,
+}
+
+/// Where the judge runs.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgeBackend {
+    /// An OpenAI-compatible chat-completions server at the reward's `url`.
+    #[default]
+    Openai,
+    /// In this process: `model` is a transformers Qwen2.5-VL or Qwen3-VL folder, or a Hub id in
+    /// the local cache.
+    Native,
 }
 
 /// `vlm:` settings of a `vlm_judge` reward.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct VlmSettings {
-    /// The served model name.
+    pub backend: JudgeBackend,
+    /// `openai`: the served model name. `native`: a transformers
+    /// `Qwen2_5_VLForConditionalGeneration` or `Qwen3VLForConditionalGeneration` folder (relative
+    /// to the recipe file), or a Hub id in the local Hugging Face cache.
     pub model: String,
     pub mode: JudgeMode,
     /// The system message of every request.
@@ -59,8 +85,22 @@ pub struct VlmSettings {
     /// The environment variable holding the API key, sent as a bearer token; none by default.
     /// Refused over plain `http://` unless the host is loopback.
     pub api_key_env: Option<String>,
-    /// `score` mode: the judge's scale `[lo, hi]`.
+    /// `score` and `expectation` modes: the judge's scale `[lo, hi]`.
     pub score_range: [f64; 2],
+    /// `expectation` mode: each score token (one token of the judge's vocabulary) and its value.
+    pub score_tokens: BTreeMap<String, f64>,
+    /// Text the answer starts with, written after the assistant's opening (`native`), so that a
+    /// score token comes first (e.g. `"Final Score: "`).
+    pub answer_prefix: String,
+    /// `native`: `cpu`, `cuda` or `cuda:N`; default: `cuda` when a GPU is present.
+    pub device: Option<String>,
+    /// `native`: the weights' dtype (`bfloat16`, `float16`, `float32`); default: the
+    /// checkpoint's `dtype` on a GPU, `float32` on the CPU.
+    pub dtype: Option<String>,
+    /// `native`: keep the weights on the host between scorings (they move to `device` to score).
+    pub offload: bool,
+    /// `native`: pictures answered together.
+    pub batch_size: usize,
 }
 
 impl Default for VlmSettings {
@@ -77,6 +117,13 @@ impl Default for VlmSettings {
             seed: None,
             api_key_env: None,
             score_range: [1.0, 5.0],
+            score_tokens: BTreeMap::new(),
+            answer_prefix: String::new(),
+            device: None,
+            dtype: None,
+            offload: false,
+            batch_size: 8,
+            backend: JudgeBackend::Openai,
         }
     }
 }
@@ -95,20 +142,7 @@ impl VlmJudge {
     pub fn new(url: String, vlm: VlmSettings, http: HttpSettings) -> Result<Self, RewardError> {
         let credential = vlm.api_key_env.as_ref().map(|_| "vlm.api_key_env");
         let agent = client("vlm_judge", &url, &http, credential)?;
-        let bad = |m: String| Err(RewardError::Config(format!("reward `vlm_judge`: {m}")));
-        if vlm.model.is_empty() {
-            return bad("vlm.model is empty; give the served model name".into());
-        }
-        if !(vlm.temperature >= 0.0 && vlm.temperature.is_finite()) {
-            return bad(format!("vlm.temperature {} must be ≥ 0", vlm.temperature));
-        }
-        if !(vlm.top_p > 0.0 && vlm.top_p <= 1.0) || vlm.max_tokens == 0 {
-            return bad("vlm.top_p must be in (0, 1] and vlm.max_tokens ≥ 1".into());
-        }
-        let [lo, hi] = vlm.score_range;
-        if !(lo < hi && lo.is_finite() && hi.is_finite()) {
-            return bad(format!("vlm.score_range [{lo}, {hi}] must have lo < hi"));
-        }
+        vlm.check()?;
         let mut headers = vec![];
         if let Some(var) = &vlm.api_key_env {
             let key = std::env::var(var).map_err(|_| {
@@ -161,22 +195,87 @@ impl VlmJudge {
                     excerpt()
                 ))
             })?;
-        let value = match self.vlm.mode {
-            JudgeMode::Ocr => score_read_text(i, sample, &answer, |m| self.fail(m))?,
-            JudgeMode::Score => {
-                let [lo, hi] = self.vlm.score_range;
-                let x = last_number(&answer).ok_or_else(|| {
-                    self.fail(format!("sample {i}: no score in the answer {answer:?}"))
-                })?;
-                if !(lo..=hi).contains(&x) {
-                    return Err(self.fail(format!(
-                        "sample {i}: score {x} is outside vlm.score_range [{lo}, {hi}] (answer {answer:?})"
-                    )));
-                }
-                (x - lo) / (hi - lo)
-            }
-        };
+        let value = self.vlm.answer_score(i, sample, &answer).map_err(|m| self.fail(m))?;
         Ok(Score { value, extras: Default::default() })
+    }
+}
+
+impl VlmSettings {
+    /// Checks the settings (before anything loads), for either backend.
+    pub fn check(&self) -> Result<(), RewardError> {
+        let bad = |m: String| Err(RewardError::Config(format!("reward `vlm_judge`: {m}")));
+        let native = self.backend == JudgeBackend::Native;
+        if self.model.is_empty() {
+            return bad(if native {
+                "vlm.model is empty; give the judge's transformers folder or Hub id".into()
+            } else {
+                "vlm.model is empty; give the served model name".into()
+            });
+        }
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(format!("vlm.temperature {} must be ≥ 0", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) || self.max_tokens == 0 {
+            return bad("vlm.top_p must be in (0, 1] and vlm.max_tokens ≥ 1".into());
+        }
+        let [lo, hi] = self.score_range;
+        if !(lo < hi && lo.is_finite() && hi.is_finite()) {
+            return bad(format!("vlm.score_range [{lo}, {hi}] must have lo < hi"));
+        }
+        if native && self.temperature != 0.0 && self.mode != JudgeMode::Expectation {
+            return bad(format!(
+                "backend native answers greedily; set vlm.temperature: 0 (got {})",
+                self.temperature
+            ));
+        }
+        if !native {
+            let local = [
+                ("device", self.device.is_some()),
+                ("dtype", self.dtype.is_some()),
+                ("offload", self.offload),
+                ("answer_prefix", !self.answer_prefix.is_empty()),
+            ];
+            if let Some((key, _)) = local.iter().find(|(_, given)| *given) {
+                return bad(format!("vlm.{key} applies only to backend: native"));
+            }
+            if self.mode == JudgeMode::Expectation {
+                return bad("mode expectation needs backend: native (token probabilities)".into());
+            }
+        }
+        if self.batch_size == 0 {
+            return bad("vlm.batch_size must be ≥ 1".into());
+        }
+        let expectation = self.mode == JudgeMode::Expectation;
+        if expectation == self.score_tokens.is_empty() {
+            return bad(if expectation {
+                "mode expectation needs vlm.score_tokens, e.g. {\"1\": 1, …, \"5\": 5}".into()
+            } else {
+                "vlm.score_tokens applies only to mode: expectation".into()
+            });
+        }
+        if let Some((token, value)) = self.score_tokens.iter().find(|(_, v)| !v.is_finite()) {
+            return bad(format!("vlm.score_tokens[{token:?}] = {value} is not finite"));
+        }
+        Ok(())
+    }
+
+    /// The score in [0, 1] of sample `i`'s `answer` in mode `ocr` or `score`; why not, otherwise.
+    pub fn answer_score(&self, i: usize, sample: &Sample<'_>, answer: &str) -> Result<f64, String> {
+        match self.mode {
+            JudgeMode::Ocr => score_read_text(i, sample, answer, |m| m),
+            JudgeMode::Score => {
+                let [lo, hi] = self.score_range;
+                let x = last_number(answer)
+                    .ok_or_else(|| format!("sample {i}: no score in the answer {answer:?}"))?;
+                if !(lo..=hi).contains(&x) {
+                    return Err(format!(
+                        "sample {i}: score {x} is outside vlm.score_range [{lo}, {hi}] (answer {answer:?})"
+                    ));
+                }
+                Ok((x - lo) / (hi - lo))
+            }
+            JudgeMode::Expectation => unreachable!("expectation scores token probabilities"),
+        }
     }
 }
 

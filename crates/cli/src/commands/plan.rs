@@ -10,6 +10,7 @@ use clap::Args;
 use flowtune_config::{Finetune, Offload, Recipe, Sharding, StateOffload};
 use flowtune_models::Dtype;
 use flowtune_plan::{plan, verdict, Patterns, Pipeline, Place, Setup, GIB};
+use flowtune_rewards::{JudgeBackend, JudgeMode};
 
 use crate::Failure;
 
@@ -217,6 +218,7 @@ pub(crate) fn setup(
         },
         exact_gradient_sum: t.exact_gradient_sum,
         teachers: teachers(recipe, pipe)?,
+        judges: judges(recipe)?,
         state_offload: match t.offload {
             StateOffload::None => flowtune_plan::StateOffload::None,
             StateOffload::Optimizer => flowtune_plan::StateOffload::Optimizer,
@@ -245,6 +247,36 @@ pub(crate) fn setup(
         m.lora.check_patterns_used("model.lora.", &adapted).map_err(anyhow::Error::msg)?;
     }
     Ok(setup)
+}
+
+/// The reward models that run in this process (`vlm_judge` with `backend: native`), read from
+/// their configs, in the dtype they will load in on a GPU.
+fn judges(recipe: &Recipe) -> anyhow::Result<Vec<flowtune_plan::judges::Judge>> {
+    let mut out = vec![];
+    for f in &recipe.reward.functions {
+        let Some(vlm) = f.vlm.as_ref().filter(|v| v.backend == JudgeBackend::Native) else {
+            continue;
+        };
+        let key = "reward.functions[].vlm.model";
+        let dir = flowtune_models::hub::resolve(std::path::Path::new(&vlm.model))
+            .map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
+        let dtype = match vlm.dtype.as_deref() {
+            None => None,
+            Some("bfloat16" | "bf16") => Some(flowtune_plan::Dtype::Bf16),
+            Some("float16" | "fp16" | "half") => Some(flowtune_plan::Dtype::F16),
+            Some(_) => Some(flowtune_plan::Dtype::F32),
+        };
+        let (batch, side) = (vlm.batch_size as u64, recipe.model.resolution.max(0) as u64);
+        let answer = match vlm.mode {
+            JudgeMode::Expectation => 1,
+            _ => u64::from(vlm.max_tokens),
+        };
+        let judge =
+            flowtune_plan::judges::Judge::read(&dir, dtype, vlm.offload, batch, side, answer)
+                .map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
+        out.push(judge);
+    }
+    Ok(out)
 }
 
 /// The teacher pipelines of on-policy distillation, read from their configs; one whose folder

@@ -201,8 +201,13 @@ impl Qwen25VlTextEncoder {
         Ok(model)
     }
 
+    /// The decoder stack (judges run it with pictures and a cache).
+    pub(crate) fn decoder(&self) -> &QwenDecoder {
+        &self.decoder
+    }
+
     /// The rotary groups: `mrope_section`, or transformers' default, checked against head_dim.
-    fn mrope_section(&self) -> Result<Vec<i64>, ModelError> {
+    pub(crate) fn mrope_section(&self) -> Result<Vec<i64>, ModelError> {
         let section = self.config.mrope_section.clone().unwrap_or(DEFAULT_MROPE_SECTION.to_vec());
         let half = self.config.head_dim() / 2;
         if section.iter().sum::<i64>() != half {

@@ -88,6 +88,16 @@ pub struct Deepstack<'a> {
     pub features: &'a [Tensor],
 }
 
+impl Deepstack<'_> {
+    /// `x` (B, L, D) after layer `done`, with that layer's feature added to the image tokens.
+    fn add_after(&self, done: usize, x: Tensor) -> Tensor {
+        let Some(feature) = self.features.get(done) else { return x };
+        let slots = self.slots.unsqueeze(-1);
+        let added = x.masked_select(&slots).view([-1, x.size()[2]]) + feature.to_kind(x.kind());
+        x.masked_scatter(&slots, &added)
+    }
+}
+
 struct Layer {
     input_layernorm: RmsNorm,
     q_proj: Linear,
@@ -253,56 +263,164 @@ impl QwenDecoder {
         deepstack: Option<&Deepstack<'_>>,
     ) -> Result<Vec<Tensor>, tch::TchError> {
         let (b, l) = attention_mask.size2()?;
-        let device = x.device();
         let (cos, sin) = self.rotary(positions, rope);
         let (cos, sin) = (cos.to_kind(x.kind()), sin.to_kind(x.kind()));
-        let causal = Tensor::ones([l, l], (Kind::Bool, device)).tril(0);
+        let causal = Tensor::ones([l, l], (Kind::Bool, x.device())).tril(0);
         let keys = attention_mask.to_kind(Kind::Bool).view([b, 1, 1, l]);
         let mask = causal.view([1, 1, l, l]).logical_and(&keys);
-        let (heads, kv_heads) = (self.shape.num_attention_heads, self.shape.num_key_value_heads);
-        let rotate = |t: &Tensor| {
-            let half = t.size()[3] / 2;
-            let rotated = Tensor::cat(&[-t.narrow(3, half, half), t.narrow(3, 0, half)], 3);
-            t * &cos + rotated * &sin
-        };
         let deepest = depths.iter().copied().max().unwrap_or(0);
         let mut states = vec![];
         for (done, layer) in self.layers[..deepest].iter().enumerate() {
             if depths.contains(&done) {
                 states.push(x.shallow_clone());
             }
-            let h = layer.input_layernorm.forward(&x);
-            let split = |t: Tensor, n: i64, norm: Option<&RmsNorm>| {
-                let t = t.view([b, l, n, -1]);
-                norm.map_or(t.shallow_clone(), |m| m.forward(&t)).transpose(1, 2)
-            };
-            let q = rotate(&split(layer.q_proj.forward(&h), heads, layer.q_norm.as_ref()));
-            let k = rotate(&split(layer.k_proj.forward(&h), kv_heads, layer.k_norm.as_ref()));
-            let v = split(layer.v_proj.forward(&h), kv_heads, None);
-            let repeat = heads / kv_heads;
-            let (k, v) = if repeat > 1 {
-                (
-                    k.repeat_interleave_self_int(repeat, 1, None),
-                    v.repeat_interleave_self_int(repeat, 1, None),
-                )
-            } else {
-                (k, v)
-            };
-            let attn = attention(&q, &k, &v, Some(&mask), false, None);
-            x = &x + layer.o_proj.forward(&attn.transpose(1, 2).reshape([b, l, -1]));
-            let h = layer.post_attention_layernorm.forward(&x);
-            let gated = layer.gate_proj.forward(&h).silu() * layer.up_proj.forward(&h);
-            x = &x + layer.down_proj.forward(&gated);
-            if let Some(feature) = deepstack.and_then(|d| d.features.get(done)) {
-                let slots = deepstack.expect("features come with slots").slots.unsqueeze(-1);
-                let added =
-                    x.masked_select(&slots).view([-1, x.size()[2]]) + feature.to_kind(x.kind());
-                x = x.masked_scatter(&slots, &added);
+            x = self.layer(layer, &x, (&cos, &sin), &mask, None);
+            if let Some(d) = deepstack {
+                x = d.add_after(done, x);
             }
         }
         if depths.contains(&deepest) {
             states.push(x);
         }
         Ok(states)
+    }
+
+    /// One decoder layer on `x` (B, L, D) with rotary `(cos, sin)` of its positions and the
+    /// boolean `mask` (B, 1, L, keys); with `cache`, the layer's keys and values of earlier
+    /// tokens come first and this call's are appended to them.
+    fn layer(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        (cos, sin): (&Tensor, &Tensor),
+        mask: &Tensor,
+        cache: Option<&mut LayerCache>,
+    ) -> Tensor {
+        let (b, l, _) = x.size3().expect("(B, L, D)");
+        let (heads, kv_heads) = (self.shape.num_attention_heads, self.shape.num_key_value_heads);
+        let rotate = |t: &Tensor| {
+            let half = t.size()[3] / 2;
+            let rotated = Tensor::cat(&[-t.narrow(3, half, half), t.narrow(3, 0, half)], 3);
+            t * cos + rotated * sin
+        };
+        let h = layer.input_layernorm.forward(x);
+        let split = |t: Tensor, n: i64, norm: Option<&RmsNorm>| {
+            let t = t.view([b, l, n, -1]);
+            norm.map_or(t.shallow_clone(), |m| m.forward(&t)).transpose(1, 2)
+        };
+        let q = rotate(&split(layer.q_proj.forward(&h), heads, layer.q_norm.as_ref()));
+        let k = rotate(&split(layer.k_proj.forward(&h), kv_heads, layer.k_norm.as_ref()));
+        let v = split(layer.v_proj.forward(&h), kv_heads, None);
+        let (k, v) = match cache {
+            Some(cache) => cache.append(k, v),
+            None => (k, v),
+        };
+        let repeat = heads / kv_heads;
+        let (k, v) = if repeat > 1 {
+            (
+                k.repeat_interleave_self_int(repeat, 1, None),
+                v.repeat_interleave_self_int(repeat, 1, None),
+            )
+        } else {
+            (k, v)
+        };
+        let attn = attention(&q, &k, &v, Some(mask), false, None);
+        let x = x + layer.o_proj.forward(&attn.transpose(1, 2).reshape([b, l, -1]));
+        let h = layer.post_attention_layernorm.forward(&x);
+        let gated = layer.gate_proj.forward(&h).silu() * layer.up_proj.forward(&h);
+        &x + layer.down_proj.forward(&gated)
+    }
+
+    /// The final-normed states (B, L, D) of `x` (B, L, D), new tokens after those `cache` holds,
+    /// at `positions` (3, B, L): each attends to the cached and new tokens up to itself that
+    /// `keys` (B, cached + L; 1 = token, 0 = padding) keeps, and always to itself (so a padding
+    /// row is never fully masked). The cache grows by the L tokens.
+    pub fn run_cached(
+        &self,
+        x: Tensor,
+        keys: &Tensor,
+        positions: &Tensor,
+        rope: Mrope<'_>,
+        cache: &mut KvCache,
+        deepstack: Option<&Deepstack<'_>>,
+    ) -> Result<Tensor, tch::TchError> {
+        let (b, l, _) = x.size3()?;
+        let past = cache.len();
+        let total = keys.size2()?.1;
+        if total != past + l {
+            return Err(tch::TchError::Shape(format!(
+                "keys mask of {total} columns for {past} cached and {l} new tokens"
+            )));
+        }
+        let device = x.device();
+        let (cos, sin) = self.rotary(positions, rope);
+        let (cos, sin) = (cos.to_kind(x.kind()), sin.to_kind(x.kind()));
+        let query = Tensor::arange_start(past, past + l, (Kind::Int64, device)).view([l, 1]);
+        let key = Tensor::arange(total, (Kind::Int64, device)).view([1, total]);
+        let causal = key.le_tensor(&query).view([1, 1, l, total]);
+        let kept = keys.to_kind(Kind::Bool).view([b, 1, 1, total]);
+        let mask =
+            causal.logical_and(&kept).logical_or(&key.eq_tensor(&query).view([1, 1, l, total]));
+        if cache.layers.is_empty() {
+            cache.layers = self.layers.iter().map(|_| LayerCache::default()).collect();
+        }
+        let mut x = x;
+        for (done, (layer, slot)) in self.layers.iter().zip(&mut cache.layers).enumerate() {
+            x = self.layer(layer, &x, (&cos, &sin), &mask, Some(slot));
+            if let Some(d) = deepstack {
+                x = d.add_after(done, x);
+            }
+        }
+        Ok(self.final_norm(&x))
+    }
+
+    /// The token embedding table (vocab, D): the output projection of models that tie them.
+    pub fn embedding_weight(&self) -> &Tensor {
+        &self.embed_tokens.weight
+    }
+}
+
+/// One layer's keys and values (B, kv_heads, T, head_dim) of the tokens seen so far.
+#[derive(Default)]
+struct LayerCache {
+    kv: Option<(Tensor, Tensor)>,
+}
+
+impl LayerCache {
+    /// The cached keys and values followed by `k` and `v`, kept for the next call.
+    fn append(&mut self, k: Tensor, v: Tensor) -> (Tensor, Tensor) {
+        let (k, v) = match self.kv.take() {
+            Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
+            None => (k, v),
+        };
+        self.kv = Some((k.shallow_clone(), v.shallow_clone()));
+        (k, v)
+    }
+}
+
+/// Every layer's keys and values of the tokens a decoder has seen (greedy decoding).
+#[derive(Default)]
+pub struct KvCache {
+    layers: Vec<LayerCache>,
+}
+
+impl KvCache {
+    /// Tokens cached.
+    pub fn len(&self) -> i64 {
+        self.layers.first().and_then(|c| c.kv.as_ref()).map_or(0, |(k, _)| k.size()[2])
+    }
+
+    /// Whether no token is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps the rows `rows` (indices into the batch) only.
+    pub fn keep_rows(&mut self, rows: &Tensor) {
+        for layer in &mut self.layers {
+            if let Some((k, v)) = layer.kv.take() {
+                layer.kv = Some((k.index_select(0, rows), v.index_select(0, rows)));
+            }
+        }
     }
 }
