@@ -102,3 +102,38 @@ fn throughput_paths_train_as_without_them() {
     let relative = (diff / size).sqrt();
     assert!(relative <= 1e-5, "adapters differ by {relative:e} of their norm");
 }
+
+/// The tiny Qwen-Image recipe trains against an in-process judge (a tiny random Qwen2.5-VL of
+/// `scripts/reference_vlm_judge.py`, scoring by the probabilities of "1"…"5"): the judge's score
+/// is the reward, it tells the samples apart, and the LoRA trains.
+#[test]
+fn trains_against_a_native_vlm_judge() {
+    let pipeline = scratch("qwen-judge-pipeline");
+    (flowtune_models::family_named("qwen_image").unwrap().write_tiny)(&pipeline, 5).unwrap();
+    let out = scratch("qwen-judge-run");
+    let judge = flowtune_fixtures::dir().join("vlm_qwen25_tiny");
+    let overrides = [
+        format!("model.path={}", pipeline.display()),
+        format!("data.train_files=[{}]", common::root().join("examples/prompts/tiny.txt").display()),
+        format!("trainer.output_dir={}", out.display()),
+        "trainer.total_steps=2".into(),
+        format!(
+            "reward.functions=[{{name: vlm_judge, vlm: {{backend: native, model: {}, mode: \
+             expectation, device: cpu, user_prompt: 'Rate the picture from 1 to 5 for: {{prompt}}', \
+             score_tokens: {{'1': 1, '2': 2, '3': 3, '4': 4, '5': 5}}}}}}]",
+            judge.display()
+        ),
+    ];
+    let file = common::root().join("examples/flow_grpo_qwen_image_tiny.yaml");
+    let recipe = flowtune_config::Recipe::load(&file, &overrides).expect("recipe");
+    let run = train(&recipe, Device::Cpu).expect("train");
+    assert_eq!(run.metrics.len(), 2);
+    for step in &run.metrics {
+        let score = step["critic/vlm_judge/mean"];
+        assert!((0.0..=1.0).contains(&score), "the judge's score in [0, 1]: {score}");
+        assert!(step["critic/vlm_judge/score_token_mass/mean"] > 0.0, "{step:?}");
+        let spread = step["critic/rewards/max"] - step["critic/rewards/min"];
+        assert!(spread > 0.0, "the judge tells samples apart: {step:?}");
+    }
+    assert!(lora_moved(&tensors(&run.export)), "the LoRA trained");
+}

@@ -26,6 +26,16 @@ pub struct RewardArgs {
     /// Timed calls (after one warm-up).
     #[arg(long, default_value_t = 3)]
     iters: usize,
+    /// A native `vlm_judge` only: time transformers' `generate` on the same judge, pictures and
+    /// batches in the same run (`$PYTHON`, default python3, runs `--anchor`), and print the ratio.
+    #[arg(long)]
+    transformers: bool,
+    /// The transformers anchor script.
+    #[arg(long, default_value = "scripts/bench_vlm_judge_transformers.py")]
+    anchor: PathBuf,
+    /// Also write the figures as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 /// A textured picture, different for every `index`.
@@ -58,10 +68,16 @@ pub fn run(a: RewardArgs) -> Result<(), Failure> {
             extra_info: &null,
         })
         .collect();
+    let mut answer_tokens = vec![];
     let seconds = super::bench_common::time(a.iters.max(1), Device::Cpu, || {
-        score_batch(&scorers, &samples, OnError::Fail)
-            .map(drop)
-            .map_err(|e| Failure::Runtime(e.into()))
+        let scored = score_batch(&scorers, &samples, OnError::Fail)
+            .map_err(|e| Failure::Runtime(e.into()))?;
+        answer_tokens = scored
+            .details
+            .iter()
+            .filter_map(|d| d.extras.get("vlm_judge/answer_tokens").map(|&n| n as i64))
+            .collect();
+        Ok(())
     })?;
     let names: Vec<&str> = scorers.iter().map(|(s, _)| s.name()).collect();
     println!(
@@ -71,5 +87,102 @@ pub fn run(a: RewardArgs) -> Result<(), Failure> {
         seconds * 1e3,
         count as f64 / seconds
     );
+    let mut figures = serde_json::json!({
+        "reward": names.join(" + "),
+        "count": count,
+        "resolution": a.resolution,
+        "seconds": seconds,
+        "images_per_s": count as f64 / seconds,
+    });
+    if a.transformers {
+        let anchor = transformers_anchor(&a, &config, count)?;
+        if anchor.answer_tokens != answer_tokens {
+            return Err(Failure::Runtime(anyhow::anyhow!(
+                "flowtune and transformers answered with different token counts ({answer_tokens:?} \
+                 vs {:?}): the timings would not compare the same work",
+                anchor.answer_tokens
+            )));
+        }
+        println!(
+            "transformers generate: {:.1} ms per call, {:.2} images/s; flowtune / transformers: {:.2}× \
+             ({} answer tokens, the same in both)",
+            anchor.seconds * 1e3,
+            count as f64 / anchor.seconds,
+            anchor.seconds / seconds,
+            answer_tokens.iter().sum::<i64>()
+        );
+        figures["transformers_seconds"] = anchor.seconds.into();
+        figures["speedup"] = (anchor.seconds / seconds).into();
+        figures["answer_tokens"] = answer_tokens.iter().sum::<i64>().into();
+    }
+    if let Some(path) = &a.json {
+        let text =
+            serde_json::to_string_pretty(&figures).map_err(|e| Failure::Runtime(e.into()))?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| Failure::Runtime(anyhow::anyhow!("writing {}: {e}", path.display())))?;
+    }
     Ok(())
+}
+
+/// What the transformers anchor measured.
+struct Anchor {
+    seconds: f64,
+    answer_tokens: Vec<i64>,
+}
+
+/// Runs the anchor script on the one native `vlm_judge` of `config`.
+fn transformers_anchor(
+    a: &RewardArgs,
+    config: &flowtune_rewards::RewardConfig,
+    count: usize,
+) -> Result<Anchor, Failure> {
+    let judges: Vec<_> = config
+        .functions
+        .iter()
+        .filter_map(|f| f.vlm.as_ref())
+        .filter(|v| v.backend == flowtune_rewards::JudgeBackend::Native)
+        .collect();
+    let [vlm] = judges[..] else {
+        return Err(Failure::input(anyhow::anyhow!(
+            "--transformers compares one vlm_judge with backend: native; the reward section has {}",
+            judges.len()
+        )));
+    };
+    let model =
+        flowtune_models::hub::resolve(std::path::Path::new(&vlm.model)).map_err(Failure::input)?;
+    let device = vlm
+        .device
+        .clone()
+        .unwrap_or_else(|| if tch::Cuda::is_available() { "cuda" } else { "cpu" }.to_string());
+    let dtype = vlm
+        .dtype
+        .clone()
+        .unwrap_or_else(|| if device == "cpu" { "float32" } else { "bfloat16" }.to_string());
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(&python)
+        .arg(&a.anchor)
+        .args(["--model", &model.display().to_string()])
+        .args(["--settings", &serde_json::to_string(vlm).expect("settings serialize")])
+        .args(["--count", &count.to_string(), "--resolution", &a.resolution.to_string()])
+        .args(["--iters", &a.iters.max(1).to_string(), "--device", &device, "--dtype", &dtype])
+        .output()
+        .map_err(|e| {
+            Failure::input(anyhow::anyhow!("running {python} {}: {e}", a.anchor.display()))
+        })?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(Failure::Runtime(anyhow::anyhow!(
+            "the transformers anchor {} failed: {}",
+            a.anchor.display(),
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default()
+        )));
+    }
+    let line = said.lines().last().unwrap_or_default();
+    let bad = || Failure::Runtime(anyhow::anyhow!("the transformers anchor printed {line:?}"));
+    let value: serde_json::Value = serde_json::from_str(line).map_err(|_| bad())?;
+    let seconds = value["seconds"].as_f64().ok_or_else(bad)?;
+    let tokens = value["answer_tokens"].as_array().ok_or_else(bad)?;
+    let answer_tokens =
+        tokens.iter().map(|t| t.as_i64().ok_or_else(bad)).collect::<Result<_, _>>()?;
+    Ok(Anchor { seconds, answer_tokens })
 }

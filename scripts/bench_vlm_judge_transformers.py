@@ -1,0 +1,93 @@
+"""The transformers anchor of `flowtune bench reward --transformers` for a native `vlm_judge`: the same
+judge folder, pictures, prompts and batches answered by `model.generate(do_sample=False)`.
+
+Usage (needs torch, transformers 5 and Pillow; flowtune runs it with the arguments below):
+    python scripts/bench_vlm_judge_transformers.py --model DIR --settings JSON --count 16 --resolution 512 \
+        --iters 3 [--device cpu] [--dtype float32]
+
+JSON holds the judge's `vlm:` settings (`system_prompt`, `user_prompt`, `max_tokens`, `batch_size`,
+`answer_prefix`). The pictures and prompts are `flowtune bench reward`'s: picture i is
+RGB = ((x·k) mod 251, (3y + x·k) mod 253, ((x xor y)·k) mod 241) with k = i + 1, prompt
+`a sign that says "flowtune i"`. Prints one JSON line: `seconds` (mean per call of all `count` pictures, after one
+warm-up call, synchronised), the decoded `answers` and each answer's token count before its end token
+(`answer_tokens`, so the caller can check both did the same work).
+"""
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+
+def picture(index: int, side: int) -> Image.Image:
+    k = index + 1
+    y, x = np.mgrid[0:side, 0:side].astype(np.int64)
+    rgb = np.stack([(x * k) % 251, (y * 3 + x * k) % 253, ((x ^ y) * k) % 241], axis=-1).astype(np.uint8)
+    return Image.fromarray(rgb, "RGB")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--settings", required=True)
+    ap.add_argument("--count", type=int, default=16)
+    ap.add_argument("--resolution", type=int, default=512)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    a = ap.parse_args()
+    s = json.loads(a.settings)
+    dtype = getattr(torch, a.dtype)
+    model = AutoModelForImageTextToText.from_pretrained(a.model, dtype=dtype).to(a.device).eval()
+    processor = AutoProcessor.from_pretrained(a.model)
+    pictures = [picture(i, a.resolution) for i in range(a.count)]
+    prompts = [f'a sign that says "flowtune {i}"' for i in range(a.count)]
+
+    def texts(rows):
+        out = []
+        for i in rows:
+            messages = []
+            if s.get("system_prompt"):
+                messages.append({"role": "system", "content": s["system_prompt"]})
+            user = s["user_prompt"].replace("{prompt}", prompts[i])
+            messages.append({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": user}]})
+            text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            out.append(text + s.get("answer_prefix", ""))
+        return out
+
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+
+    def call():
+        answers, lengths = [], []
+        for start in range(0, a.count, s["batch_size"]):
+            rows = list(range(start, min(start + s["batch_size"], a.count)))
+            inputs = processor(text=texts(rows), images=[pictures[i] for i in rows], padding=True,
+                               padding_side="left", return_tensors="pt").to(a.device)
+            with torch.no_grad():
+                out = model.generate(**inputs, do_sample=False, max_new_tokens=s["max_tokens"])
+            new = out[:, inputs["input_ids"].shape[1]:]
+            answers += processor.batch_decode(new, skip_special_tokens=True)
+            for row in new.tolist():
+                lengths.append(next((k for k, t in enumerate(row) if t in eos), len(row)))
+        return answers, lengths
+
+    def sync():
+        if a.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    answers, lengths = call()
+    sync()
+    start = time.perf_counter()
+    for _ in range(a.iters):
+        call()
+    sync()
+    seconds = (time.perf_counter() - start) / a.iters
+    print(json.dumps({"seconds": seconds, "answers": answers, "answer_tokens": lengths}))
+
+
+if __name__ == "__main__":
+    main()
