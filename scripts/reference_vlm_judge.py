@@ -18,9 +18,10 @@ torchvision, transformers' Qwen2-VL image processor is its PIL version (8-bit bi
   vocabulary of the last position at the tokens "1"…"5", `m.generated` (B, N) = the new tokens of
   `generate(do_sample=False, max_new_tokens=40)` (finished rows padded with 450): Qwen2.5-VL's rows answer 40, 27,
   25 and 40 tokens, Qwen3-VL's 40 each.
-- `vlm_judge.json`: per model its folder, each row's `system` (null: none given) and `user` text, the rendered
+- `vlm_judge.json`: per model its folder, its parameter count (tied tensors once), each row's `system` (null: none given) and `user` text, the rendered
   `texts`, the decoded `answers`, the `score_token_ids`; `real_sizes`: parameter counts of Qwen2.5-VL-7B-Instruct,
-  Qwen3-VL-8B-Instruct and Qwen3-VL-4B-Instruct (built on the meta device) with their configs.
+  Qwen3-VL-8B-Instruct and Qwen3-VL-4B-Instruct (built on the meta device) with their configs, which also go to
+  `examples/models/judges/<name>/config.json` (config-only, for `flowtune plan`).
 
 The processor step is written out (template rendered with `apply_chat_template` of the tokenizer, each
 `<|image_pad|>` repeated once per merged image token, tokenized, left-padded; `mm_token_type_ids` marking the image
@@ -341,6 +342,7 @@ def real_sizes():
         tied = model.lm_head.weight is model.model.language_model.embed_tokens.weight
         config = cfg.to_dict()
         config["architectures"] = [model_cls.__name__]
+        config["dtype"] = "bfloat16"  # as the released checkpoints are stored
         out[name] = dict(total=sum(p.numel() for p in unique.values()), visual=visual, language_model=language,
                          lm_head=0 if tied else model.lm_head.weight.numel(), config=json.loads(json.dumps(config, default=str)))
     return out
@@ -376,9 +378,15 @@ def main():
         tensors[f"{m}.logits"] = logits.contiguous()
         tensors[f"{m}.score_probs"] = probs.contiguous()
         tensors[f"{m}.generated"] = new.contiguous()
-        spec[m] = dict(model=s["folder"], system=s["systems"], user=users, texts=texts,
+        params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        spec[m] = dict(model=s["folder"], params=params, system=s["systems"], user=users, texts=texts,
                        answers=tokenizer.batch_decode(new, skip_special_tokens=True), score_token_ids=score_ids)
     spec["real_sizes"] = real_sizes()
+    for name, sizes in spec["real_sizes"].items():
+        # Config-only copies for `flowtune plan` (the recipes' judges; scripts/size_recipes.py).
+        folder = ROOT / "examples/models/judges" / name.lower()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(sizes["config"], indent=2) + "\n")
     save_file(tensors, FIX / "vlm_judge_io.safetensors")
     (FIX / "vlm_judge.json").write_text(json.dumps(spec, indent=1, ensure_ascii=False) + "\n")
     for name, sizes in spec["real_sizes"].items():

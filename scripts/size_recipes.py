@@ -5,7 +5,8 @@ total and loading peak, times 1.2, must stay within the planner's budget (90 % o
 memory), since measured peaks have run up to ~20 % above the plan.
 
 Real recipes name Hub ids (or `../models/<Name>` folders) that are not shipped; they are planned
-against the config-only copies under examples/models/ (the teachers of on-policy distillation too).
+against the config-only copies under examples/models/ (the teachers of on-policy distillation too, and the
+in-process judges, through a temporary Hugging Face cache).
 
 Usage: scripts/size_recipes.py [--bin target/release/flowtune] [--margin 1.2] [--gpus N]
                                [--set key=value ...] [--suggest] [--json] [recipe.yaml ...]
@@ -16,9 +17,12 @@ Usage: scripts/size_recipes.py [--bin target/release/flowtune] [--margin 1.2] [-
 
 import argparse
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +45,14 @@ MODELS = {
     "../models/sd35m-ocr-teacher": "examples/models/sd3.5-medium",
 }
 
+# In-process judges (`vlm.backend: native`) by Hub id → their config-only copies, laid out as a Hugging Face cache
+# for the planner.
+JUDGES = {
+    "Qwen/Qwen2.5-VL-7B-Instruct": "examples/models/judges/qwen2.5-vl-7b-instruct",
+    "Qwen/Qwen3-VL-8B-Instruct": "examples/models/judges/qwen3-vl-8b-instruct",
+    "Qwen/Qwen3-VL-4B-Instruct": "examples/models/judges/qwen3-vl-4b-instruct",
+}
+
 HARDWARE = re.compile(r"^# Hardware: (\d+) × (\d+) GB GPUs?$", re.M)
 
 
@@ -61,9 +73,22 @@ def overrides(text):
     return out
 
 
-def plan(binary, recipe, extra, gpus, gib):
+def judge_cache(folder):
+    """A Hugging Face cache in `folder` holding the judges' configs."""
+    for hub_id, configs in JUDGES.items():
+        repo = Path(folder) / f"models--{hub_id.replace('/', '--')}"
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs/main").write_text("config-only")
+        snapshot = repo / "snapshots/config-only"
+        snapshot.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / configs / "config.json", snapshot / "config.json")
+    return folder
+
+
+def plan(binary, recipe, extra, gpus, gib, cache):
     cmd = [binary, "plan", str(recipe), *extra, "--gpus", str(gpus), "--gpu-memory", str(gib), "--json"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    env = dict(os.environ, HF_HUB_CACHE=cache)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
     return json.loads(r.stdout)
@@ -80,6 +105,12 @@ def main():
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an override for every recipe (repeatable)")
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as cache:
+        sys.exit(check(args, judge_cache(cache)))
+
+
+def check(args, cache):
+    """Plans every recipe; the number that do not fit (or cannot be planned)."""
     bad = 0
     for recipe in recipes(args):
         text = recipe.read_text()
@@ -93,7 +124,7 @@ def main():
             continue
         extra = overrides(text) + args.set
         try:
-            p = plan(args.bin, recipe, extra, gpus, gib)
+            p = plan(args.bin, recipe, extra, gpus, gib, cache)
         except RuntimeError as e:
             print(e, file=sys.stderr)
             bad += 1
@@ -105,7 +136,7 @@ def main():
                "load_gib": round(load, 1), "host_gib": round(p["host_gib"], 1),
                "fits_with_margin": ok}
         if args.suggest and not ok:
-            q = plan(args.bin, recipe, extra, gpus, gib / args.margin)
+            q = plan(args.bin, recipe, extra, gpus, gib / args.margin, cache)
             row["changes"] = q["changes"]
             row["changed_gib"] = q["changed_gib"]
         if args.json:
@@ -115,7 +146,7 @@ def main():
             more = f"  → {' '.join(row['changes'])} ({row['changed_gib'] or 0:.1f})" if "changes" in row else ""
             print(f"{mark} {recipe.name:<36} {gpus}×{gib:.0f}  device {dev:6.1f}  load {load:6.1f}"
                   f"  host {p['host_gib']:6.1f}{more}")
-    sys.exit(1 if bad else 0)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -843,7 +843,8 @@ fn named_devices_reach_the_ranks_or_are_refused_by_name() {
 
 /// Mistakes a new user makes fail before any step, each in one line naming the key, and leave no
 /// run folder: a missing prompt file or pipeline, a LoRA target that adapts nothing, a group of
-/// one where advantages are relative to the group, a resolution the model cannot take.
+/// one where advantages are relative to the group, a resolution the model cannot take, a missing
+/// or sampling in-process judge.
 #[test]
 fn mistakes_fail_before_training_by_name() {
     let dir = scratch("cli-mistakes");
@@ -861,7 +862,7 @@ fn mistakes_fail_before_training_by_name() {
         args.extend(extra.iter().map(|s| s.to_string()));
         flowtune(&args.iter().map(String::as_str).collect::<Vec<_>>())
     };
-    let cases: [(&[&str], &[&str]); 8] = [
+    let cases: [(&[&str], &[&str]); 10] = [
         (&["data.train_files=[no-such-prompts.txt]"], &["data.train_files[0]: no-such-prompts.txt does not exist (from the working directory"]),
         (&["rollout.nosie_level=0.5"], &["override `rollout.nosie_level=0.5`: rollout.nosie_level: unknown field `nosie_level`; did you mean `noise_level`?"]),
         (&["reward.functions=[{name: brightnes}]"], &["override `reward.functions=[{name: brightnes}]`: reward: reward config: unknown reward `brightnes`"]),
@@ -870,6 +871,8 @@ fn mistakes_fail_before_training_by_name() {
         (&["model.lora.target_modules=[to_q, to_qq]"], &["model.lora.target_modules entry `to_qq` names none of the model's", "nearest: `to_q`"]),
         (&["rollout.n=1"], &["rollout.n: 1: flow_grpo's advantages are rewards minus their prompt group's mean"]),
         (&["model.resolution=512"], &["model.resolution 512×512 pixels", "position table covers sides up to"]),
+        (&["reward.functions=[{name: vlm_judge, vlm: {backend: native, model: no-such-judge, temperature: 0}}]"], &["reward.functions[0].vlm.model: no-such-judge has no config.json"]),
+        (&["reward.functions=[{name: vlm_judge, vlm: {backend: native, model: no-such-judge}}]"], &["backend native answers greedily; set vlm.temperature: 0 (got 0.7)"]),
     ];
     for (extra, needles) in cases {
         assert_bad_input(&train(extra), needles);

@@ -5,7 +5,8 @@
 //! - the rendered conversations, token ids and mask, and the processor's patches;
 //! - the logits of every kept position (≤ 1e-4 relative);
 //! - the greedy answers of `generate(do_sample=False, max_new_tokens=40)`, token for token;
-//! - the probabilities of the score tokens "1"…"5" as the first answer token (≤ 1e-5).
+//! - the probabilities of the score tokens "1"…"5" as the first answer token (≤ 1e-5);
+//! - the parameter count (a tied head once).
 
 use flowtune_fixtures::{dir, json, tensors, Checker, MATH_RTOL};
 use flowtune_models::vlm::generate::{first_token_probabilities, generate};
@@ -29,6 +30,7 @@ fn check(m: &str) {
     let folder = spec["model"].as_str().expect("model folder");
     let model = VisionLanguageModel::load(&dir().join(folder), Device::Cpu, Kind::Float)
         .unwrap_or_else(|e| panic!("{folder}: {e}"));
+    assert_eq!(model.parameter_count(), spec["params"].as_i64().unwrap(), "{m}: parameters");
     let pictures: Vec<RgbImage> = (0..4).map(|i| picture(&io[&format!("picture{i}")])).collect();
     let systems: Vec<Option<String>> = spec["system"]
         .as_array()

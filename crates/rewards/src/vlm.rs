@@ -4,7 +4,7 @@
 //! ([`crate::NativeJudge`]).
 //!
 //! One request per image (`POST <url>` with `Authorization: Bearer $<api_key_env>` when set):
-//! `{"model", "messages": [{"role": "system", "content": <system_prompt>}, {"role": "user",
+//! `{"model", "messages": [{"role": "system", "content": <system_prompt>} (unless empty), {"role": "user",
 //! "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,…"}}, {"type":
 //! "text", "text": <user_prompt>}]}], "temperature", "top_p", "max_tokens"[, "seed"]}`; the answer
 //! is `choices[0].message.content`. `{prompt}` in the user prompt stands for the sample's prompt.
@@ -70,7 +70,7 @@ pub struct VlmSettings {
     /// to the recipe file), or a Hub id in the local Hugging Face cache.
     pub model: String,
     pub mode: JudgeMode,
-    /// The system message of every request.
+    /// The system message of every request; empty: none (the chat template's default, if any).
     pub system_prompt: String,
     /// The instruction beside the image; `{prompt}` is replaced by the sample's prompt.
     pub user_prompt: String,
@@ -161,15 +161,17 @@ impl VlmJudge {
     fn body(&self, sample: &Sample<'_>) -> Result<Value, RewardError> {
         let png = png_base64(sample.image).map_err(|e| self.fail(e))?;
         let v = &self.vlm;
+        let mut messages = vec![];
+        if !v.system_prompt.is_empty() {
+            messages.push(json!({ "role": "system", "content": v.system_prompt }));
+        }
+        messages.push(json!({ "role": "user", "content": [
+            { "type": "image_url", "image_url": { "url": format!("data:image/png;base64,{png}") } },
+            { "type": "text", "text": v.user_prompt.replace("{prompt}", sample.prompt) },
+        ] }));
         let mut body = json!({
             "model": v.model,
-            "messages": [
-                { "role": "system", "content": v.system_prompt },
-                { "role": "user", "content": [
-                    { "type": "image_url", "image_url": { "url": format!("data:image/png;base64,{png}") } },
-                    { "type": "text", "text": v.user_prompt.replace("{prompt}", sample.prompt) },
-                ] },
-            ],
+            "messages": messages,
             "temperature": v.temperature,
             "top_p": v.top_p,
             "max_tokens": v.max_tokens,

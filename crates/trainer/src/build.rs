@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use flowtune_config::{Finetune, Recipe, Sharding, StateOffload};
 use flowtune_data::{PromptDataset, PromptRecord};
 use flowtune_models::{Dtypes, FlowPipeline, PipelineOptions, RandomWeights};
+use flowtune_rewards::JudgeBackend;
 use tch::Device;
 
 use crate::algorithms::Algorithm;
@@ -297,6 +298,24 @@ fn check_inputs(recipe: &Recipe) -> Result<(), TrainError> {
     for (key, path) in pipelines {
         flowtune_models::pipeline::PipelineDir::open(&path)
             .map_err(|e| TrainError::Invalid(format!("{key}: {e}{}", whence(&path))))?;
+    }
+    // In-process judges: a folder (or Hub id in the cache) with a config.json.
+    for (i, f) in recipe.reward.functions.iter().enumerate() {
+        let Some(vlm) = f.vlm.as_ref().filter(|v| v.backend == JudgeBackend::Native) else {
+            continue;
+        };
+        let key = format!("reward.functions[{i}].vlm.model");
+        let path = Path::new(&vlm.model);
+        let dir = flowtune_models::hub::resolve(path)
+            .map_err(|e| TrainError::Invalid(format!("{key}: {e}{}", whence(path))))?;
+        if !dir.join("config.json").is_file() {
+            return Err(TrainError::Invalid(format!(
+                "{key}: {} has no config.json; expected a transformers Qwen2.5-VL or Qwen3-VL \
+                 folder{}",
+                dir.display(),
+                whence(path)
+            )));
+        }
     }
     Ok(())
 }
