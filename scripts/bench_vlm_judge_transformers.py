@@ -1,5 +1,7 @@
 """The transformers anchor of `flowtune bench reward --transformers` for a native `vlm_judge`: the same
-judge folder, pictures, prompts and batches answered by `model.generate(do_sample=False)`.
+judge folder, pictures, prompts and batches answered by `model.generate(do_sample=False)`, laid out as
+`reference_vlm_judge.py` lays out a batch (the processor's steps written out: Qwen3-VL's processor class needs
+torchvision).
 
 Usage (needs torch, transformers 5 and Pillow; flowtune runs it with the arguments below):
     python scripts/bench_vlm_judge_transformers.py --model DIR --settings JSON --count 16 --resolution 512 \
@@ -14,12 +16,16 @@ warm-up call, synchronised), the decoded `answers` and each answer's token count
 """
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
-from transformers import AutoModelForImageTextToText, AutoProcessor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reference_vlm_judge import batch, load, messages  # noqa: E402
 
 
 def picture(index: int, side: int) -> Image.Image:
@@ -40,23 +46,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     a = ap.parse_args()
     s = json.loads(a.settings)
-    dtype = getattr(torch, a.dtype)
-    model = AutoModelForImageTextToText.from_pretrained(a.model, dtype=dtype).to(a.device).eval()
-    processor = AutoProcessor.from_pretrained(a.model)
+    model, tokenizer, processor = load(Path(a.model))
+    model = model.to(device=a.device, dtype=getattr(torch, a.dtype))
     pictures = [picture(i, a.resolution) for i in range(a.count)]
     prompts = [f'a sign that says "flowtune {i}"' for i in range(a.count)]
-
-    def texts(rows):
-        out = []
-        for i in rows:
-            messages = []
-            if s.get("system_prompt"):
-                messages.append({"role": "system", "content": s["system_prompt"]})
-            user = s["user_prompt"].replace("{prompt}", prompts[i])
-            messages.append({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": user}]})
-            text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            out.append(text + s.get("answer_prefix", ""))
-        return out
+    system = s.get("system_prompt") or None
 
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
@@ -65,12 +59,15 @@ def main() -> None:
         answers, lengths = [], []
         for start in range(0, a.count, s["batch_size"]):
             rows = list(range(start, min(start + s["batch_size"], a.count)))
-            inputs = processor(text=texts(rows), images=[pictures[i] for i in rows], padding=True,
-                               padding_side="left", return_tensors="pt").to(a.device)
+            conversations = [messages(system, s["user_prompt"].replace("{prompt}", prompts[i])) for i in rows]
+            _, inputs = batch(model, tokenizer, processor, conversations, [pictures[i] for i in rows],
+                              s.get("answer_prefix", ""))
+            inputs = {k: v.to(a.device) for k, v in inputs.items()}
+            inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
             with torch.no_grad():
                 out = model.generate(**inputs, do_sample=False, max_new_tokens=s["max_tokens"])
             new = out[:, inputs["input_ids"].shape[1]:]
-            answers += processor.batch_decode(new, skip_special_tokens=True)
+            answers += tokenizer.batch_decode(new, skip_special_tokens=True)
             for row in new.tolist():
                 lengths.append(next((k for k, t in enumerate(row) if t in eos), len(row)))
         return answers, lengths

@@ -383,7 +383,25 @@ pub fn attention(
     causal: bool,
     scale: Option<f64>,
 ) -> Tensor {
-    let out = Tensor::scaled_dot_product_attention(q, k, v, bias, 0.0, causal, scale, false);
+    attention_with(q, k, v, bias, causal, scale, false)
+}
+
+/// [`attention`] with fewer key/value heads than query heads (grouped-query attention): each
+/// key/value head serves `q heads / kv heads` consecutive query heads, read in place.
+pub fn grouped_attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: Option<&Tensor>) -> Tensor {
+    attention_with(q, k, v, bias, false, None, true)
+}
+
+fn attention_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: Option<&Tensor>,
+    causal: bool,
+    scale: Option<f64>,
+    gqa: bool,
+) -> Tensor {
+    let out = Tensor::scaled_dot_product_attention(q, k, v, bias, 0.0, causal, scale, gqa);
     // (…, Sq, d) against (…, Sk, d): Sq·Sk·d multiply-adds for the scores and as many for values.
     let sk = k.size()[k.dim() - 2];
     let work = 4.0 * q.numel() as f64 * sk as f64;
@@ -392,7 +410,7 @@ pub fn attention(
         if work > largest.get().0 {
             // SDPA's own choice for these inputs (a host-side check, no synchronisation).
             let choice =
-                Tensor::f_internal_fused_sdp_choice(q, k, v, bias, 0.0, causal, scale, false);
+                Tensor::f_internal_fused_sdp_choice(q, k, v, bias, 0.0, causal, scale, gqa);
             largest.set((work, choice.unwrap_or(-1)));
         }
     });

@@ -62,7 +62,8 @@ fn check(m: &str) {
     let pixels = &io[&format!("{m}.pixel_values")];
     check.close_within(&format!("{m} pixel_values"), &prompts.pixel_values, pixels, MATH_RTOL);
     check.case();
-    let (logits, _, _) = model.prefill(&prompts).expect("prefill");
+    let (states, _, _) = model.prefill(&prompts).expect("prefill");
+    let logits = model.logits(&states);
     let mask = &prompts.attention_mask;
     let want = kept(&io[&format!("{m}.logits")], mask);
     check.close_within(&format!("{m} logits"), &kept(&logits, mask), &want, MATH_RTOL);

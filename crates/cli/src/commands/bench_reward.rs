@@ -174,7 +174,10 @@ fn transformers_anchor(
         return Err(Failure::Runtime(anyhow::anyhow!(
             "the transformers anchor {} failed: {}",
             a.anchor.display(),
-            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default()
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .rfind(|l| !l.trim().is_empty())
+                .unwrap_or_default()
         )));
     }
     let line = said.lines().last().unwrap_or_default();

@@ -7,7 +7,7 @@
 use tch::{Kind, Tensor};
 
 use super::qwen2_5_vl_positions::text_positions;
-use crate::nn::{attention, Embedding, Linear, RmsNorm, Scope};
+use crate::nn::{attention, grouped_attention, Embedding, Linear, RmsNorm, Scope};
 use crate::ModelError;
 
 /// `rope_parameters` (transformers 5) or `rope_scaling` of a text config: θ and the rotary kind.
@@ -311,20 +311,26 @@ impl QwenDecoder {
         let q = rotate(&split(layer.q_proj.forward(&h), heads, layer.q_norm.as_ref()));
         let k = rotate(&split(layer.k_proj.forward(&h), kv_heads, layer.k_norm.as_ref()));
         let v = split(layer.v_proj.forward(&h), kv_heads, None);
-        let (k, v) = match cache {
-            Some(cache) => cache.append(k, v),
-            None => (k, v),
+        let attn = match cache {
+            // Decoding reads the cached keys and values of each group in place rather than
+            // copying them per query head every step.
+            Some(cache) => {
+                let (k, v) = cache.append(k, v);
+                grouped_attention(&q, &k, &v, Some(mask))
+            }
+            None => {
+                let repeat = heads / kv_heads;
+                let (k, v) = if repeat > 1 {
+                    (
+                        k.repeat_interleave_self_int(repeat, 1, None),
+                        v.repeat_interleave_self_int(repeat, 1, None),
+                    )
+                } else {
+                    (k, v)
+                };
+                attention(&q, &k, &v, Some(mask), false, None)
+            }
         };
-        let repeat = heads / kv_heads;
-        let (k, v) = if repeat > 1 {
-            (
-                k.repeat_interleave_self_int(repeat, 1, None),
-                v.repeat_interleave_self_int(repeat, 1, None),
-            )
-        } else {
-            (k, v)
-        };
-        let attn = attention(&q, &k, &v, Some(mask), false, None);
         let x = x + layer.o_proj.forward(&attn.transpose(1, 2).reshape([b, l, -1]));
         let h = layer.post_attention_layernorm.forward(&x);
         let gated = layer.gate_proj.forward(&h).silu() * layer.up_proj.forward(&h);

@@ -22,8 +22,8 @@ pub fn generate(
     }
     let device = model.device();
     let eos = Tensor::from_slice(&model.eos_token_ids).to_device(device);
-    let (logits, mut cache, mut positions) = model.prefill(prompts)?;
-    let mut next = logits.select(1, -1).argmax(-1, false);
+    let (states, mut cache, mut positions) = model.prefill(prompts)?;
+    let mut next = model.logits(&states.select(1, -1)).argmax(-1, false);
     let mut keys = prompts.attention_mask.shallow_clone();
     // The batch rows still answering, as indices into `answers`.
     let mut rows: Vec<usize> = (0..b).collect();
@@ -67,8 +67,8 @@ pub fn first_token_probabilities(
     prompts: &Prompts,
     token_ids: &[i64],
 ) -> Result<Tensor, ModelError> {
-    let (logits, _, _) = model.prefill(prompts)?;
-    let last = logits.select(1, -1).to_kind(Kind::Float).softmax(-1, Kind::Float);
+    let (states, _, _) = model.prefill(prompts)?;
+    let last = model.logits(&states.select(1, -1)).to_kind(Kind::Float).softmax(-1, Kind::Float);
     let index = Tensor::from_slice(token_ids).to_device(last.device());
     Ok(last.index_select(1, &index))
 }

@@ -279,8 +279,9 @@ impl VisionLanguageModel {
         })
     }
 
-    /// The logits (B, L, vocab) of every position of `prompts`, in the weights' kind, and the
-    /// cache and next positions (B) to continue from: the prefill of [`generate`].
+    /// The final-normed states (B, L, hidden) of every position of `prompts`, in the weights'
+    /// kind, and the cache and next positions (B) to continue from: the prefill of [`generate`]
+    /// ([`Self::logits`] turns states into logits).
     pub fn prefill(&self, prompts: &Prompts) -> Result<(Tensor, KvCache, Tensor), ModelError> {
         let _guard = tch::no_grad_guard();
         let ids = &prompts.input_ids;
@@ -315,7 +316,7 @@ impl VisionLanguageModel {
         // The next token of a row continues after its largest position (transformers'
         // `rope_deltas`): padding sits at 0.
         let next = positions.amax([0, 2], false) + 1;
-        Ok((self.logits(&states), cache, next))
+        Ok((states, cache, next))
     }
 
     /// One step of decoding: the logits (B, 1, vocab) of `tokens` (B, 1) at `positions` (B),
@@ -344,8 +345,8 @@ impl VisionLanguageModel {
         Ok(self.logits(&states))
     }
 
-    /// The head on final-normed states.
-    fn logits(&self, states: &Tensor) -> Tensor {
+    /// The language-model head on final-normed states (…, hidden) → (…, vocab).
+    pub fn logits(&self, states: &Tensor) -> Tensor {
         let head = self.lm_head.as_ref().unwrap_or(self.decoder().embedding_weight());
         states.matmul(&head.tr())
     }
