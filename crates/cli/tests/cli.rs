@@ -926,3 +926,50 @@ fn recipe_paths_follow_the_recipe_file() {
         &["data.train_files[0]: prompts/p.txt does not exist (from the working directory"],
     );
 }
+
+/// `bench reward --transformers`: the native judge and transformers' `generate` on the same tiny
+/// judge, pictures and batches in one run; both answer with the same token counts, and the
+/// figures (seconds of each, their ratio) go to the JSON.
+#[test]
+fn bench_reward_times_a_native_judge_against_transformers() {
+    let dir = scratch("bench-judge");
+    let config = dir.join("judge.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "functions:\n  - name: vlm_judge\n    vlm: {{backend: native, model: {}, temperature: 0, \
+             max_tokens: 16, batch_size: 3, device: cpu}}\n",
+            in_fixtures("vlm_qwen25_tiny")
+        ),
+    )
+    .unwrap();
+    let home = PathBuf::from(std::env::var("HOME").unwrap_or_default());
+    let var = |k: &str| std::env::var_os(k).map(PathBuf::from);
+    let cache = var("FLOWTUNE_CACHE").unwrap_or_else(|| home.join(".cache/flowtune"));
+    let python = var("FLOWTUNE_VENV").unwrap_or_else(|| cache.join("venv")).join("bin/python");
+    let json = dir.join("bench.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_flowtune"))
+        .args(["bench", "reward", "--reward-config", &config.display().to_string()])
+        .args(["--count", "5", "--resolution", "64", "--iters", "1", "--transformers"])
+        .args(["--anchor", &repo("scripts/bench_vlm_judge_transformers.py")])
+        .args(["--json", &json.display().to_string()])
+        .env("PYTHON", &python)
+        .env("PYTHONPATH", cache.join("anchors"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        said.contains("flowtune / transformers:") && said.contains("the same in both"),
+        "{said}"
+    );
+    let figures: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for key in ["seconds", "transformers_seconds", "speedup"] {
+        assert!(figures[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {figures}");
+    }
+    let ratio =
+        figures["transformers_seconds"].as_f64().unwrap() / figures["seconds"].as_f64().unwrap();
+    assert!((figures["speedup"].as_f64().unwrap() - ratio).abs() < 1e-9, "{figures}");
+    assert!(figures["answer_tokens"].as_i64().unwrap() >= 5, "{figures}");
+}

@@ -4,7 +4,8 @@
 //!   normalisation; the raw value is the `pickscore/raw` extra);
 //! - `aesthetic`: the LAION aesthetic head on the normalised image embedding (ViT-L/14).
 //!
-//! The model runs on `clip.device` (default: the GPU when there is one) in batches.
+//! The model runs on `clip.device` (default: the training device, else the GPU when there is one)
+//! in batches.
 
 use std::path::PathBuf;
 
@@ -32,7 +33,8 @@ pub struct ClipSettings {
     /// `bpe_simple_vocab_16e6.txt.gz`; default: the model folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<PathBuf>,
-    /// `cpu`, `cuda` or `cuda:N`; default: `cuda` when a GPU is present.
+    /// `cpu`, `cuda` or `cuda:N`; default: the training device (this rank's GPU), else `cuda`
+    /// when a GPU is present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
     /// Images per forward pass.
@@ -78,10 +80,14 @@ pub struct ClipReward {
 unsafe impl Sync for ClipReward {}
 unsafe impl Send for ClipReward {}
 
-/// The device `name` (`cpu`, `cuda`, `cuda:N`) of the setting `key`; none: the GPU when present.
-pub(crate) fn device_named(name: Option<&str>, key: &str) -> Result<Device, String> {
+/// The device `name` (`cpu`, `cuda`, `cuda:N`) of the setting `key`; none: `default`.
+pub(crate) fn device_named(
+    name: Option<&str>,
+    key: &str,
+    default: Device,
+) -> Result<Device, String> {
     match name {
-        None => Ok(Device::cuda_if_available()),
+        None => Ok(default),
         Some("cpu") => Ok(Device::Cpu),
         Some("cuda") => Ok(Device::Cuda(0)),
         Some(other) => other
@@ -93,10 +99,15 @@ pub(crate) fn device_named(name: Option<&str>, key: &str) -> Result<Device, Stri
 }
 
 impl ClipReward {
-    pub fn new(kind: ClipKind, settings: &ClipSettings) -> Result<Self, RewardError> {
+    /// Loads the model on `clip.device`, else on `default` (the training device).
+    pub fn new(
+        kind: ClipKind,
+        settings: &ClipSettings,
+        default: Device,
+    ) -> Result<Self, RewardError> {
         let fail = |message: String| RewardError::Failed { reward: kind.name().into(), message };
-        let device =
-            device_named(settings.device.as_deref(), "clip.device").map_err(RewardError::Config)?;
+        let device = device_named(settings.device.as_deref(), "clip.device", default)
+            .map_err(RewardError::Config)?;
         let model = ClipModel::load(&settings.model, device, Kind::Float)
             .map_err(|e| fail(e.to_string()))?;
         let processor =

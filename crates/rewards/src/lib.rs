@@ -30,7 +30,7 @@ pub use http::{HttpReward, HttpSettings};
 pub use jpeg::JpegSize;
 pub use ocr::{Line, OcrReward, OcrSettings, Reader};
 pub use ocr_score::ocr_score;
-pub use registry::{build, validate, REWARD_NAMES};
+pub use registry::{build, build_on, validate, REWARD_NAMES};
 pub use shapes::ShapesGeneval;
 pub use vlm::{JudgeBackend, JudgeMode, VlmJudge, VlmSettings};
 pub use vlm_native::NativeJudge;

@@ -1,5 +1,7 @@
 //! The reward registry: scorer names → constructors.
 
+use tch::Device;
+
 use crate::{
     Brightness, ClipKind, ClipReward, HttpReward, JpegSize, JudgeBackend, NativeJudge, OcrReward,
     PerFrame, Reward, RewardConfig, RewardError, RewardFunction, ShapesGeneval, VlmJudge, Weighted,
@@ -101,8 +103,15 @@ pub fn validate(config: &RewardConfig) -> Result<(), RewardError> {
     Ok(())
 }
 
-/// The weighted scorers of a `reward` section (validated first), with their models loaded.
+/// The weighted scorers of a `reward` section (validated first), with their models loaded; an
+/// in-process model without a device setting goes to the GPU when there is one.
 pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
+    build_on(config, Device::cuda_if_available())
+}
+
+/// [`build`], with the in-process models that name no device on `device` (the training device:
+/// each rank's own GPU).
+pub fn build_on(config: &RewardConfig, device: Device) -> Result<Vec<Weighted>, RewardError> {
     validate(config)?;
     config
         .functions
@@ -120,7 +129,7 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
                 "vlm_judge" => {
                     let vlm = needs(f, &f.vlm, CHAT)?.clone();
                     match vlm.backend {
-                        JudgeBackend::Native => Box::new(NativeJudge::new(vlm)?),
+                        JudgeBackend::Native => Box::new(NativeJudge::new(vlm, device)?),
                         JudgeBackend::Openai => Box::new(VlmJudge::new(
                             needs(f, &f.url, CHAT)?.clone(),
                             vlm,
@@ -136,7 +145,7 @@ pub fn build(config: &RewardConfig) -> Result<Vec<Weighted>, RewardError> {
                         _ => ClipKind::Aesthetic,
                     };
                     let settings = needs(f, &f.clip, CLIP)?;
-                    Box::new(ClipReward::new(kind, settings)?)
+                    Box::new(ClipReward::new(kind, settings, device)?)
                 }
                 other => unreachable!("validate() lists every reward name, not `{other}`"),
             };

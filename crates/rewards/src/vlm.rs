@@ -92,7 +92,8 @@ pub struct VlmSettings {
     /// Text the answer starts with, written after the assistant's opening (`native`), so that a
     /// score token comes first (e.g. `"Final Score: "`).
     pub answer_prefix: String,
-    /// `native`: `cpu`, `cuda` or `cuda:N`; default: `cuda` when a GPU is present.
+    /// `native`: `cpu`, `cuda` or `cuda:N`; default: the training device (this rank's GPU), else
+    /// `cuda` when a GPU is present.
     pub device: Option<String>,
     /// `native`: the weights' dtype (`bfloat16`, `float16`, `float32`); default: the
     /// checkpoint's `dtype` on a GPU, `float32` on the CPU.

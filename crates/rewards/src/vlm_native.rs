@@ -46,12 +46,13 @@ fn checkpoint_kind(dir: &Path) -> Option<Kind> {
 }
 
 impl NativeJudge {
-    /// Checks the settings, then loads the judge (on the host when `offload`).
-    pub fn new(vlm: VlmSettings) -> Result<Self, RewardError> {
+    /// Checks the settings, then loads the judge for `vlm.device`, else `default` (the training
+    /// device), on the host when `offload`.
+    pub fn new(vlm: VlmSettings, default: Device) -> Result<Self, RewardError> {
         vlm.check()?;
         let config = |m: String| RewardError::Config(format!("reward `vlm_judge`: {m}"));
-        let device =
-            crate::clip::device_named(vlm.device.as_deref(), "vlm.device").map_err(config)?;
+        let device = crate::clip::device_named(vlm.device.as_deref(), "vlm.device", default)
+            .map_err(config)?;
         let fail =
             |m: String| RewardError::Failed { reward: "vlm_judge (native)".into(), message: m };
         let dir = flowtune_models::hub::resolve(Path::new(&vlm.model))

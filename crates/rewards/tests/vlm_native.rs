@@ -15,7 +15,7 @@ use flowtune_rewards::{
     ocr_score, HttpSettings, JudgeBackend, JudgeMode, NativeJudge, Reward, RewardError, RgbImage,
     Sample, VlmJudge, VlmSettings,
 };
-use tch::Tensor;
+use tch::{Device, Tensor};
 
 fn picture(t: &Tensor) -> RgbImage {
     let (h, w) = (t.size()[0] as u32, t.size()[1] as u32);
@@ -115,7 +115,7 @@ fn native_and_served_judges_give_the_same_scores() {
         let want: Vec<f64> =
             answers.iter().zip(&truths).map(|(a, t)| ocr_score(a, t).unwrap()).collect();
         assert!(want.iter().all(|&w| w > 0.5 && w < 1.0), "{m}: {want:?}");
-        let judge = NativeJudge::new(settings.clone()).expect("native judge");
+        let judge = NativeJudge::new(settings.clone(), Device::Cpu).expect("native judge");
         let scores = judge.score(&samples).expect("native scores");
         let (mut server, url) = serve(folder);
         let served = VlmSettings {
@@ -175,7 +175,7 @@ fn expectation_weighs_the_score_tokens_as_transformers_gives_them() {
         score_tokens: (1..=5).map(|v| (v.to_string(), f64::from(v))).collect(),
         ..native("vlm_qwen3_tiny")
     };
-    let scores = NativeJudge::new(settings).unwrap().score(&samples).unwrap();
+    let scores = NativeJudge::new(settings, Device::Cpu).unwrap().score(&samples).unwrap();
     let probs = Vec::<f32>::try_from(io["qwen3.score_probs"].reshape([-1])).unwrap();
     for (k, (score, p)) in scores.iter().zip(probs.chunks(5)).enumerate() {
         let mass: f64 = p.iter().map(|&x| f64::from(x)).sum();
@@ -190,7 +190,7 @@ fn expectation_weighs_the_score_tokens_as_transformers_gives_them() {
 #[test]
 fn settings_the_native_judge_cannot_honour_are_refused_by_name() {
     let refused = |settings: VlmSettings, says: &str| {
-        let err = match NativeJudge::new(settings) {
+        let err = match NativeJudge::new(settings, Device::Cpu) {
             Err(e) => e.to_string(),
             Ok(_) => panic!("accepted; expected {says}"),
         };

@@ -106,7 +106,7 @@ impl<'r> Trainer<'r> {
         // The run folder appears once the recipe is known to run here.
         std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io(out_dir, e))?;
         let mut source = Source::for_recipe(recipe)?;
-        let scorers = flowtune_rewards::build(&recipe.reward)?;
+        let scorers = flowtune_rewards::build_on(&recipe.reward, device)?;
         let mut val_records = vec![];
         for f in &recipe.data.val_files {
             val_records.extend(PromptDataset::load(f)?.records);
