@@ -293,44 +293,38 @@ def pictures():
     return out
 
 
+REAL_IDS = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+                vision_end_token_id=151653)
+
+
+def qwen3_vl(hidden, intermediate, tied, depth, width, inner, deepstack):
+    """A Qwen3-VL Instruct config: the language model's and vision tower's sizes that differ by model."""
+    return (Qwen3VLConfig, Qwen3VLForConditionalGeneration, dict(
+        tie_word_embeddings=tied, **REAL_IDS,
+        text_config=dict(vocab_size=151936, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=36,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                         max_position_embeddings=262144,
+                         rope_parameters=dict(rope_type="default", rope_theta=5e6, mrope_section=[24, 20, 20],
+                                              mrope_interleaved=True)),
+        vision_config=dict(depth=depth, hidden_size=width, intermediate_size=inner, num_heads=16, patch_size=16,
+                           spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                           deepstack_visual_indexes=deepstack, out_hidden_size=hidden)))
+
+
 def real_sizes():
     out = {}
     cases = {
         "Qwen2.5-VL-7B-Instruct": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, dict(
-            vocab_size=152064, tie_word_embeddings=False,
+            vocab_size=152064, tie_word_embeddings=False, **REAL_IDS,
             text_config=dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                              num_attention_heads=28, num_key_value_heads=4, rms_norm_eps=1e-6,
                              max_position_embeddings=128000,
                              rope_parameters=dict(rope_type="default", rope_theta=1e6, mrope_section=[16, 24, 24])),
             vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14,
                                spatial_merge_size=2, temporal_patch_size=2, window_size=112,
-                               fullatt_block_indexes=[7, 15, 23, 31], out_hidden_size=3584),
-            image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
-            vision_end_token_id=151653)),
-        "Qwen3-VL-8B-Instruct": (Qwen3VLConfig, Qwen3VLForConditionalGeneration, dict(
-            tie_word_embeddings=False,
-            text_config=dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                             num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-                             max_position_embeddings=262144,
-                             rope_parameters=dict(rope_type="default", rope_theta=5e6, mrope_section=[24, 20, 20],
-                                                  mrope_interleaved=True)),
-            vision_config=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
-                               spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
-                               deepstack_visual_indexes=[8, 16, 24], out_hidden_size=4096),
-            image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
-            vision_end_token_id=151653)),
-        "Qwen3-VL-4B-Instruct": (Qwen3VLConfig, Qwen3VLForConditionalGeneration, dict(
-            tie_word_embeddings=True,
-            text_config=dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                             num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-                             max_position_embeddings=262144,
-                             rope_parameters=dict(rope_type="default", rope_theta=5e6, mrope_section=[24, 20, 20],
-                                                  mrope_interleaved=True)),
-            vision_config=dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, patch_size=16,
-                               spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
-                               deepstack_visual_indexes=[5, 11, 17], out_hidden_size=2560),
-            image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
-            vision_end_token_id=151653)),
+                               fullatt_block_indexes=[7, 15, 23, 31], out_hidden_size=3584))),
+        "Qwen3-VL-8B-Instruct": qwen3_vl(4096, 12288, False, 27, 1152, 4304, [8, 16, 24]),
+        "Qwen3-VL-4B-Instruct": qwen3_vl(2560, 9728, True, 24, 1024, 4096, [5, 11, 17]),
     }
     for name, (config_cls, model_cls, fields) in cases.items():
         cfg = config_cls(**fields)
