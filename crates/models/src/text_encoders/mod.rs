@@ -7,6 +7,7 @@ pub mod qwen2_5_vl;
 pub mod qwen2_5_vl_positions;
 pub mod qwen2_5_vl_vision;
 pub mod qwen2_vl_processor;
+pub mod qwen2_vl_vision;
 pub mod qwen3;
 pub mod qwen3_vl;
 pub mod qwen3_vl_vision;

@@ -18,8 +18,8 @@ use super::qwen_decoder::{DecoderShape, QwenDecoder};
 use crate::nn::Scope;
 use crate::{read_config, ModelError};
 
-/// Checkpoint parts that are not the language model.
-const IGNORED_PREFIXES: &[&str] = &["visual.", "model.visual.", "lm_head."];
+/// Checkpoint parts that are not the language model (a preference model's head too).
+const IGNORED_PREFIXES: &[&str] = &["visual.", "model.visual.", "lm_head.", "rm_head."];
 /// transformers 5 module names for the language model.
 const RENAMED_PREFIXES: &[(&str, &str)] = &[("model.language_model.", "model.")];
 

@@ -218,6 +218,26 @@ pub(crate) fn axial_rotary(
     (angles.cos(), angles.sin())
 }
 
+/// (row, column) of every patch of `grids` in the processor's merge-block order (`merge`×`merge`
+/// patches per merged token, row-major).
+pub(crate) fn merge_block_positions(grids: &[(i64, i64, i64)], m: i64) -> Vec<[i64; 2]> {
+    let mut positions = vec![];
+    for &(t, h, w) in grids {
+        for _ in 0..t {
+            for y in 0..h / m {
+                for x in 0..w / m {
+                    for i in 0..m {
+                        for j in 0..m {
+                            positions.push([y * m + i, x * m + j]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    positions
+}
+
 struct Block {
     norm1: RmsNorm,
     norm2: RmsNorm,

@@ -15,7 +15,8 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use super::qwen2_5_vl_vision::{
-    axial_rotary, check_heads_and_rope, check_patch_grids, segment_attention, VisionRope,
+    axial_rotary, check_heads_and_rope, check_patch_grids, merge_block_positions,
+    segment_attention, VisionRope,
 };
 use crate::nn::{LayerNorm, Linear, Scope};
 use crate::{read_config, ModelError};
@@ -234,26 +235,6 @@ impl Qwen3VlVision {
         Ok(model)
     }
 
-    /// (row, column) of every patch of `grids` in the processor's merge-block order.
-    fn positions(&self, grids: &[(i64, i64, i64)]) -> Vec<[i64; 2]> {
-        let m = self.config.spatial_merge_size;
-        let mut positions = vec![];
-        for &(t, h, w) in grids {
-            for _ in 0..t {
-                for y in 0..h / m {
-                    for x in 0..w / m {
-                        for i in 0..m {
-                            for j in 0..m {
-                                positions.push([y * m + i, x * m + j]);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        positions
-    }
-
     /// The learned position table resampled to each patch (N, hidden) in f32: transformers'
     /// bilinear taps with corners aligned (`get_vision_interpolation_indices_and_weights`).
     fn position_embeds(&self, grids: &[(i64, i64, i64)], positions: &[[i64; 2]]) -> Tensor {
@@ -306,7 +287,7 @@ impl Qwen3VlVision {
         let device = self.pos_embed.device();
         let kind = self.pos_embed.kind();
         let (n, d) = (pixel_values.size()[0], c.hidden_size);
-        let positions = self.positions(grid_thw);
+        let positions = merge_block_positions(grid_thw, c.spatial_merge_size);
         let weight = self.patch_weight.view([d, -1]);
         let x =
             pixel_values.to_device(device).to_kind(kind).linear(&weight, Some(&self.patch_bias));

@@ -6,6 +6,7 @@
 
 pub mod chat;
 pub mod generate;
+pub mod preference;
 
 use std::path::{Path, PathBuf};
 
