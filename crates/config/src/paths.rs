@@ -23,10 +23,16 @@ const INPUTS: &[&str] = &[
     "reward.functions.*.clip.model",
     "reward.functions.*.clip.head",
     "reward.functions.*.clip.tokenizer",
+    "reward.functions.*.hpsv3.model",
 ];
 
-/// Pipeline keys, which may name a Hugging Face Hub id (`owner/name`) in the local cache instead.
-const PIPELINES: &[&str] = &["model.path", "model.teacher_path", "model.teachers.*.path"];
+/// Keys that may name a Hugging Face Hub id (`owner/name`) in the local cache instead.
+const PIPELINES: &[&str] = &[
+    "model.path",
+    "model.teacher_path",
+    "model.teachers.*.path",
+    "reward.functions.*.hpsv3.model",
+];
 
 /// Takes every relative input path of the recipe tree `tree` (read from a file in `base`) from
 /// `base`. A pipeline key keeps its text when it reads as a Hub id and `base` holds no such folder.

@@ -353,8 +353,8 @@ mod tests {
         assert_eq!(err, "r.yaml: actor.clip_ratio: 0 is not allowed; expected a finite number > 0");
         let err = load("algorithm: ppo\n", &[]).unwrap_err();
         assert!(err.contains("unknown algorithm `ppo`; known: flow_grpo"), "{err}");
-        let err = load("reward:\n  functions: [{name: hpsv3}]\n", &[]).unwrap_err();
-        assert!(err.contains("r.yaml: reward: reward config: unknown reward `hpsv3`"), "{err}");
+        let err = load("reward:\n  functions: [{name: hpsv2}]\n", &[]).unwrap_err();
+        assert!(err.contains("r.yaml: reward: reward config: unknown reward `hpsv2`"), "{err}");
         let err = load("reward:\n  functions: [{name: aesthetic}]\n", &[]).unwrap_err();
         assert!(err.contains("reward `aesthetic` needs `clip: {model:"), "{err}");
         let err = load(RECIPE, &["trainer.betas=[1.0, 0.999]"]).unwrap_err();

@@ -44,6 +44,9 @@ pub struct RewardFunction {
     /// `clip_score`, `pickscore`, `aesthetic`: the CLIP weights (and head) and their device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clip: Option<crate::ClipSettings>,
+    /// `hpsv3`: the preference model's folder, prompt, picture size and device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hpsv3: Option<crate::Hpsv3Settings>,
     /// Video samples: score every this-many-th frame (0, k, 2k, …) and take the mean.
     #[serde(default = "one_frame", skip_serializing_if = "is_one_frame")]
     #[schemars(extend("default" = 1))]
@@ -70,6 +73,7 @@ impl RewardFunction {
             vlm: None,
             ocr: None,
             clip: None,
+            hpsv3: None,
             frame_interval: 1,
         }
     }

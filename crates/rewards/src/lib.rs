@@ -9,6 +9,7 @@ mod clip;
 mod config;
 mod endpoint;
 mod frames;
+mod hpsv3;
 mod http;
 mod jpeg;
 mod ocr;
@@ -26,6 +27,7 @@ pub use clip::{
 };
 pub use config::{OnError, RewardConfig, RewardFunction};
 pub use frames::{frame, PerFrame};
+pub use hpsv3::{Hpsv3, Hpsv3Settings, HPSV3_PROMPT};
 pub use http::{HttpReward, HttpSettings};
 pub use jpeg::JpegSize;
 pub use ocr::{Line, OcrReward, OcrSettings, Reader};
@@ -283,11 +285,11 @@ mod tests {
     #[test]
     fn unknown_reward_lists_known_ones() {
         let config =
-            RewardConfig { functions: vec![RewardFunction::named("hpsv3")], ..Default::default() };
+            RewardConfig { functions: vec![RewardFunction::named("hpsv2")], ..Default::default() };
         let err = build(&config).err().unwrap().to_string();
         assert!(
             err.contains(
-                "unknown reward `hpsv3`; known: jpeg_compressibility, jpeg_incompressibility, brightness, http, shapes_geneval, vlm_judge, ocr, clip_score, pickscore, aesthetic"
+                "unknown reward `hpsv2`; known: jpeg_compressibility, jpeg_incompressibility, brightness, http, shapes_geneval, vlm_judge, ocr, clip_score, pickscore, aesthetic, hpsv3"
             ),
             "{err}"
         );

@@ -3,12 +3,13 @@
 use tch::Device;
 
 use crate::{
-    Brightness, ClipKind, ClipReward, HttpReward, JpegSize, JudgeBackend, NativeJudge, OcrReward,
-    PerFrame, Reward, RewardConfig, RewardError, RewardFunction, ShapesGeneval, VlmJudge, Weighted,
+    Brightness, ClipKind, ClipReward, Hpsv3, HttpReward, JpegSize, JudgeBackend, NativeJudge,
+    OcrReward, PerFrame, Reward, RewardConfig, RewardError, RewardFunction, ShapesGeneval,
+    VlmJudge, Weighted,
 };
 
 /// Every registered reward name.
-pub const REWARD_NAMES: [&str; 10] = [
+pub const REWARD_NAMES: [&str; 11] = [
     "jpeg_compressibility",
     "jpeg_incompressibility",
     "brightness",
@@ -19,6 +20,7 @@ pub const REWARD_NAMES: [&str; 10] = [
     "clip_score",
     "pickscore",
     "aesthetic",
+    "hpsv3",
 ];
 
 const HTTP_URL: &str = "`url: http(s)://host:port/path`";
@@ -26,6 +28,7 @@ const HTTP_URL: &str = "`url: http(s)://host:port/path`";
 const CHAT: &str = "`url: http(s)://host:port/v1/chat/completions` and `vlm: {model: …}`, or \
                     `vlm: {backend: native, model: <Qwen2.5-VL or Qwen3-VL folder>}`";
 const CLIP: &str = "`clip: {model: <CLIPModel folder>}`";
+const HPSV3: &str = "`hpsv3: {model: <HPSv3 folder or Hub id>}`";
 
 /// The setting `f` needs, or an error saying what to write.
 fn needs<'a, T>(
@@ -75,6 +78,7 @@ pub fn validate(config: &RewardConfig) -> Result<(), RewardError> {
                 vlm.check()?;
             }
             "clip_score" | "pickscore" | "aesthetic" => drop(needs(f, &f.clip, CLIP)?),
+            "hpsv3" => drop(needs(f, &f.hpsv3, HPSV3)?),
             name if REWARD_NAMES.contains(&name) => {}
             other => {
                 return Err(RewardError::Config(format!(
@@ -84,11 +88,12 @@ pub fn validate(config: &RewardConfig) -> Result<(), RewardError> {
             }
         }
         // Each reward-specific setting, and the rewards it applies to.
-        let specific: [(&str, bool, &[&str]); 4] = [
+        let specific: [(&str, bool, &[&str]); 5] = [
             ("partial", f.partial, &["shapes_geneval"]),
             ("vlm", f.vlm.is_some(), &["vlm_judge"]),
             ("ocr", f.ocr.is_some(), &["ocr"]),
             ("clip", f.clip.is_some(), &["clip_score", "pickscore", "aesthetic"]),
+            ("hpsv3", f.hpsv3.is_some(), &["hpsv3"]),
         ];
         for (key, given, owners) in specific {
             if given && !owners.contains(&f.name.as_str()) {
@@ -147,6 +152,7 @@ pub fn build_on(config: &RewardConfig, device: Device) -> Result<Vec<Weighted>, 
                     let settings = needs(f, &f.clip, CLIP)?;
                     Box::new(ClipReward::new(kind, settings, device)?)
                 }
+                "hpsv3" => Box::new(Hpsv3::new(needs(f, &f.hpsv3, HPSV3)?.clone(), device)?),
                 other => unreachable!("validate() lists every reward name, not `{other}`"),
             };
             let scorer: Box<dyn Reward> = Box::new(PerFrame::new(scorer, f.frame_interval));

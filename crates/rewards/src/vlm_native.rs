@@ -28,7 +28,8 @@ pub struct NativeJudge {
 unsafe impl Send for NativeJudge {}
 unsafe impl Sync for NativeJudge {}
 
-fn kind_named(name: &str) -> Option<Kind> {
+/// The tensor kind of a dtype name (`bfloat16`, `float16`, `float32`, or their short forms).
+pub(crate) fn kind_named(name: &str) -> Option<Kind> {
     match name {
         "bfloat16" | "bf16" => Some(Kind::BFloat16),
         "float16" | "fp16" | "half" => Some(Kind::Half),

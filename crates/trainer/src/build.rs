@@ -299,19 +299,23 @@ fn check_inputs(recipe: &Recipe) -> Result<(), TrainError> {
         flowtune_models::pipeline::PipelineDir::open(&path)
             .map_err(|e| TrainError::Invalid(format!("{key}: {e}{}", whence(&path))))?;
     }
-    // In-process judges: a folder (or Hub id in the cache) with a config.json.
+    // In-process judges and preference models: a folder (or Hub id in the cache) with a
+    // config.json.
     for (i, f) in recipe.reward.functions.iter().enumerate() {
-        let Some(vlm) = f.vlm.as_ref().filter(|v| v.backend == JudgeBackend::Native) else {
-            continue;
+        let native = f.vlm.as_ref().filter(|v| v.backend == JudgeBackend::Native);
+        let (key, model) = match (native, &f.hpsv3) {
+            (Some(vlm), _) => ("vlm", &vlm.model),
+            (None, Some(hpsv3)) => ("hpsv3", &hpsv3.model),
+            (None, None) => continue,
         };
-        let key = format!("reward.functions[{i}].vlm.model");
-        let path = Path::new(&vlm.model);
+        let key = format!("reward.functions[{i}].{key}.model");
+        let path = Path::new(model);
         let dir = flowtune_models::hub::resolve(path)
             .map_err(|e| TrainError::Invalid(format!("{key}: {e}{}", whence(path))))?;
         if !dir.join("config.json").is_file() {
             return Err(TrainError::Invalid(format!(
-                "{key}: {} has no config.json; expected a transformers Qwen2.5-VL or Qwen3-VL \
-                 folder{}",
+                "{key}: {} has no config.json; expected a transformers Qwen2-VL, Qwen2.5-VL or \
+                 Qwen3-VL folder{}",
                 dir.display(),
                 whence(path)
             )));
