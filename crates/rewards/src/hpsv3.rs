@@ -2,7 +2,9 @@
 //! its prompt in this process: the conversation is HPSv3's instruction with the prompt and the
 //! reward token, the picture resized to `hpsv3.pixels` (HPSv3 fixes 256 · 28² pixels), and the
 //! score is the head's first output (the mean of its Gaussian; the second, its log-σ, is logged
-//! as `hpsv3/log_sigma`). Unnormalised: HPSv3's scores lie around 0–15.
+//! as `hpsv3/log_sigma`). Unnormalised: HPSv3's scores lie around 0–15. The picture is resized
+//! once, bicubic, to the `smart_resize` size within [pixels, pixels] — what HPSv3's
+//! `process_vision_info` does before the processor, whose own resize then keeps the size.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -24,8 +26,9 @@ pub struct Hpsv3Settings {
     /// `config.json`, safetensors with `rm_head.*`, a tokenizer with `<|Reward|>`, the chat
     /// template), relative to the recipe file, or a Hub id in the local cache.
     pub model: String,
-    /// The instruction; `{prompt}` is the sample's prompt; it must hold `<|Reward|>` once.
-    pub user_prompt: String,
+    /// The instruction, `{prompt}` standing for the sample's prompt, holding `<|Reward|>` once;
+    /// unset: HPSv3's own (`flowtune_rewards::HPSV3_PROMPT`).
+    pub user_prompt: Option<String>,
     /// Pixels each picture is resized to (its aspect kept, sides in multiples of 28).
     pub pixels: i64,
     /// `cpu`, `cuda` or `cuda:N`; default: the training device.
@@ -41,12 +44,19 @@ impl Default for Hpsv3Settings {
     fn default() -> Self {
         Self {
             model: String::new(),
-            user_prompt: HPSV3_PROMPT.into(),
+            user_prompt: None,
             pixels: 256 * 28 * 28,
             device: None,
             dtype: None,
             batch_size: 8,
         }
+    }
+}
+
+impl Hpsv3Settings {
+    /// The instruction in use.
+    fn prompt(&self) -> &str {
+        self.user_prompt.as_deref().unwrap_or(HPSV3_PROMPT)
     }
 }
 
@@ -67,7 +77,7 @@ impl Hpsv3 {
         if settings.model.is_empty() {
             return Err(config("hpsv3.model is empty; give HPSv3's folder or Hub id".into()));
         }
-        if settings.user_prompt.matches("<|Reward|>").count() != 1 || settings.batch_size == 0 {
+        if settings.prompt().matches("<|Reward|>").count() != 1 || settings.batch_size == 0 {
             return Err(config(
                 "hpsv3.user_prompt must hold <|Reward|> once, and hpsv3.batch_size be ≥ 1".into(),
             ));
@@ -104,7 +114,7 @@ impl Reward for Hpsv3 {
         for batch in samples.chunks(self.settings.batch_size) {
             let users: Vec<String> = batch
                 .iter()
-                .map(|s| self.settings.user_prompt.replace("{prompt}", s.prompt))
+                .map(|s| self.settings.prompt().replace("{prompt}", s.prompt))
                 .collect();
             let rows: Vec<_> =
                 batch.iter().zip(&users).map(|(s, u)| (s.image, u.as_str())).collect();
