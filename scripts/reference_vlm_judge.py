@@ -18,7 +18,8 @@ torchvision, transformers' Qwen2-VL image processor is its PIL version (8-bit bi
   vocabulary of the last position at the tokens "1"…"5", `m.generated` (B, N) = the new tokens of
   `generate(do_sample=False, max_new_tokens=40)` (finished rows padded with 450): Qwen2.5-VL's rows answer 40, 27,
   25 and 40 tokens, Qwen3-VL's 40 each.
-- `vlm_judge.json`: per model its folder, its parameter count (tied tensors once), each row's `system` (null: none given) and `user` text, the rendered
+- `vlm_judge.json` (real sizes include Qwen2-VL-7B-Instruct, HPSv3's backbone): per model its folder, its
+  parameter count (tied tensors once), each row's `system` (null: none given) and `user` text, the rendered
   `texts`, the decoded `answers`, the `score_token_ids`; `real_sizes`: parameter counts of Qwen2.5-VL-7B-Instruct,
   Qwen3-VL-8B-Instruct and Qwen3-VL-4B-Instruct (built on the meta device) with their configs, which also go to
   `examples/models/judges/<name>/config.json` (config-only, for `flowtune plan`).
@@ -38,8 +39,8 @@ import numpy as np
 import torch
 from PIL import Image
 from safetensors.torch import save_file
-from transformers import (AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen3VLConfig,
-                          Qwen3VLForConditionalGeneration)
+from transformers import (AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
+                          Qwen2VLForConditionalGeneration, Qwen3VLConfig, Qwen3VLForConditionalGeneration)
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -323,6 +324,14 @@ def real_sizes():
             vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14,
                                spatial_merge_size=2, temporal_patch_size=2, window_size=112,
                                fullatt_block_indexes=[7, 15, 23, 31], out_hidden_size=3584))),
+        "Qwen2-VL-7B-Instruct": (Qwen2VLConfig, Qwen2VLForConditionalGeneration, dict(
+            vocab_size=152064, tie_word_embeddings=False, **REAL_IDS,
+            text_config=dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                             num_attention_heads=28, num_key_value_heads=4, rms_norm_eps=1e-6,
+                             max_position_embeddings=32768,
+                             rope_parameters=dict(rope_type="default", rope_theta=1e6, mrope_section=[16, 24, 24])),
+            vision_config=dict(depth=32, embed_dim=1280, hidden_size=3584, num_heads=16, mlp_ratio=4, patch_size=14,
+                               spatial_merge_size=2, temporal_patch_size=2))),
         "Qwen3-VL-8B-Instruct": qwen3_vl(4096, 12288, False, 27, 1152, 4304, [8, 16, 24]),
         "Qwen3-VL-4B-Instruct": qwen3_vl(2560, 9728, True, 24, 1024, 4096, [5, 11, 17]),
     }

@@ -69,6 +69,14 @@ impl Json {
         }
     }
 
+    /// A number; `default` when the key is absent.
+    pub fn float(&self, key: &str, default: Option<f64>) -> Result<f64, PlanError> {
+        match self.get(key) {
+            Some(v) => v.as_f64().ok_or_else(|| self.error(key, format!("{v} is not a number"))),
+            None => default.ok_or_else(|| self.error(key, "missing")),
+        }
+    }
+
     /// A list of non-negative integers (a single integer counts as a list of one).
     pub fn ints(&self, key: &str, default: Option<&[u64]>) -> Result<Vec<u64>, PlanError> {
         match self.get(key) {

@@ -1,5 +1,5 @@
-//! Reward models that run in the training process (`vlm_judge` with `backend: native`): their
-//! weights, and the key-value cache of one batch of answers.
+//! Reward models that run in the training process (`vlm_judge` with `backend: native`, `hpsv3`):
+//! their weights, and the key-value cache of one batch of answers (or of one scoring forward).
 
 use std::path::Path;
 
@@ -30,9 +30,10 @@ pub struct Judge {
 impl Judge {
     /// The judge in folder `dir` (transformers `config.json`) answering `batch` pictures of
     /// `resolution`² pixels at a time with at most `answer_tokens` tokens each; `dtype` when
-    /// given, else the checkpoint's.
+    /// given, else the checkpoint's. A `preference` model (HPSv3) adds its head.
     pub fn read(
         dir: &Path,
+        preference: bool,
         dtype: Option<Dtype>,
         offload: bool,
         batch: u64,
@@ -46,7 +47,11 @@ impl Judge {
             .and_then(Value::as_str)
             .ok_or_else(|| cfg.bad("architectures", "missing"))?
             .to_string();
-        let params = crate::text::judge(&cfg, &class)?;
+        let mut params = crate::text::judge(&cfg, &class)?;
+        if preference {
+            let hidden = cfg.nested_or_self("text_config").int("hidden_size", None)?;
+            params += crate::text::preference_head(hidden, 2);
+        }
         let text = cfg.nested_or_self("text_config");
         let heads = text.int("num_attention_heads", None)?;
         let head_dim = text.int("head_dim", Some(text.int("hidden_size", None)? / heads))?;
@@ -62,8 +67,9 @@ impl Judge {
             Some("float16") => Dtype::F16,
             _ => Dtype::Bf16,
         });
+        let reward = if preference { "hpsv3" } else { "vlm_judge" };
         Ok(Self {
-            name: format!("vlm_judge ({class})"),
+            name: format!("{reward} ({class})"),
             params,
             cache_per_token,
             dtype,

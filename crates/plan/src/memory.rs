@@ -253,7 +253,10 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         .filter(|i| i.place == Place::Device)
         .filter(|i| {
             i.item.starts_with("teacher ")
-                || (i.phase == Phase::Step && i.item.starts_with("vlm_judge "))
+                || setup
+                    .judges
+                    .iter()
+                    .any(|j| i.phase == Phase::Step && i.item.starts_with(&j.name))
                 || pipe.text_encoders.iter().any(|t| i.item.starts_with(&t.name))
                 || pipe.vae.as_ref().is_some_and(|(v, _)| i.item.starts_with(&v.name))
         })

@@ -38,6 +38,14 @@ pub fn text_encoder(cfg: &Json, class: &str) -> Result<u64, PlanError> {
 pub fn judge(cfg: &Json, class: &str) -> Result<u64, PlanError> {
     match class {
         "Qwen2_5_VLForConditionalGeneration" => qwen2_5_vl(cfg),
+        "Qwen2VLForConditionalGeneration" => {
+            let text = cfg.nested_or_self("text_config");
+            let lm = Decoder::read(&text)?;
+            let tied = cfg.boolean("tie_word_embeddings", false)?
+                || text.boolean("tie_word_embeddings", false)?;
+            let head = if tied { 0 } else { lm.vocab * lm.d };
+            Ok(lm.params(true, 0) + head + qwen2_vl_vision(&cfg.nested_or_self("vision_config"))?)
+        }
         "Qwen3VLForConditionalGeneration" => {
             let text = cfg.nested_or_self("text_config");
             let lm = Decoder::read(&text)?;
@@ -50,10 +58,35 @@ pub fn judge(cfg: &Json, class: &str) -> Result<u64, PlanError> {
             "architectures",
             format!(
                 "`{other}` is not a judge flowtune runs; known: \
-                 Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration"
+                 Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration, \
+                 Qwen3VLForConditionalGeneration"
             ),
         )),
     }
+}
+
+/// A preference model's head on `hidden`-wide states (HPSv3's: hidden → 1024 → 16 → `outputs`,
+/// biased).
+pub fn preference_head(hidden: u64, outputs: u64) -> u64 {
+    (hidden * 1024 + 1024) + (1024 * 16 + 16) + (16 * outputs + outputs)
+}
+
+/// Qwen2-VL's ViT: a bias-free 3-D patch embedding, LayerNorm blocks with a fused biased qkv and
+/// a biased MLP of `mlp_ratio`, the merger's LayerNorm and two biased layers to `hidden_size`.
+fn qwen2_vl_vision(cfg: &Json) -> Result<u64, PlanError> {
+    let d = cfg.int("embed_dim", Some(1280))?;
+    let f = (d as f64 * cfg.float("mlp_ratio", Some(4.0))?) as u64;
+    let depth = cfg.int("depth", Some(32))?;
+    let (p, t) = (cfg.int("patch_size", Some(14))?, cfg.int("temporal_patch_size", Some(2))?);
+    let channels = cfg.int("in_channels", Some(cfg.int("in_chans", Some(3))?))?;
+    let merged = d * cfg.int("spatial_merge_size", Some(2))?.pow(2);
+    let out = cfg.int("hidden_size", Some(3584))?;
+    let block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d);
+    Ok(d * channels * t * p * p
+        + depth * block
+        + 2 * d
+        + (merged * merged + merged)
+        + (merged * out + out))
 }
 
 /// CLIP's text tower: token and position embeddings, pre-LN blocks with biased projections,

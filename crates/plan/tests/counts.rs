@@ -225,7 +225,8 @@ fn lora_counts() {
     assert_eq!(lora("z-image-turbo", &z), 158_760_960);
 }
 
-/// In-process judges: both towers and the LM head (none when tied), against transformers 5.17's
+/// In-process judges (and HPSv3's Qwen2-VL backbone): both towers and the LM head (none when
+/// tied), against transformers 5.17's
 /// classes built on the meta device (`fixtures/vlm_judge.json`, `scripts/reference_vlm_judge.py`);
 /// the key-value cache per token is keys and values of every layer.
 #[test]
@@ -235,15 +236,23 @@ fn judges() {
     let sizes: serde_json::Value = serde_json::from_str(&text).unwrap();
     let cases = [
         ("Qwen2.5-VL-7B-Instruct", 8_292_166_656, 2 * 28 * 4 * 128),
+        ("Qwen2-VL-7B-Instruct", 8_291_375_616, 2 * 28 * 4 * 128),
         ("Qwen3-VL-8B-Instruct", 8_767_123_696, 2 * 36 * 8 * 128),
         ("Qwen3-VL-4B-Instruct", 4_437_815_808, 2 * 36 * 8 * 128),
     ];
     for (name, params, per_token) in cases {
         assert_eq!(sizes["real_sizes"][name]["total"], params, "{name}: transformers' count");
         let dir = root.join("examples/models/judges").join(name.to_lowercase());
-        let judge = flowtune_plan::judges::Judge::read(&dir, None, false, 8, 512, 64).unwrap();
+        let judge =
+            flowtune_plan::judges::Judge::read(&dir, false, None, false, 8, 512, 64).unwrap();
         assert_eq!(judge.params, params, "{name}");
         assert_eq!(judge.cache_per_token, per_token, "{name}");
         assert_eq!(judge.dtype, flowtune_plan::Dtype::Bf16, "{name}: the checkpoint's dtype");
     }
+    // A Qwen2-VL preference model with its head (scripts/reference_preference_model.py).
+    let text = std::fs::read_to_string(root.join("fixtures/preference.json")).unwrap();
+    let spec: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let dir = root.join("fixtures").join(spec["model"].as_str().unwrap());
+    let judge = flowtune_plan::judges::Judge::read(&dir, true, None, false, 8, 512, 0).unwrap();
+    assert_eq!(judge.params, spec["params"].as_u64().unwrap(), "the tiny preference model");
 }

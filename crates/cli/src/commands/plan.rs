@@ -249,31 +249,44 @@ pub(crate) fn setup(
     Ok(setup)
 }
 
-/// The reward models that run in this process (`vlm_judge` with `backend: native`), read from
-/// their configs, in the dtype they will load in on a GPU.
+/// The reward models that run in this process (`vlm_judge` with `backend: native`, `hpsv3`),
+/// read from their configs, in the dtype they will load in on a GPU.
 fn judges(recipe: &Recipe) -> anyhow::Result<Vec<flowtune_plan::judges::Judge>> {
     let mut out = vec![];
-    for f in &recipe.reward.functions {
-        let Some(vlm) = f.vlm.as_ref().filter(|v| v.backend == JudgeBackend::Native) else {
-            continue;
+    for (i, f) in recipe.reward.functions.iter().enumerate() {
+        let native = f.vlm.as_ref().filter(|v| v.backend == JudgeBackend::Native);
+        // (setting, model, dtype, offload, batch, answer tokens, preference model)
+        let (key, model, dtype, offload, batch, answer, preference) = match (native, &f.hpsv3) {
+            (Some(v), _) => {
+                let answer = match v.mode {
+                    JudgeMode::Expectation => 1,
+                    _ => u64::from(v.max_tokens),
+                };
+                ("vlm", &v.model, &v.dtype, v.offload, v.batch_size, answer, false)
+            }
+            (None, Some(h)) => ("hpsv3", &h.model, &h.dtype, false, h.batch_size, 0, true),
+            (None, None) => continue,
         };
-        let key = "reward.functions[].vlm.model";
-        let dir = flowtune_models::hub::resolve(std::path::Path::new(&vlm.model))
+        let key = format!("reward.functions[{i}].{key}.model");
+        let dir = flowtune_models::hub::resolve(std::path::Path::new(model))
             .map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
-        let dtype = match vlm.dtype.as_deref() {
+        let dtype = match dtype.as_deref() {
             None => None,
             Some("bfloat16" | "bf16") => Some(flowtune_plan::Dtype::Bf16),
             Some("float16" | "fp16" | "half") => Some(flowtune_plan::Dtype::F16),
             Some(_) => Some(flowtune_plan::Dtype::F32),
         };
-        let (batch, side) = (vlm.batch_size as u64, recipe.model.resolution.max(0) as u64);
-        let answer = match vlm.mode {
-            JudgeMode::Expectation => 1,
-            _ => u64::from(vlm.max_tokens),
-        };
-        let judge =
-            flowtune_plan::judges::Judge::read(&dir, dtype, vlm.offload, batch, side, answer)
-                .map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
+        let side = recipe.model.resolution.max(0) as u64;
+        let judge = flowtune_plan::judges::Judge::read(
+            &dir,
+            preference,
+            dtype,
+            offload,
+            batch as u64,
+            side,
+            answer,
+        )
+        .map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
         out.push(judge);
     }
     Ok(out)
