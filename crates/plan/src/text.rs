@@ -38,21 +38,21 @@ pub fn text_encoder(cfg: &Json, class: &str) -> Result<u64, PlanError> {
 pub fn judge(cfg: &Json, class: &str) -> Result<u64, PlanError> {
     match class {
         "Qwen2_5_VLForConditionalGeneration" => qwen2_5_vl(cfg),
-        "Qwen2VLForConditionalGeneration" => {
+        "Qwen2VLForConditionalGeneration" | "Qwen3VLForConditionalGeneration" => {
             let text = cfg.nested_or_self("text_config");
             let lm = Decoder::read(&text)?;
+            // transformers 5 ties when either level says so.
             let tied = cfg.boolean("tie_word_embeddings", false)?
                 || text.boolean("tie_word_embeddings", false)?;
             let head = if tied { 0 } else { lm.vocab * lm.d };
-            Ok(lm.params(true, 0) + head + qwen2_vl_vision(&cfg.nested_or_self("vision_config"))?)
-        }
-        "Qwen3VLForConditionalGeneration" => {
-            let text = cfg.nested_or_self("text_config");
-            let lm = Decoder::read(&text)?;
-            let tied = cfg.boolean("tie_word_embeddings", false)?
-                || text.boolean("tie_word_embeddings", false)?;
-            let head = if tied { 0 } else { lm.vocab * lm.d };
-            Ok(qwen3(&text, false)? + head + qwen3_vl_vision(&cfg.nested_or_self("vision_config"))?)
+            let vision = cfg.nested_or_self("vision_config");
+            Ok(head
+                + match class {
+                    "Qwen2VLForConditionalGeneration" => {
+                        lm.params(true, 0) + qwen2_vl_vision(&vision)?
+                    }
+                    _ => qwen3(&text, false)? + qwen3_vl_vision(&vision)?,
+                })
         }
         other => Err(cfg.bad(
             "architectures",
