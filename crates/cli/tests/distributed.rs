@@ -356,6 +356,62 @@ fn two_ranks_resume_a_one_rank_run() {
     assert_same_run(&straight, &split, 1..=3);
 }
 
+/// `trainer.off_policy_lag: 1` (each step samples with the weights one update behind, the
+/// single-process twin of rollout ranks beside the trainers): two ranks train as one process with
+/// the whole batch, a one-rank checkpoint resumes on two ranks as the unbroken run, and the lag
+/// shows where it must: step 1 is the synchronous run's, step 2's samples are step 1's weights'
+/// (their log-probs drift from the recomputed old ones, which a synchronous step's do not).
+#[test]
+fn an_off_policy_lag_trains_as_one_process_and_resumes_at_another_world_size() {
+    let lag = [
+        "trainer.total_steps=3",
+        "trainer.off_policy_lag=1",
+        "rollout_correction.rollout_is=token",
+        SMOOTH,
+    ];
+    let (one, two, split, sync) =
+        (scratch("lag-one"), scratch("lag-two"), scratch("lag-split"), scratch("lag-sync"));
+    single("flow_grpo_tiny.yaml", &one, &lag);
+    two_ranks("flow_grpo_tiny.yaml", &two, &lag);
+    assert_same_run(&one, &two, 1..=3);
+    let first_two = [&lag[1..], &["trainer.total_steps=2"]].concat();
+    single("flow_grpo_tiny.yaml", &split, &first_two);
+    two_ranks("flow_grpo_tiny.yaml", &split, &lag);
+    assert_same_run(&one, &split, 1..=3);
+    single(
+        "flow_grpo_tiny.yaml",
+        &sync,
+        &["trainer.total_steps=3", "rollout_correction.rollout_is=token", SMOOTH],
+    );
+    let (lagged, synced) = (metrics(&one), metrics(&sync));
+    let at = |m: &[BTreeMap<String, serde_json::Value>], step: usize, key: &str| {
+        m[step - 1][key].as_f64().unwrap_or_else(|| panic!("step {step}: no {key}"))
+    };
+    let staleness: Vec<f64> = (1..=3).map(|k| at(&lagged, k, "async/staleness")).collect();
+    assert_eq!(staleness, [0.0, 1.0, 1.0]);
+    assert!((1..=3).all(|k| at(&synced, k, "async/staleness") == 0.0));
+    let reward = "critic/rewards/mean";
+    assert_eq!(at(&lagged, 1, reward), at(&synced, 1, reward), "step 1 samples the start weights");
+    assert_ne!(at(&lagged, 2, reward), at(&synced, 2, reward), "step 2 samples other weights");
+    let drift = "rollout_corr/logprob_abs_diff_mean";
+    for k in 2..=3 {
+        let (off, on) = (at(&lagged, k, drift), at(&synced, k, drift));
+        assert!(off > 100.0 * on && off > 1e-6, "step {k}: lagged drift {off:e}, on-policy {on:e}");
+    }
+    assert_eq!(at(&lagged, 1, drift), at(&synced, 1, drift), "step 1 is on-policy");
+    // Full fine-tuning, the blocks sharded over two ranks: the lagged copy is kept in slices.
+    let full = ["model.finetune=full", "trainer.lr=1e-4", "trainer.gradient_checkpointing=true"];
+    let (whole, sharded) = (scratch("lag-full-one"), scratch("lag-full-two"));
+    single("flow_grpo_tiny.yaml", &whole, &[&lag[..], &full].concat());
+    two_ranks(
+        "flow_grpo_tiny.yaml",
+        &sharded,
+        &[&lag[..], &full, &["trainer.sharding=full"]].concat(),
+    );
+    assert_same_run(&whole, &sharded, 1..=3);
+    assert_eq!(exported(&whole), exported(&sharded), "not bit-identical");
+}
+
 /// Full fine-tuning with the Adam moments sharded over two ranks trains as one process does,
 /// each rank saving its share; one process resumes from that checkpoint.
 #[test]

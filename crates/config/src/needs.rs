@@ -77,13 +77,17 @@ impl Recipe {
         Ok(())
     }
 
-    /// Old log-probs: what bypass mode leaves out, and rollout correction, which weighs the
-    /// rollout's log-probs.
+    /// Old log-probs: what bypass mode leaves out, and rollout correction and the off-policy lag,
+    /// which weigh the rollout's log-probs.
     fn check_log_probs(&self, name: &str, needs: &Needs) -> Checked {
         let (bypass, corrects) =
             (self.trainer.old_log_prob == OldLogProb::Bypass, self.rollout_correction.enabled());
         if needs.old_means && bypass {
             return fail("trainer.old_log_prob", format!("{name} needs the old policy's transition means, which bypass mode does not compute; set trainer.old_log_prob: recompute"));
+        }
+        let lag = self.trainer.off_policy_lag;
+        if lag > 0 && !(needs.rollout_log_probs && !needs.old_policy) {
+            return fail("trainer.off_policy_lag", format!("{lag}: {name} does not sample with the trained weights and weigh their log-probs, so a lagged sampler has nothing to correct; set 0 (the lag applies to flow_grpo's family and diffusion_opd)"));
         }
         match (needs.rollout_log_probs, corrects) {
             (true, true) if bypass => fail("rollout_correction", "corrects rollout log-probs towards recomputed old ones, but bypass mode uses the rollout's as the old ones; set trainer.old_log_prob: recompute or turn rollout_is / rollout_rs off".into()),

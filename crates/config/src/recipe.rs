@@ -448,6 +448,12 @@ mod tests {
         assert!(load("algorithm: diffusion_nft\nrollout:\n  noise_level: 0\n", &[]).is_ok());
         let err = load("rollout:\n  noise_level: 0\n", &[]).unwrap_err();
         assert!(err.contains("rollout.noise_level"), "{err}");
+        assert_eq!(load("", &["trainer.off_policy_lag=1"]).unwrap().trainer.off_policy_lag, 1);
+        let err = load("", &["trainer.off_policy_lag=2"]).unwrap_err();
+        assert!(err.contains("trainer.off_policy_lag: 2 is not allowed; expected 0 or 1"), "{err}");
+        let nft = "algorithm: diffusion_nft\nrollout:\n  noise_level: 0\n";
+        let err = load(nft, &["trainer.off_policy_lag=1"]).unwrap_err();
+        assert!(err.contains("trainer.off_policy_lag") && err.contains("diffusion_nft"), "{err}");
     }
 
     #[test]

@@ -258,6 +258,12 @@ pub struct TrainerSection {
     /// (`auto_memory_gib`), said when the run starts.
     pub micro_batch_size: usize,
     pub old_log_prob: OldLogProb,
+    /// Updates between the weights a step samples with and those its update starts from: 0
+    /// samples with the trained weights (on-policy); 1 samples with the weights of one update
+    /// before, kept as a copy, as a rollout that runs while the previous step trains would
+    /// (one-step off-policy). The ratio to the sampling policy is then corrected by
+    /// `rollout_correction` against the recomputed old log-probs.
+    pub off_policy_lag: u64,
     /// Where training runs: `cpu`, `cuda` or `cuda:N` (a launched job's ranks take
     /// `cuda:LOCAL_RANK`); `--device` wins; unset: a GPU when torch sees one, else the CPU.
     pub device: Option<String>,
@@ -384,6 +390,7 @@ impl Default for TrainerSection {
             ppo_mini_batch_size: 1,
             micro_batch_size: 4,
             old_log_prob: OldLogProb::Recompute,
+            off_policy_lag: 0,
             device: None,
             output_dir: PathBuf::from("runs/flowtune"),
             save_freq: 10,
@@ -462,6 +469,9 @@ impl TrainerSection {
         }
         if self.total_steps == 0 {
             return bad("total_steps", "0".into(), "≥ 1");
+        }
+        if self.off_policy_lag > 1 {
+            return bad("off_policy_lag", self.off_policy_lag.to_string(), "0 or 1");
         }
         if let Some(gib) = self.auto_memory_gib.filter(|g| !(*g > 0.0 && g.is_finite())) {
             return bad("auto_memory_gib", gib.to_string(), "a finite number of GiB > 0");

@@ -91,7 +91,8 @@ pub struct Setup {
     /// A frozen copy of the denoiser as the reference policy (full fine-tuning with a KL term,
     /// DPO, DiffusionNFT).
     pub reference_copy: bool,
-    /// Extra copies of the trained weights: an EMA, DiffusionNFT's old policy.
+    /// Extra copies of the trained weights: an EMA, DiffusionNFT's old policy, the sampling copy
+    /// of `trainer.off_policy_lag`.
     pub weight_copies: u64,
     /// Prompts per step (all ranks) and samples per prompt.
     pub prompts_per_step: u64,

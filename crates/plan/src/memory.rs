@@ -150,7 +150,12 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         }
         if setup.weight_copies > 0 {
             let bytes = setup.weight_copies * (4 * share + whole * d);
-            push(format!("EMA / old-policy copies (blocks 1/{n})"), Dtype::F32, bytes, state);
+            push(
+                format!("EMA / old-policy / lagged copies (blocks 1/{n})"),
+                Dtype::F32,
+                bytes,
+                state,
+            );
         }
     } else if setup.full {
         push("gradients".into(), setup.dtype, params * d, Place::Device);
@@ -166,7 +171,7 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         }
         if setup.weight_copies > 0 {
             let bytes = setup.weight_copies * params * d;
-            push("EMA / old-policy copies".into(), setup.dtype, bytes, state);
+            push("EMA / old-policy / lagged copies".into(), setup.dtype, bytes, state);
         }
     } else {
         push("LoRA adapters".into(), Dtype::F32, 4 * lora, Place::Device);
@@ -174,7 +179,7 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         push("Adam moments".into(), Dtype::F32, 8 * lora, state);
         if setup.weight_copies > 0 {
             let bytes = setup.weight_copies * 4 * lora;
-            push("EMA / old-policy copies".into(), Dtype::F32, bytes, state);
+            push("EMA / old-policy / lagged copies".into(), Dtype::F32, bytes, state);
         }
     }
     let den = pipe.denoiser();

@@ -139,10 +139,12 @@ impl<'r> Trainer<'r> {
         // `trainer.offload`: the optimizer's state and the weight copies in host memory.
         let host = t.offload != StateOffload::None;
         let ema = t.ema_decay.map(|d| Ema::new("ema", d, &params, host));
+        // A copy the update refreshes in full each step: its decay is 0.
+        let lagged = (t.off_policy_lag > 0).then(|| Ema::new("lagged", 0.0, &params, host));
         algorithm.start(&params, host);
         let optimizer = AdamW::new(params, t.betas, t.eps, t.weight_decay, host);
         let optimizer = shard_optimizer(recipe, pipe.as_ref(), optimizer, &comm);
-        let mut learner = Learner { ema, optimizer };
+        let mut learner = Learner { ema, optimizer, lagged };
         let checkpointer = Checkpointer::new(t, write);
         let (mut start, mut saved_line) = (0, serde_json::Value::Null);
         let model = pipe.denoiser_mut();

@@ -35,9 +35,9 @@ pub(crate) struct Trained<'a> {
 }
 
 /// The parts with tensors of their own: the optimizer, the copies of the weights (the learner's
-/// EMA, then the algorithm's) and the algorithm.
+/// EMA and lagged sampling copy, then the algorithm's) and the algorithm.
 fn parts<'a>(learner: &'a Learner, algorithm: &'a dyn Algorithm) -> Parts<'a> {
-    let mut shadows: Vec<_> = learner.ema.iter().collect();
+    let mut shadows: Vec<_> = learner.ema.iter().chain(&learner.lagged).collect();
     shadows.extend(algorithm.shadows());
     Parts { optimizer: &learner.optimizer, shadows, others: vec![algorithm as &dyn Stateful] }
 }

@@ -18,6 +18,7 @@ use crate::logging::stats;
 use crate::run::Run;
 use crate::scoring::{rollout_and_score, Scored};
 use crate::step::Step;
+use crate::update::Learner;
 use crate::TrainError;
 
 /// A scored rollout, restricted to the rows that have a reward.
@@ -56,6 +57,32 @@ impl Collected {
         let owned = adv.values.narrow(0, self.owned.start as i64, self.owned.len() as i64);
         Ok(owned.to_device(self.kept.device.device()))
     }
+}
+
+/// Samples and scores the prompts of `step` with the behaviour policy: the trained weights, or
+/// under `trainer.off_policy_lag: 1` the copy one update behind them ([`Learner::lagged`]), which
+/// then takes the trained weights, those this step's update starts from. The samples of step k
+/// are so drawn with the weights after step k − 2, as a rollout that runs beside step k − 1's
+/// update draws them. Logs `async/staleness`, the updates between the two.
+pub(crate) fn collect_behaviour(
+    run: &Run<'_>,
+    learner: &mut Learner,
+    loader: &mut PromptLoader,
+    step: &mut Step,
+) -> Result<Collected, TrainError> {
+    let lag = run.recipe.trainer.off_policy_lag;
+    let collected = match learner.lagged.as_mut() {
+        Some(lagged) => {
+            let params = &learner.optimizer.params;
+            let collected = lagged.with_swapped(params, || collect(run, loader, step))?;
+            lagged.update(params);
+            collected
+        }
+        None => collect(run, loader, step)?,
+    };
+    let staleness = (step.number - 1).min(lag);
+    step.metrics.insert("async/staleness".into(), staleness as f64);
+    Ok(collected)
 }
 
 /// Samples and scores the prompts of `step`; times `gen` and `reward`, logs

@@ -24,11 +24,15 @@ use crate::optim::{AdamW, Ema};
 use crate::run::Run;
 use crate::TrainError;
 
-/// The trainable state every algorithm shares: the optimizer (which holds the parameters) and
-/// the evaluation EMA. An algorithm's own copies of the weights are its own.
+/// The trainable state every algorithm shares: the optimizer (which holds the parameters), the
+/// evaluation EMA and the sampling copy of an off-policy lag. An algorithm's own copies of the
+/// weights are its own.
 pub struct Learner {
     pub optimizer: AdamW,
     pub ema: Option<Ema>,
+    /// Under `trainer.off_policy_lag: 1`, the weights one update behind the trained ones, which
+    /// each step samples with (see [`crate::collect::collect_behaviour`]).
+    pub lagged: Option<Ema>,
 }
 
 /// Weighted means of metrics over the passes (and ranks) that reported them.

@@ -17,7 +17,7 @@ use tch::{Kind, Tensor};
 
 use super::teachers::{Teacher, TeacherMeans};
 use super::Algorithm;
-use crate::collect::{collect, Collected};
+use crate::collect::{collect_behaviour, Collected};
 use crate::replay::{replay_all, OldPolicy};
 use crate::run::Run;
 use crate::source::Source;
@@ -60,7 +60,7 @@ impl Algorithm for PolicyGradient {
         source: &mut Source,
         step: &mut Step,
     ) -> Result<usize, TrainError> {
-        let collected = collect(run, super::prompts(source)?, step)?;
+        let collected = collect_behaviour(run, learner, super::prompts(source)?, step)?;
         run.status("update");
         self.update(run, learner, &collected, step)?;
         Ok(collected.batch.images.len())
