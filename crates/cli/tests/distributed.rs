@@ -412,6 +412,41 @@ fn an_off_policy_lag_trains_as_one_process_and_resumes_at_another_world_size() {
     assert_eq!(exported(&whole), exported(&sharded), "not bit-identical");
 }
 
+/// A job split into one rollout rank and two training ranks (`trainer.rollout_ranks: 1`) trains
+/// as one process: with `off_policy_lag: 1` as the lagged single process, with lag 0 as the
+/// synchronous one; a split checkpoint resumes in a plain two-rank job as the unbroken run, and a
+/// plain checkpoint resumes split.
+#[test]
+fn rollout_ranks_train_as_one_process_and_resume_in_another_split() {
+    let lag = ["trainer.off_policy_lag=1", "rollout_correction.rollout_is=token", SMOOTH];
+    let three = [&lag[..], &["trainer.total_steps=3"]].concat();
+    fn split<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        [extra, &["trainer.rollout_ranks=1"]].concat()
+    }
+    let (one, apart) = (scratch("split-one"), scratch("split-apart"));
+    single("flow_grpo_tiny.yaml", &one, &three);
+    ranks(3, "flow_grpo_tiny.yaml", &apart, &split(&three));
+    assert_same_run(&one, &apart, 1..=3);
+    assert!(metrics(&apart).iter().all(|l| l["dist/world_size"] == 2.0), "two training ranks");
+    let waited = |m: &BTreeMap<String, serde_json::Value>| m.contains_key("timing_s/rollout_wait");
+    assert!(metrics(&apart).iter().all(waited));
+    // Lag 0: the rollout rank waits for each update, which is the synchronous run.
+    let sync = ["trainer.total_steps=2", SMOOTH];
+    let (plain, waiting) = (scratch("split-sync-one"), scratch("split-sync"));
+    single("flow_grpo_tiny.yaml", &plain, &sync);
+    ranks(3, "flow_grpo_tiny.yaml", &waiting, &split(&sync));
+    assert_same_run(&plain, &waiting, 1..=2);
+    // Resumes across splits: split for two steps, plain two ranks for the third; and back.
+    let (there, back) = (scratch("split-there"), scratch("split-back"));
+    let two = [&lag[..], &["trainer.total_steps=2"]].concat();
+    ranks(3, "flow_grpo_tiny.yaml", &there, &split(&two));
+    two_ranks("flow_grpo_tiny.yaml", &there, &three);
+    assert_same_run(&one, &there, 1..=3);
+    single("flow_grpo_tiny.yaml", &back, &two);
+    ranks(3, "flow_grpo_tiny.yaml", &back, &split(&three));
+    assert_same_run(&one, &back, 1..=3);
+}
+
 /// Full fine-tuning with the Adam moments sharded over two ranks trains as one process does,
 /// each rank saving its share; one process resumes from that checkpoint.
 #[test]

@@ -85,9 +85,13 @@ impl Recipe {
         if needs.old_means && bypass {
             return fail("trainer.old_log_prob", format!("{name} needs the old policy's transition means, which bypass mode does not compute; set trainer.old_log_prob: recompute"));
         }
-        let lag = self.trainer.off_policy_lag;
-        if lag > 0 && !(needs.rollout_log_probs && !needs.old_policy) {
+        let (lag, split) = (self.trainer.off_policy_lag, self.trainer.rollout_ranks);
+        let lags = needs.rollout_log_probs && !needs.old_policy;
+        if lag > 0 && !lags {
             return fail("trainer.off_policy_lag", format!("{lag}: {name} does not sample with the trained weights and weigh their log-probs, so a lagged sampler has nothing to correct; set 0 (the lag applies to flow_grpo's family and diffusion_opd)"));
+        }
+        if split > 0 && !lags {
+            return fail("trainer.rollout_ranks", format!("{split}: {name} does not sample with the trained weights alone; set 0 (rollout ranks serve flow_grpo's family and diffusion_opd)"));
         }
         match (needs.rollout_log_probs, corrects) {
             (true, true) if bypass => fail("rollout_correction", "corrects rollout log-probs towards recomputed old ones, but bypass mode uses the rollout's as the old ones; set trainer.old_log_prob: recompute or turn rollout_is / rollout_rs off".into()),

@@ -25,6 +25,7 @@ const FREE: &[&str] = &[
     "trainer.sharding",
     "trainer.offload",
     "trainer.sequence_parallel_size",
+    "trainer.rollout_ranks",
     "trainer.allow_recipe_change",
     "trainer.memory_check",
     "trainer.auto_memory_gib",

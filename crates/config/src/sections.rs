@@ -264,6 +264,11 @@ pub struct TrainerSection {
     /// (one-step off-policy). The ratio to the sampling policy is then corrected by
     /// `rollout_correction` against the recomputed old log-probs.
     pub off_policy_lag: u64,
+    /// Ranks of a launched job that only sample and score (the first ones); the others train.
+    /// Rollout ranks sample step k's prompts while the training ranks update on step k − 1's
+    /// samples (with `off_policy_lag: 1`; with 0 they wait for the update), hand the samples over
+    /// and take the new weights; 0 (the default): every rank samples and trains.
+    pub rollout_ranks: usize,
     /// Where training runs: `cpu`, `cuda` or `cuda:N` (a launched job's ranks take
     /// `cuda:LOCAL_RANK`); `--device` wins; unset: a GPU when torch sees one, else the CPU.
     pub device: Option<String>,
@@ -391,6 +396,7 @@ impl Default for TrainerSection {
             micro_batch_size: 4,
             old_log_prob: OldLogProb::Recompute,
             off_policy_lag: 0,
+            rollout_ranks: 0,
             device: None,
             output_dir: PathBuf::from("runs/flowtune"),
             save_freq: 10,
@@ -472,6 +478,18 @@ impl TrainerSection {
         }
         if self.off_policy_lag > 1 {
             return bad("off_policy_lag", self.off_policy_lag.to_string(), "0 or 1");
+        }
+        if self.rollout_ranks > 0 && self.sequence_parallel_size > 1 {
+            let k = self.rollout_ranks.to_string();
+            return bad(
+                "rollout_ranks",
+                k,
+                "0 under sequence parallelism (rollout ranks do not split samples yet)",
+            );
+        }
+        if self.rollout_ranks > 0 && self.sharding == Some(Sharding::Full) {
+            let k = self.rollout_ranks.to_string();
+            return bad("rollout_ranks", k, "0 under trainer.sharding: full (rollout ranks take whole weights; use optimizer sharding or LoRA)");
         }
         if let Some(gib) = self.auto_memory_gib.filter(|g| !(*g > 0.0 && g.is_finite())) {
             return bad("auto_memory_gib", gib.to_string(), "a finite number of GiB > 0");

@@ -37,6 +37,12 @@ impl Default for TrainOptions {
     }
 }
 
+/// A rank ready to run: a training rank, or a rollout rank of a split job.
+pub(crate) enum Built<'r> {
+    Trains(Box<Trainer<'r>>),
+    Samples(Box<crate::split::Sampler<'r>>),
+}
+
 /// A run ready to train: loaded, laid out over the ranks and restored, no step taken.
 pub(crate) struct Trainer<'r> {
     pub recipe: &'r Recipe,
@@ -58,12 +64,13 @@ pub(crate) struct Trainer<'r> {
 }
 
 impl<'r> Trainer<'r> {
-    /// Everything `recipe` needs on `device` before its first step.
+    /// Everything `recipe` needs on `device` before its first step; on a rollout rank, what
+    /// sampling needs.
     pub fn build(
         recipe: &'r Recipe,
         device: Device,
         options: TrainOptions,
-    ) -> Result<Self, TrainError> {
+    ) -> Result<Built<'r>, TrainError> {
         if recipe.auto.any() {
             return Err(TrainError::Invalid(
                 "rollout.batch_size / trainer.micro_batch_size: auto is fitted to the device's                  memory by `flowtune train`; give numbers when training through the library"
@@ -74,7 +81,7 @@ impl<'r> Trainer<'r> {
         let mut algorithm = crate::algorithms::build(registered)?;
         let t = &recipe.trainer;
         let timeout = Duration::from_secs_f64(t.dist_timeout_s);
-        let comm = Comm::from_env(device, timeout, t.sequence_parallel_size)?;
+        let comm = Comm::from_env(device, timeout, t.sequence_parallel_size, t.rollout_ranks)?;
         check_shares(recipe, &comm)?;
         check_inputs(recipe)?;
         let device = comm.device();
@@ -102,7 +109,9 @@ impl<'r> Trainer<'r> {
         let latent_shape = pipe
             .latent_shape(recipe.model.resolution, recipe.model.resolution)
             .map_err(|e| TrainError::Invalid(format!("model.resolution {e}")))?;
-        algorithm.load(recipe, &options, pipe.as_ref())?;
+        if !comm.is_rollout() {
+            algorithm.load(recipe, &options, pipe.as_ref())?;
+        }
         // The run folder appears once the recipe is known to run here.
         std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io(out_dir, e))?;
         let mut source = Source::for_recipe(recipe)?;
@@ -129,7 +138,14 @@ impl<'r> Trainer<'r> {
             }
         }
         let keeps_reference = registered.needs.keeps_reference(recipe.actor.use_kl_loss);
+        let keeps_reference = keeps_reference && !comm.is_rollout();
         let (reference, layout) = parallelize(recipe, pipe.as_ref(), keeps_reference, &comm)?;
+        if comm.is_rollout() {
+            comm.barrier()?;
+            let sampler =
+                crate::split::Sampler { recipe, comm, pipe, latent_shape, source, scorers, layout };
+            return Ok(Built::Samples(Box::new(sampler)));
+        }
         crate::logging::line(&crate::perf::load_line(
             device,
             loaded.elapsed().as_secs_f64(),
@@ -169,7 +185,7 @@ impl<'r> Trainer<'r> {
                 .map_err(|e| TrainError::io(&resolved, e))?;
         }
         comm.barrier()?;
-        Ok(Self {
+        Ok(Built::Trains(Box::new(Self {
             recipe,
             write,
             comm,
@@ -185,7 +201,7 @@ impl<'r> Trainer<'r> {
             checkpointer,
             start,
             saved_line,
-        })
+        })))
     }
 }
 

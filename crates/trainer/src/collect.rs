@@ -8,7 +8,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
 
-use flowtune_data::{PromptLoader, PromptRecord};
+use flowtune_data::{PromptLoader, PromptRecord, Row};
 use flowtune_objectives::Metrics;
 use flowtune_rewards::{SampleScores, ScoredBatch};
 use flowtune_rollout::{RolloutBatch, Rows};
@@ -63,7 +63,9 @@ impl Collected {
 /// under `trainer.off_policy_lag: 1` the copy one update behind them ([`Learner::lagged`]), which
 /// then takes the trained weights, those this step's update starts from. The samples of step k
 /// are so drawn with the weights after step k − 2, as a rollout that runs beside step k − 1's
-/// update draws them. Logs `async/staleness`, the updates between the two.
+/// update draws them. In a job split into rollout and training ranks, the rollout ranks sample
+/// and hand the samples over ([`crate::split`]). Logs `async/staleness`, the updates between the
+/// two.
 pub(crate) fn collect_behaviour(
     run: &Run<'_>,
     learner: &mut Learner,
@@ -72,6 +74,10 @@ pub(crate) fn collect_behaviour(
 ) -> Result<Collected, TrainError> {
     let lag = run.recipe.trainer.off_policy_lag;
     let collected = match learner.lagged.as_mut() {
+        // Rollout ranks sample; the first training rank keeps the copy they sample with.
+        _ if run.comm.handoff().is_some() => {
+            crate::split::collect_handed(run, learner, loader, step)?
+        }
         Some(lagged) => {
             let params = &learner.optimizer.params;
             let collected = lagged.with_swapped(params, || collect(run, loader, step))?;
@@ -92,31 +98,76 @@ pub(crate) fn collect(
     loader: &mut PromptLoader,
     step: &mut Step,
 ) -> Result<Collected, TrainError> {
-    let (number, metrics) = (step.number, &mut step.metrics);
-    let (engine, recipe, comm) = (&run.engine, run.recipe, &run.comm);
     let rows = loader.next_step();
     let records: Vec<&PromptRecord> = rows.iter().map(|r| loader.record(r)).collect();
-    // This rank's prompt groups, as rows of the whole step.
-    let groups = comm.share(rows.len() / recipe.rollout.n);
-    let local = groups.start * recipe.rollout.n..groups.end * recipe.rollout.n;
+    let local = local_rows(run, rows.len());
+    let Sampled { batch, scores, gen_s, reward_s, flops } =
+        sample(run, &records, local.clone(), step.number)?;
+    step.timers.add("gen", gen_s);
+    step.timers.add("reward", reward_s);
+    step.metrics.insert("perf/tflops/rollout".into(), flops / gen_s / 1e12);
+    let scores = ScoredBatch::concat(run.comm.gather(&scores)?);
+    finish(run, &rows, &records, batch, local, scores, step)
+}
+
+/// This rank's rows of a step of `rows` rows: its share of the prompt groups.
+pub(crate) fn local_rows(run: &Run<'_>, rows: usize) -> Range<usize> {
+    let n = run.recipe.rollout.n;
+    let groups = run.comm.share(rows / n);
+    groups.start * n..groups.end * n
+}
+
+/// Rows `local` of a step's `records`, sampled and scored.
+pub(crate) struct Sampled {
+    pub batch: RolloutBatch,
+    pub scores: ScoredBatch,
+    /// Seconds of the rollout (scoring overlaps it) and of the scorers' work.
+    pub gen_s: f64,
+    pub reward_s: f64,
+    /// The rollout's floating-point operations.
+    pub flops: f64,
+}
+
+/// Samples and scores rows `local` of training step `number`'s `records`, each row seeded by its
+/// place in the whole step.
+pub(crate) fn sample(
+    run: &Run<'_>,
+    records: &[&PromptRecord],
+    local: Range<usize>,
+    number: u64,
+) -> Result<Sampled, TrainError> {
+    let (engine, recipe) = (&run.engine, run.recipe);
     let timer = Instant::now();
     let work = flowtune_models::flops::counted();
     let seeds = engine.row_seeds(records.len(), number);
     let Scored { batch, scores, reward_seconds } = rollout_and_score(
         engine,
         &records[local.clone()],
-        &seeds[local.clone()],
+        &seeds[local],
         number,
         run.scorers(),
         recipe.reward.on_error,
     )?;
-    let gen = timer.elapsed().as_secs_f64();
-    step.timers.add("gen", gen);
-    step.timers.add("reward", reward_seconds);
     // The rewards score on their own thread, so this thread's count is the rollout's alone.
-    let work = flowtune_models::flops::counted() - work;
-    metrics.insert("perf/tflops/rollout".into(), work / gen / 1e12);
-    let scores = ScoredBatch::concat(comm.gather(&scores)?);
+    let flops = flowtune_models::flops::counted() - work;
+    let gen_s = timer.elapsed().as_secs_f64();
+    Ok(Sampled { batch, scores, gen_s, reward_s: reward_seconds, flops })
+}
+
+/// The step's rows `rows` (`records`), this rank's `local` ones sampled as `batch`, scored
+/// `scores` over the whole step: logs the reward metrics and the grid, keeps the rows with a
+/// reward.
+pub(crate) fn finish(
+    run: &Run<'_>,
+    rows: &[Row],
+    records: &[&PromptRecord],
+    batch: RolloutBatch,
+    local: Range<usize>,
+    scores: ScoredBatch,
+    step: &mut Step,
+) -> Result<Collected, TrainError> {
+    let (number, metrics) = (step.number, &mut step.metrics);
+    let (engine, recipe, comm) = (&run.engine, run.recipe, &run.comm);
     if comm.is_main() {
         for e in &scores.errors {
             eprintln!("step {number}: skipped samples after a reward failure: {e}");

@@ -12,7 +12,7 @@ use flowtune_objectives::Metrics;
 use flowtune_rollout::Engine;
 use tch::Device;
 
-use crate::build::{TrainOptions, Trainer};
+use crate::build::{Built, TrainOptions, Trainer};
 use crate::checkpointer::Trained;
 use crate::logging::{metric_line, progress_bar, step_line, summary_line, MetricLog};
 use crate::optim::learning_rate;
@@ -30,8 +30,9 @@ pub struct TrainSummary {
     /// transformer's safetensors in a diffusers `transformer/` folder.
     pub export: PathBuf,
     pub steps_run: u64,
-    /// This process's rank in a launched job (0 alone).
-    pub rank: usize,
+    /// This process's rank among the training ranks of a launched job (0 alone); none on a
+    /// rollout rank (`trainer.rollout_ranks`).
+    pub rank: Option<usize>,
     /// Why the run stopped before `trainer.total_steps` at a signal, with its checkpoint saved.
     pub stopped: Option<String>,
 }
@@ -49,7 +50,10 @@ pub fn train_with(
     device: Device,
     options: TrainOptions,
 ) -> Result<TrainSummary, TrainError> {
-    Trainer::build(recipe, device, options)?.fit()
+    match Trainer::build(recipe, device, options)? {
+        Built::Trains(trainer) => trainer.fit(),
+        Built::Samples(sampler) => sampler.serve(),
+    }
 }
 
 /// Writes the trained weights for use outside flowtune: the LoRA in the diffusers/PEFT layout
@@ -135,6 +139,8 @@ impl Trainer<'_> {
             if comm.is_main() { Some(MetricLog::open(out_dir, start, &saved_line)?) } else { None };
         // SIGTERM, SIGUSR1 and Ctrl-C finish the current step, save a checkpoint and return.
         let stop_request = crate::signals::StopRequest::listen(comm.is_main());
+        // Rollout ranks, if any, learn where the run starts.
+        crate::split::start(&run, &learner, &source, start)?;
         let mut all = vec![];
         let (mut last, mut stopped) = (start, None);
         if trainer.val_before_train && start == 0 {
@@ -241,6 +247,7 @@ impl Trainer<'_> {
             }
         }
         run.bar.finish_and_clear();
+        crate::split::release(&run, last)?;
         let main = comm.is_main();
         if !write {
             comm.barrier()?;
@@ -249,7 +256,7 @@ impl Trainer<'_> {
                 metrics: all,
                 export,
                 steps_run: last - start,
-                rank: comm.rank(),
+                rank: Some(comm.rank()),
                 stopped,
             });
         }
@@ -262,6 +269,6 @@ impl Trainer<'_> {
         // The other ranks return once the exported weights are on disk.
         comm.barrier()?;
         let steps_run = last - start;
-        Ok(TrainSummary { metrics: all, export, steps_run, rank: comm.rank(), stopped })
+        Ok(TrainSummary { metrics: all, export, steps_run, rank: Some(comm.rank()), stopped })
     }
 }

@@ -24,6 +24,7 @@ mod scoring;
 mod seeds;
 mod signals;
 mod source;
+mod split;
 mod stateful;
 mod step;
 pub mod tensorboard;

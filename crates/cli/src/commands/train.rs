@@ -36,7 +36,7 @@ pub fn run(args: TrainArgs, named: Option<DeviceArg>) -> Result<(), Failure> {
     if let Some(why) = summary.stopped {
         return Err(Failure::Runtime(anyhow!(why)));
     }
-    if summary.rank != 0 {
+    if summary.rank != Some(0) {
         return Ok(());
     }
     println!(

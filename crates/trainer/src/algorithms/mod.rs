@@ -106,7 +106,7 @@ fn registered(name: &str) -> Result<Box<dyn Algorithm>, TrainError> {
 }
 
 /// The prompt loader of an online step.
-fn prompts(source: &mut Source) -> Result<&mut PromptLoader, TrainError> {
+pub(crate) fn prompts(source: &mut Source) -> Result<&mut PromptLoader, TrainError> {
     match source {
         Source::Prompts(loader) => Ok(loader),
         Source::Pairs(_) => {

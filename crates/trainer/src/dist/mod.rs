@@ -10,6 +10,7 @@
 //! same samples' gradient.
 
 mod grads;
+mod handoff;
 mod parallelize;
 
 use std::ops::Range;
@@ -24,6 +25,7 @@ use tch::{Device, Tensor};
 use crate::TrainError;
 
 pub use grads::ExactSum;
+pub use handoff::Handoff;
 
 /// This process among the ranks of a job.
 pub struct Comm {
@@ -32,6 +34,9 @@ pub struct Comm {
     sequence: Option<Arc<ProcessGroup>>,
     /// Where this rank computes, and so where its collectives' tensors live.
     device: Device,
+    /// In a job split into rollout and training ranks, this rank's side of the exchange; `group`
+    /// is then its own side's ranks.
+    handoff: Option<Handoff>,
 }
 
 impl From<flowtune_dist::DistError> for TrainError {
@@ -45,20 +50,29 @@ impl From<flowtune_dist::DistError> for TrainError {
 impl Comm {
     /// A world of one on `device`.
     pub fn single(device: Device) -> Self {
-        Self { group: None, sequence: None, device }
+        Self { group: None, sequence: None, device, handoff: None }
     }
 
     /// Joins the job the launcher's variables describe (NCCL for a CUDA `device`, where rank
     /// computes on `cuda:LOCAL_RANK`; Gloo otherwise), or a world of one when there is none, and
-    /// this rank's group of `sequence` consecutive ranks (`trainer.sequence_parallel_size`).
+    /// this rank's group of `sequence` consecutive ranks (`trainer.sequence_parallel_size`). With
+    /// `rollout` ranks (`trainer.rollout_ranks`) the first ones only sample and the others train:
+    /// the collectives run over this rank's side, and [`Self::handoff`] joins the two.
     /// Collectives wait at most `timeout`.
     pub fn from_env(
         device: Device,
         timeout: Duration,
         sequence: usize,
+        rollout: usize,
     ) -> Result<Self, TrainError> {
         let env = DistEnv::detect()?;
         let world = env.as_ref().map_or(1, |e| e.world_size);
+        if rollout >= world {
+            return Err(TrainError::Invalid(format!(
+                "trainer.rollout_ranks {rollout} leaves no training rank in a job of {world} rank(s); launch more (e.g. flowtune launch --nproc {})",
+                rollout + 1
+            )));
+        }
         if sequence > 1 && world % sequence != 0 {
             return Err(TrainError::Invalid(format!(
                 "trainer.sequence_parallel_size {sequence} does not divide the {world} rank(s) of this job (launch a multiple of {sequence} ranks, e.g. flowtune launch --nproc {sequence})"
@@ -83,7 +97,27 @@ impl Comm {
                 Some(Arc::new(group.sub_group("sequence", &members)?))
             }
         };
-        Ok(Self { group: Some(Arc::new(group)), sequence, device })
+        let group = Arc::new(group);
+        if rollout == 0 {
+            return Ok(Self { group: Some(group), sequence, device, handoff: None });
+        }
+        let side: Vec<usize> = match env.rank < rollout {
+            true => (0..rollout).collect(),
+            false => (rollout..world).collect(),
+        };
+        let side = Arc::new(group.sub_group("side", &side)?);
+        let handoff = Handoff::join(&group, rollout, device)?;
+        Ok(Self { group: Some(side), sequence, device, handoff: Some(handoff) })
+    }
+
+    /// The exchange with the other kind of ranks, in a job split into rollout and training ranks.
+    pub fn handoff(&self) -> Option<&Handoff> {
+        self.handoff.as_ref()
+    }
+
+    /// Whether this rank only samples (one of `trainer.rollout_ranks`).
+    pub fn is_rollout(&self) -> bool {
+        self.handoff.as_ref().is_some_and(Handoff::is_rollout)
     }
 
     /// The device this rank computes on.
@@ -99,9 +133,9 @@ impl Comm {
         self.group.as_ref().map_or(1, |g| g.size())
     }
 
-    /// Rank 0, the one that writes files.
+    /// Rank 0 (of the training ranks, in a split job), the one that writes files.
     pub fn is_main(&self) -> bool {
-        self.rank() == 0
+        self.rank() == 0 && !self.is_rollout()
     }
 
     /// Ranks per sequence-parallel group (S; 1 without sequence parallelism).

@@ -21,7 +21,9 @@ impl Comm {
     /// all`, so that its device holds one block at a time).
     pub fn shards_blocks(&self, recipe: &Recipe) -> bool {
         let on_host = recipe.trainer.offload == StateOffload::All;
-        (self.size() > 1 || on_host)
+        // Rollout ranks sample with whole weights.
+        !self.is_rollout()
+            && (self.size() > 1 || on_host)
             && matches!(recipe.sharding(), Sharding::Frozen | Sharding::Full)
     }
 
