@@ -633,26 +633,37 @@ fn check_sharding(name: &str, base: &[&str], sharding: &[&str]) {
 /// collective timeout, and one process resumes from the checkpoint it left.
 #[test]
 fn a_dead_rank_stops_the_job_and_leaves_a_loadable_checkpoint() {
-    dead_rank("none", &["trainer.sharding=none"]);
-    dead_rank("frozen", &["trainer.sharding=frozen"]);
+    dead_rank("none", &["trainer.sharding=none"], 2, 1);
+    dead_rank("frozen", &["trainer.sharding=frozen"], 2, 1);
     // Its checkpoint's blocks are written by both ranks.
-    dead_rank("full", &["trainer.sharding=full", "model.finetune=full", "trainer.lr=1e-4"]);
+    dead_rank("full", &["trainer.sharding=full", "model.finetune=full", "trainer.lr=1e-4"], 2, 1);
 }
 
-/// Rank 1 dies in a job with the overrides `sharding`.
-fn dead_rank(name: &str, sharding: &[&str]) {
+/// In a job of one rollout rank and two training ranks, the rollout rank dies, or a training rank
+/// does: the others stop with a clear error, and the last checkpoint resumes.
+#[test]
+fn a_dead_rollout_or_training_rank_stops_a_split_job() {
+    let split = ["trainer.rollout_ranks=1", "trainer.off_policy_lag=1"];
+    dead_rank("rollout", &split, 3, 0);
+    dead_rank("training", &split, 3, 2);
+}
+
+/// Rank `dead` of a job of `world` ranks with the overrides `extra` dies after the first
+/// checkpoint: every other rank stops with an error that names the collective and the resume, and
+/// one process resumes from the newest complete checkpoint.
+fn dead_rank(name: &str, extra: &[&str], world: usize, dead: usize) {
     let out = scratch(&format!("dead-{name}"));
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let args =
-        train_args("flow_grpo_tiny.yaml", &out, &[&["trainer.total_steps=50"], sharding].concat());
-    let mut ranks: Vec<_> = (0..2)
+        train_args("flow_grpo_tiny.yaml", &out, &[&["trainer.total_steps=50"], extra].concat());
+    let mut ranks: Vec<_> = (0..world)
         .map(|rank| {
             flowtune()
                 .args(&args)
                 .env("RANK", rank.to_string())
                 .env("LOCAL_RANK", rank.to_string())
-                .env("WORLD_SIZE", "2")
-                .env("LOCAL_WORLD_SIZE", "2")
+                .env("WORLD_SIZE", world.to_string())
+                .env("LOCAL_WORLD_SIZE", world.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", port.to_string())
                 .stdout(Stdio::null())
@@ -667,23 +678,30 @@ fn dead_rank(name: &str, sharding: &[&str]) {
         assert!(waited.elapsed() < Duration::from_secs(600), "no checkpoint after 10 minutes");
         std::thread::sleep(Duration::from_millis(100));
     }
-    ranks[1].kill().unwrap();
-    ranks[1].wait().unwrap();
+    let mut killed = ranks.remove(dead);
+    killed.kill().unwrap();
+    killed.wait().unwrap();
     let killed = Instant::now();
-    let survivor = ranks.remove(0).wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&survivor.stderr);
-    assert!(!survivor.status.success(), "rank 0 went on without rank 1: {stderr}");
-    assert!(killed.elapsed() < Duration::from_secs(60 + 30), "rank 0 took {:?}", killed.elapsed());
-    // Sharded blocks meet the dead rank inside a model call, which names the collective.
-    assert!(stderr.contains("rank 0: error: ") && stderr.contains("distributed: "), "{stderr}");
-    assert!(stderr.contains("trainer.resume: auto"), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    for (survivor, rank) in ranks.into_iter().zip((0..world).filter(|&r| r != dead)) {
+        let survivor = survivor.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&survivor.stderr);
+        assert!(!survivor.status.success(), "rank {rank} went on without rank {dead}: {stderr}");
+        let took = killed.elapsed();
+        assert!(took < Duration::from_secs(60 + 30), "rank {rank} took {took:?}");
+        // Sharded blocks meet the dead rank inside a model call, which names the collective.
+        let said = format!("rank {rank}: error: ");
+        assert!(stderr.contains(&said) && stderr.contains("distributed: "), "{stderr}");
+        assert!(stderr.contains("trainer.resume: auto"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
     // The newest complete checkpoint loads: one process resumes from it and finishes.
+    let single_extra: Vec<&str> =
+        extra.iter().copied().filter(|o| !o.starts_with("trainer.rollout_ranks")).collect();
     let resumed = flowtune()
         .args(train_args(
             "flow_grpo_tiny.yaml",
             &out,
-            &[&["trainer.total_steps=3"], sharding].concat(),
+            &[&["trainer.total_steps=3"], &single_extra[..]].concat(),
         ))
         .output()
         .unwrap();
