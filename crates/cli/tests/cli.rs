@@ -973,3 +973,56 @@ fn bench_reward_times_a_native_judge_against_transformers() {
     assert!((figures["speedup"].as_f64().unwrap() - ratio).abs() < 1e-9, "{figures}");
     assert!(figures["answer_tokens"].as_i64().unwrap() >= 5, "{figures}");
 }
+
+/// `bench step --overlap-ab`: the step with `reward.overlap` on and off, alternating, against a
+/// reward server that answers each request after a fixed delay. The serial runs' rollout phase
+/// holds the scoring; both score every sample alike. (How much the overlap hides is a timing,
+/// which the report gives and `docs/perf/` records, not something a test asserts.)
+#[test]
+fn bench_step_sets_overlapped_scoring_against_serial_scoring() {
+    let root = scratch("bench-overlap");
+    let model = root.join("tiny");
+    assert!(flowtune(&["make-tiny", "sd3", &model.display().to_string()]).status.success());
+    let script = repo("examples/reward_server.py");
+    let mut server = Command::new("python3")
+        .args([script.as_str(), "--port", "0", "--delay", "0.05"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    let stdout = server.stdout.take().unwrap();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+    let port = line.trim().strip_prefix("listening on ").expect("a port line").to_string();
+    let reward = format!(
+        "reward.functions=[{{name: http, url: \"http://127.0.0.1:{port}/score\", http: {{batch_size: 2, max_concurrency: 1}}}}]"
+    );
+    let json = root.join("step.json");
+    let out = flowtune(&[
+        "bench",
+        "step",
+        &repo("examples/flow_grpo_tiny.yaml"),
+        &format!("model.path={}", model.display()),
+        "rollout.batch_size=2",
+        &reward,
+        "--overlap-ab",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let _ = server.kill();
+    let _ = server.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("reward overlap: rollout "), "{stdout}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let ab = &r["reward_overlap"];
+    assert_eq!(ab["rewards_identical"], true, "{ab}");
+    assert_eq!(ab["rounds"], 1);
+    let f = |k: &str| ab[k].as_f64().unwrap_or_else(|| panic!("{k}: {ab}"));
+    // 4 samples in 2 requests of 0.05 s each: the scorers were busy at least that long.
+    assert!(f("scoring_s") >= 0.1 && f("sampling_s") > 0.0, "{ab}");
+    assert!((f("sum_s") - f("sampling_s") - f("scoring_s")).abs() < 1e-9, "{ab}");
+    let serial = ab["serial"]["rollout_s"].as_f64().unwrap();
+    assert!(serial >= f("scoring_s"), "a serial rollout phase holds its scoring: {ab}");
+}

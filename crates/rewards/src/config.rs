@@ -90,6 +90,10 @@ pub struct RewardConfig {
     /// The scorers; a sample's reward is the weighted sum of their scores.
     pub functions: Vec<RewardFunction>,
     pub on_error: OnError,
+    /// Score each chunk of `rollout.batch_size` images on a host thread while the model samples
+    /// the next chunk; false scores a rank's images after its whole rollout (a reward model on
+    /// the sampling GPU then never runs beside the sampler). The scores are the same either way.
+    pub overlap: bool,
 }
 
 impl Default for RewardConfig {
@@ -97,6 +101,7 @@ impl Default for RewardConfig {
         Self {
             functions: vec![RewardFunction::named("jpeg_compressibility")],
             on_error: OnError::Fail,
+            overlap: true,
         }
     }
 }

@@ -146,7 +146,7 @@ pub(crate) fn sample(
         &seeds[local],
         number,
         run.scorers(),
-        recipe.reward.on_error,
+        (recipe.reward.on_error, recipe.reward.overlap),
     )?;
     // The rewards score on their own thread, so this thread's count is the rollout's alone.
     let flops = flowtune_models::flops::counted() - work;

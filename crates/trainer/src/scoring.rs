@@ -1,5 +1,6 @@
 //! Rollout and rewards together: each chunk of images (`rollout.batch_size` rows) is scored on a
-//! worker thread while the model samples the next chunk.
+//! worker thread while the model samples the next chunk (`reward.overlap`), or every image after
+//! the rollout.
 
 use std::sync::mpsc;
 use std::time::Instant;
@@ -21,14 +22,14 @@ pub struct Scored {
 }
 
 /// Samples `records` (one row each, seeded by `seeds`) at training step `step` and scores the
-/// images as they come.
+/// images as they come, or with `overlap` off once they are all there.
 pub fn rollout_and_score(
     engine: &Engine<'_>,
     records: &[&PromptRecord],
     seeds: &[u64],
     step: u64,
     scorers: &[Weighted],
-    on_error: OnError,
+    (on_error, overlap): (OnError, bool),
 ) -> Result<Scored, TrainError> {
     let prompts: Vec<&str> = records.iter().map(|r| r.prompt.as_str()).collect();
     let negatives: Vec<&str> = records
@@ -38,9 +39,17 @@ pub fn rollout_and_score(
     let alpha = engine.pipe.takes_alpha();
     let pictures = records.iter().map(|r| r.load_images(alpha)).collect::<Result<Vec<_>, _>>()?;
     let pictures = if pictures.iter().all(Vec::is_empty) { vec![] } else { pictures };
+    let frames = engine.pipe.decoded_frames(&engine.latent_shape);
+    if !overlap {
+        let batch = engine.rollout(&prompts, &negatives, &pictures, seeds, step)?;
+        let (tx, rx) = mpsc::channel();
+        let _ = tx.send((0, batch.images.clone()));
+        drop(tx);
+        let (scores, reward_seconds) = score_chunks(rx, records, frames, scorers, on_error)?;
+        return Ok(Scored { batch, scores, reward_seconds });
+    }
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<(usize, Vec<RgbImage>)>();
-        let frames = engine.pipe.decoded_frames(&engine.latent_shape);
         let worker = scope.spawn(move || score_chunks(rx, records, frames, scorers, on_error));
         let batch = engine.rollout_streaming(
             &prompts,

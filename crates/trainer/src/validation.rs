@@ -48,8 +48,14 @@ pub(crate) fn validate(
         let first = (mine.start + c * size) as u64;
         let seeds: Vec<u64> =
             (first..first + chunk.len() as u64).map(|i| row_seed(VALIDATION, 0, i)).collect();
-        let Scored { batch, scores, .. } =
-            rollout_and_score(&engine, &chunk, &seeds, 1, run.scorers(), recipe.reward.on_error)?;
+        let Scored { batch, scores, .. } = rollout_and_score(
+            &engine,
+            &chunk,
+            &seeds,
+            1,
+            run.scorers(),
+            (recipe.reward.on_error, recipe.reward.overlap),
+        )?;
         for (total, details) in scores.totals.into_iter().zip(scores.details) {
             scored.push((total, details.extras));
         }

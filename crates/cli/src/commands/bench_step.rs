@@ -55,6 +55,10 @@ pub struct StepArgs {
     /// Writes the report as JSON here too.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also runs the step ROUNDS times with `reward.overlap` on and ROUNDS times off, alternating
+    /// which goes first, and reports how much of the scoring the overlap hides.
+    #[arg(long, default_value_t = 0)]
+    overlap_ab: u32,
 }
 
 /// The block counts `--layers` sets in a denoiser's config.
@@ -236,6 +240,24 @@ pub fn run(a: StepArgs, device: &DeviceArg) -> Result<(), Failure> {
         },
         "metrics": m,
     });
+    let mut report = report;
+    if a.overlap_ab > 0 {
+        let ab = super::bench_overlap::overlap_ab(&recipe, device, options, a.overlap_ab)?;
+        let f = |k: &str| ab[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "reward overlap: rollout {:.2} s overlapped vs {:.2} s serial (sampling {:.2} s, scoring {:.2} s: max {:.2}, sum {:.2}); {:.0} % of the scoring hidden, step {:.2} s vs {:.2} s",
+            ab["overlapped"]["rollout_s"].as_f64().unwrap_or(f64::NAN),
+            ab["serial"]["rollout_s"].as_f64().unwrap_or(f64::NAN),
+            f("sampling_s"),
+            f("scoring_s"),
+            f("max_s"),
+            f("sum_s"),
+            100.0 * f("hidden_fraction"),
+            ab["overlapped"]["step_s"].as_f64().unwrap_or(f64::NAN),
+            ab["serial"]["step_s"].as_f64().unwrap_or(f64::NAN),
+        );
+        report["reward_overlap"] = ab;
+    }
     let pct = |x: Option<f64>| x.map_or("–".into(), |x| format!("{:.1} %", 100.0 * x));
     let s = |p: &str| get(&m, &format!("timing_s/{p}")).unwrap_or(f64::NAN);
     println!(

@@ -4,6 +4,7 @@ pub mod auto_sizes;
 pub mod bench;
 pub mod bench_common;
 pub mod bench_load;
+pub mod bench_overlap;
 pub mod bench_reward;
 pub mod bench_shapes;
 pub mod bench_step;

@@ -39,6 +39,7 @@ pub fn reward_section(name: Option<&str>, file: Option<&Path>) -> Result<RewardC
         return Ok(RewardConfig {
             functions: vec![RewardFunction::named(name)],
             on_error: OnError::Fail,
+            overlap: true,
         });
     }
     let path = file.expect("clap requires a reward name or a reward file");
