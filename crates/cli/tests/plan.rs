@@ -65,6 +65,49 @@ fn qwen_image_lora_fits_one_80_gb_gpu_with_encoders_offloaded() {
     assert!((15.0..16.0).contains(&more), "{more}");
 }
 
+/// `trainer.rollout_ranks: 2` of 8 GPUs: six training ranks plan as a job of six that holds each
+/// step's samples whole, and a rollout rank holds the weights, the frozen parts, the adapters and
+/// its share of the rollout, nothing of the update.
+#[test]
+fn a_split_job_plans_its_training_and_its_rollout_ranks() {
+    let recipe = "examples/plan/qwen_image_lora_1gpu.yaml";
+    let j = json(&["plan", recipe, "--gpus", "8", "trainer.rollout_ranks=2"]);
+    assert_eq!(j["training_ranks"], 6, "{j}");
+    let plain = json(&["plan", recipe, "--gpus", "6"]);
+    let rollout = &j["rollout_rank"];
+    assert_eq!(rollout["ranks"], 2);
+    let names = |p: &serde_json::Value| -> Vec<String> {
+        p["items"].as_array().unwrap().iter().map(|i| i["item"].as_str().unwrap().into()).collect()
+    };
+    let (trains, samples) = (names(&j), names(rollout));
+    for update in ["LoRA gradients", "Adam moments", "activations ("] {
+        assert!(trains.iter().any(|n| n.starts_with(update)), "{trains:?}");
+        assert!(!samples.iter().any(|n| n.starts_with(update)), "{samples:?}");
+    }
+    assert_eq!(item(rollout, "transformer weights"), item(&plain, "transformer weights"));
+    assert_eq!(item(rollout, "LoRA adapters"), item(&plain, "LoRA adapters"));
+    let per_step = |p: &serde_json::Value| {
+        let name = names(p).into_iter().find(|n| n.starts_with("trajectories")).unwrap();
+        name.trim_start_matches("trajectories (").split(' ').next().unwrap().parse::<u64>().unwrap()
+    };
+    let whole = per_step(&json(&["plan", recipe, "--gpus", "1"]));
+    assert_eq!(per_step(&j), whole, "training ranks take the whole step");
+    assert_eq!(per_step(rollout), whole.div_ceil(2), "each rollout rank samples half");
+    assert!(rollout["device_gib"].as_f64().unwrap() < j["device_gib"].as_f64().unwrap());
+    let text = stdout(&flowtune(&["plan", recipe, "--gpus", "8", "trainer.rollout_ranks=2"]));
+    assert!(
+        text.contains("per training rank (6 of them)")
+            && text.contains("per rollout rank (2 of them"),
+        "{text}"
+    );
+    let none = flowtune(&["plan", recipe, "--gpus", "2", "trainer.rollout_ranks=2"]);
+    let err = String::from_utf8_lossy(&none.stderr);
+    assert!(
+        !none.status.success() && err.contains("trainer.rollout_ranks 2 leaves no training rank"),
+        "{err}"
+    );
+}
+
 #[test]
 fn qwen_image_full_on_8_gpus_fits_only_fully_sharded() {
     let args = ["plan", "examples/plan/qwen_image_full_8gpu.yaml", "--gpus", "8"];

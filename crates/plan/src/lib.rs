@@ -115,9 +115,25 @@ pub struct Setup {
     pub teachers: Vec<Pipeline>,
     /// Reward models that run in the training process.
     pub judges: Vec<judges::Judge>,
+    /// `trainer.rollout_ranks`: ranks besides `gpus` that only sample; the training ranks then
+    /// take each step's samples whole from them.
+    pub rollout_ranks: u64,
+    /// Plans one of those rollout ranks instead: whole weights and adapters, the frozen parts,
+    /// its share of the samples and the rollout's activations; nothing of the update.
+    pub samples_only: bool,
 }
 
 impl Setup {
+    /// The setup of one of the rollout ranks of a split job.
+    pub fn rollout_rank(&self) -> Self {
+        Self {
+            gpus: self.rollout_ranks.max(1),
+            sequence_parallel: 1,
+            samples_only: true,
+            ..self.clone()
+        }
+    }
+
     /// The adapter rank of the linear layer `module`; `None` where LoRA adds no adapter.
     pub fn lora_rank_of(&self, module: &str) -> Option<u64> {
         let targeted = flowtune_lora_match::targets(&self.lora_targets, module);

@@ -67,8 +67,10 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let n = setup.gpus.max(1);
     let mut params = 0;
     let mut lora = 0;
-    // One process shards its blocks too when the slices live on the host.
-    let shards = n > 1 || setup.state_offload == StateOffload::All;
+    // One process shards its blocks too when the slices live on the host; rollout ranks keep
+    // whole weights and nothing of the update.
+    let trains = !setup.samples_only;
+    let shards = trains && (n > 1 || setup.state_offload == StateOffload::All);
     let frozen_shards = !setup.full && setup.sharding == Sharding::Frozen && shards;
     let full_shards = setup.full && setup.sharding == Sharding::Full && shards;
     // `trainer.offload`: the optimizer's state, then the block slices, on the host.
@@ -115,7 +117,8 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         let place = on_host(setup.offload == Offload::EncodersAndVae);
         push(format!("{} ({})", v.name, v.class), frozen, v.params * frozen.bytes(), place);
     }
-    for (i, teacher) in setup.teachers.iter().enumerate() {
+    let teachers = if trains { &setup.teachers[..] } else { &[] };
+    for (i, teacher) in teachers.iter().enumerate() {
         for (name, den) in &teacher.denoisers {
             let bytes = (den.inventory.params() + den.inventory.buffers) * d;
             push(format!("teacher {i} {name} weights"), setup.dtype, bytes, Place::Device);
@@ -137,7 +140,12 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
             on_host(judge.offload),
         );
     }
-    if full_shards {
+    if !trains {
+        // A rollout rank samples with the adapters it is handed; its weights are above.
+        if !setup.full {
+            push("LoRA adapters".into(), Dtype::F32, 4 * lora, Place::Device);
+        }
+    } else if full_shards {
         let (whole, share) = (params - sharded, sharded.div_ceil(n));
         let acc = if setup.exact_gradient_sum { 8 } else { 4 };
         push(format!("block gradient sums (1/{n})"), Dtype::F32, acc * share, slices_at);
@@ -190,7 +198,11 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let (image, text) = (image.div_ceil(s), text.div_ceil(s));
     let tokens = image + text;
     let sequences = setup.micro_batch * if setup.cfg { 2 } else { 1 };
-    let samples = setup.samples();
+    // Training ranks of a split job hold the whole step's samples, as handed over.
+    let samples = match setup.rollout_ranks > 0 && trains {
+        true => setup.prompts_per_step * setup.samples_per_prompt,
+        false => setup.samples(),
+    };
     push(
         format!("trajectories ({samples} samples)"),
         Dtype::F32,
@@ -204,13 +216,15 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let branches = setup.rollout_rows() * if setup.cfg { 2 } else { 1 };
     let rollout = ROLLOUT_VALUES * (d * tokens * den.hidden * branches) as f64;
     let dtype = setup.dtype.name();
-    items.push(Item {
-        item: format!("activations ({sequences} seq × {tokens} tokens, {label})"),
-        dtype,
-        bytes: act as u64,
-        place: Place::Device,
-        phase: Phase::Update,
-    });
+    if trains {
+        items.push(Item {
+            item: format!("activations ({sequences} seq × {tokens} tokens, {label})"),
+            dtype,
+            bytes: act as u64,
+            place: Place::Device,
+            phase: Phase::Update,
+        });
+    }
     items.push(Item {
         item: format!("rollout activations ({branches} seq × {tokens} tokens, no grad)"),
         dtype,

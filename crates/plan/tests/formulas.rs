@@ -79,6 +79,8 @@ fn setup(full: bool, gpus: u64) -> Setup {
         state_offload: StateOffload::None,
         teachers: vec![],
         judges: vec![],
+        rollout_ranks: 0,
+        samples_only: false,
     }
 }
 

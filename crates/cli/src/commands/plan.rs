@@ -88,15 +88,27 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
     let setup = setup(&recipe, &pipe, gpus, args.gpu_memory).map_err(Failure::input)?;
     let p = plan(&pipe, &setup);
     let v = verdict(&pipe, &setup);
-    if args.json {
-        let items: Vec<_> = p
-            .items
+    // A split job's rollout ranks: whole weights, the frozen parts, the rollout.
+    let rollout = (setup.rollout_ranks > 0).then(|| {
+        let side = setup.rollout_rank();
+        (plan(&pipe, &side), verdict(&pipe, &side))
+    });
+    let json_items = |p: &flowtune_plan::Plan| -> Vec<serde_json::Value> {
+        p.items
             .iter()
             .map(|i| {
                 serde_json::json!({"item": i.item, "dtype": i.dtype, "bytes": i.bytes,
                     "gib": i.bytes as f64 / GIB, "place": i.place})
             })
-            .collect();
+            .collect()
+    };
+    if args.json {
+        let items = json_items(&p);
+        let rollout_rank = rollout.as_ref().map(|(p, v)| {
+            serde_json::json!({"ranks": setup.rollout_ranks, "items": json_items(p),
+                "device_gib": p.device_bytes as f64 / GIB, "host_gib": p.host_bytes as f64 / GIB,
+                "load_gib": p.load_bytes as f64 / GIB, "fits": v.fits, "verdict": v.message})
+        });
         let out = serde_json::json!({
             "recipe": args.recipe, "pipeline": pipe.class, "model_path": dir,
             "gpus": gpus, "gpu_memory_gib": args.gpu_memory, "sequence_parallel_size": sp,
@@ -106,6 +118,7 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
             "load_gib": p.load_bytes as f64 / GIB,
             "fits": v.fits, "budget_gib": v.budget_gib, "changes": v.changes,
             "changed_gib": v.changed_gib, "verdict": v.message,
+            "training_ranks": setup.gpus, "rollout_rank": rollout_rank,
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("JSON"));
         return Ok(());
@@ -118,13 +131,29 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
         format!("LoRA r{}{pattern} ({} params)", setup.lora_rank, p.lora_params)
     };
     let groups = if sp > 1 { format!(" in groups of {sp} (sequence parallel)") } else { "".into() };
+    let k = setup.rollout_ranks;
+    let who = if k > 0 {
+        format!("per training rank ({} of them):", setup.gpus)
+    } else {
+        "per rank:".into()
+    };
     println!(
-        "{} ({}): {mode}, {} GPU(s) of {} GiB{groups}; per rank:",
+        "{} ({}): {mode}, {} GPU(s) of {} GiB{groups}; {who}",
         pipe.class,
         dir.display(),
         gpus,
         args.gpu_memory
     );
+    print_plan(&p, &v.message);
+    if let Some((p, v)) = &rollout {
+        println!("per rollout rank ({k} of them; trainer.rollout_ranks):");
+        print_plan(p, &v.message);
+    }
+    Ok(())
+}
+
+/// The items of `p`, its totals and its verdict.
+fn print_plan(p: &flowtune_plan::Plan, verdict: &str) {
     println!("{:<58} {:>5} {:>8}  where", "item", "dtype", "GiB");
     for i in &p.items {
         let place = if i.place == Place::Device { "device" } else { "host" };
@@ -136,8 +165,7 @@ pub fn run(args: PlanArgs) -> Result<(), Failure> {
         let what = "loading peak";
         println!("{:<58} {:>5} {:>8.2}", what, "", p.load_bytes as f64 / GIB);
     }
-    println!("verdict: {}", v.message);
-    Ok(())
+    println!("verdict: {verdict}");
 }
 
 /// The configs of `model.path`: a Hub id reads them from the local Hugging Face cache, as
@@ -160,15 +188,20 @@ pub(crate) fn check_fits(
 ) -> Result<(), Failure> {
     let (_, pipe) = read_model(recipe)?;
     let setup = setup(recipe, &pipe, gpus, gpu_memory_gib).map_err(Failure::input)?;
-    let v = verdict(&pipe, &setup);
-    if v.fits {
-        return Ok(());
+    // A split job's training ranks, then its rollout ranks.
+    let sides = std::iter::once(("", setup.clone()))
+        .chain((setup.rollout_ranks > 0).then(|| (" (a rollout rank)", setup.rollout_rank())));
+    for (rank, setup) in sides {
+        let v = verdict(&pipe, &setup);
+        if !v.fits {
+            return Err(Failure::input(anyhow::anyhow!(
+                "this recipe does not fit {gpus} GPU(s) with {gpu_memory_gib:.1} GiB {what} by flowtune plan{rank}: {}; \
+                 trainer.memory_check=false runs it anyway",
+                v.message
+            )));
+        }
     }
-    Err(Failure::input(anyhow::anyhow!(
-        "this recipe does not fit {gpus} GPU(s) with {gpu_memory_gib:.1} GiB {what} by flowtune plan: {}; \
-         trainer.memory_check=false runs it anyway",
-        v.message
-    )))
+    Ok(())
 }
 
 /// The planner's view of a recipe on `gpus` ranks; a LoRA pattern key that names no adapted
@@ -189,6 +222,10 @@ pub(crate) fn setup(
     let needs = flowtune_objectives::algorithm(&recipe.algorithm)?.needs;
     let reference = needs.keeps_reference(recipe.actor.use_kl_loss);
     let old_policy = needs.old_policy;
+    let split = t.rollout_ranks as u64;
+    if split >= gpus {
+        anyhow::bail!("trainer.rollout_ranks {split} leaves no training rank among {gpus} GPU(s)");
+    }
     m.lora.validate()?;
     let ranks = m.lora.rank_pattern.iter().map(|(k, &r)| (k, r as u64));
     let setup = Setup {
@@ -237,9 +274,12 @@ pub(crate) fn setup(
         } else {
             r.steps.saturating_sub(1)
         } as u64,
-        gpus,
+        // Under `trainer.rollout_ranks` the first ranks only sample: `gpus` are the others.
+        gpus: gpus - split,
         gpu_memory_gib,
         sequence_parallel: t.sequence_parallel_size as u64,
+        rollout_ranks: split,
+        samples_only: false,
     };
     for (_, den) in pipe.denoisers.iter().filter(|_| !setup.full) {
         let adapted: Vec<String> =
