@@ -445,6 +445,15 @@ fn rollout_ranks_train_as_one_process_and_resume_in_another_split() {
     single("flow_grpo_tiny.yaml", &back, &two);
     ranks(3, "flow_grpo_tiny.yaml", &back, &split(&three));
     assert_same_run(&one, &back, 1..=3);
+    // Stopping early (here out of time after the first step), the training ranks take the step
+    // the rollout rank sampled meanwhile, or none without a lag, and stop it: every rank exits.
+    for lag in ["trainer.off_policy_lag=1", "trainer.off_policy_lag=0"] {
+        let out = scratch(&format!("split-stop-{lag}"));
+        let early = [lag, "trainer.time_limit_s=0.001", "trainer.total_steps=3", SMOOTH];
+        ranks(3, "flow_grpo_tiny.yaml", &out, &split(&early));
+        assert_eq!(metrics(&out).len(), 1, "{lag}: one step, then the time limit");
+        assert!(out.join("checkpoints/step_000001/state.json").exists());
+    }
 }
 
 /// Full fine-tuning with the Adam moments sharded over two ranks trains as one process does,
