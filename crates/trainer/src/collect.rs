@@ -73,18 +73,15 @@ pub(crate) fn collect_behaviour(
     step: &mut Step,
 ) -> Result<Collected, TrainError> {
     let lag = run.recipe.trainer.off_policy_lag;
-    let collected = match learner.lagged.as_mut() {
-        // Rollout ranks sample; the first training rank keeps the copy they sample with.
-        _ if run.comm.handoff().is_some() => {
-            crate::split::collect_handed(run, learner, loader, step)?
-        }
-        Some(lagged) => {
-            let params = &learner.optimizer.params;
-            let collected = lagged.with_swapped(params, || collect(run, loader, step))?;
-            lagged.update(params);
-            collected
-        }
-        None => collect(run, loader, step)?,
+    let collected = if run.comm.handoff().is_some() {
+        crate::split::collect_handed(run, learner, loader, step)?
+    } else if let Some(lagged) = learner.lagged.as_mut() {
+        let params = &learner.optimizer.params;
+        let collected = lagged.with_swapped(params, || collect(run, loader, step))?;
+        lagged.update(params);
+        collected
+    } else {
+        collect(run, loader, step)?
     };
     let staleness = (step.number - 1).min(lag);
     step.metrics.insert("async/staleness".into(), staleness as f64);

@@ -1,7 +1,9 @@
 //! The training loop, step by step as the algorithm reads: the algorithm's step (rollout and
 //! rewards, then its update), validation, checkpoint — each under a named timer. Launched as
 //! several ranks (torchrun, Slurm, `flowtune launch`), every rank runs this same loop on its share
-//! of each step; rank 0 alone writes metrics, pictures, checkpoints and the exported weights.
+//! of each step; rank 0 alone writes metrics, pictures, checkpoints and the exported weights. In a
+//! job split into rollout and training ranks the training ranks run it, the rollout ranks
+//! [`crate::split::Sampler`]'s loop.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

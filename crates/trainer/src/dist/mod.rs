@@ -1,6 +1,7 @@
 //! Data parallelism: this process's place among the ranks of a launched job (torchrun, Slurm,
 //! `flowtune launch`), the share of a step it owns, and the few collectives the loop needs; the
-//! gradient sums are [`grads`]'s, laying the model out over the ranks [`parallelize`]'s. A plain
+//! gradient sums are [`grads`]'s, laying the model out over the ranks [`parallelize`]'s, the
+//! exchange between rollout and training ranks (`trainer.rollout_ranks`) [`handoff`]'s. A plain
 //! process is a world of one and runs no collective at all.
 //!
 //! With sequence parallelism (`trainer.sequence_parallel_size` S > 1) the ranks form groups of S

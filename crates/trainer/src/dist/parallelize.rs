@@ -18,7 +18,7 @@ use crate::TrainError;
 impl Comm {
     /// Whether this job shards the transformer blocks (`trainer.sharding: frozen` or `full`
     /// over several ranks, or in one process whose slices live on the host, `trainer.offload:
-    /// all`, so that its device holds one block at a time).
+    /// all`, so that its device holds one block at a time); never on a rollout rank.
     pub fn shards_blocks(&self, recipe: &Recipe) -> bool {
         let on_host = recipe.trainer.offload == StateOffload::All;
         // Rollout ranks sample with whole weights.
