@@ -862,7 +862,7 @@ fn mistakes_fail_before_training_by_name() {
         args.extend(extra.iter().map(|s| s.to_string()));
         flowtune(&args.iter().map(String::as_str).collect::<Vec<_>>())
     };
-    let cases: [(&[&str], &[&str]); 10] = [
+    let cases: [(&[&str], &[&str]); 11] = [
         (&["data.train_files=[no-such-prompts.txt]"], &["data.train_files[0]: no-such-prompts.txt does not exist (from the working directory"]),
         (&["rollout.nosie_level=0.5"], &["override `rollout.nosie_level=0.5`: rollout.nosie_level: unknown field `nosie_level`; did you mean `noise_level`?"]),
         (&["reward.functions=[{name: brightnes}]"], &["override `reward.functions=[{name: brightnes}]`: reward: reward config: unknown reward `brightnes`"]),
@@ -873,6 +873,7 @@ fn mistakes_fail_before_training_by_name() {
         (&["model.resolution=512"], &["model.resolution 512×512 pixels", "position table covers sides up to"]),
         (&["reward.functions=[{name: vlm_judge, vlm: {backend: native, model: no-such-judge, temperature: 0}}]"], &["reward.functions[0].vlm.model: no-such-judge has no config.json"]),
         (&["reward.functions=[{name: vlm_judge, vlm: {backend: native, model: no-such-judge}}]"], &["backend native answers greedily; set vlm.temperature: 0 (got 0.7)"]),
+        (&["trainer.rollout_ranks=1"], &["trainer.rollout_ranks 1 leaves no training rank in a job of 1 rank(s); launch more"]),
     ];
     for (extra, needles) in cases {
         assert_bad_input(&train(extra), needles);

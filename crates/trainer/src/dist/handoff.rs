@@ -79,11 +79,6 @@ impl Handoff {
         self.rollout
     }
 
-    /// Whether this rank sends the weights and the messages (the first training rank).
-    pub fn sends_weights(&self) -> bool {
-        !self.rollout && self.weights.is_some()
-    }
-
     /// A rollout rank hands `message` and `tensors` to the training ranks.
     pub fn send_samples(
         &self,
