@@ -1014,7 +1014,7 @@ fn bench_step_sets_overlapped_scoring_against_serial_scoring() {
     let _ = server.wait();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("reward overlap: rollout "), "{stdout}");
+    assert!(stdout.contains("reward overlap: rollout phase "), "{stdout}");
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let ab = &r["reward_overlap"];

@@ -45,7 +45,8 @@ pub fn overlap_ab(
     // Serially the rollout phase holds sampling, then scoring.
     let scoring = mean(serial, "timing_s/reward");
     let sampling = mean(serial, "timing_s/gen") - scoring;
-    let hidden = mean(serial, "timing_s/step") - mean(overlapped, "timing_s/step");
+    // What the overlap takes off the rollout phase (the step's other phases are the same work).
+    let hidden = mean(serial, "timing_s/gen") - mean(overlapped, "timing_s/gen");
     let rewards: Vec<Option<f64>> =
         runs.iter().flatten().map(|m| m.get("critic/rewards/mean").copied()).collect();
     let identical = rewards.windows(2).all(|w| w[0] == w[1]);

@@ -245,7 +245,7 @@ pub fn run(a: StepArgs, device: &DeviceArg) -> Result<(), Failure> {
         let ab = super::bench_overlap::overlap_ab(&recipe, device, options, a.overlap_ab)?;
         let f = |k: &str| ab[k].as_f64().unwrap_or(f64::NAN);
         println!(
-            "reward overlap: rollout {:.2} s overlapped vs {:.2} s serial (sampling {:.2} s, scoring {:.2} s: max {:.2}, sum {:.2}); {:.0} % of the scoring hidden, step {:.2} s vs {:.2} s",
+            "reward overlap: rollout phase {:.2} s overlapped vs {:.2} s serial (sampling {:.2} s, scoring {:.2} s: max {:.2}, sum {:.2}); {:.0} % of the scoring hidden; step {:.2} s vs {:.2} s",
             ab["overlapped"]["rollout_s"].as_f64().unwrap_or(f64::NAN),
             ab["serial"]["rollout_s"].as_f64().unwrap_or(f64::NAN),
             f("sampling_s"),
