@@ -412,10 +412,10 @@ fn an_off_policy_lag_trains_as_one_process_and_resumes_at_another_world_size() {
     assert_eq!(exported(&whole), exported(&sharded), "not bit-identical");
 }
 
-/// A job split into one rollout rank and two training ranks (`trainer.rollout_ranks: 1`) trains
-/// as one process: with `off_policy_lag: 1` as the lagged single process, with lag 0 as the
-/// synchronous one; a split checkpoint resumes in a plain two-rank job as the unbroken run, and a
-/// plain checkpoint resumes split.
+/// A job split into one rollout rank and two training ranks (`trainer.rollout_ranks: 1`), or two
+/// and one, trains as one process: with `off_policy_lag: 1` as the lagged single process, with
+/// lag 0 as the synchronous one; a split checkpoint resumes in a plain two-rank job as the
+/// unbroken run, and a plain checkpoint resumes split.
 #[test]
 fn rollout_ranks_train_as_one_process_and_resume_in_another_split() {
     let lag = ["trainer.off_policy_lag=1", "rollout_correction.rollout_is=token", SMOOTH];
@@ -430,6 +430,11 @@ fn rollout_ranks_train_as_one_process_and_resume_in_another_split() {
     assert!(metrics(&apart).iter().all(|l| l["dist/world_size"] == 2.0), "two training ranks");
     let waited = |m: &BTreeMap<String, serde_json::Value>| m.contains_key("timing_s/rollout_wait");
     assert!(metrics(&apart).iter().all(waited));
+    // Two rollout ranks and one training rank, which stitches its rows from both shares.
+    let stitched = scratch("split-two-rollout");
+    let two_rollout = [&three[..], &["trainer.rollout_ranks=2"]].concat();
+    ranks(3, "flow_grpo_tiny.yaml", &stitched, &two_rollout);
+    assert_same_run(&one, &stitched, 1..=3);
     // Lag 0: the rollout rank waits for each update, which is the synchronous run.
     let sync = ["trainer.total_steps=2", SMOOTH];
     let (plain, waiting) = (scratch("split-sync-one"), scratch("split-sync"));

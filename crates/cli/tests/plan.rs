@@ -65,9 +65,9 @@ fn qwen_image_lora_fits_one_80_gb_gpu_with_encoders_offloaded() {
     assert!((15.0..16.0).contains(&more), "{more}");
 }
 
-/// `trainer.rollout_ranks: 2` of 8 GPUs: six training ranks plan as a job of six that holds each
-/// step's samples whole, and a rollout rank holds the weights, the frozen parts, the adapters and
-/// its share of the rollout, nothing of the update.
+/// `trainer.rollout_ranks: 2` of 8 GPUs: six training ranks plan as a job of six that receives
+/// each step's samples whole before keeping its rows, and a rollout rank holds the weights, the
+/// frozen parts, the adapters and its share of the rollout, nothing of the update.
 #[test]
 fn a_split_job_plans_its_training_and_its_rollout_ranks() {
     let recipe = "examples/plan/qwen_image_lora_1gpu.yaml";
@@ -91,7 +91,9 @@ fn a_split_job_plans_its_training_and_its_rollout_ranks() {
         name.trim_start_matches("trajectories (").split(' ').next().unwrap().parse::<u64>().unwrap()
     };
     let whole = per_step(&json(&["plan", recipe, "--gpus", "1"]));
-    assert_eq!(per_step(&j), whole, "training ranks take the whole step");
+    assert_eq!(per_step(&j), per_step(&plain), "each training rank keeps its share");
+    let handed = names(&j).into_iter().find(|n| n.starts_with("handed-over trajectories"));
+    assert_eq!(handed, Some(format!("handed-over trajectories ({whole} samples, while received)")));
     assert_eq!(per_step(rollout), whole.div_ceil(2), "each rollout rank samples half");
     assert!(rollout["device_gib"].as_f64().unwrap() < j["device_gib"].as_f64().unwrap());
     let text = stdout(&flowtune(&["plan", recipe, "--gpus", "8", "trainer.rollout_ranks=2"]));

@@ -198,17 +198,24 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let (image, text) = (image.div_ceil(s), text.div_ceil(s));
     let tokens = image + text;
     let sequences = setup.micro_batch * if setup.cfg { 2 } else { 1 };
-    // Training ranks of a split job hold the whole step's samples, as handed over.
-    let samples = match setup.rollout_ranks > 0 && trains {
-        true => setup.prompts_per_step * setup.samples_per_prompt,
-        false => setup.samples(),
-    };
+    let samples = setup.samples();
     push(
         format!("trajectories ({samples} samples)"),
         Dtype::F32,
         samples * trajectory_bytes(pipe, setup),
         Place::Device,
     );
+    // A split job's training ranks receive every share of the step whole, then keep their rows.
+    if setup.rollout_ranks > 0 && trains {
+        let whole = setup.prompts_per_step * setup.samples_per_prompt;
+        items.push(Item {
+            item: format!("handed-over trajectories ({whole} samples, while received)"),
+            dtype: Dtype::F32.name(),
+            bytes: whole * trajectory_bytes(pipe, setup),
+            place: Place::Device,
+            phase: Phase::Rollout,
+        });
+    }
     // Sharded blocks always recompute in backward.
     let checkpointed = setup.gradient_checkpointing || frozen_shards || full_shards;
     let act = activations(den, image, text, checkpointed, setup.dtype) * sequences as f64;

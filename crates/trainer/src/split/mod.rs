@@ -9,10 +9,10 @@
 //!   weight, one tensor at a time into the rollout rank's model, so no rank holds a second copy).
 //!
 //! With lag 0 the rollout ranks take the weights first and the training ranks wait for the
-//! samples: the synchronous run, on other ranks. The training ranks stack the shares into the
-//! whole step and keep their own share of it, so advantages, the update and sharding inside the
-//! training ranks are those of a job of the training ranks alone, and the run is the one a single
-//! process makes with the same lag ([`crate::collect::collect_behaviour`]). The first training
+//! samples: the synchronous run, on other ranks. Each training rank keeps its own rows of the
+//! shares (with every row's scores), so advantages, the update and sharding inside the training
+//! ranks are those of a job of the training ranks alone, and the run is the one a single process
+//! makes with the same lag ([`crate::collect::collect_behaviour`]). The first training
 //! rank writes everything and keeps, under a lag, the copy the rollout ranks sample with: its
 //! checkpoints are a single process's, which any split resumes. The rollout ranks read no
 //! checkpoint: the first message says where the run starts, with the data loader's place and the
@@ -69,7 +69,7 @@ pub(crate) fn start(
 
 /// A training rank's step `step`: takes the rollout ranks' samples for the loader's next prompts
 /// and hands them the trained weights (before the samples without a lag, after them with one,
-/// the lagged copy then taking the weights); keeps this rank's share of the whole step. Times
+/// the lagged copy then taking the weights); keeps this rank's rows of the step. Times
 /// the wait as `rollout_wait`, and `gen` and `reward` as the rollout ranks took them.
 pub(crate) fn collect_handed(
     run: &Run<'_>,
@@ -92,7 +92,9 @@ pub(crate) fn collect_handed(
     }
     step.timers.add("rollout_wait", wait.elapsed().as_secs_f64());
     let device = run.comm.device();
-    let (mut batches, mut scores, mut uids) = (vec![], vec![], vec![]);
+    let local = local_rows(run, rows.len());
+    // This rank's rows of each share, copied so that the rest of the step is freed.
+    let (mut mine, mut scores, mut uids) = (vec![], vec![], vec![]);
     let (mut gen, mut reward, mut flops) = (0f64, 0f64, 0.0);
     let ranks = parts.len() as f64;
     for (part, tensors) in parts {
@@ -102,7 +104,12 @@ pub(crate) fn collect_handed(
                 part.step, step.number
             )));
         }
-        batches.push(wire::batch(&part, tensors, device)?);
+        let here = uids.len()..uids.len() + part.uids.len();
+        let (start, end) = (here.start.max(local.start), here.end.min(local.end));
+        if start < end {
+            let share = wire::batch(&part, tensors, device)?;
+            mine.push(wire::rows(&share, &(start - here.start..end - here.start)));
+        }
         (gen, reward, flops) = (gen.max(part.gen_s), reward.max(part.reward_s), flops + part.flops);
         uids.extend(part.uids);
         scores.push(part.scores);
@@ -116,9 +123,7 @@ pub(crate) fn collect_handed(
     step.timers.add("gen", gen);
     step.timers.add("reward", reward);
     step.metrics.insert("perf/tflops/rollout".into(), flops / ranks / gen / 1e12);
-    let whole = wire::stack(batches)?;
-    let local = local_rows(run, rows.len());
-    let batch = wire::narrow(&whole, &local);
+    let batch = wire::stack(mine)?;
     finish(run, &rows, &records, batch, local, ScoredBatch::concat(scores), step)
 }
 

@@ -1,6 +1,6 @@
 //! A rollout rank's share of a step as it travels to the training ranks: its scored samples as
 //! named tensors and a message with the rest (scores, windows, image sizes, timings), and the
-//! training ranks' view of them: the shares stacked into the whole step, then their own rows.
+//! training ranks' view of them: their own rows of each share, stacked.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -124,7 +124,7 @@ fn conditioning(
     Ok(Some(text))
 }
 
-/// The shares of a step stacked in rank order: the whole step's batch.
+/// Batches of consecutive rows stacked in order.
 pub(crate) fn stack(parts: Vec<RolloutBatch>) -> Result<RolloutBatch, TrainError> {
     if parts.len() == 1 {
         return Ok(parts.into_iter().next().expect("one part"));
@@ -150,14 +150,15 @@ pub(crate) fn stack(parts: Vec<RolloutBatch>) -> Result<RolloutBatch, TrainError
     Ok(RolloutBatch { text, negative, windows, trajectory, images })
 }
 
-/// Rows `rows` of `batch`.
-pub(crate) fn narrow(batch: &RolloutBatch, rows: &Range<usize>) -> RolloutBatch {
+/// Rows `rows` of `batch`, in storage of their own.
+pub(crate) fn rows(batch: &RolloutBatch, rows: &Range<usize>) -> RolloutBatch {
     let (start, len) = (rows.start as i64, rows.len() as i64);
     let t = &batch.trajectory;
-    let cut = |x: &Tensor| x.narrow(0, start, len);
+    let cut = |x: &Tensor| x.narrow(0, start, len).copy();
+    let text = |c: &TextConditioning| c.narrow(start, len).map_rows(Tensor::copy);
     RolloutBatch {
-        text: batch.text.narrow(start, len),
-        negative: batch.negative.as_ref().map(|n| n.narrow(start, len)),
+        text: text(&batch.text),
+        negative: batch.negative.as_ref().map(text),
         windows: batch.windows[rows.clone()].to_vec(),
         trajectory: Trajectory {
             all_latents: cut(&t.all_latents),
