@@ -114,6 +114,13 @@ fn main() -> ExitCode {
     threads::passive_wait();
     let cli = Cli::parse();
     threads::configure(cli.threads);
+    // Commands that only print (no sockets) end quietly when their reader goes away
+    // (`flowtune plan --json | head`), as Unix tools do; the others keep Rust's ignored SIGPIPE,
+    // so a peer or a reward server that hangs up is an error that names it.
+    if matches!(cli.command, Command::Env | Command::List | Command::Config(_) | Command::Plan(_)) {
+        // SAFETY: restores the default disposition of one signal before any thread writes.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let named = cli.device;
     let cpu = || named.unwrap_or(DeviceArg(tch::Device::Cpu));
     let result = match cli.command {

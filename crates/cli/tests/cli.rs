@@ -1027,3 +1027,21 @@ fn bench_step_sets_overlapped_scoring_against_serial_scoring() {
     let serial = ab["serial"]["rollout_s"].as_f64().unwrap();
     assert!(serial >= f("scoring_s"), "a serial rollout phase holds its scoring: {ab}");
 }
+
+/// A printing command whose reader goes away (`flowtune config keys | head`) ends quietly on
+/// SIGPIPE, as Unix tools do, instead of panicking on the broken pipe.
+#[test]
+fn a_printing_command_ends_quietly_when_its_reader_goes_away() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flowtune"))
+        .args(["config", "keys"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {stderr}", out.status);
+}
