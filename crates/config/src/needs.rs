@@ -43,6 +43,9 @@ impl Recipe {
                 format!("preference pairs train only algorithm: dpo, not {name}"),
             );
         }
+        if needs.adapters && self.model.finetune != crate::Finetune::Lora {
+            return fail("model.finetune", format!("{name} trains its student and its fake score as two LoRA adapters on one shared base; set model.finetune: lora"));
+        }
         self.check_teachers(name, needs)?;
         if needs.diversity {
             self.check_diversity(name)?;

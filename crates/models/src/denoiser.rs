@@ -47,6 +47,14 @@ pub trait Denoiser {
         uncond + (cond - uncond) * scale
     }
 
+    /// CFG `u + g·(c − u)` of f32 velocities rescaled, token by token, to the conditional
+    /// velocity's norm over the token's channels (DMD2's teacher under `cfg_norm: layer_norm`):
+    /// the tokens are the latent positions by default, a family's packed patches where its
+    /// transformer packs them (Qwen-Image, whose true CFG this is).
+    fn norm_rescaled_guidance(&self, cond: &Tensor, uncond: &Tensor, scale: f64) -> Tensor {
+        rescaled_guidance(cond, uncond, scale, &[1])
+    }
+
     /// The timestep where a two-expert denoiser (Wan2.2-A14B) hands over: its high-noise expert
     /// runs at `t ≥ boundary`, its low-noise expert (CFG scale [`CfgScale::scale_2`]) below.
     /// `None` for a single network.
@@ -169,7 +177,7 @@ pub fn guided_velocity<D: Denoiser + ?Sized>(
 pub fn rescaled_guidance(cond: &Tensor, uncond: &Tensor, scale: f64, dims: &[i64]) -> Tensor {
     let combined = uncond + (cond - uncond) * scale;
     let norm = |t: &Tensor| t.norm_scalaropt_dim(2, dims, true);
-    let ratio = norm(cond) / norm(&combined);
+    let ratio = norm(cond) / norm(&combined).clamp_min(1e-12);
     combined * ratio
 }
 

@@ -34,6 +34,9 @@ pub enum Objective {
     Dgpo,
     /// GARDO: a diversity-shaped, std-weighted clipped ratio and a gated KL to a resettable anchor.
     Gardo,
+    /// DMD2: a few-step student matched to the base model's guided distribution through a fake
+    /// score; no reward in the loss.
+    Dmd2,
     /// An algorithm registered at run time, whose step the trainer knows by its name.
     Registered,
 }
@@ -95,6 +98,8 @@ pub struct Needs {
     pub whole_groups: bool,
     /// A diversity model (`actor.gardo.features`) and proxy rewards (`actor.gardo.proxy_rewards`).
     pub diversity: bool,
+    /// Trains several LoRA adapters on one shared base (`model.finetune: lora`).
+    pub adapters: bool,
 }
 
 impl Needs {
@@ -122,6 +127,7 @@ const POLICY: Needs = Needs {
     pairs: false,
     whole_groups: false,
     diversity: false,
+    adapters: false,
 };
 
 /// The needs of an algorithm that trains clean samples against the reference.
@@ -219,6 +225,18 @@ pub const ALGORITHMS: &[Algorithm] = &[
             ..POLICY
         },
         summary: "GARDO: Flow-GRPO with diversity-shaped advantages and a gated KL to a resettable anchor",
+    },
+    Algorithm {
+        name: "dmd2",
+        objective: Objective::Dmd2,
+        needs: Needs {
+            groups: None,
+            old_policy: true,
+            own_kl: Some("its distribution-matching gradient to the base model (the teacher)"),
+            adapters: true,
+            ..CLEAN
+        },
+        summary: "DMD2: distils the base model's guided sampling into a few-step student through a fake score",
     },
 ];
 

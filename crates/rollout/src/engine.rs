@@ -145,6 +145,13 @@ impl<'a> Engine<'a> {
         })
     }
 
+    /// The engine sampling on `grid` instead of the pipeline's (a few-step student's sigmas).
+    pub fn with_grid(mut self, grid: SigmaGrid) -> Self {
+        self.device_grid = DeviceGrid::new(&grid, self.pipe.device());
+        self.grid = grid;
+        self
+    }
+
     /// The sampler's CFG scales.
     pub fn cfg_scale(&self) -> CfgScale {
         CfgScale { scale: self.sampler.guidance_scale, scale_2: self.sampler.guidance_scale_2 }

@@ -143,12 +143,15 @@ impl Trainer<'_> {
         let stop_request = crate::signals::StopRequest::listen(comm.is_main());
         // Rollout ranks, if any, learn where the run starts.
         crate::split::start(&run, &learner, &source, start)?;
+        // Validation samples as the trained model is meant to (a few-step student on its grid).
+        let grid = algorithm.sampling_grid();
         let mut all = vec![];
         let (mut last, mut stopped) = (start, None);
         if trainer.val_before_train && start == 0 {
             run.status("validation");
             let mut before = Step::new(0, 0.0);
-            let scores = before.timers.time("testing", || validate(&run, &val_records, 0))?;
+            let scores =
+                before.timers.time("testing", || validate(&run, &val_records, 0, grid.as_ref()))?;
             before.metrics.extend(scores);
             let metrics = before.into_metrics();
             if let Some(log) = log.as_mut() {
@@ -183,8 +186,10 @@ impl Trainer<'_> {
                 // Validation sees the EMA weights when there are some.
                 let params = &learner.optimizer.params;
                 let scores = step.timers.time("testing", || match learner.ema.as_mut() {
-                    Some(ema) => ema.with_swapped(params, || validate(&run, &val_records, number)),
-                    None => validate(&run, &val_records, number),
+                    Some(ema) => ema.with_swapped(params, || {
+                        validate(&run, &val_records, number, grid.as_ref())
+                    }),
+                    None => validate(&run, &val_records, number, grid.as_ref()),
                 });
                 step.metrics.extend(scores?);
             }

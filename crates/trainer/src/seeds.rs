@@ -9,6 +9,10 @@ pub(crate) const NFT_SALT: u64 = 0x004E_4654;
 pub(crate) const DPO_SALT: u64 = 0xD90;
 /// DGPO's shared timesteps and group noise.
 pub(crate) const DGPO_SALT: u64 = 0xD690;
+/// DMD2's initial noise and exit steps of the student's samples.
+pub(crate) const DMD2_SAMPLE_SALT: u64 = 0xD3D2_0001;
+/// DMD2's scored noise levels and noise.
+pub(crate) const DMD2_SCORE_SALT: u64 = 0xD3D2_0002;
 
 /// The mini-batch shuffle of epoch `epoch` at training step `k`.
 pub(crate) fn shuffle(seed: u64, k: u64, epoch: usize) -> u64 {

@@ -7,7 +7,7 @@ use flowtune_config::Recipe;
 use flowtune_data::PromptRecord;
 use flowtune_objectives::Metrics;
 use flowtune_rollout::Engine;
-use flowtune_sampling::row_seed;
+use flowtune_sampling::{row_seed, SigmaGrid};
 
 use crate::run::Run;
 use crate::scoring::{rollout_and_score, Scored};
@@ -20,15 +20,28 @@ type Verdict = (Option<f64>, BTreeMap<String, f64>);
 /// Validation rollouts: η = 0, `rollout.eval_steps`, fixed per-prompt seeds from 42; rewards
 /// averaged per data source as `val-core/<source>/reward/mean@1`, each reward extra as
 /// `val-core/<source>/<extra>` (e.g. `val-core/shapes/counting/acc`), and a grid of the images.
+///
+/// A `grid` (a few-step student's, [`crate::algorithms::Algorithm::sampling_grid`]) replaces the
+/// pipeline's grid, and the rollouts sample without guidance.
 pub(crate) fn validate(
     run: &Run<'_>,
     records: &[PromptRecord],
     k: u64,
+    grid: Option<&SigmaGrid>,
 ) -> Result<Metrics, TrainError> {
     let (recipe, comm) = (run.recipe, &run.comm);
-    let sampler = validation_sampler(recipe);
+    let mut sampler = validation_sampler(recipe);
+    if let Some(grid) = grid {
+        // Scale 0 runs no CFG in any family (`Denoiser::runs_cfg`).
+        sampler.steps = grid.timesteps.len();
+        (sampler.guidance_scale, sampler.guidance_scale_2) = (0.0, None);
+    }
     let engine =
         Engine::new(run.engine.pipe, &sampler, run.engine.latent_shape.clone(), VALIDATION)?;
+    let engine = match grid {
+        Some(grid) => engine.with_grid(grid.clone()),
+        None => engine,
+    };
     // Each rank samples its share of the prompts; prompt i's noise comes from
     // `row_seed(42, 0, i)`: fixed, different per prompt, whichever rank draws it.
     let mine = comm.share(records.len());

@@ -36,6 +36,7 @@ static SHRINK: Entry = Entry {
         pairs: false,
         whole_groups: false,
         diversity: false,
+        adapters: false,
     },
     summary: "test only: shrinks the trained weights",
 };

@@ -297,6 +297,11 @@ impl Denoiser for QwenImageTransformer {
         let out = rescaled_guidance(&self.pack(cond), &self.pack(uncond), scale, &[-1]);
         self.unpack(&out, h, w)
     }
+
+    /// Over the 64 channels of each packed 2 × 2 patch, as the true CFG above.
+    fn norm_rescaled_guidance(&self, cond: &Tensor, uncond: &Tensor, scale: f64) -> Tensor {
+        self.combine_guidance(cond, uncond, scale)
+    }
 }
 
 impl TrainableDenoiser for QwenImageTransformer {

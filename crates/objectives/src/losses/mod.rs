@@ -2,6 +2,7 @@
 //! outputs) and the metrics the reference framework logs under the same names.
 
 mod dgpo;
+mod dmd2;
 mod dpo;
 mod gardo;
 mod nft;
@@ -15,6 +16,7 @@ use tch::{Kind, Tensor};
 use crate::ObjectiveError;
 
 pub use dgpo::{dgpo_loss, DgpoBatch, DgpoSettings};
+pub use dmd2::{dmd_gradient, dmd_loss, fake_score_loss, teacher_guidance, CfgNorm, Dmd2Config};
 pub use dpo::{dpo_loss, DpoBatch};
 pub use gardo::{gardo_loss, GardoBatch};
 pub use nft::{nft_loss, reward_probability, NftBatch, OldPolicyDecay, RewardMode};
@@ -67,6 +69,8 @@ pub struct LossConfig {
     pub dgpo: DgpoConfig,
     /// GARDO's knobs (`algorithm: gardo`).
     pub gardo: GardoConfig,
+    /// DMD2's knobs (`algorithm: dmd2`).
+    pub dmd2: Dmd2Config,
 }
 
 /// `actor.dpo`: Diffusion-DPO.
@@ -166,6 +170,7 @@ impl Default for LossConfig {
             nft: NftConfig::default(),
             dgpo: DgpoConfig::default(),
             gardo: GardoConfig::default(),
+            dmd2: Dmd2Config::default(),
         }
     }
 }
@@ -220,7 +225,7 @@ impl LossConfig {
         if self.old_policy_update_interval == 0 {
             return Err(ObjectiveError::invalid("old_policy_update_interval", 0, "≥ 1"));
         }
-        Ok(())
+        self.dmd2.validate()
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod dgpo;
 mod diversity;
+mod dmd2;
 mod dpo;
 mod gardo;
 mod nft;
@@ -20,6 +21,7 @@ use flowtune_config::Recipe;
 use flowtune_data::PromptLoader;
 use flowtune_models::{FlowPipeline, PipelineOptions};
 use flowtune_objectives::Objective;
+use flowtune_sampling::SigmaGrid;
 use tch::Tensor;
 
 use crate::optim::Ema;
@@ -54,6 +56,12 @@ pub trait Algorithm: Stateful {
         vec![]
     }
 
+    /// The grid the trained model samples on without guidance, when not the pipeline's at
+    /// `rollout.eval_steps` with CFG (a few-step student's); validation samples on it.
+    fn sampling_grid(&self) -> Option<SigmaGrid> {
+        None
+    }
+
     /// Training step `step`: gathers its data from `source` (rollout and rewards, or preference
     /// pairs) and updates `learner`, at the step's learning rate, into the step's metrics and
     /// timers; returns the samples it trained on.
@@ -77,6 +85,7 @@ pub(crate) fn build(
         Objective::Nft => Box::new(nft::Nft::default()),
         Objective::Dgpo => Box::new(dgpo::Dgpo::default()),
         Objective::Gardo => Box::new(gardo::Gardo::default()),
+        Objective::Dmd2 => Box::new(dmd2::Dmd2::default()),
         Objective::Registered => registered(entry.name)?,
     })
 }
