@@ -346,6 +346,26 @@ fn two_ranks_distil_as_one_process() {
     assert!(metrics(&a)[0]["actor/distill_kl_loss"].as_f64().unwrap() > 0.0);
 }
 
+/// DMD2 over two ranks, plain and with the frozen base weights sharded: each rank's share of the
+/// student's prompts and of each fake-score update's, every step as one process; a one-rank
+/// checkpoint (the fake score's adapter and Adam state with it) resumes on two sharded ranks.
+#[test]
+fn two_ranks_train_dmd2_as_one_process_and_resume_it() {
+    let val = format!("data.val_files=[{}]", root().join("examples/prompts/tiny.txt").display());
+    let extra = ["trainer.total_steps=2", "trainer.val_freq=1", &val, SMOOTH];
+    let frozen = [&extra[..], &["trainer.sharding=frozen"]].concat();
+    let (a, b, c) = (scratch("one-dmd2"), scratch("two-dmd2"), scratch("two-frozen-dmd2"));
+    single("dmd2_tiny.yaml", &a, &extra);
+    two_ranks("dmd2_tiny.yaml", &b, &extra);
+    assert_same_run(&a, &b, 1..=2);
+    two_ranks("dmd2_tiny.yaml", &c, &frozen);
+    assert_same_run(&a, &c, 1..=2);
+    let resumed = scratch("resumed-dmd2");
+    single("dmd2_tiny.yaml", &resumed, &[&extra[..], &["trainer.total_steps=1"]].concat());
+    two_ranks("dmd2_tiny.yaml", &resumed, &frozen);
+    assert_same_run(&a, &resumed, 1..=2);
+}
+
 /// Two ranks resume a one-rank checkpoint and train step 3 as the one-rank run does.
 #[test]
 fn two_ranks_resume_a_one_rank_run() {

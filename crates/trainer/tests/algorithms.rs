@@ -348,6 +348,7 @@ fn every_tiny_recipe_trains_in_bf16() {
         "gardo",
         "dgpo",
         "diffusion_opd",
+        "dmd2",
     ] {
         let file = format!("{algorithm}_tiny.yaml");
         let mut extra: Vec<&str> = bf16.to_vec();
@@ -362,4 +363,55 @@ fn every_tiny_recipe_trains_in_bf16() {
             assert!((ratio - 1.0).abs() <= 1e-2, "{algorithm}: ratio {ratio} at step 1");
         }
     }
+}
+
+/// DMD2: the student's and the fake score's updates each report their metrics; the fake score
+/// keeps weights and Adam state of its own (saved beside the student's, which the EMA follows);
+/// validation samples on the student's grid without CFG; and a resumed run trains step 3 as a
+/// straight one does, bit for bit.
+#[test]
+fn dmd2_trains_its_student_and_fake_score_and_resumes_bit_for_bit() {
+    let val = format!("data.val_files=[{}]", root().join("examples/prompts/tiny.txt").display());
+    let steps = |out: &std::path::Path, n: u64| {
+        let overrides = [
+            format!("trainer.total_steps={n}"),
+            "trainer.save_freq=1".into(),
+            "trainer.val_freq=3".into(),
+            val.clone(),
+        ];
+        train(&load_recipe("dmd2_tiny.yaml", out, &overrides).unwrap(), Device::Cpu).unwrap()
+    };
+    let straight = scratch("dmd2-straight");
+    let whole = steps(&straight, 3);
+    for m in &whole.metrics {
+        has(m, &["dmd/loss", "dmd/normalizer", "dmd/gradient_norm", "dmd/rollout_exit"]);
+        has(m, &["fake_score/loss", "fake_score/grad_norm", "actor/grad_norm"]);
+        assert!(m["fake_score/loss"] > 0.0 && m["dmd/normalizer"] > 0.0, "{m:?}");
+    }
+    has(&whole.metrics[2], &["val-core/tiny/reward/mean@1"]);
+    assert!(lora_moved(&tensors(&whole.export)), "the student trained");
+    // The checkpoint keeps the fake score's adapter and its Adam moments beside the student's.
+    let saved = tensors(&straight.join("checkpoints/step_000003/optimizer.safetensors"));
+    let student = tensors(&straight.join("checkpoints/step_000003/adapters.safetensors"));
+    let fake: Vec<_> = saved.iter().filter(|(k, _)| k.starts_with("fake_score.")).collect();
+    assert_eq!(fake.len(), student.len(), "one fake-score tensor per adapter tensor");
+    let moments = saved.keys().filter(|k| k.starts_with("fake_score_optim.exp_avg.")).count();
+    assert_eq!(moments, student.len());
+    let differs = fake.iter().any(|(k, t)| {
+        let name = k.trim_start_matches("fake_score.");
+        student.iter().any(|(s, w)| s.ends_with(name) && !w.equal(t))
+    });
+    assert!(differs, "the fake score's weights are its own");
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(straight.join("checkpoints/step_000003/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["algorithm"]["fake_score_updates"], 6, "two fake-score updates a step");
+    let resumed = scratch("dmd2-resumed");
+    steps(&resumed, 2);
+    let again = steps(&resumed, 3);
+    assert_eq!(again.steps_run, 1);
+    let (a, b) = (tensors(&whole.export), tensors(&again.export));
+    assert!(a.iter().all(|(k, t)| t.equal(&b[k])), "the same student");
+    common::assert_same_metrics("dmd2: ", &whole.metrics[2], &again.metrics[0]);
 }

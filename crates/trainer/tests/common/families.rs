@@ -12,7 +12,7 @@ use tch::Device;
 use super::{lora_moved, root, scratch, tensors};
 
 /// The algorithms' tiny recipes run after the family's own (Flow-GRPO) tiny recipe.
-const OTHER_TINY_RECIPES: [&str; 9] = [
+const OTHER_TINY_RECIPES: [&str; 10] = [
     "mix_grpo_tiny.yaml",
     "grpo_guard_tiny.yaml",
     "dance_grpo_tiny.yaml",
@@ -22,6 +22,7 @@ const OTHER_TINY_RECIPES: [&str; 9] = [
     "gardo_tiny.yaml",
     "dgpo_tiny.yaml",
     "diffusion_opd_tiny.yaml",
+    "dmd2_tiny.yaml",
 ];
 
 /// `examples/<file>` on `pipeline` with the LoRA targets of `examples/<family_recipe>` and the

@@ -5,6 +5,7 @@
 //! each on fresh prompts. The fake score's weights live in the model's adapter tensors only while
 //! it runs: they are swapped in for its forwards and its updates, and swapped out after.
 
+mod pictures;
 mod student;
 
 use std::collections::BTreeMap;
@@ -96,6 +97,8 @@ impl Algorithm for Dmd2 {
         run.status("student");
         let attempt = Attempt::draw(run, loader, (step.number, 0), steps, true)?;
         let mut samples = attempt.rows;
+        let grid = self.sampling_grid().expect("a student grid");
+        pictures::show(run, &attempt, grid, step)?;
         self.student_update(run, learner, &attempt, step)?;
         let mut fake = MetricMeans::default();
         for index in 1..=self.config.fake_update_ratio as u64 {

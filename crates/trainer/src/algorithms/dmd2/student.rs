@@ -20,8 +20,9 @@ use crate::TrainError;
 pub(super) struct Attempt {
     /// Which attempt of the step: 0 the student's, then the fake score's.
     pub index: u64,
-    /// Rows of the whole attempt, over all ranks.
+    /// Rows of the whole attempt, over all ranks, and their prompts.
     pub rows: usize,
+    pub records: Vec<PromptRecord>,
     /// This rank's rows.
     pub local: Range<usize>,
     /// This rank's rows' text, and their negative prompts' (the teacher's guidance).
@@ -68,7 +69,8 @@ impl Attempt {
         };
         let seed = row_seed(run.recipe.seed ^ DMD2_SAMPLE_SALT, number, u64::MAX >> 8) ^ index;
         let exit = SampleRng::new(seed).uniform_int(0, steps - 1);
-        Ok(Self { index, rows: rows.len(), local, text, negative, exit })
+        let records = records.into_iter().cloned().collect();
+        Ok(Self { index, rows: rows.len(), records, local, text, negative, exit })
     }
 
     /// The stream of row `row` (a position in the whole attempt) under `salt` at step `number`.
