@@ -23,7 +23,8 @@ fn dmd2_losses_and_gradients_match_the_reference_and_verl_omni() {
         check.case();
         let fake = &raw[case["fake"].as_str().unwrap()];
         let x = raw["x"].detach().copy().set_requires_grad(true);
-        let (g, z, bad) = dmd_gradient(fake, &raw["x_real"], &x, case["eps"].as_f64().unwrap()).unwrap();
+        let (g, z, bad) =
+            dmd_gradient(fake, &raw["x_real"], &x, case["eps"].as_f64().unwrap()).unwrap();
         assert_eq!(bad, case["nonfinite"].as_i64().unwrap(), "case {i}: non-finite count");
         let out = dmd_loss(&x, &g, &z, bad).unwrap();
         out.loss.backward();
@@ -71,7 +72,9 @@ fn dmd2_losses_and_gradients_match_the_reference_and_verl_omni() {
     }
     let scored = &spec["score_sigmas"];
     let config = Dmd2Config::default();
-    for (t, want) in scored["t"].as_array().unwrap().iter().zip(scored["sigmas"].as_array().unwrap()) {
+    for (t, want) in
+        scored["t"].as_array().unwrap().iter().zip(scored["sigmas"].as_array().unwrap())
+    {
         let u = (t.as_f64().unwrap() + 0.5) / 1000.0;
         assert_eq!(config.score_sigma(u), want.as_f64().unwrap() as f32, "t = {t}");
     }

@@ -92,7 +92,7 @@ pub struct Setup {
     /// DPO, DiffusionNFT).
     pub reference_copy: bool,
     /// Extra copies of the trained weights: an EMA, DiffusionNFT's old policy, the sampling copy
-    /// of `trainer.off_policy_lag`.
+    /// of `trainer.off_policy_lag`, DMD2's fake score (and its Adam moments, two more).
     pub weight_copies: u64,
     /// Prompts per step (all ranks) and samples per prompt.
     pub prompts_per_step: u64,

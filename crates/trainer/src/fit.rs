@@ -5,17 +5,17 @@
 //! job split into rollout and training ranks the training ranks run it, the rollout ranks
 //! [`crate::split::Sampler`]'s loop.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use flowtune_config::Recipe;
-use flowtune_models::FlowPipeline;
 use flowtune_objectives::Metrics;
 use flowtune_rollout::Engine;
 use tch::Device;
 
 use crate::build::{Built, TrainOptions, Trainer};
 use crate::checkpointer::Trained;
+use crate::export::export_weights;
 use crate::logging::{metric_line, progress_bar, step_line, summary_line, MetricLog};
 use crate::optim::learning_rate;
 use crate::run::Run;
@@ -56,47 +56,6 @@ pub fn train_with(
         Built::Trains(trainer) => trainer.fit(),
         Built::Samples(sampler) => sampler.serve(),
     }
-}
-
-/// Writes the trained weights for use outside flowtune: the LoRA in the diffusers/PEFT layout
-/// (`lora/pytorch_lora_weights.safetensors`), or after full fine-tuning a diffusers
-/// `transformer/` folder to put in place of the pipeline's. `ema` names the EMA variant. Only the
-/// writing rank (`write`) writes; every rank calls it (sharded blocks are gathered) and returns
-/// the path.
-fn export_weights(
-    pipe: &dyn FlowPipeline,
-    out_dir: &Path,
-    ema: bool,
-    write: bool,
-) -> Result<PathBuf, TrainError> {
-    let model = pipe.denoiser();
-    let lora = model.adapters().is_some();
-    let (dir, file) = match (lora, ema) {
-        (true, false) => (out_dir.join("lora"), "pytorch_lora_weights.safetensors"),
-        (true, true) => (out_dir.join("lora"), "ema_lora_weights.safetensors"),
-        (false, false) => (out_dir.join("transformer"), "diffusion_pytorch_model.safetensors"),
-        (false, true) => (out_dir.join("ema_transformer"), "diffusion_pytorch_model.safetensors"),
-    };
-    let path = dir.join(file);
-    // Trained sharded blocks are gathered from every rank, one block at a time.
-    let gathered = !lora && model.sharded().is_some();
-    if !write && !gathered {
-        return Ok(path);
-    }
-    if write {
-        std::fs::create_dir_all(&dir).map_err(|e| TrainError::io(&dir, e))?;
-    }
-    if lora {
-        model.save_lora(&path)?;
-        return Ok(path);
-    }
-    model.write_weights(write.then_some(path.as_path()))?;
-    if write {
-        let config = pipe.denoiser_dir().join("config.json");
-        let copied = std::fs::copy(&config, dir.join("config.json"));
-        copied.map_err(|e| TrainError::io(&config, e))?;
-    }
-    Ok(path)
 }
 
 impl Trainer<'_> {
@@ -268,10 +227,15 @@ impl Trainer<'_> {
             });
         }
         let export = export_weights(pipe.as_ref(), out_dir, false, main)?;
+        let mut exported = vec![export.clone()];
         if let Some(ema) = learner.ema.as_mut() {
-            ema.with_swapped(&learner.optimizer.params, || {
+            exported.push(ema.with_swapped(&learner.optimizer.params, || {
                 export_weights(pipe.as_ref(), out_dir, true, main)
-            })?;
+            })?);
+        }
+        if main {
+            let sampling = crate::export::Sampling::of(recipe, grid.as_ref());
+            crate::export::write_manifest(recipe, pipe.as_ref(), &exported, last, &sampling)?;
         }
         // The other ranks return once the exported weights are on disk.
         comm.barrier()?;

@@ -9,6 +9,7 @@ pub mod checkpoint;
 mod checkpointer;
 mod collect;
 pub mod dist;
+mod export;
 mod fit;
 pub mod images;
 mod layout;

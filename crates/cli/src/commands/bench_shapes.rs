@@ -1,7 +1,8 @@
 //! `flowtune bench shapes`: the algorithm sandbox. Each algorithm's shapes recipe
 //! (`examples/shapes/<algorithm>.yaml`, else the Flow-GRPO recipe with `algorithm=<name>`) runs
 //! for the same steps and seeds; the table compares validation accuracy before and after, the
-//! gain per minute of training and the time per step.
+//! gain per minute of training, the time per step, and the accuracy per sampling step of the
+//! validation samples (a few-step DMD2 student's against a 10-step sampler's).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -41,6 +42,17 @@ struct Outcome {
     after: f64,
     minutes: f64,
     ms_per_step: f64,
+    /// Denoising steps of a validation sample, and whether each runs CFG (two forwards).
+    sampling: (usize, bool),
+}
+
+/// How a recipe's validation samples: a DMD2 student on its own grid without CFG, else
+/// `rollout.eval_steps` with CFG when the scale asks for it.
+fn sampling(recipe: &Recipe) -> (usize, bool) {
+    match recipe.algorithm.as_str() {
+        "dmd2" => (recipe.actor.dmd2.student_steps, false),
+        _ => (recipe.rollout.eval_steps, recipe.rollout.guidance_scale > 1.0),
+    }
 }
 
 fn recipe_for(algorithm: &str) -> (PathBuf, Option<String>) {
@@ -82,10 +94,10 @@ fn run_one(
     let start = Instant::now();
     flowtune_trainer::train(&recipe, device).map_err(|e| Failure::Runtime(e.into()))?;
     let minutes = start.elapsed().as_secs_f64() / 60.0;
-    outcome(&out, minutes).map_err(Failure::Runtime)
+    outcome(&out, minutes, sampling(&recipe)).map_err(Failure::Runtime)
 }
 
-fn outcome(out: &Path, minutes: f64) -> anyhow::Result<Outcome> {
+fn outcome(out: &Path, minutes: f64, sampling: (usize, bool)) -> anyhow::Result<Outcome> {
     let log = RunLog::read(out)?;
     let (first, last) = log.before_after();
     Ok(Outcome {
@@ -94,6 +106,7 @@ fn outcome(out: &Path, minutes: f64) -> anyhow::Result<Outcome> {
         after: last.accuracy,
         minutes,
         ms_per_step: 1000.0 * log.mean_of("timing_s/step"),
+        sampling,
     })
 }
 
@@ -108,16 +121,27 @@ pub fn run(a: ShapesBenchArgs, device: tch::Device) -> Result<(), Failure> {
         rows.push((algorithm.clone(), outcomes));
     }
     println!(
-        "\n{:<14} {:>5} {:>6} {:>8} {:>8} {:>8} {:>10} {:>9}",
-        "algorithm", "seeds", "steps", "before", "after", "gain", "gain/min", "ms/step"
+        "\n{:<14} {:>5} {:>6} {:>8} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9}",
+        "algorithm",
+        "seeds",
+        "steps",
+        "before",
+        "after",
+        "gain",
+        "gain/min",
+        "ms/step",
+        "sampling",
+        "acc/step"
     );
     for (algorithm, outcomes) in &rows {
         let mean = |f: &dyn Fn(&Outcome) -> f64| {
             outcomes.iter().map(f).sum::<f64>() / outcomes.len() as f64
         };
         let gain = mean(&|o| o.after - o.before);
+        let (steps, cfg) = outcomes[0].sampling;
+        let label = if cfg { format!("{steps}+CFG") } else { steps.to_string() };
         println!(
-            "{algorithm:<14} {:>5} {:>6.0} {:>7.1}% {:>7.1}% {:>+7.1}  {:>+9.2}  {:>9.0}",
+            "{algorithm:<14} {:>5} {:>6.0} {:>7.1}% {:>7.1}% {:>+7.1}  {:>+9.2}  {:>9.0} {label:>9} {:>9.2}",
             outcomes.len(),
             mean(&|o| o.steps),
             100.0 * mean(&|o| o.before),
@@ -125,8 +149,12 @@ pub fn run(a: ShapesBenchArgs, device: tch::Device) -> Result<(), Failure> {
             100.0 * gain,
             100.0 * mean(&|o| (o.after - o.before) / o.minutes),
             mean(&|o| o.ms_per_step),
+            100.0 * mean(&|o| o.after) / steps as f64,
         );
     }
-    println!("(accuracy in %, gain in points, gain/min in points per minute of training)");
+    println!(
+        "(accuracy in %, gain in points, gain/min in points per minute of training; sampling: \
+         denoising steps of a validation sample, acc/step: accuracy after training per step)"
+    );
     Ok(())
 }

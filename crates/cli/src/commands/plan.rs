@@ -266,7 +266,11 @@ pub(crate) fn setup(
         cfg: !pipe.distilled
             && r.guidance_scale > if pipe.class == "ZImagePipeline" { 0.0 } else { 1.0 },
         reference_copy: reference,
-        weight_copies: u64::from(t.ema_decay.is_some()) + u64::from(old_policy) + t.off_policy_lag,
+        // A second trained adapter set (DMD2's fake score) adds its two Adam moments to its copy.
+        weight_copies: u64::from(t.ema_decay.is_some())
+            + u64::from(old_policy)
+            + 2 * u64::from(needs.adapters)
+            + t.off_policy_lag,
         prompts_per_step: recipe.data.prompts_per_step as u64,
         samples_per_prompt: r.n as u64,
         window_steps: if r.sde_window_size > 0 {

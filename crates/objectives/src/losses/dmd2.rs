@@ -93,7 +93,11 @@ impl Dmd2Config {
         }
         if !(self.fake_weight_decay >= 0.0 && self.fake_weight_decay.is_finite()) {
             let wd = self.fake_weight_decay;
-            return Err(ObjectiveError::invalid("dmd2.fake_weight_decay", wd, "a finite number ≥ 0"));
+            return Err(ObjectiveError::invalid(
+                "dmd2.fake_weight_decay",
+                wd,
+                "a finite number ≥ 0",
+            ));
         }
         let (lo, hi) = (self.score_sigma_min, self.score_sigma_max);
         if !(0.0 < lo && lo < hi && hi <= 1.0) {

@@ -145,7 +145,9 @@ impl Dmd2 {
                     let uncond = velocity_at_sigma(net, &noised, &sigma, &negative)?;
                     let scale = config.teacher_guidance_scale;
                     Ok(match config.cfg_norm {
-                        CfgNorm::None => teacher_guidance(&cond, &uncond, scale, CfgNorm::None, &[]),
+                        CfgNorm::None => {
+                            teacher_guidance(&cond, &uncond, scale, CfgNorm::None, &[])
+                        }
                         CfgNorm::LayerNorm => net.norm_rescaled_guidance(&cond, &uncond, scale),
                     })
                 })

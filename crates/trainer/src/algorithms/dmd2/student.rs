@@ -105,7 +105,8 @@ impl Attempt {
         }
         tch::no_grad(|| -> Result<Tensor, TrainError> {
             for i in 0..self.exit {
-                let v = velocity_at_sigma(model, &x, &sigma_rows(sigmas[i], rows.len(), device), text)?;
+                let v =
+                    velocity_at_sigma(model, &x, &sigma_rows(sigmas[i], rows.len(), device), text)?;
                 x = &x + &v * (sigmas[i + 1] - sigmas[i]) as f64;
             }
             Ok(x)
