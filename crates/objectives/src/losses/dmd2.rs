@@ -35,8 +35,9 @@ pub struct Dmd2Config {
     pub score_discrete_steps: usize,
     /// The shift of the scored noise levels `σ = s·f / (1 + (s − 1)·f)`, `f = t / steps`.
     pub score_shift: f64,
-    /// Scored noise levels are clamped to `[score_sigma_min, score_sigma_max]`.
+    /// The lowest scored noise level (levels are clamped to `[score_sigma_min, score_sigma_max]`).
     pub score_sigma_min: f64,
+    /// The highest scored noise level.
     pub score_sigma_max: f64,
 }
 
