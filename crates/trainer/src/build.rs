@@ -87,7 +87,7 @@ impl<'r> Trainer<'r> {
         let device = comm.device();
         let validating = t.val_freq > 0 || t.val_before_train;
         if validating {
-            validation_sampler(recipe).validate().map_err(|e| {
+            validation_sampler(recipe, None).validate().map_err(|e| {
                 TrainError::Invalid(format!(
                     "validation sampler (rollout.eval_steps {}): {e}",
                     recipe.rollout.eval_steps

@@ -30,18 +30,8 @@ pub(crate) fn validate(
     grid: Option<&SigmaGrid>,
 ) -> Result<Metrics, TrainError> {
     let (recipe, comm) = (run.recipe, &run.comm);
-    let mut sampler = validation_sampler(recipe);
-    if let Some(grid) = grid {
-        // Scale 0 runs no CFG in any family (`Denoiser::runs_cfg`).
-        sampler.steps = grid.timesteps.len();
-        (sampler.guidance_scale, sampler.guidance_scale_2) = (0.0, None);
-    }
-    let engine =
-        Engine::new(run.engine.pipe, &sampler, run.engine.latent_shape.clone(), VALIDATION)?;
-    let engine = match grid {
-        Some(grid) => engine.with_grid(grid.clone()),
-        None => engine,
-    };
+    let sampler = validation_sampler(recipe, grid);
+    let engine = sampling_engine(run, &sampler, grid, VALIDATION)?;
     // Each rank samples its share of the prompts; prompt i's noise comes from
     // `row_seed(42, 0, i)`: fixed, different per prompt, whichever rank draws it.
     let mine = comm.share(records.len());
@@ -110,16 +100,43 @@ pub(crate) fn validate(
 }
 
 /// The sampler of validation rollouts: η = 0, `rollout.eval_steps`, no SDE window, each row its
-/// own noise (a validation file may repeat a prompt).
-pub(crate) fn validation_sampler(recipe: &Recipe) -> flowtune_sampling::SamplerConfig {
-    flowtune_sampling::SamplerConfig {
+/// own noise (a validation file may repeat a prompt); on a student's `grid`, its steps without
+/// CFG (scale 0 runs none in any family, `Denoiser::runs_cfg`).
+pub(crate) fn validation_sampler(
+    recipe: &Recipe,
+    grid: Option<&SigmaGrid>,
+) -> flowtune_sampling::SamplerConfig {
+    let plain = flowtune_sampling::SamplerConfig {
         noise_level: 0.0,
         steps: recipe.rollout.eval_steps,
         sde_window_size: 0,
         sde_window_range: None,
         same_noise: false,
         ..recipe.rollout.clone()
+    };
+    match grid {
+        Some(grid) => flowtune_sampling::SamplerConfig {
+            steps: grid.timesteps.len(),
+            guidance_scale: 0.0,
+            guidance_scale_2: None,
+            ..plain
+        },
+        None => plain,
     }
+}
+
+/// An engine of `sampler` on the run's pipeline, seeded `seed`, on `grid` when given.
+pub(crate) fn sampling_engine<'a>(
+    run: &Run<'a>,
+    sampler: &'a flowtune_sampling::SamplerConfig,
+    grid: Option<&SigmaGrid>,
+    seed: u64,
+) -> Result<Engine<'a>, TrainError> {
+    let engine = Engine::new(run.engine.pipe, sampler, run.engine.latent_shape.clone(), seed)?;
+    Ok(match grid {
+        Some(grid) => engine.with_grid(grid.clone()),
+        None => engine,
+    })
 }
 
 #[cfg(test)]
@@ -134,7 +151,7 @@ mod tests {
         let overrides = ["rollout.same_noise=true".into(), "rollout.eval_steps=7".into()];
         let recipe = Recipe::from_yaml(yaml, "r.yaml", &overrides).expect("recipe");
         assert!(recipe.rollout.same_noise);
-        let sampler = validation_sampler(&recipe);
+        let sampler = validation_sampler(&recipe, None);
         assert!(!sampler.same_noise);
         assert_eq!((sampler.noise_level, sampler.steps, sampler.sde_window_size), (0.0, 7, 0));
     }

@@ -3,7 +3,6 @@
 //! not use), as a captioned grid and the `critic/rewards/*` metrics.
 
 use flowtune_rewards::ScoredBatch;
-use flowtune_rollout::Engine;
 use flowtune_sampling::SigmaGrid;
 
 use super::student::Attempt;
@@ -11,7 +10,7 @@ use crate::logging::stats;
 use crate::run::Run;
 use crate::scoring::{rollout_and_score, Scored};
 use crate::step::Step;
-use crate::validation::validation_sampler;
+use crate::validation::{sampling_engine, validation_sampler};
 use crate::TrainError;
 
 /// Samples and scores `attempt`'s prompts with the student on `grid` when step `step` is due for
@@ -27,11 +26,8 @@ pub(super) fn show(
     if every == 0 || !number.is_multiple_of(every) {
         return Ok(());
     }
-    let mut sampler = validation_sampler(recipe);
-    sampler.steps = grid.timesteps.len();
-    (sampler.guidance_scale, sampler.guidance_scale_2) = (0.0, None);
-    let shape = run.engine.latent_shape.clone();
-    let engine = Engine::new(run.engine.pipe, &sampler, shape, recipe.seed)?.with_grid(grid);
+    let sampler = validation_sampler(recipe, Some(&grid));
+    let engine = sampling_engine(run, &sampler, Some(&grid), recipe.seed)?;
     let records: Vec<_> = attempt.records.iter().collect();
     let seeds = engine.row_seeds(records.len(), number);
     let local = attempt.local.clone();
