@@ -292,6 +292,48 @@ fn make_tiny_then_sample_writes_pngs() {
     assert_eq!(index.lines().count(), 4);
 }
 
+/// `sample --sigmas` samples on a given grid (a DMD2 student's): the manifest's list with its final
+/// 0 and the list without it give the same pictures, other sigmas other ones, and a grid that
+/// does not decrease within (0, 1] is refused by name.
+#[test]
+fn sample_takes_a_student_grid() {
+    let root = scratch("cli-sample-sigmas");
+    let model = root.join("tiny");
+    let made = flowtune(&["make-tiny", "sd3", &model.display().to_string(), "--seed", "5"]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let run = |sigmas: &str, out: &str| {
+        let out = root.join(out);
+        let args = [
+            "sample",
+            "--model",
+            &model.display().to_string(),
+            "--prompts",
+            &repo("examples/prompts/tiny.txt"),
+            "--sigmas",
+            sigmas,
+            "--guidance",
+            "1",
+            "--resolution",
+            "32",
+            "--out",
+            &out.display().to_string(),
+        ];
+        let done = flowtune(&args);
+        (done, out)
+    };
+    let png = |dir: &std::path::Path| std::fs::read(dir.join("00001.png")).unwrap();
+    let (done, with_zero) = run("1,0.9,0.75,0.5,0", "with-zero");
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let (done, without) = run("1,0.9,0.75,0.5", "without");
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert_eq!(png(&with_zero), png(&without), "the final 0 is implied");
+    let (done, other) = run("1,0.6,0.3", "other");
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert_ne!(png(&with_zero), png(&other), "the grid is used");
+    let (refused, _) = run("0.5,0.9", "refused");
+    assert_bad_input(&refused, &["--sigmas", "decreasing"]);
+}
+
 /// Width and height from a PNG header.
 fn image_size(path: &std::path::Path) -> (u32, u32) {
     let bytes = std::fs::read(path).unwrap();

@@ -7,7 +7,7 @@ use clap::Args;
 use flowtune_data::PromptDataset;
 use flowtune_models::{lora, PipelineOptions};
 use flowtune_rollout::Engine;
-use flowtune_sampling::SamplerConfig;
+use flowtune_sampling::{SamplerConfig, SigmaGrid};
 
 use crate::device::DeviceArg;
 use crate::Failure;
@@ -25,6 +25,11 @@ pub struct SampleArgs {
     prompts: PathBuf,
     #[arg(long, default_value_t = 40)]
     steps: usize,
+    /// The sampler's sigmas instead of the pipeline's grid, comma-separated, decreasing in
+    /// (0, 1], a final 0 appended if not given (`--steps` is their count): a few-step student's,
+    /// e.g. a DMD2 run's `1,0.9,0.75,0.5,0` (its `export_manifest.json`), with `--guidance 1`.
+    #[arg(long, value_delimiter = ',')]
+    sigmas: Option<Vec<f32>>,
     /// CFG scale; ≤ 1 disables CFG.
     #[arg(long, default_value_t = 4.5)]
     guidance: f64,
@@ -75,9 +80,10 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
         pipe.denoiser_mut().load_lora(f).map_err(Failure::input)?;
     }
     let records = PromptDataset::load(&a.prompts).map_err(Failure::input)?.records;
+    let grid = a.sigmas.as_deref().map(student_grid).transpose().map_err(Failure::input)?;
     let sampler = SamplerConfig {
         n: 1,
-        steps: a.steps,
+        steps: grid.as_ref().map_or(a.steps, |g| g.timesteps.len()),
         guidance_scale: a.guidance,
         guidance_scale_2: a.guidance_2,
         noise_level: 0.0,
@@ -89,6 +95,10 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
         .map_err(|e| Failure::input(anyhow!("--resolution {e}")))?;
     let engine =
         Engine::new(pipe.as_ref(), &sampler, latent_shape, a.seed).map_err(Failure::input)?;
+    let engine = match grid {
+        Some(grid) => engine.with_grid(grid),
+        None => engine,
+    };
     std::fs::create_dir_all(&a.out)
         .with_context(|| a.out.display().to_string())
         .map_err(Failure::Runtime)?;
@@ -160,4 +170,19 @@ pub fn export_lora(checkpoint: &Path, out: &Path) -> Result<(), Failure> {
         config.target_modules.len()
     );
     Ok(())
+}
+
+/// The grid of `--sigmas`: them and a final 0, timesteps `1000·σ`; refused unless they decrease
+/// strictly within (0, 1].
+fn student_grid(sigmas: &[f32]) -> anyhow::Result<SigmaGrid> {
+    // A manifest's list ends with the 0.
+    let sigmas = sigmas.strip_suffix(&[0.0]).unwrap_or(sigmas);
+    let decreasing = sigmas.windows(2).all(|w| w[1] < w[0]);
+    let within = sigmas.iter().all(|&s| s > 0.0 && s <= 1.0);
+    if sigmas.is_empty() || !decreasing || !within {
+        anyhow::bail!("--sigmas {sigmas:?}: expected values decreasing strictly within (0, 1], e.g. 1,0.9,0.75,0.5");
+    }
+    let timesteps = sigmas.iter().map(|s| s * 1000.0).collect();
+    let sigmas = sigmas.iter().copied().chain([0.0]).collect();
+    Ok(SigmaGrid { sigmas, timesteps, mu: None })
 }
