@@ -46,6 +46,10 @@ impl Recipe {
         if needs.adapters && self.model.finetune != crate::Finetune::Lora {
             return fail("model.finetune", format!("{name} trains its student and its fake score as two LoRA adapters on one shared base; set model.finetune: lora"));
         }
+        if needs.adapters && self.trainer.ppo_epochs != 1 {
+            let epochs = self.trainer.ppo_epochs;
+            return fail("trainer.ppo_epochs", format!("{epochs}: {name} makes one optimizer step per update (the student's, then each fake score's, each on fresh prompts); set 1"));
+        }
         self.check_teachers(name, needs)?;
         if needs.diversity {
             self.check_diversity(name)?;

@@ -415,6 +415,22 @@ mod tests {
     }
 
     #[test]
+    fn dmd2_refuses_what_its_two_adapters_cannot_train_by_name() {
+        let dmd2 = "algorithm: dmd2\nrollout: {n: 1}\n";
+        assert_eq!(load(dmd2, &[]).unwrap().actor.dmd2.fake_update_ratio, 2);
+        for (overrides, key, why) in [
+            (&["model.finetune=full"][..], "model.finetune", "set model.finetune: lora"),
+            (&["trainer.ppo_epochs=2"], "trainer.ppo_epochs", "one optimizer step per update"),
+            (&["actor.dmd2.fake_update_ratio=0"], "actor.dmd2.fake_update_ratio", "≥ 1"),
+            (&["actor.dmd2.student_shift=0.5"], "actor.dmd2.student_shift", "≥ 1"),
+            (&["actor.use_kl_loss=true"], "actor.use_kl_loss", "distribution-matching"),
+        ] {
+            let err = load(dmd2, overrides).unwrap_err();
+            assert!(err.contains(key) && err.contains(why), "{overrides:?}: {err}");
+        }
+    }
+
+    #[test]
     fn num_frames_is_optional_and_positive() {
         assert_eq!(load("", &[]).unwrap().model.num_frames, None);
         assert_eq!(load("model:\n  num_frames: 49\n", &[]).unwrap().model.num_frames, Some(49));

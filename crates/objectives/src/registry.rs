@@ -98,7 +98,8 @@ pub struct Needs {
     pub whole_groups: bool,
     /// A diversity model (`actor.gardo.features`) and proxy rewards (`actor.gardo.proxy_rewards`).
     pub diversity: bool,
-    /// Trains several LoRA adapters on one shared base (`model.finetune: lora`).
+    /// Trains several LoRA adapters on one shared base (`model.finetune: lora`), each with one
+    /// optimizer step per update (`trainer.ppo_epochs: 1`).
     pub adapters: bool,
 }
 

@@ -233,12 +233,17 @@ impl Trainer<'_> {
                 export_weights(pipe.as_ref(), out_dir, true, main)
             })?);
         }
-        if main {
-            let sampling = crate::export::Sampling::of(recipe, grid.as_ref());
-            crate::export::write_manifest(recipe, pipe.as_ref(), &exported, last, &sampling)?;
-        }
-        // The other ranks return once the exported weights are on disk.
+        let sampling = crate::export::Sampling::of(recipe, grid.as_ref());
+        let manifest = match main {
+            true => {
+                crate::export::write_manifest(recipe, pipe.as_ref(), &exported, last, &sampling)
+            }
+            false => Ok(()),
+        };
+        // The other ranks return once the exported weights are on disk (also when the manifest
+        // failed, which rank 0 then reports).
         comm.barrier()?;
+        manifest?;
         let steps_run = last - start;
         Ok(TrainSummary { metrics: all, export, steps_run, rank: Some(comm.rank()), stopped })
     }

@@ -80,9 +80,21 @@ impl Dmd2Config {
         if self.student_steps == 0 {
             return Err(ObjectiveError::invalid("dmd2.student_steps", 0, "≥ 1"));
         }
+        if self.fake_update_ratio == 0 {
+            return Err(ObjectiveError::invalid(
+                "dmd2.fake_update_ratio",
+                0,
+                "≥ 1 (the fake score must follow the student)",
+            ));
+        }
+        for (key, shift) in
+            [("dmd2.student_shift", self.student_shift), ("dmd2.score_shift", self.score_shift)]
+        {
+            if !(shift >= 1.0 && shift.is_finite()) {
+                return Err(ObjectiveError::invalid(key, shift, "a finite number ≥ 1"));
+            }
+        }
         let positive = [
-            ("dmd2.student_shift", self.student_shift),
-            ("dmd2.score_shift", self.score_shift),
             ("dmd2.fake_lr", self.fake_lr),
             ("dmd2.teacher_guidance_scale", self.teacher_guidance_scale),
             ("dmd2.normalization_epsilon", self.normalization_epsilon),

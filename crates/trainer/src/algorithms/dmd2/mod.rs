@@ -137,7 +137,7 @@ impl Dmd2 {
             let (text, negative) = (attempt.text.rows_at(&local), negative.rows_at(&local));
             let x = attempt.simulate(run, micro, &text, sigmas, number)?;
             let x0 = tch::no_grad(|| attempt.predict(model, &x, &text, sigmas))?;
-            let (sigma, _, noised) = attempt.score_inputs(run, micro, &x0, config, number);
+            let (sigma, _, noised) = attempt.score_inputs(run, micro, &text, &x0, config, number);
             let clean = |v: Tensor| &noised - flowtune_sampling::per_row(&sigma, &noised) * v;
             let real = tch::no_grad(|| {
                 reference.run(model, |net| -> Result<Tensor, TrainError> {
@@ -207,7 +207,8 @@ impl Dmd2 {
             let local: Vec<i64> = micro.iter().map(|&r| (r - attempt.local.start) as i64).collect();
             let text = attempt.text.rows_at(&local);
             let x0 = x0.index_select(0, &upload(Tensor::from_slice(&local), device));
-            let (sigma, noise, noised) = attempt.score_inputs(run, micro, &x0, config, number);
+            let (sigma, noise, noised) =
+                attempt.score_inputs(run, micro, &text, &x0, config, number);
             pass.slots(1, |_| {
                 let velocity = velocity_at_sigma(model, &noised, &sigma, &text)?;
                 let mut output = fake_score_loss(&velocity, &noise, &x0)?;

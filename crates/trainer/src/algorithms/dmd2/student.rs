@@ -128,12 +128,13 @@ impl Attempt {
         Ok(x - v * sigma as f64)
     }
 
-    /// The scored noise levels (rows,) and noise of `rows`' clean samples `x0`, and the noised
-    /// samples `(1 − σ)·x0 + σ·ε`.
+    /// The scored noise levels (rows,) and noise of `rows`' clean samples `x0` (with `text`,
+    /// their rows), and the noised samples `(1 − σ)·x0 + σ·ε`.
     pub fn score_inputs(
         &self,
         run: &Run<'_>,
         rows: &[usize],
+        text: &TextConditioning,
         x0: &Tensor,
         config: &Dmd2Config,
         number: u64,
@@ -149,7 +150,13 @@ impl Attempt {
             noise.push(rng.normal(&shape, device));
         }
         let sigma = upload(Tensor::from_slice(&sigmas), device);
-        let noise = Tensor::cat(&noise, 0);
+        let mut noise = Tensor::cat(&noise, 0);
+        // Held frames (image-to-video) stay the condition: their noise is the clean latents, so
+        // they are not noised, add nothing to the normaliser and have target 0, the velocity the
+        // model gives them.
+        if let Some(held) = text.held_latents() {
+            noise = hold_frames(&noise, held);
+        }
         let s = per_row(&sigma, x0);
         let noised = (1.0 - &s) * x0.detach().to_kind(Kind::Float) + &s * &noise;
         (sigma, noise, noised)
