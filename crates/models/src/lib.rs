@@ -12,6 +12,7 @@ pub mod flux;
 pub mod flux2;
 pub mod hub;
 pub mod lora;
+pub mod ltx2;
 pub mod model_weights;
 pub mod nn;
 pub mod packing;

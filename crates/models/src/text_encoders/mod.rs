@@ -1,6 +1,7 @@
 //! Text encoders of the diffusers pipelines, in the transformers layout.
 
 pub mod clip;
+pub mod gemma3;
 pub mod mistral3;
 pub(crate) mod mistral3_tiny;
 pub mod qwen2_5_vl;

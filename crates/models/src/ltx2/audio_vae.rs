@@ -1,0 +1,1 @@
+//! LTX-2 audio_vae (being ported).

@@ -1,0 +1,1 @@
+//! LTX-2 transformer (being ported).

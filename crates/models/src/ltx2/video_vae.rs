@@ -1,0 +1,1 @@
+//! LTX-2 video_vae (being ported).

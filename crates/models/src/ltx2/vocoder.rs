@@ -1,0 +1,1 @@
+//! LTX-2 vocoder (being ported).

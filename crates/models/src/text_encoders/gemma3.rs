@@ -1,0 +1,1 @@
+//! Gemma-3's text decoder (being ported).
