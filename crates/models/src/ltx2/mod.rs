@@ -5,6 +5,7 @@
 
 pub mod audio_vae;
 pub mod connectors;
+pub mod latents;
 pub mod transformer;
 pub mod video_vae;
 pub mod vocoder;
