@@ -1,0 +1,161 @@
+//! The LTX-2 transformer as flowtune's [`Denoiser`]: one joint latent (B, S_v + S_a, C) holding
+//! the packed video tokens, then the audio tokens (one per audio latent frame: channels × mel
+//! bins), and the velocities in the same layout.
+
+use tch::{Device, Kind, Tensor};
+
+use super::model::{Ltx2Inputs, Ltx2Transformer};
+use crate::denoiser::{weights_and_frozen_copy, ExampleInputs, ExampleShape, TrainableDenoiser};
+use crate::{Denoiser, ModelError, TextConditioning};
+
+/// Extra (B, L, D_a): the audio connector's text states ([`TextConditioning::embeds`] holds the
+/// video's).
+pub const AUDIO_EMBEDS: &str = "audio_embeds";
+/// Extra (B, 3) int64: each row's latent video (frames, height, width); equal for every row.
+pub const VIDEO_SHAPE: &str = "video_shape";
+/// Extra (B,) float: the frame rate the positions are conditioned on.
+pub const FPS: &str = "fps";
+
+/// LTX2Pipeline's `_pack_latents`: (B, C, F, H, W) → (B, (F/pt)·(H/p)·(W/p), C·pt·p·p).
+pub fn pack_video(latents: &Tensor, patch: i64, patch_t: i64) -> Tensor {
+    let s = latents.size();
+    let (b, f, h, w) = (s[0], s[2] / patch_t, s[3] / patch, s[4] / patch);
+    latents
+        .reshape([b, -1, f, patch_t, h, patch, w, patch])
+        .permute([0, 2, 4, 6, 1, 3, 5, 7])
+        .reshape([b, f * h * w, -1])
+}
+
+/// `_unpack_latents`: tokens (B, S, C·pt·p·p) of a `[frames, height, width]` latent back to
+/// (B, C, F, H, W).
+pub fn unpack_video(tokens: &Tensor, [f, h, w]: [i64; 3], patch: i64, patch_t: i64) -> Tensor {
+    let b = tokens.size()[0];
+    let (f, h, w) = (f / patch_t, h / patch, w / patch);
+    tokens
+        .reshape([b, f, h, w, -1, patch_t, patch, patch])
+        .permute([0, 4, 1, 5, 2, 6, 3, 7])
+        .reshape([b, -1, f * patch_t, h * patch, w * patch])
+}
+
+/// `_pack_audio_latents` without patches: (B, C, L, M) → (B, L, C·M).
+pub fn pack_audio(latents: &Tensor) -> Tensor {
+    latents.transpose(1, 2).flatten(2, 3)
+}
+
+/// `_unpack_audio_latents` without patches: (B, L, C·M) → (B, C, L, M).
+pub fn unpack_audio(tokens: &Tensor, mel_bins: i64) -> Tensor {
+    let s = tokens.size();
+    tokens.reshape([s[0], s[1], -1, mel_bins]).transpose(1, 2)
+}
+
+impl Ltx2Transformer {
+    /// The latent video shape every row of `text` names ([`VIDEO_SHAPE`]), read to the host.
+    fn video_shape(&self, text: &TextConditioning) -> Result<[i64; 3], ModelError> {
+        let shapes = extra(text, VIDEO_SHAPE)?;
+        let values =
+            Vec::<i64>::try_from(shapes.to_kind(Kind::Int64).to_device(Device::Cpu).reshape([-1]))
+                .map_err(|e| ModelError::Input(format!("{VIDEO_SHAPE}: {e}")))?;
+        let first: [i64; 3] = values
+            .get(..3)
+            .and_then(|v| v.try_into().ok())
+            .filter(|_| shapes.size() == [text.embeds.size()[0], 3])
+            .ok_or_else(|| {
+                ModelError::Input(format!(
+                    "{VIDEO_SHAPE} has shape {:?}, expected [B, 3]",
+                    shapes.size()
+                ))
+            })?;
+        if values.chunks(3).any(|row| row != first) {
+            return Err(ModelError::Input(format!(
+                "{VIDEO_SHAPE} differs between rows ({values:?}): one batch holds videos of one shape"
+            )));
+        }
+        Ok(first)
+    }
+}
+
+fn extra<'a>(text: &'a TextConditioning, name: &str) -> Result<&'a Tensor, ModelError> {
+    text.extras
+        .get(name)
+        .ok_or_else(|| ModelError::Input(format!("LTX-2 conditioning has no `{name}`")))
+}
+
+impl Denoiser for Ltx2Transformer {
+    /// LTX2Pipeline passes the scheduler's timestep `1000·σ` and reads velocities: the forward
+    /// on the joint latent's video and audio parts, concatenated back.
+    fn velocity(
+        &self,
+        latents: &Tensor,
+        timestep: &Tensor,
+        text: &TextConditioning,
+    ) -> Result<Tensor, ModelError> {
+        let video_shape = self.video_shape(text)?;
+        let tokens = self.video_tokens(video_shape);
+        let total = latents.size().get(1).copied().unwrap_or(0);
+        if latents.dim() != 3 || total <= tokens {
+            return Err(ModelError::Input(format!(
+                "LTX-2 latents {:?}: expected [B, S_v + S_a, C] with {tokens} video tokens and \
+                 at least one audio token",
+                latents.size()
+            )));
+        }
+        let (video, audio) =
+            (latents.narrow(1, 0, tokens), latents.narrow(1, tokens, total - tokens));
+        let (v, a) = self.forward(&Ltx2Inputs {
+            video: &video,
+            audio: &audio,
+            video_text: &text.embeds,
+            audio_text: extra(text, AUDIO_EMBEDS)?,
+            text_mask: text.mask.as_ref(),
+            timestep,
+            video_shape,
+            fps: extra(text, FPS)?,
+        })?;
+        Ok(Tensor::cat(&[v, a], 1).to_kind(latents.kind()))
+    }
+}
+
+impl TrainableDenoiser for Ltx2Transformer {
+    weights_and_frozen_copy!();
+
+    /// A latent video of `frames` × `height` × `width` cells (rounded up to whole patches) at
+    /// 24 fps with 8 audio latent frames per video latent frame (LTX-2's ratio), all text tokens
+    /// valid.
+    fn example_inputs(&self, shape: ExampleShape) -> ExampleInputs {
+        let ExampleShape { batch, frames, height, width, text_len } = shape;
+        let c = &self.config;
+        let device = self.weights.base.device();
+        let opts = (self.proj_in.weight.kind(), device);
+        let whole = |n: i64, p: i64| (n.max(1) + p - 1) / p * p;
+        let video_shape = [
+            whole(frames, c.patch_size_t),
+            whole(height, c.patch_size),
+            whole(width, c.patch_size),
+        ];
+        let tokens = self.video_tokens(video_shape) + 8 * video_shape[0];
+        let mut text =
+            TextConditioning::new(Tensor::randn([batch, text_len, c.video_text_dim()], opts), None);
+        text.mask = Some(Tensor::ones([batch, text_len], (Kind::Int64, device)));
+        let extras = [
+            (AUDIO_EMBEDS, Tensor::randn([batch, text_len, c.audio_text_dim()], opts)),
+            (VIDEO_SHAPE, Tensor::from_slice(&video_shape).to_device(device).repeat([batch, 1])),
+            (FPS, Tensor::full([batch], 24.0, (Kind::Float, device))),
+        ];
+        text.extras.extend(extras.into_iter().map(|(k, v)| (k.to_string(), v)));
+        ExampleInputs {
+            latents: Tensor::randn([batch, tokens, c.in_channels], opts),
+            timestep: Tensor::full([batch], 500.0, (Kind::Float, device)),
+            text,
+            tokens: batch * tokens,
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "LTX-2 transformer {} layers × {} video / {} audio dim",
+            self.config.num_layers,
+            self.config.inner_dim(),
+            self.config.audio_inner_dim()
+        )
+    }
+}
