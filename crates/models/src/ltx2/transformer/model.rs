@@ -223,7 +223,9 @@ impl Ltx2Transformer {
             inputs.extend([p, pa]);
         }
         for (i, block) in self.transformer_blocks.iter().enumerate() {
-            let (ropes, text_bias) = (&ropes, text_bias.as_ref());
+            // Owned by the closure: checkpointing runs it again in backward, after this returns.
+            let (ropes, text_bias) =
+                (ropes.shallow_clone(), text_bias.as_ref().map(Tensor::shallow_clone));
             let out = self.weights.run_block("transformer_blocks", i, &inputs, move |t| {
                 let given = BlockInputs {
                     text: &t[2],
@@ -235,8 +237,8 @@ impl Ltx2Transformer {
                     cross_gate: &t[8],
                     audio_cross_gate: &t[9],
                     prompt: t.get(10).zip(t.get(11)),
-                    text_bias,
-                    ropes,
+                    text_bias: text_bias.as_ref(),
+                    ropes: &ropes,
                 };
                 let (x, a) = block.forward(&t[0], &t[1], &given);
                 vec![x, a]

@@ -19,6 +19,10 @@ pub struct Rope {
 }
 
 impl Rope {
+    pub fn shallow_clone(&self) -> Self {
+        Self { cos: self.cos.shallow_clone(), sin: self.sin.shallow_clone(), split: self.split }
+    }
+
     /// Rotates queries or keys (B, S, D) in f32, returned in their dtype.
     pub fn apply(&self, x: &Tensor) -> Tensor {
         let size = x.size();
@@ -50,6 +54,15 @@ pub struct Ropes {
 }
 
 impl Ropes {
+    pub fn shallow_clone(&self) -> Self {
+        Self {
+            video: self.video.shallow_clone(),
+            audio: self.audio.shallow_clone(),
+            cross_video: self.cross_video.shallow_clone(),
+            cross_audio: self.cross_audio.shallow_clone(),
+        }
+    }
+
     /// Tables for `batch` samples of a `[frames, height, width]` latent video at `fps` (B,) or
     /// one for all (a 0-dim tensor) and `audio_frames` audio latent frames.
     pub fn new(
