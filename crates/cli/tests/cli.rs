@@ -610,6 +610,7 @@ fn score_prints_one_line_per_image() {
         .map(|(image, prompt)| Sample {
             image,
             frames: 1,
+            audio: None,
             prompt,
             ground_truth: None,
             data_source: "x",

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
+use crate::audio::Waveform;
 use crate::denoiser::TrainableDenoiser;
 use crate::lora::LoraConfig;
 use crate::pipeline::PipelineDir;
@@ -184,6 +185,13 @@ pub trait FlowPipeline {
     /// Clean latents (B, …) → u8 RGB pictures (B, H, W, 3) on the latents' device; a video family
     /// lays its frames side by side.
     fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError>;
+
+    /// The sound of clean latents, one waveform per row, for a family with an audio stream
+    /// (LTX-2); `None` for a silent one.
+    fn decode_audio(&self, latents: &Tensor) -> Result<Option<Vec<Waveform>>, ModelError> {
+        let _ = latents;
+        Ok(None)
+    }
 
     /// u8 RGB pictures (B, H, W, 3) → clean latents (f32), the inverse of [`Self::decode_rgb8`].
     fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError>;

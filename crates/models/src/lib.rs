@@ -2,6 +2,7 @@
 //! (`transformer_blocks.3.attn.to_q`), configs mirror `config.json`, and LoRA adapters attach by
 //! the same dotted names users give PEFT.
 
+pub mod audio;
 mod causal_vae;
 pub mod clip;
 mod conditioning;
@@ -38,6 +39,7 @@ pub mod wan;
 pub mod weights;
 pub mod z_image;
 
+pub use audio::Waveform;
 pub use conditioning::{generated_frames, hold_frames, TextConditioning, Unpadding, HELD_LATENTS};
 pub use denoiser::{
     guided_velocity, rescaled_guidance, unpadded_velocity, velocity_at_sigma, CfgScale, Denoiser,

@@ -17,6 +17,7 @@ use image::RgbaImage;
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 
+use crate::audio::Waveform;
 use crate::denoiser::{ExampleShape, TrainableDenoiser};
 use crate::family::{FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
@@ -174,6 +175,10 @@ impl FlowPipeline for StandInText {
 
     fn decode_rgb8(&self, latents: &Tensor) -> Result<Tensor, ModelError> {
         self.inner.decode_rgb8(latents)
+    }
+
+    fn decode_audio(&self, latents: &Tensor) -> Result<Option<Vec<Waveform>>, ModelError> {
+        self.inner.decode_audio(latents)
     }
 
     fn encode_rgb8(&self, images: &Tensor) -> Result<Tensor, ModelError> {

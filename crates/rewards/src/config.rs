@@ -47,6 +47,9 @@ pub struct RewardFunction {
     /// `hpsv3`: the preference model's folder, prompt, picture size and device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hpsv3: Option<crate::Hpsv3Settings>,
+    /// `loudness`: the target level and how fast the score falls away from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loudness: Option<crate::LoudnessSettings>,
     /// Video samples: score every this-many-th frame (0, k, 2k, …) and take the mean.
     #[serde(default = "one_frame", skip_serializing_if = "is_one_frame")]
     #[schemars(extend("default" = 1))]
@@ -74,6 +77,7 @@ impl RewardFunction {
             ocr: None,
             clip: None,
             hpsv3: None,
+            loudness: None,
             frame_interval: 1,
         }
     }

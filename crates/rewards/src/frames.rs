@@ -105,6 +105,7 @@ mod tests {
         Sample {
             image,
             frames,
+            audio: None,
             prompt: "a clip",
             ground_truth: None,
             data_source: "t",

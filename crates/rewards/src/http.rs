@@ -1,7 +1,9 @@
 //! The HTTP reward client: any external scorer behind a small JSON protocol.
 //!
 //! Request (POST, JSON): `{"images": [base64 PNG, …], "prompts": [...], "metadata": [{"ground_truth",
-//! "data_source", "extra_info"}, …]}`. Response: `{"scores": [number, …]}` with one score per image,
+//! "data_source", "extra_info"}, …]}`, and for a family with sound (LTX-2) `"audio": [base64 WAV,
+//! …]` (16-bit PCM, the vocoder's rate and channels; a video's frames lie side by side in its
+//! image). Response: `{"scores": [number, …]}` with one score per image,
 //! optionally `"extras": {"name": [number, …]}` (logged as `critic/<name>/mean`). Requests carry
 //! at most `batch_size` samples, at most `max_concurrency` run at once, each with a timeout and
 //! bounded retries with doubling backoff (none after a TLS failure), over plain HTTP or TLS
@@ -173,7 +175,21 @@ impl HttpReward {
             .iter()
             .map(|s| json!({ "ground_truth": s.ground_truth, "data_source": s.data_source, "extra_info": s.extra_info }))
             .collect();
-        Ok(json!({ "images": images, "prompts": prompts, "metadata": metadata }))
+        let mut body = json!({ "images": images, "prompts": prompts, "metadata": metadata });
+        if samples.iter().any(|s| s.audio.is_some()) {
+            let audio = samples
+                .iter()
+                .map(|s| match s.audio {
+                    Some(w) => w
+                        .wav()
+                        .map(|b| Value::from(base64::engine::general_purpose::STANDARD.encode(b)))
+                        .map_err(|e| self.fail(e.to_string())),
+                    None => Ok(Value::Null),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            body["audio"] = Value::from(audio);
+        }
+        Ok(body)
     }
 
     /// One request with retries.

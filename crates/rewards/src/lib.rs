@@ -12,6 +12,7 @@ mod frames;
 mod hpsv3;
 mod http;
 mod jpeg;
+mod loudness;
 mod ocr;
 mod ocr_score;
 mod registry;
@@ -20,6 +21,8 @@ mod vlm;
 mod vlm_native;
 
 use std::collections::BTreeMap;
+
+pub use flowtune_models::Waveform;
 
 pub use brightness::{mean_luma, Brightness};
 pub use clip::{
@@ -30,6 +33,7 @@ pub use frames::{frame, PerFrame};
 pub use hpsv3::{Hpsv3, Hpsv3Settings, HPSV3_PROMPT};
 pub use http::{HttpReward, HttpSettings};
 pub use jpeg::JpegSize;
+pub use loudness::{level_dbfs, Loudness, LoudnessSettings};
 pub use ocr::{Line, OcrReward, OcrSettings, Reader};
 pub use ocr_score::ocr_score;
 pub use registry::{build, build_on, validate, REWARD_NAMES};
@@ -46,6 +50,8 @@ pub struct Sample<'a> {
     pub image: &'a RgbImage,
     /// How many frames lie side by side in `image` (1 for a picture).
     pub frames: usize,
+    /// The sample's sound, for a family with an audio stream (LTX-2).
+    pub audio: Option<&'a Waveform>,
     pub prompt: &'a str,
     /// The target the prompt asks for (e.g. the quoted text of an OCR prompt).
     pub ground_truth: Option<&'a str>,
@@ -207,6 +213,7 @@ mod tests {
         Sample {
             image,
             frames: 1,
+            audio: None,
             prompt: "a cat",
             ground_truth: None,
             data_source: "test",

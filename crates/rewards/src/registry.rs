@@ -3,13 +3,13 @@
 use tch::Device;
 
 use crate::{
-    Brightness, ClipKind, ClipReward, Hpsv3, HttpReward, JpegSize, JudgeBackend, NativeJudge,
-    OcrReward, PerFrame, Reward, RewardConfig, RewardError, RewardFunction, ShapesGeneval,
-    VlmJudge, Weighted,
+    Brightness, ClipKind, ClipReward, Hpsv3, HttpReward, JpegSize, JudgeBackend, Loudness,
+    NativeJudge, OcrReward, PerFrame, Reward, RewardConfig, RewardError, RewardFunction,
+    ShapesGeneval, VlmJudge, Weighted,
 };
 
 /// Every registered reward name.
-pub const REWARD_NAMES: [&str; 11] = [
+pub const REWARD_NAMES: [&str; 12] = [
     "jpeg_compressibility",
     "jpeg_incompressibility",
     "brightness",
@@ -21,6 +21,7 @@ pub const REWARD_NAMES: [&str; 11] = [
     "pickscore",
     "aesthetic",
     "hpsv3",
+    "loudness",
 ];
 
 const HTTP_URL: &str = "`url: http(s)://host:port/path`";
@@ -79,6 +80,7 @@ pub fn validate(config: &RewardConfig) -> Result<(), RewardError> {
             }
             "clip_score" | "pickscore" | "aesthetic" => drop(needs(f, &f.clip, CLIP)?),
             "hpsv3" => drop(needs(f, &f.hpsv3, HPSV3)?),
+            "loudness" => f.loudness.clone().unwrap_or_default().check()?,
             name if REWARD_NAMES.contains(&name) => {}
             other => {
                 return Err(RewardError::Config(format!(
@@ -88,12 +90,13 @@ pub fn validate(config: &RewardConfig) -> Result<(), RewardError> {
             }
         }
         // Each reward-specific setting, and the rewards it applies to.
-        let specific: [(&str, bool, &[&str]); 5] = [
+        let specific: [(&str, bool, &[&str]); 6] = [
             ("partial", f.partial, &["shapes_geneval"]),
             ("vlm", f.vlm.is_some(), &["vlm_judge"]),
             ("ocr", f.ocr.is_some(), &["ocr"]),
             ("clip", f.clip.is_some(), &["clip_score", "pickscore", "aesthetic"]),
             ("hpsv3", f.hpsv3.is_some(), &["hpsv3"]),
+            ("loudness", f.loudness.is_some(), &["loudness"]),
         ];
         for (key, given, owners) in specific {
             if given && !owners.contains(&f.name.as_str()) {
@@ -153,6 +156,14 @@ pub fn build_on(config: &RewardConfig, device: Device) -> Result<Vec<Weighted>, 
                     Box::new(ClipReward::new(kind, settings, device)?)
                 }
                 "hpsv3" => Box::new(Hpsv3::new(needs(f, &f.hpsv3, HPSV3)?.clone(), device)?),
+                // The sound is the sample's, not a frame's.
+                "loudness" => {
+                    return Ok((
+                        Box::new(Loudness(f.loudness.clone().unwrap_or_default()))
+                            as Box<dyn Reward>,
+                        f.weight,
+                    ))
+                }
                 other => unreachable!("validate() lists every reward name, not `{other}`"),
             };
             let scorer: Box<dyn Reward> = Box::new(PerFrame::new(scorer, f.frame_interval));

@@ -178,6 +178,7 @@ fn the_rewards_score_pictures_and_prompts_end_to_end() {
         .map(|(image, prompt)| Sample {
             image,
             frames: 1,
+            audio: None,
             prompt,
             ground_truth: None,
             data_source: "t",

@@ -40,6 +40,7 @@ fn hpsv3_scores_as_its_reference() {
         .map(|i| Sample {
             image: &pictures[i],
             frames: 1,
+            audio: None,
             prompt: prompts[i],
             ground_truth: None,
             data_source: "test",

@@ -51,6 +51,7 @@ fn samples(images: &[RgbImage]) -> Vec<Sample<'_>> {
         .map(|image| Sample {
             image,
             frames: 1,
+            audio: None,
             prompt: "p",
             ground_truth: Some("x"),
             data_source: "t",

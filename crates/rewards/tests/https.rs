@@ -189,6 +189,7 @@ fn samples(image: &RgbImage, n: usize) -> Vec<Sample<'_>> {
     let s = Sample {
         image,
         frames: 1,
+        audio: None,
         prompt: "p",
         ground_truth: Some("x"),
         data_source: "t",

@@ -55,6 +55,7 @@ fn the_ocr_reward_scores_text_against_the_ground_truth() {
     let sample = |image, gt| Sample {
         image,
         frames: 1,
+        audio: None,
         prompt: "a sign",
         ground_truth: gt,
         data_source: "ocr",

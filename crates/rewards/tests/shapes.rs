@@ -15,7 +15,15 @@ fn scene(prompt: &str) -> RgbImage {
 }
 
 fn sample<'a>(image: &'a RgbImage, prompt: &'a str, extra_info: &'a Value) -> Sample<'a> {
-    Sample { image, frames: 1, prompt, ground_truth: None, data_source: "shapes", extra_info }
+    Sample {
+        image,
+        frames: 1,
+        audio: None,
+        prompt,
+        ground_truth: None,
+        data_source: "shapes",
+        extra_info,
+    }
 }
 
 fn config(function: Value) -> RewardConfig {

@@ -97,7 +97,15 @@ fn image(seed: u8) -> RgbImage {
 
 fn sample<'a>(image: &'a RgbImage, prompt: &'a str, gt: Option<&'a str>) -> Sample<'a> {
     static NULL: Value = Value::Null;
-    Sample { image, frames: 1, prompt, ground_truth: gt, data_source: "t", extra_info: &NULL }
+    Sample {
+        image,
+        frames: 1,
+        audio: None,
+        prompt,
+        ground_truth: gt,
+        data_source: "t",
+        extra_info: &NULL,
+    }
 }
 
 fn quick() -> HttpSettings {

@@ -100,6 +100,7 @@ fn native_and_served_judges_give_the_same_scores() {
             .map(|(i, &k)| Sample {
                 image: &pictures[k],
                 frames: 1,
+                audio: None,
                 prompt: prompts[i],
                 ground_truth: Some(&truths[i]),
                 data_source: "test",
@@ -162,6 +163,7 @@ fn expectation_weighs_the_score_tokens_as_transformers_gives_them() {
         .map(|i| Sample {
             image: &pictures[i],
             frames: 1,
+            audio: None,
             prompt: prompts[i],
             ground_truth: None,
             data_source: "test",

@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use flowtune_models::{
     generated_frames, guided_velocity, CfgScale, Denoiser, FlowPipeline, ModelError,
-    TextConditioning,
+    TextConditioning, Waveform,
 };
 use flowtune_sampling::{
     reverse_step_over, row_seed, DeviceGrid, Draw, SampleNoise, SamplerConfig, SigmaGrid,
@@ -28,6 +28,8 @@ pub struct RolloutBatch {
     pub windows: Vec<Range<usize>>,
     pub trajectory: Trajectory,
     pub images: Vec<RgbImage>,
+    /// Each row's sound, for a family with an audio stream (LTX-2); empty for a silent one.
+    pub audio: Vec<Waveform>,
 }
 
 /// Sampler state shared by rollout and replay.
@@ -172,11 +174,11 @@ impl<'a> Engine<'a> {
         seeds: &[u64],
         step: u64,
     ) -> Result<RolloutBatch, RolloutError> {
-        self.rollout_streaming(prompts, negatives, pictures, seeds, step, &mut |_, _| {})
+        self.rollout_streaming(prompts, negatives, pictures, seeds, step, &mut |_, _, _| {})
     }
 
-    /// [`Self::rollout`], handing each chunk's images to `on_images(first row, images)` as soon
-    /// as they are decoded.
+    /// [`Self::rollout`], handing each chunk's images and sounds to `on_images(first row,
+    /// images, sounds)` as soon as they are decoded (no sounds for a silent family).
     pub fn rollout_streaming(
         &self,
         prompts: &[&str],
@@ -184,7 +186,7 @@ impl<'a> Engine<'a> {
         pictures: &[Vec<RgbaImage>],
         seeds: &[u64],
         step: u64,
-        on_images: &mut dyn FnMut(usize, &[RgbImage]),
+        on_images: &mut dyn FnMut(usize, &[RgbImage], &[Waveform]),
     ) -> Result<RolloutBatch, RolloutError> {
         if seeds.len() != prompts.len() {
             return Err(RolloutError::Input(format!(
@@ -217,7 +219,7 @@ impl<'a> Engine<'a> {
         let chunk =
             if self.sampler.batch_size == 0 { prompts.len() } else { self.sampler.batch_size };
         let mut parts = vec![];
-        let mut images = vec![];
+        let (mut images, mut audio) = (vec![], vec![]);
         for (i, streams) in streams.chunks_mut(chunk).enumerate() {
             let (a, n) = ((i * chunk) as i64, streams.len() as i64);
             let initial = Tensor::cat(
@@ -244,8 +246,10 @@ impl<'a> Engine<'a> {
                 })
             })?;
             let decoded = tch::no_grad(|| self.decode(&part.final_latents))?;
-            on_images(a as usize, &decoded);
+            let sounds = tch::no_grad(|| self.decode_audio(&part.final_latents))?;
+            on_images(a as usize, &decoded, &sounds);
             images.extend(decoded);
+            audio.extend(sounds);
             parts.push(part);
         }
         let cat = |f: fn(&Trajectory) -> &Tensor| {
@@ -257,7 +261,7 @@ impl<'a> Engine<'a> {
             all_timesteps: cat(|t| &t.all_timesteps),
             final_latents: cat(|t| &t.final_latents),
         };
-        Ok(RolloutBatch { text, negative, windows, trajectory, images })
+        Ok(RolloutBatch { text, negative, windows, trajectory, images, audio })
     }
 
     /// u8 RGB images of clean latents.
@@ -271,6 +275,11 @@ impl<'a> Engine<'a> {
                     .ok_or_else(|| RolloutError::Input("decoded image has the wrong size".into()))
             })
             .collect()
+    }
+
+    /// The sound of clean latents, one waveform per row; none for a silent family.
+    pub fn decode_audio(&self, latents: &Tensor) -> Result<Vec<Waveform>, RolloutError> {
+        Ok(self.pipe.decode_audio(latents)?.unwrap_or_default())
     }
 
     /// Replays window step `j` of `rows` with the current weights: CFG velocity, then the step's

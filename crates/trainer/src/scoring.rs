@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use flowtune_data::PromptRecord;
 use flowtune_rewards::{
-    score_batch, OnError, RewardError, RgbImage, Sample, ScoredBatch, Weighted,
+    score_batch, OnError, RewardError, RgbImage, Sample, ScoredBatch, Waveform, Weighted,
 };
 
 use flowtune_rollout::{Engine, RolloutBatch};
@@ -43,13 +43,13 @@ pub fn rollout_and_score(
     if !overlap {
         let batch = engine.rollout(&prompts, &negatives, &pictures, seeds, step)?;
         let (tx, rx) = mpsc::channel();
-        let _ = tx.send((0, batch.images.clone()));
+        let _ = tx.send((0, batch.images.clone(), batch.audio.clone()));
         drop(tx);
         let (scores, reward_seconds) = score_chunks(rx, records, frames, scorers, on_error)?;
         return Ok(Scored { batch, scores, reward_seconds });
     }
     std::thread::scope(|scope| {
-        let (tx, rx) = mpsc::channel::<(usize, Vec<RgbImage>)>();
+        let (tx, rx) = mpsc::channel::<Chunk>();
         let worker = scope.spawn(move || score_chunks(rx, records, frames, scorers, on_error));
         let batch = engine.rollout_streaming(
             &prompts,
@@ -57,9 +57,9 @@ pub fn rollout_and_score(
             &pictures,
             seeds,
             step,
-            &mut |first, images| {
+            &mut |first, images, sounds| {
                 // A closed channel means the worker stopped on an error, which join reports.
-                let _ = tx.send((first, images.to_vec()));
+                let _ = tx.send((first, images.to_vec(), sounds.to_vec()));
             },
         );
         drop(tx);
@@ -70,10 +70,14 @@ pub fn rollout_and_score(
     })
 }
 
-/// Scores chunks `(first row, images)` in arrival order until the sender hangs up; each image
-/// holds `frames` frames side by side.
+/// A chunk of decoded rows: the first row's index, the images and their sounds (none for a
+/// silent family).
+type Chunk = (usize, Vec<RgbImage>, Vec<Waveform>);
+
+/// Scores chunks in arrival order until the sender hangs up; each image holds `frames` frames
+/// side by side.
 fn score_chunks(
-    chunks: mpsc::Receiver<(usize, Vec<RgbImage>)>,
+    chunks: mpsc::Receiver<Chunk>,
     records: &[&PromptRecord],
     frames: usize,
     scorers: &[Weighted],
@@ -81,14 +85,16 @@ fn score_chunks(
 ) -> Result<(ScoredBatch, f64), RewardError> {
     let mut parts = vec![];
     let mut busy = 0.0;
-    for (first, images) in chunks {
+    for (first, images, sounds) in chunks {
         let timer = Instant::now();
         let samples: Vec<Sample<'_>> = records[first..first + images.len()]
             .iter()
             .zip(&images)
-            .map(|(r, image)| Sample {
+            .enumerate()
+            .map(|(k, (r, image))| Sample {
                 image,
                 frames,
+                audio: sounds.get(k),
                 prompt: &r.prompt,
                 ground_truth: r.ground_truth.as_deref(),
                 data_source: &r.data_source,

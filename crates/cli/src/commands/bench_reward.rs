@@ -62,6 +62,7 @@ pub fn run(a: RewardArgs) -> Result<(), Failure> {
         .map(|i| Sample {
             image: &images[i],
             frames: 1,
+            audio: None,
             prompt: &prompts[i],
             ground_truth: Some(&texts[i]),
             data_source: "bench",

@@ -99,6 +99,7 @@ pub fn run(a: ScoreArgs) -> Result<(), Failure> {
             .map(|(image, r)| Sample {
                 image,
                 frames: 1,
+                audio: None,
                 prompt: &r.prompt,
                 ground_truth: r.ground_truth.as_deref(),
                 data_source: &r.data_source,

@@ -77,6 +77,7 @@ impl Sampler<'_> {
                 lengths: batch.text.lengths.clone(),
                 negative_lengths: batch.negative.as_ref().and_then(|n| n.lengths.clone()),
                 image_sizes: wire::sizes(&batch.images),
+                audio_rate: wire::audio_rate(&batch.audio),
                 gen_s,
                 reward_s,
                 flops,

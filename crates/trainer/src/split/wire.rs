@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use flowtune_models::TextConditioning;
+use flowtune_models::{TextConditioning, Waveform};
 use flowtune_rewards::{RgbImage, ScoredBatch};
 use flowtune_rollout::{RolloutBatch, Trajectory};
 use serde::{Deserialize, Serialize};
@@ -27,6 +27,9 @@ pub(crate) struct Part {
     pub negative_lengths: Option<Vec<i64>>,
     /// Each image's width and height; the pixels travel as one byte tensor.
     pub image_sizes: Vec<(u32, u32)>,
+    /// The sample rate of the rows' sounds (one (B, channels, samples) tensor), for a family
+    /// with an audio stream.
+    pub audio_rate: Option<u32>,
     /// Seconds sampling and scoring took, and the rollout's floating-point operations.
     pub gen_s: f64,
     pub reward_s: f64,
@@ -51,7 +54,25 @@ pub(crate) fn tensors(batch: &RolloutBatch) -> BTreeMap<String, Tensor> {
     }
     let pixels: Vec<u8> = batch.images.iter().flat_map(|i| i.as_raw().iter().copied()).collect();
     all.insert("images".into(), Tensor::from_slice(&pixels));
+    if !batch.audio.is_empty() {
+        let rows: Vec<Tensor> = batch
+            .audio
+            .iter()
+            .map(|w| {
+                Tensor::stack(
+                    &w.channels.iter().map(|c| Tensor::from_slice(c)).collect::<Vec<_>>(),
+                    0,
+                )
+            })
+            .collect();
+        all.insert("audio".into(), Tensor::stack(&rows, 0));
+    }
     all
+}
+
+/// The sample rate of `audio`'s rows, if there are any.
+pub(crate) fn audio_rate(audio: &[Waveform]) -> Option<u32> {
+    audio.first().map(|w| w.sample_rate)
 }
 
 fn text_tensors(prefix: &str, text: &TextConditioning, out: &mut BTreeMap<String, Tensor>) {
@@ -96,10 +117,21 @@ pub(crate) fn batch(
         })?);
         at += len;
     }
+    let audio = match part.audio_rate {
+        Some(rate) => Waveform::from_batch(&take("audio")?, rate)?,
+        None => vec![],
+    };
     let prompts = conditioning(&mut tensors, "text", part.lengths.clone(), device)?
         .ok_or_else(|| TrainError::Distributed("a rollout rank's samples lack text".into()))?;
     let negative = conditioning(&mut tensors, "negative", part.negative_lengths.clone(), device)?;
-    Ok(RolloutBatch { text: prompts, negative, windows: part.windows.clone(), trajectory, images })
+    Ok(RolloutBatch {
+        text: prompts,
+        negative,
+        windows: part.windows.clone(),
+        trajectory,
+        images,
+        audio,
+    })
 }
 
 /// The conditioning under `prefix`, if sent.
@@ -146,8 +178,9 @@ pub(crate) fn stack(parts: Vec<RolloutBatch>) -> Result<RolloutBatch, TrainError
         .collect();
     let negative = negatives.map(TextConditioning::stack).transpose()?;
     let windows = parts.iter().flat_map(|b| b.windows.clone()).collect();
+    let audio = parts.iter().flat_map(|b| b.audio.clone()).collect();
     let images = parts.into_iter().flat_map(|b| b.images).collect();
-    Ok(RolloutBatch { text, negative, windows, trajectory, images })
+    Ok(RolloutBatch { text, negative, windows, trajectory, images, audio })
 }
 
 /// Rows `rows` of `batch`, in storage of their own.
@@ -167,6 +200,7 @@ pub(crate) fn rows(batch: &RolloutBatch, rows: &Range<usize>) -> RolloutBatch {
             final_latents: cut(&t.final_latents),
         },
         images: batch.images[rows.clone()].to_vec(),
+        audio: batch.audio.get(rows.clone()).map_or(vec![], <[Waveform]>::to_vec),
     }
 }
 

@@ -1,1 +1,0 @@
-//! LTX-2 audio_vae (being ported).

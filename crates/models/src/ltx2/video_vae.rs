@@ -1,1 +1,0 @@
-//! LTX-2 video_vae (being ported).

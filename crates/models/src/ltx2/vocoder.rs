@@ -1,1 +1,0 @@
-//! LTX-2 vocoder (being ported).

@@ -1,1 +1,0 @@
-//! Gemma-3's text decoder (being ported).
