@@ -1,0 +1,488 @@
+//! The layers of LTX-2's video VAE, named like the checkpoint keys: convolutions causal (or
+//! centred) in time by repeating the edge frames, RMS norms over channels, resnets with optional
+//! timestep modulation, and space-to-depth / depth-to-space resampling.
+
+use tch::{Kind, Tensor};
+
+use super::config::{Down, DownPlan, Layout, Padding, UpPlan};
+use crate::nn::{timestep_features, LayerNorm, Mlp, Scope, TIMESTEP_CHANNELS};
+
+/// `PerChannelRMSNorm`: `x / sqrt(mean over channels of x² + 1e-8)`.
+fn rms_channels(x: &Tensor) -> Tensor {
+    x / (x.square().mean_dim(1, true, x.kind()) + 1e-8).sqrt()
+}
+
+/// A 3×3×3 convolution (`conv.weight`, `conv.bias`) whose time axis is padded with copies of
+/// the first frame (causal) or of the first and last (centred), and whose spatial axes are
+/// padded by one in `padding`'s mode.
+pub(super) struct CausalConv3d {
+    weight: Tensor,
+    bias: Tensor,
+    stride: i64,
+    padding: Padding,
+}
+
+impl CausalConv3d {
+    pub fn new(s: &Scope<'_>, input: i64, output: i64, stride: i64, padding: Padding) -> Self {
+        let conv = s / "conv";
+        Self {
+            weight: conv.var("weight", &[output, input, 3, 3, 3]),
+            bias: conv.var("bias", &[output]),
+            stride,
+            padding,
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor, causal: bool) -> Tensor {
+        let frames = x.size()[2];
+        let first = x.narrow(2, 0, 1);
+        let x = if causal {
+            Tensor::cat(&[first.repeat([1, 1, 2, 1, 1]), x.shallow_clone()], 2)
+        } else {
+            Tensor::cat(&[first, x.shallow_clone(), x.narrow(2, frames - 1, 1)], 2)
+        };
+        let (x, pad) = match self.padding {
+            Padding::Zeros => (x, 1),
+            Padding::Mode(mode) => (x.pad([1, 1, 1, 1, 0, 0], mode, None), 0),
+        };
+        x.conv3d(&self.weight, Some(&self.bias), [self.stride; 3], [0, pad, pad], [1; 3], 1)
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.weight.kind()
+    }
+}
+
+/// `PixArtAlphaCombinedTimestepSizeEmbeddings` without size conditions: sinusoidal features of
+/// the timestep through `timestep_embedder` (linear, SiLU, linear), one row per sample.
+struct TimeEmbedder {
+    mlp: Mlp,
+}
+
+impl TimeEmbedder {
+    fn new(s: &Scope<'_>, dim: i64) -> Self {
+        Self { mlp: Mlp::new(&(s / "timestep_embedder"), TIMESTEP_CHANNELS, dim) }
+    }
+
+    /// (B,) timesteps → (B, dim, 1, 1, 1) in `kind`.
+    fn forward(&self, timestep: &Tensor, kind: Kind) -> Tensor {
+        let features = timestep_features(timestep, TIMESTEP_CHANNELS, 1.0).to_kind(kind);
+        self.mlp.forward(&features).unsqueeze(-1).unsqueeze(-1).unsqueeze(-1)
+    }
+}
+
+/// `LTX2VideoResnetBlock3d`: RMS norm, (modulation,) SiLU, conv, twice, plus the input (through
+/// `norm3` and a 1×1×1 `conv_shortcut` when the width changes).
+struct Resnet {
+    conv1: CausalConv3d,
+    conv2: CausalConv3d,
+    shortcut: Option<(LayerNorm, Tensor, Tensor)>,
+    /// (4, C): added to the embedded timestep for shift₁, scale₁, shift₂, scale₂.
+    scale_shift_table: Option<Tensor>,
+}
+
+impl Resnet {
+    fn new(
+        s: &Scope<'_>,
+        input: i64,
+        output: i64,
+        eps: f64,
+        timestep: bool,
+        padding: Padding,
+    ) -> Self {
+        let shortcut = (input != output).then(|| {
+            let conv = s / "conv_shortcut";
+            (
+                LayerNorm::new(&(s / "norm3"), input, eps),
+                conv.var("weight", &[output, input, 1, 1, 1]),
+                conv.var("bias", &[output]),
+            )
+        });
+        Self {
+            conv1: CausalConv3d::new(&(s / "conv1"), input, output, 1, padding),
+            conv2: CausalConv3d::new(&(s / "conv2"), output, output, 1, padding),
+            shortcut,
+            scale_shift_table: timestep.then(|| s.var("scale_shift_table", &[4, input])),
+        }
+    }
+
+    /// `temb`: (B, 4C, 1, 1, 1) when the block is timestep-conditioned.
+    fn forward(&self, x: &Tensor, temb: Option<&Tensor>, causal: bool) -> Tensor {
+        let modulation = self.scale_shift_table.as_ref().map(|table| {
+            let temb = temb.expect("a conditioned resnet gets the embedded timestep");
+            let (b, c) = (temb.size()[0], table.size()[1]);
+            let m = temb.view([b, 4, c, 1, 1, 1]) + table.view([1, 4, c, 1, 1, 1]);
+            m.unbind(1)
+        });
+        let mut h = rms_channels(x);
+        if let Some(m) = &modulation {
+            h = h * (&m[1] + 1.0) + &m[0];
+        }
+        h = self.conv1.forward(&h.silu(), causal);
+        h = rms_channels(&h);
+        if let Some(m) = &modulation {
+            h = h * (&m[3] + 1.0) + &m[2];
+        }
+        h = self.conv2.forward(&h.silu(), causal);
+        let skip = match &self.shortcut {
+            Some((norm, weight, bias)) => {
+                let normed = norm.forward(&x.movedim(&[1], &[-1])).movedim(&[-1], &[1]);
+                normed.conv3d(weight, Some(bias), [1; 3], [0; 3], [1; 3], 1)
+            }
+            None => x.shallow_clone(),
+        };
+        h + skip
+    }
+}
+
+/// (B, C, T, H, W) → (B, C·s₀s₁s₂, T/s₀, H/s₁, W/s₂), channel `((c·s₀ + i)·s₁ + j)·s₂ + k`.
+fn space_to_depth(x: &Tensor, s: [i64; 3]) -> Tensor {
+    let (b, c, t, h, w) = x.size5().expect("5-d activations");
+    x.reshape([b, c, t / s[0], s[0], h / s[1], s[1], w / s[2], s[2]])
+        .permute([0, 1, 3, 5, 7, 2, 4, 6])
+        .reshape([b, c * s[0] * s[1] * s[2], t / s[0], h / s[1], w / s[2]])
+}
+
+/// The inverse of [`space_to_depth`], then the first s₀ − 1 frames dropped.
+fn depth_to_space(x: &Tensor, s: [i64; 3]) -> Tensor {
+    let (b, c, t, h, w) = x.size5().expect("5-d activations");
+    let n = s[0] * s[1] * s[2];
+    x.reshape([b, c / n, s[0], s[1], s[2], t, h, w])
+        .permute([0, 1, 5, 2, 6, 3, 7, 4])
+        .reshape([b, c / n, t * s[0], h * s[1], w * s[2]])
+        .narrow(2, s[0] - 1, t * s[0] - (s[0] - 1))
+}
+
+/// `LTX2VideoDownsampler3d`: the first s₀ − 1 frames repeated in front, then space-to-depth of a
+/// convolution plus the group-averaged space-to-depth of the input.
+struct Downsampler {
+    conv: CausalConv3d,
+    stride: [i64; 3],
+    output: i64,
+}
+
+impl Downsampler {
+    fn forward(&self, x: &Tensor, causal: bool) -> Tensor {
+        let x = if self.stride[0] > 1 {
+            Tensor::cat(&[x.narrow(2, 0, self.stride[0] - 1), x.shallow_clone()], 2)
+        } else {
+            x.shallow_clone()
+        };
+        let folded = space_to_depth(&x, self.stride);
+        let (b, c, t, h, w) = folded.size5().expect("5-d");
+        let residual = folded.reshape([b, self.output, c / self.output, t, h, w]).mean_dim(
+            2,
+            false,
+            folded.kind(),
+        );
+        space_to_depth(&self.conv.forward(&x, causal), self.stride) + residual
+    }
+}
+
+/// `LTX2VideoUpsampler3d`: depth-to-space of a convolution, plus (residual) the input's
+/// depth-to-space repeated over channels.
+struct Upsampler {
+    conv: CausalConv3d,
+    stride: [i64; 3],
+    factor: i64,
+    residual: bool,
+}
+
+impl Upsampler {
+    fn forward(&self, x: &Tensor, causal: bool) -> Tensor {
+        let out = depth_to_space(&self.conv.forward(x, causal), self.stride);
+        if !self.residual {
+            return out;
+        }
+        let repeats = self.stride.iter().product::<i64>() / self.factor;
+        out + depth_to_space(x, self.stride).repeat([1, repeats, 1, 1, 1])
+    }
+}
+
+enum Downsample {
+    Conv(CausalConv3d),
+    Fold(Downsampler),
+}
+
+/// `LTX2VideoDownBlock3D`: resnets at the input width, then the downsampler (`downsamplers.0`).
+struct DownBlock {
+    resnets: Vec<Resnet>,
+    down: Option<Downsample>,
+}
+
+impl DownBlock {
+    fn new(s: &Scope<'_>, plan: &DownPlan, eps: f64, padding: Padding) -> Self {
+        let r = s / "resnets";
+        let resnets = (0..plan.layers)
+            .map(|j| Resnet::new(&(&r / j), plan.input, plan.input, eps, false, padding))
+            .collect();
+        let d = &(s / "downsamplers") / 0;
+        let down = match plan.down {
+            Down::None => None,
+            Down::Conv => {
+                Some(Downsample::Conv(CausalConv3d::new(&d, plan.input, plan.input, 2, padding)))
+            }
+            Down::Fold(stride) => {
+                let n = stride.iter().product::<i64>();
+                Some(Downsample::Fold(Downsampler {
+                    conv: CausalConv3d::new(
+                        &(&d / "conv"),
+                        plan.input,
+                        plan.output / n,
+                        1,
+                        padding,
+                    ),
+                    stride,
+                    output: plan.output,
+                }))
+            }
+        };
+        Self { resnets, down }
+    }
+
+    fn forward(&self, x: &Tensor, causal: bool) -> Tensor {
+        let mut h = x.shallow_clone();
+        for r in &self.resnets {
+            h = r.forward(&h, None, causal);
+        }
+        match &self.down {
+            None => h,
+            Some(Downsample::Conv(conv)) => conv.forward(&h, causal),
+            Some(Downsample::Fold(d)) => d.forward(&h, causal),
+        }
+    }
+}
+
+/// `LTX2VideoMidBlock3d` (and the resnets of an up block): resnets at one width, conditioned on
+/// the timestep embedded by `time_embedder` when present.
+struct MidBlock {
+    time_embedder: Option<TimeEmbedder>,
+    resnets: Vec<Resnet>,
+}
+
+impl MidBlock {
+    /// Resnets at `width`; conditioned ones read a timestep embedded to 4 × `embed` channels.
+    fn new(
+        s: &Scope<'_>,
+        (width, embed): (i64, i64),
+        layers: usize,
+        eps: f64,
+        timestep: bool,
+        padding: Padding,
+    ) -> Self {
+        let r = s / "resnets";
+        Self {
+            time_embedder: timestep.then(|| TimeEmbedder::new(&(s / "time_embedder"), 4 * embed)),
+            resnets: (0..layers)
+                .map(|j| Resnet::new(&(&r / j), width, width, eps, timestep, padding))
+                .collect(),
+        }
+    }
+
+    fn embed(&self, timestep: Option<&Tensor>, kind: Kind) -> Option<Tensor> {
+        self.time_embedder.as_ref().map(|e| e.forward(timestep.expect("checked by decode"), kind))
+    }
+
+    fn resnets(&self, x: Tensor, temb: Option<&Tensor>, causal: bool) -> Tensor {
+        self.resnets.iter().fold(x, |h, r| r.forward(&h, temb, causal))
+    }
+
+    fn forward(&self, x: &Tensor, timestep: Option<&Tensor>, causal: bool) -> Tensor {
+        let temb = self.embed(timestep, x.kind());
+        self.resnets(x.shallow_clone(), temb.as_ref(), causal)
+    }
+}
+
+/// `LTX2VideoUpBlock3d`: an optional channel-changing `conv_in` resnet, the upsampler
+/// (`upsamplers.0`), then resnets (with `time_embedder`).
+struct UpBlock {
+    conv_in: Option<Resnet>,
+    upsampler: Option<Upsampler>,
+    body: MidBlock,
+}
+
+impl UpBlock {
+    fn new(s: &Scope<'_>, plan: &UpPlan, eps: f64, timestep: bool, padding: Padding) -> Self {
+        let conv_in = (plan.input != plan.output)
+            .then(|| Resnet::new(&(s / "conv_in"), plan.input, plan.output, eps, false, padding));
+        let upsampler = plan.up.map(|(stride, factor, residual)| {
+            let input = plan.output * factor;
+            let n = stride.iter().product::<i64>();
+            let u = &(s / "upsamplers") / 0;
+            Upsampler {
+                conv: CausalConv3d::new(&(&u / "conv"), input, input * n / factor, 1, padding),
+                stride,
+                factor,
+                residual,
+            }
+        });
+        let body = MidBlock::new(s, (plan.output, plan.input), plan.layers, eps, timestep, padding);
+        Self { conv_in, upsampler, body }
+    }
+
+    fn forward(&self, x: &Tensor, timestep: Option<&Tensor>, causal: bool) -> Tensor {
+        let mut h = match &self.conv_in {
+            Some(r) => r.forward(x, None, causal),
+            None => x.shallow_clone(),
+        };
+        let temb = self.body.embed(timestep, h.kind());
+        if let Some(u) = &self.upsampler {
+            h = u.forward(&h, causal);
+        }
+        self.body.resnets(h, temb.as_ref(), causal)
+    }
+}
+
+/// `LTX2VideoEncoder3d`: patches folded into channels, `conv_in`, down blocks, `mid_block`,
+/// RMS norm, SiLU, `conv_out` to latent_channels + 1 (means and one shared log-variance).
+pub(super) struct Encoder {
+    patch: i64,
+    causal: bool,
+    conv_in: CausalConv3d,
+    down_blocks: Vec<DownBlock>,
+    mid_block: MidBlock,
+    conv_out: CausalConv3d,
+}
+
+impl Encoder {
+    pub fn new(s: &Scope<'_>, c: &super::Ltx2VideoVaeConfig, layout: &Layout) -> Self {
+        let (eps, pad) = (c.resnet_norm_eps, layout.encoder_padding);
+        let d = s / "down_blocks";
+        let width = layout.down.last().map_or(c.latent_channels, |b| b.output);
+        let pixels = c.in_channels * c.patch_size * c.patch_size;
+        Self {
+            patch: c.patch_size,
+            causal: c.encoder_causal,
+            conv_in: CausalConv3d::new(&(s / "conv_in"), pixels, c.latent_channels, 1, pad),
+            down_blocks: layout
+                .down
+                .iter()
+                .enumerate()
+                .map(|(i, plan)| DownBlock::new(&(&d / i), plan, eps, pad))
+                .collect(),
+            mid_block: MidBlock::new(
+                &(s / "mid_block"),
+                (width, width),
+                layout.encoder_mid_layers,
+                eps,
+                false,
+                pad,
+            ),
+            conv_out: CausalConv3d::new(&(s / "conv_out"), width, c.latent_channels + 1, 1, pad),
+        }
+    }
+
+    /// Video (B, C, T, H, W) → (B, latent_channels + 1, t, h, w).
+    pub fn forward(&self, video: &Tensor) -> Tensor {
+        let p = self.patch;
+        let (b, c, t, h, w) = video.size5().expect("checked 5-d");
+        // Channel order (colour, column offset, row offset), as diffusers folds patches.
+        let x = video
+            .reshape([b, c, t, h / p, p, w / p, p])
+            .permute([0, 1, 6, 4, 2, 3, 5])
+            .reshape([b, c * p * p, t, h / p, w / p]);
+        let mut x = self.conv_in.forward(&x, self.causal);
+        for block in &self.down_blocks {
+            x = block.forward(&x, self.causal);
+        }
+        let x = self.mid_block.forward(&x, None, self.causal);
+        self.conv_out.forward(&rms_channels(&x).silu(), self.causal)
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.conv_in.kind()
+    }
+}
+
+/// `LTX2VideoDecoder3d`: `conv_in`, `mid_block`, up blocks, RMS norm (modulated by the
+/// timestep through `time_embedder` and `scale_shift_table`), SiLU, `conv_out`, patches unfolded.
+pub(super) struct Decoder {
+    patch: i64,
+    causal: bool,
+    conv_in: CausalConv3d,
+    mid_block: MidBlock,
+    up_blocks: Vec<UpBlock>,
+    /// `timestep_scale_multiplier`, `time_embedder` and the (2, C) `scale_shift_table`.
+    conditioning: Option<(Tensor, TimeEmbedder, Tensor)>,
+    conv_out: CausalConv3d,
+}
+
+impl Decoder {
+    pub fn new(s: &Scope<'_>, c: &super::Ltx2VideoVaeConfig, layout: &Layout) -> Self {
+        let (eps, pad, timestep) =
+            (c.resnet_norm_eps, layout.decoder_padding, c.timestep_conditioning);
+        let u = s / "up_blocks";
+        let width = layout.up.last().map_or(layout.decoder_width, |b| b.output);
+        let pixels = c.out_channels * c.patch_size * c.patch_size;
+        Self {
+            patch: c.patch_size,
+            causal: c.decoder_causal,
+            conv_in: CausalConv3d::new(
+                &(s / "conv_in"),
+                c.latent_channels,
+                layout.decoder_width,
+                1,
+                pad,
+            ),
+            mid_block: MidBlock::new(
+                &(s / "mid_block"),
+                (layout.decoder_width, layout.decoder_width),
+                layout.decoder_mid_layers,
+                eps,
+                timestep,
+                pad,
+            ),
+            up_blocks: layout
+                .up
+                .iter()
+                .enumerate()
+                .map(|(i, plan)| UpBlock::new(&(&u / i), plan, eps, timestep, pad))
+                .collect(),
+            conditioning: timestep.then(|| {
+                (
+                    s.var("timestep_scale_multiplier", &[]),
+                    TimeEmbedder::new(&(s / "time_embedder"), 2 * width),
+                    s.var("scale_shift_table", &[2, width]),
+                )
+            }),
+            conv_out: CausalConv3d::new(&(s / "conv_out"), width, pixels, 1, pad),
+        }
+    }
+
+    /// Latents (B, latent_channels, F, h, w) and, when conditioned, timesteps (B,) → video
+    /// (B, out_channels, 1 + 8(F − 1), 32h, 32w) for the released layout.
+    pub fn forward(&self, z: &Tensor, timestep: Option<&Tensor>) -> Tensor {
+        let scaled = self.conditioning.as_ref().map(|(multiplier, _, _)| {
+            timestep.expect("checked by decode").to_kind(multiplier.kind()) * multiplier
+        });
+        let timestep = scaled.as_ref();
+        let x = self.conv_in.forward(z, self.causal);
+        let mut x = self.mid_block.forward(&x, timestep, self.causal);
+        for block in &self.up_blocks {
+            x = block.forward(&x, timestep, self.causal);
+        }
+        let mut x = rms_channels(&x);
+        if let Some((_, embedder, table)) = &self.conditioning {
+            let temb = embedder.forward(timestep.expect("scaled above"), x.kind());
+            let c = table.size()[1];
+            let m = temb.view([-1, 2, c, 1, 1, 1]) + table.view([1, 2, c, 1, 1, 1]);
+            let m = m.unbind(1);
+            x = x * (&m[1] + 1.0) + &m[0];
+        }
+        let x = self.conv_out.forward(&x.silu(), self.causal);
+        let p = self.patch;
+        let (b, cp, t, h, w) = x.size5().expect("5-d");
+        let c = cp / (p * p);
+        x.reshape([b, c, p, p, t, h, w]).permute([0, 1, 4, 5, 3, 6, 2]).reshape([
+            b,
+            c,
+            t,
+            h * p,
+            w * p,
+        ])
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.conv_in.kind()
+    }
+}
