@@ -38,7 +38,8 @@ from transformer_fixtures import update_manifest  # noqa: E402
 
 PROMPT_CASES = {
     "mixed": (["a red circle", "  Two cats sitting on a mat, 猫🐱 at night!  ", "x"], 16),
-    "truncated": (["A woman walks through a rainy neon street at night, the camera follows her", ""], 8),
+    "truncated": (["A woman walks through a rainy neon street at night, the camera follows her", "",
+                   "\u3000\x1fcafé\x1c\n"], 8),
 }
 TOKENIZER_PROMPTS = [
     "a red circle next to a blue square",

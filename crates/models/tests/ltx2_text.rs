@@ -13,7 +13,7 @@ use flowtune_models::text_encoders::gemma3::prompts::Gemma3PromptEncoder;
 use flowtune_models::text_encoders::gemma3::tiny::{
     write_tiny_gemma3_text_encoder, TinyGemma3Spec,
 };
-use flowtune_models::text_encoders::gemma3::{Gemma3TextConfig, Gemma3TextEncoder};
+use flowtune_models::text_encoders::gemma3::{Gemma3TextConfig, Gemma3TextEncoder, LayerKind};
 use flowtune_models::tokenizer::TextTokenizer;
 use tch::{Device, Kind, Tensor};
 
@@ -23,7 +23,11 @@ const CASES: &[(&str, &[&str], usize)] = &[
     ("mixed", &["a red circle", "  Two cats sitting on a mat, 猫🐱 at night!  ", "x"], 16),
     (
         "truncated",
-        &["A woman walks through a rainy neon street at night, the camera follows her", ""],
+        &[
+            "A woman walks through a rainy neon street at night, the camera follows her",
+            "",
+            "\u{3000}\u{1f}café\u{1c}\n",
+        ],
         8,
     ),
 ];
@@ -158,6 +162,9 @@ fn prompt_embeds_and_connectors_match_diffusers() {
             let out =
                 tch::no_grad(|| model.forward(&embeds, &mask, PaddingSide::Left)).expect("run");
             compare(&mut check, &io, &format!("{what}.{name}"), &out);
+            let out = tch::no_grad(|| model.encode_prompts(&encoder, prompts, *length))
+                .expect("encode_prompts");
+            compare(&mut check, &io, &format!("{what}.{name}"), &out);
         }
     }
     check.case();
@@ -264,4 +271,82 @@ fn connectors_refuse_lengths_the_registers_do_not_divide() {
     let err =
         tch::no_grad(|| model.forward(&embeds, &mask, PaddingSide::Left)).err().expect("refused");
     assert!(err.to_string().contains("learnable registers"), "{err}");
+}
+
+/// The text config of Gemma-3-12B as Google ships it (LTX-2's text encoder): most fields are
+/// transformers' defaults.
+#[test]
+fn gemma3_12b_config_resolves_as_transformers() {
+    let out = scratch("ltx2-gemma3-12b");
+    let config = serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+        "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+        "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3",
+        "text_config": {
+            "hidden_size": 3840, "intermediate_size": 15360, "model_type": "gemma3_text",
+            "num_attention_heads": 16, "num_hidden_layers": 48, "num_key_value_heads": 8,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024
+        },
+        "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+        "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+            "model_type": "siglip_vision_model", "num_attention_heads": 16,
+            "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": false}
+    });
+    std::fs::write(out.join("config.json"), config.to_string()).unwrap();
+    let c = Gemma3TextConfig::load(&out.join("config.json")).expect("parse");
+    assert_eq!(
+        (c.vocab_size, c.hidden_size, c.head_dim, c.num_key_value_heads),
+        (262_208, 3840, 256, 8)
+    );
+    assert_eq!((c.query_pre_attn_scalar, c.sliding_window), (256.0, 1024));
+    assert_eq!((c.full_rope.theta, c.full_rope.factor, c.sliding_rope.theta), (1e6, 8.0, 1e4));
+    let global: Vec<usize> = c
+        .layer_types
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| **k == LayerKind::Full)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(global, vec![5, 11, 17, 23, 29, 35, 41, 47]);
+}
+
+/// The whole path runs in bf16 (as the pipeline does) and stays near the f32 reference.
+#[test]
+fn bf16_prompt_path_runs_near_the_reference() {
+    let io = tensors("ltx2_text_io.safetensors");
+    let root = tiny_dir();
+    let kind = Kind::BFloat16;
+    let encoder = Gemma3PromptEncoder::load(
+        &root.join("text_encoder"),
+        &root.join("tokenizer"),
+        Device::Cpu,
+        kind,
+    )
+    .expect("load");
+    let (prompts, length) = (CASES[0].1, CASES[0].2);
+    let (embeds, mask) = tch::no_grad(|| encoder.encode(prompts, length)).expect("encode");
+    assert_eq!(embeds.kind(), kind);
+    let mut check = Checker::new("ltx2_text_io.safetensors prompts.mixed in bf16");
+    check.case();
+    check.close_within("embeds", &embeds, &io["prompts.mixed.embeds"], 3e-2);
+    for name in CONNECTORS {
+        let model = Ltx2TextConnectors::load(&root.join(name), Device::Cpu, kind).expect("load");
+        let out = tch::no_grad(|| model.forward(&embeds, &mask, PaddingSide::Left)).expect("run");
+        assert_eq!((out.video.kind(), out.audio.kind()), (kind, kind));
+        let what = format!("prompts.mixed.{name}");
+        check.close_within(
+            &format!("{what}.video"),
+            &out.video,
+            &io[&format!("{what}.video")],
+            1e-1,
+        );
+        check.close_within(
+            &format!("{what}.audio"),
+            &out.audio,
+            &io[&format!("{what}.audio")],
+            1e-1,
+        );
+        assert_eq!(out.mask, io[&format!("{what}.mask")]);
+    }
+    check.finish();
 }

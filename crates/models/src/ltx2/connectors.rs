@@ -12,6 +12,8 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use crate::nn::{attention, FeedForward, Linear, Scope};
+use crate::text_encoders::gemma3::prompts::Gemma3PromptEncoder;
+pub use crate::text_encoders::gemma3::prompts::MAX_SEQUENCE_LENGTH;
 use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, ModelError};
 
@@ -199,9 +201,11 @@ enum RopeType {
     Split,
 }
 
-/// RMS norm over the last dimension without a scale (`torch.nn.RMSNorm(elementwise_affine=False)`).
+/// RMS norm over the last dimension without a scale (`torch.nn.RMSNorm(elementwise_affine=False)`),
+/// computed in f32 and returned in the input's kind.
 fn rms(x: &Tensor, eps: f64) -> Tensor {
-    x * (x.square().mean_dim(-1, true, x.kind()) + eps).rsqrt()
+    let xf = x.to_kind(Kind::Float);
+    (&xf * (xf.square().mean_dim(-1, true, Kind::Float) + eps).rsqrt()).to_kind(x.kind())
 }
 
 /// `torch.nn.RMSNorm(dim, eps=1e-6)` with a scale.
@@ -488,10 +492,23 @@ impl Ltx2TextConnectors {
         Ok(model)
     }
 
+    /// The pipeline's `encode_prompt` then `connectors(…, padding_side="left")` for `prompts`:
+    /// Gemma-3's prompt embeddings of `max_sequence_length` tokens (the pipeline's default is
+    /// [`MAX_SEQUENCE_LENGTH`]) through the connectors.
+    pub fn encode_prompts(
+        &self,
+        encoder: &Gemma3PromptEncoder,
+        prompts: &[&str],
+        max_sequence_length: usize,
+    ) -> Result<ConnectorOutput, ModelError> {
+        let (embeds, mask) = encoder.encode(prompts, max_sequence_length)?;
+        self.forward(&embeds, &mask, PaddingSide::Left)
+    }
+
     /// `LTX2TextConnectors.forward(prompt_embeds, attention_mask, padding_side)` with the default
     /// scale factor: `prompt_embeds` (B, L, caption_channels · text_proj_in_factor), stacked per
-    /// channel over the layers as the pipeline flattens them, `attention_mask` (B, L) of ones and
-    /// zeros.
+    /// channel over the layers as the pipeline flattens them (moved to the connectors' device
+    /// and kind), `attention_mask` (B, L) of ones and zeros.
     pub fn forward(
         &self,
         prompt_embeds: &Tensor,
@@ -510,7 +527,12 @@ impl Ltx2TextConnectors {
                 attention_mask.size()
             )));
         }
-        let device = prompt_embeds.device();
+        let weight = match &self.projections {
+            Projections::Shared(proj) => &proj.weight,
+            Projections::PerModality { video, .. } => &video.weight,
+        };
+        let device = weight.device();
+        let prompt_embeds = prompt_embeds.to_device(device).to_kind(weight.kind());
         let mask = attention_mask.to_device(device);
         let states = prompt_embeds.view([b, l, c.caption_channels, c.text_proj_in_factor]);
         let (video_in, audio_in) = match &self.projections {

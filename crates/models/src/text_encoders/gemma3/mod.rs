@@ -507,7 +507,7 @@ fn rotary(positions: &Tensor, dim: i64, rope: Rope) -> (Tensor, Tensor) {
     let exponents = Tensor::arange_start_step(0, dim, 2, (Kind::Float, device)) / dim as f64;
     let mut inv_freq = Tensor::pow_scalar(rope.theta, &exponents).reciprocal();
     if rope.factor != 1.0 {
-        inv_freq = inv_freq / rope.factor;
+        inv_freq /= rope.factor;
     }
     let freqs = positions.unsqueeze(-1) * inv_freq.unsqueeze(0);
     let angles = Tensor::cat(&[&freqs, &freqs], -1);

@@ -34,7 +34,7 @@ impl Gemma3PromptEncoder {
     }
 
     /// Token ids and attention mask (B, `length`) of `prompts`, as the pipeline's tokenizer call
-    /// gives them: each prompt stripped of surrounding whitespace, with the tokenizer's special
+    /// gives them: each prompt stripped as Python strips it, with the tokenizer's special
     /// tokens (Gemma's leading `<bos>`), cut to its first `length` tokens and padded on the left.
     pub fn tokenize(
         &self,
@@ -47,7 +47,7 @@ impl Gemma3PromptEncoder {
         let pad = i64::from(self.tokenizer.pad_id());
         let (mut ids, mut mask) = (vec![], vec![]);
         for prompt in prompts {
-            let tokens = self.tokenizer.ids(prompt.trim())?;
+            let tokens = self.tokenizer.ids(python_strip(prompt))?;
             let kept = &tokens[..tokens.len().min(length)];
             let padding = length - kept.len();
             ids.extend(std::iter::repeat_n(pad, padding));
@@ -79,4 +79,10 @@ impl Gemma3PromptEncoder {
         let states = self.encoder.hidden_states(ids, mask)?;
         Ok(Tensor::stack(&states, -1).flatten(2, 3))
     }
+}
+
+/// `prompt` without the leading and trailing characters Python's `str.strip()` removes: Unicode
+/// whitespace and the separators U+001C‥U+001F.
+fn python_strip(prompt: &str) -> &str {
+    prompt.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
 }
