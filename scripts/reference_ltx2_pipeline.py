@@ -28,7 +28,7 @@ PROMPTS = ["a red fox barks at the falling snow", "waves crash on rocks while gu
 MAX_SEQUENCE_LENGTH = 16
 STEPS = 4
 # (pixel frames, height, width, frame rate, guidance, audio guidance, guidance rescale)
-CASES = [(9, 64, 96, 24.0, 3.0, 3.0, 0.0), (17, 64, 64, 12.5, 4.0, 7.0, 0.7), (1, 32, 64, 24.0, 1.0, 1.0, 0.0)]
+CASES = [(9, 64, 96, 24.0, 3.0, 3.0, 0.0), (17, 64, 64, 12.5, 4.0, 4.0, 0.0), (1, 64, 64, 24.0, 1.0, 1.0, 0.0)]
 
 
 def run(pipe, frames, height, width, fps, scale, audio_scale, rescale, video, audio, output_type):

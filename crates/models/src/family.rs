@@ -92,6 +92,9 @@ pub struct PipelineOptions {
     /// Pixel frames of a video family's samples; `None` is the family's default. Image families
     /// refuse it.
     pub num_frames: Option<usize>,
+    /// Frames per second of a family with sound (LTX-2): how long a sample lasts, so how much
+    /// audio it holds, and what its positions are conditioned on; `None` is the family's default.
+    pub frame_rate: Option<f64>,
     /// The side whose square condition pictures are sized to (Qwen-Image 2.1's
     /// `output_resolution`); `None` is the family's default. Other families refuse it.
     pub output_resolution: Option<i64>,
@@ -112,6 +115,7 @@ impl PipelineOptions {
             max_sequence_length: None,
             embedded_guidance: None,
             num_frames: None,
+            frame_rate: None,
             output_resolution: None,
             offload: Offload::None,
             random: None,
@@ -215,6 +219,13 @@ pub trait FlowPipeline {
             self.dir().root.display(),
             self.dir().index.class_name
         )))
+    }
+
+    /// Adds what every row's conditioning carries besides the prompt (LTX-2: the sample's latent
+    /// video size and frame rate); [`crate::StandInText`] calls it on its stand-in embeddings.
+    fn sample_conditioning(&self, text: &mut TextConditioning) -> Result<(), ModelError> {
+        let _ = text;
+        Ok(())
     }
 
     /// Whether condition pictures reach the family with their alpha (Qwen-Image 2.1); the others

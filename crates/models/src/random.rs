@@ -161,8 +161,14 @@ impl FlowPipeline for StandInText {
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
         let rows: Vec<TextConditioning> = prompts.iter().map(|p| self.embed(p)).collect();
         let first = rows.first().ok_or_else(|| ModelError::Input("no prompts to encode".into()))?;
-        let all = rows[1..].iter().fold(first.map_rows(Tensor::shallow_clone), |a, b| a.concat(b));
+        let mut all =
+            rows[1..].iter().fold(first.map_rows(Tensor::shallow_clone), |a, b| a.concat(b));
+        self.inner.sample_conditioning(&mut all)?;
         Ok(all)
+    }
+
+    fn sample_conditioning(&self, text: &mut TextConditioning) -> Result<(), ModelError> {
+        self.inner.sample_conditioning(text)
     }
 
     fn latent_shape(&self, height: i64, width: i64) -> Result<Vec<i64>, ModelError> {

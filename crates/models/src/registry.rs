@@ -50,6 +50,7 @@ const BUILT_IN: &[&Family] = &[
     &crate::flux2::FAMILY,
     &crate::wan::FAMILY,
     &crate::qwen_image21::FAMILY,
+    &crate::ltx2::FAMILY,
 ];
 
 /// Families registered at run time (plug-ins, tests).

@@ -264,6 +264,7 @@ fn pipeline_options(recipe: &Recipe, device: Device) -> PipelineOptions {
         max_sequence_length: Some(m.max_sequence_length),
         embedded_guidance: m.guidance,
         num_frames: m.num_frames,
+        frame_rate: None,
         output_resolution: m.output_resolution,
         offload: m.offload,
         random: None,

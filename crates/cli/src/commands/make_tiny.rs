@@ -1,10 +1,11 @@
-//! `flowtune make-tiny sd3|shapes|qwen-image|qwen-image21|z-image|flux|flux2|wan DIR`: a random-initialised pipeline in the diffusers layout.
+//! `flowtune make-tiny sd3|shapes|qwen-image|qwen-image21|z-image|flux|flux2|wan|ltx2 DIR`: a random-initialised pipeline in the diffusers layout.
 
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use flowtune_models::flux::{write_tiny_flux, FluxTransformerConfig, TinyFluxSpec};
 use flowtune_models::flux2::{write_tiny_flux2, Flux2TransformerConfig, TinyFlux2Spec};
+use flowtune_models::ltx2::{write_tiny_ltx2, TinyLtx2Spec};
 use flowtune_models::qwen_image::{
     write_tiny_qwen_image, QwenImageTransformerConfig, TinyQwenImageSpec,
 };
@@ -47,6 +48,10 @@ pub enum MakeTiny {
     /// timesteps; or Wan2.1-style): transformer, AutoencoderKLWan, UMT5 text encoder, T5
     /// tokenizer, UniPC scheduler; diffusers loads and runs it.
     Wan(WanArgs),
+    /// An LTX2Pipeline (LTX-2.0's layout, or LTX-2.3's with `--ltx23`): the audio-video
+    /// transformer, both VAEs, the vocoder, a Gemma-3 text encoder with a small BPE tokenizer,
+    /// the connectors, scheduler; diffusers loads and runs it.
+    Ltx2(Ltx2Args),
 }
 
 /// Where every pipeline goes, and its seed.
@@ -178,6 +183,19 @@ pub struct WanArgs {
     /// `boundary_ratio` 0.875.
     #[arg(long, conflicts_with = "wan21")]
     a14b: bool,
+}
+
+#[derive(Args)]
+pub struct Ltx2Args {
+    #[command(flatten)]
+    out: Out,
+    /// LTX-2.3's layout: gated attention, text modulation, per-modality connector projections,
+    /// split rotary, the bandwidth-extending vocoder.
+    #[arg(long)]
+    ltx23: bool,
+    /// The transformer's weights as f32, bf16 (a released checkpoint's) or f16.
+    #[arg(long, default_value = "f32", value_parser = super::bench_common::parse_dtype)]
+    dtype: Dtype,
 }
 
 #[derive(Args)]
@@ -367,6 +385,11 @@ pub fn run(command: MakeTiny) -> Result<(), Failure> {
                 ..Default::default()
             };
             a.out.write(|dir| write_tiny_wan(dir, &spec))
+        }
+        MakeTiny::Ltx2(a) => {
+            let spec =
+                TinyLtx2Spec { seed: a.out.seed, ltx23: a.ltx23, dtype: Some(a.dtype.kind()) };
+            a.out.write(|dir| write_tiny_ltx2(dir, &spec))
         }
         MakeTiny::Flux(a) => {
             let spec = TinyFluxSpec {

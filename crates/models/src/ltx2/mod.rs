@@ -5,7 +5,14 @@
 
 pub mod audio_vae;
 pub mod connectors;
+mod family;
 pub mod latents;
+mod pipeline;
+mod tiny;
 pub mod transformer;
 pub mod video_vae;
 pub mod vocoder;
+
+pub use family::FAMILY;
+pub use pipeline::{Ltx2Pipeline, Ltx2Text, DEFAULT_FRAME_RATE, DEFAULT_NUM_FRAMES};
+pub use tiny::{write_tiny_ltx2, TinyLtx2Spec};

@@ -1,0 +1,33 @@
+//! LTX-2's registry entry.
+
+use super::pipeline::Ltx2Pipeline;
+use super::tiny::{write_tiny_ltx2, TinyLtx2Spec};
+use super::transformer::{Ltx2Transformer, LTX2_TARGETS};
+use crate::registry::Family;
+
+/// LTX-2.0 and LTX-2.3 text-to-video with sound (`LTX2Pipeline`): one latent of video and audio
+/// tokens denoised together.
+pub const FAMILY: Family = Family {
+    name: "ltx2",
+    pipeline_classes: &["LTX2Pipeline"],
+    denoiser_class: "LTX2VideoTransformer3DModel",
+    lora_targets: &LTX2_TARGETS,
+    components: &[
+        (
+            "transformer",
+            "LTX2VideoTransformer3DModel (video and audio streams with cross-modal attention)",
+        ),
+        ("vae", "AutoencoderKLLTX2Video (8× frames, 32× sides)"),
+        ("audio_vae", "AutoencoderKLLTX2Audio (mel spectrograms, 4× time and mel bins)"),
+        ("vocoder", "LTX2Vocoder or LTX2VocoderWithBWE (mel → waveform)"),
+        ("text_encoder", "Gemma3ForConditionalGeneration (hidden states of every layer)"),
+        ("tokenizer", "Gemma (tokenizer.json), left padding"),
+        ("connectors", "LTX2TextConnectors (video and audio text states)"),
+        ("scheduler", "FlowMatchEulerDiscreteScheduler (dynamic shift of the video tokens)"),
+    ],
+    load: |dir, options| Ok(Box::new(Ltx2Pipeline::open(dir.clone(), options)?)),
+    load_denoiser: |dir, device, kind, lora| {
+        Ok(Box::new(Ltx2Transformer::load(dir, device, kind, lora)?))
+    },
+    write_tiny: |dir, seed| write_tiny_ltx2(dir, &TinyLtx2Spec { seed, ..Default::default() }),
+};
