@@ -12,13 +12,15 @@ Audio VAE (kind `ltx2_audio_vae`): `<name>/` (config + weights, random `latents_
 `<name>_io.safetensors`: `input.mel` (B, C, T, mel) → `output.mean`, `output.logvar` of the posterior;
 `input.latents` (B, latent, L, mel/4) → `output.decoded` = decode(latents); `input.tokens` (B, L, latent·mel/4),
 packed normalised latents as the denoiser sees them → `output.tokens_decoded` = decode(unpack(denormalize(tokens)))
-as LTX2Pipeline does (`_denormalize_audio_latents`, `_unpack_audio_latents`).
+as LTX2Pipeline does (`_denormalize_audio_latents`, `_unpack_audio_latents`), and
+`output.tokens_decoded_bf16` the same with the model and tokens in bf16 (stored as f32).
 
 Vocoder (kind `ltx2_vocoder`): `<name>/` and `<name>_io.safetensors`: `input.mel` (B, C, frames, mel) →
-`output.waveform` = vocoder(mel), as LTX2Pipeline calls it (`conv_out` weights scaled by 0.1 so that little of
-the waveform is clamped). The BWE vocoder's STFT basis (a Hann-windowed DFT)
-and mel filterbank are set here (diffusers initialises them to zeros and real checkpoints carry them).
+`output.waveform` = vocoder(mel), as LTX2Pipeline calls it, and `output.waveform_bf16` with the model and mel in
+bf16 (`conv_out` weights scaled by 0.1 so that little of the waveform is clamped). The BWE vocoder's STFT basis (a
+Hann-windowed DFT) and mel filterbank are set here (diffusers initialises them to zeros; real checkpoints carry them).
 """
+import copy
 import json
 import math
 import os
@@ -107,8 +109,14 @@ def vae_case(name, spec, out_dir):
         unpacked = LTX2Pipeline._unpack_audio_latents(
             LTX2Pipeline._denormalize_audio_latents(tokens, vae.latents_mean, vae.latents_std), lf, num_mel_bins=m)
         tokens_decoded = vae.decode(unpacked, return_dict=False)[0]
+        half = copy.deepcopy(vae).to(torch.bfloat16)
+        unpacked = LTX2Pipeline._unpack_audio_latents(
+            LTX2Pipeline._denormalize_audio_latents(tokens.bfloat16(), half.latents_mean, half.latents_std), lf,
+            num_mel_bins=m)
+        tokens_decoded_bf16 = half.decode(unpacked, return_dict=False)[0].float()
     io = {"input.mel": mel, "output.mean": dist.mean, "output.logvar": dist.logvar, "input.latents": latents,
-          "output.decoded": decoded, "input.tokens": tokens, "output.tokens_decoded": tokens_decoded}
+          "output.decoded": decoded, "input.tokens": tokens, "output.tokens_decoded": tokens_decoded,
+          "output.tokens_decoded_bf16": tokens_decoded_bf16}
     save_file({k: v.contiguous() for k, v in io.items()}, os.path.join(out_dir, f"{name}_io.safetensors"))
     return {"name": name, "kind": "ltx2_audio_vae", "model": name, "class": "AutoencoderKLLTX2Audio",
             "decoded_shape": list(decoded.shape), "output_abs_mean": decoded.abs().mean().item()}
@@ -162,7 +170,8 @@ def vocoder_case(name, spec, out_dir):
     mel = torch.randn(b, channels, frames, c.in_channels // channels, generator=g)
     with torch.no_grad():
         waveform = model(mel)
-    io = {"input.mel": mel, "output.waveform": waveform}
+        waveform_bf16 = copy.deepcopy(model).to(torch.bfloat16)(mel.bfloat16()).float()
+    io = {"input.mel": mel, "output.waveform": waveform, "output.waveform_bf16": waveform_bf16}
     save_file({k: v.contiguous() for k, v in io.items()}, os.path.join(out_dir, f"{name}_io.safetensors"))
     return {"name": name, "kind": "ltx2_vocoder", "model": name, "class": spec["class"],
             "waveform_shape": list(waveform.shape), "sample_rate": c.output_sampling_rate,

@@ -15,6 +15,8 @@ use tch::{Device, Kind, Tensor};
 
 /// The acceptance bound of both VAE directions and the waveforms.
 const RTOL: f64 = 1e-5;
+/// The bound of bf16 runs against diffusers' bf16 runs.
+const BF16_RTOL: f64 = 1e-3;
 
 #[test]
 fn audio_vaes_match_diffusers() {
@@ -92,9 +94,11 @@ fn written_vocoders_hold_diffusers_filters() {
     }
 }
 
+/// The folders stay in cargo's `target/tmp/ltx2_audio-tiny` for
+/// `scripts/reference_ltx2_audio.py --check` (diffusers loads them).
 #[test]
 fn tiny_writers_load_and_run() {
-    let tmp = scratch("ltx2_audio_tiny");
+    let tmp = flowtune_fixtures::shared!("tiny");
     let vae_dir = tmp.join("audio_vae");
     let config = Ltx2AudioVaeConfig::tiny();
     AutoencoderKlLtx2Audio::write_random(&vae_dir, 3, &config).expect("write vae");
@@ -108,6 +112,10 @@ fn tiny_writers_load_and_run() {
     let mel = tch::no_grad(|| vae.decode_tokens(&tokens)).expect("decode");
     assert_eq!(mel.size(), [1, 2, vae.mel_frames(frames), 4 * m]);
     assert!((vae.latents_per_second() - 25.0).abs() < 1e-12);
+    assert_eq!(
+        (vae.latent_frames(5.0), vae.latent_frames(0.1), vae.latent_frames(0.02)),
+        (125, 2, 0)
+    );
     for (i, class) in [
         Ltx2VocoderClass::Plain(Ltx2VocoderConfig::tiny()),
         Ltx2VocoderClass::WithBwe(Box::new(Ltx2VocoderBweConfig::tiny())),
@@ -210,4 +218,33 @@ fn wrong_shapes_are_explained() {
         .expect("load");
     expect(vocoder.forward(&t(&[1, 2, 5, 12])), "in_channels 32");
     expect(vocoder.forward(&t(&[2, 5, 16])), "in_channels 32");
+}
+
+/// bf16 weights (the released checkpoints' dtype) give diffusers' bf16 results.
+#[test]
+fn bf16_matches_diffusers_bf16() {
+    let bf16 = Kind::BFloat16;
+    let mut check = Checker::new("ltx2 audio bf16");
+    for entry in models_of_kind("ltx2_audio_vae") {
+        check.case();
+        let name = entry["name"].as_str().expect("name");
+        let io = tensors(&format!("{name}_io.safetensors"));
+        let vae = AutoencoderKlLtx2Audio::load(&dir().join(name), Device::Cpu, bf16).expect("load");
+        let tokens = io["input.tokens"].to_kind(bf16);
+        let mel = tch::no_grad(|| vae.decode_tokens(&tokens)).expect("decode");
+        assert_eq!(mel.kind(), bf16);
+        let want = &io["output.tokens_decoded_bf16"];
+        check.close_within(&format!("{name} tokens_decoded bf16"), &mel, want, BF16_RTOL);
+    }
+    for entry in models_of_kind("ltx2_vocoder") {
+        check.case();
+        let name = entry["name"].as_str().expect("name");
+        let io = tensors(&format!("{name}_io.safetensors"));
+        let vocoder = Ltx2Vocoder::load(&dir().join(name), Device::Cpu, bf16).expect("load");
+        let wave =
+            tch::no_grad(|| vocoder.forward(&io["input.mel"].to_kind(bf16))).expect("forward");
+        let want = &io["output.waveform_bf16"];
+        check.close_within(&format!("{name} waveform bf16"), &wave, want, BF16_RTOL);
+    }
+    check.finish();
 }

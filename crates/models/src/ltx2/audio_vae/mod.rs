@@ -193,6 +193,11 @@ impl AutoencoderKlLtx2Audio {
         self.config.sample_rate as f64 / self.config.mel_hop_length as f64 / COMPRESSION as f64
     }
 
+    /// Latent frames of `seconds` of audio, as LTX2Pipeline rounds them (half to even).
+    pub fn latent_frames(&self, seconds: f64) -> i64 {
+        (seconds * self.latents_per_second()).round_ties_even() as i64
+    }
+
     /// Spectrogram frames decoded from `latent_frames`: max(4L − 3, 1).
     pub fn mel_frames(&self, latent_frames: i64) -> i64 {
         (latent_frames * COMPRESSION - (COMPRESSION - 1)).max(1)
