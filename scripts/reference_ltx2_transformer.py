@@ -4,8 +4,13 @@ Usage (the project venv: torch 2.11, diffusers 0.42, peft):
     python scripts/reference_ltx2_transformer.py fixtures
         writes the fixtures below and their manifest entries (kind `ltx2_transformer`).
     python scripts/reference_ltx2_transformer.py --check-lora NAME LORA_FILE [fixtures]
-        loads LORA_FILE (a LoRA flowtune saved for fixture NAME) into diffusers' transformer with
-        `load_lora_adapter` and compares its forward with the fixture's `output.sample_with_lora`.
+        loads LORA_FILE (a LoRA flowtune saved for fixture NAME) with LTX2Pipeline's
+        `load_lora_weights` and compares the forward with the fixture's `output.sample_with_lora`.
+    python scripts/reference_ltx2_transformer.py --check-tiny DIR
+        loads a transformer folder written by flowtune's `write_random_transformer` with no missing or
+        unexpected weights and runs it.
+    (`LTX2_TRANSFORMER_KEEP=DIR cargo test --release -p flowtune-models --test ltx2_transformer` leaves
+    `DIR/lora.safetensors`, from fixture ltx2_transformer_v23_tiny, and `DIR/tiny`.)
 
 For each tiny random config (an LTX-2.0 layout: caption projections, interleaved rotary; an LTX-2.3
 layout: gated attention, text modulation, split rotary, no caption projections), `<name>/` (config.json +
@@ -54,8 +59,9 @@ CASES = [
     },
     {
         # LTX-2.3: gated attention, text modulation, no caption projections, split rotary grouped by 2
-        # video and 4 audio heads (video width 8: 1 unturned pair); also single-precision frequencies, affine block norms, no video
-        # feed-forward biases and the perturbed-attention processor (the same forward without STG).
+        # video and 4 audio heads (video width 8: 1 unturned pair); also single-precision frequencies,
+        # affine block norms, no video feed-forward biases and the perturbed-attention processor (the
+        # same forward without STG).
         "name": "ltx2_transformer_v23_tiny",
         "config": dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=4,
                        cross_attention_dim=8, audio_in_channels=8, audio_out_channels=8,
@@ -145,26 +151,64 @@ def case(spec, out_dir, g):
 
 
 def check_lora(name, lora_file, out_dir):
-    """diffusers loads a LoRA flowtune saved (PEFT names under `transformer.`) and reproduces the fixture's
-    forward with the adapter."""
+    """diffusers loads a LoRA flowtune saved (PEFT names under `transformer.`, scales from its
+    `lora_adapter_metadata`) through LTX2Pipeline's loader and reproduces the fixture's forward with it."""
     from diffusers import LTX2VideoTransformer3DModel
+    from diffusers.loaders.lora_pipeline import LTX2LoraLoaderMixin
+
+    class Holder(LTX2LoraLoaderMixin):
+        """The pipeline's LoRA loader over the transformer alone."""
+
+        hf_device_map = None
+
+        @property
+        def components(self):
+            return {"transformer": self.transformer}
 
     spec = next(s for s in CASES if s["name"] == name)
-    model = LTX2VideoTransformer3DModel.from_pretrained(os.path.join(out_dir, name)).eval()
-    model.load_lora_adapter(lora_file, prefix="transformer", adapter_name="flowtune")
+    holder = Holder()
+    holder.transformer = LTX2VideoTransformer3DModel.from_pretrained(os.path.join(out_dir, name)).eval()
+    holder.load_lora_weights(lora_file, adapter_name="flowtune")
     io = load_file(os.path.join(out_dir, f"{name}_io.safetensors"))
     inp = {k[len("input."):]: v for k, v in io.items() if k.startswith("input.")}
     with torch.no_grad():
-        out = torch.cat(forward(model, inp, spec), dim=1)
+        out = torch.cat(forward(holder.transformer, inp, spec), dim=1)
     want = io["output.sample_with_lora"]
     rel = ((out - want).norm() / want.norm()).item()
-    print(f"{name}: diffusers with {lora_file}: relative error {rel:.2e} vs output.sample_with_lora")
+    print(f"{name}: LTX2Pipeline.load_lora_weights({lora_file}): relative error {rel:.2e} vs "
+          "output.sample_with_lora")
     assert rel < 1e-5, rel
+
+
+def check_tiny(path):
+    from diffusers import LTX2VideoTransformer3DModel
+
+    model, info = LTX2VideoTransformer3DModel.from_pretrained(path, output_loading_info=True)
+    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    assert not bad, bad
+    c = model.config
+    spec = {"latent": (2, 2, 3), "fps": 24.0}
+    g = torch.Generator().manual_seed(0)
+    inp = {
+        "hidden_states": torch.randn(1, 12, c.in_channels, generator=g),
+        "audio_hidden_states": torch.randn(1, 5, c.audio_in_channels, generator=g),
+        "encoder_hidden_states": torch.randn(1, 4, c.caption_channels, generator=g),
+        "audio_encoder_hidden_states": torch.randn(1, 4, c.caption_channels, generator=g),
+        "encoder_attention_mask": torch.ones(1, 4, dtype=torch.int64),
+        "timestep": torch.tensor([500.0]),
+    }
+    with torch.no_grad():
+        video, audio = forward(model.eval(), inp, spec)
+    assert torch.isfinite(video).all() and torch.isfinite(audio).all()
+    print(f"{path}: loads with every weight; video {tuple(video.shape)}, audio {tuple(audio.shape)}")
 
 
 def main(argv):
     if argv and argv[0] == "--check-lora":
         check_lora(argv[1], argv[2], argv[3] if len(argv) > 3 else "fixtures")
+        return
+    if argv and argv[0] == "--check-tiny":
+        check_tiny(argv[1])
         return
     out_dir = argv[0] if argv else "fixtures"
     torch.manual_seed(0)

@@ -5,13 +5,14 @@
 //! and refused configs.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::PathBuf;
 
 use flowtune_fixtures::{dir, models_of_kind, scratch, tensors, Checker};
 use flowtune_models::lora::LoraConfig;
+use flowtune_models::ltx2::latents::{join, pack_audio, unpack_audio, Geometry, Patches};
 use flowtune_models::ltx2::transformer::{
-    pack_audio, pack_video, unpack_audio, unpack_video, write_random_transformer, Ltx2Inputs,
-    Ltx2Transformer, Ltx2TransformerConfig, AUDIO_EMBEDS, FPS, LTX2_TARGETS, VIDEO_SHAPE,
+    write_random_transformer, Ltx2Inputs, Ltx2Transformer, Ltx2TransformerConfig, AUDIO_EMBEDS,
+    FPS, LTX2_TARGETS, VIDEO_SHAPE,
 };
 use flowtune_models::sd3::WeightInit;
 use flowtune_models::{Denoiser, ExampleShape, TextConditioning, TrainableDenoiser};
@@ -145,14 +146,17 @@ fn joint_latent_velocity_is_both_velocities() {
         let model = load(&entry, Kind::Float, false);
         let c = &model.config;
         let (videos, audios) = (&io["input.video_latents"], &io["input.audio_latents"]);
-        let video = pack_video(videos, c.patch_size, c.patch_size_t);
+        let patches = Patches { temporal: c.patch_size_t, spatial: c.patch_size };
+        let video = patches.pack_video(videos);
         let audio = pack_audio(audios);
         check.close(&format!("{name} packed video"), &video, &io["input.hidden_states"]);
         check.close(&format!("{name} packed audio"), &audio, &io["input.audio_hidden_states"]);
-        let back = unpack_video(&video, video_shape(&entry), c.patch_size, c.patch_size_t);
-        check.close(&format!("{name} unpacked video"), &back, videos);
+        let [frames, height, width] = video_shape(&entry);
+        let fps = entry["fps"].as_f64().expect("fps");
+        let g = Geometry { frames, height, width, audio_frames: audio.size()[1], fps };
+        check.close(&format!("{name} unpacked video"), &patches.unpack_video(&video, &g), videos);
         check.close(&format!("{name} unpacked audio"), &unpack_audio(&audio, 4), audios);
-        let latents = Tensor::cat(&[video, audio], 1);
+        let latents = join(&video, &audio);
         let v = tch::no_grad(|| {
             model.velocity(&latents, &io["input.timestep"], &conditioning(&io, &entry))
         })
@@ -178,6 +182,14 @@ fn bf16_stays_close() {
     }
 }
 
+/// `name` in the folder `LTX2_TRANSFORMER_KEEP` names, where the tests leave what
+/// `reference_ltx2_transformer.py --check-lora` and `--check-tiny` load into diffusers.
+fn kept(name: &str) -> Option<PathBuf> {
+    let dir = PathBuf::from(std::env::var_os("LTX2_TRANSFORMER_KEEP")?);
+    std::fs::create_dir_all(&dir).expect("the keep folder");
+    Some(dir.join(name))
+}
+
 /// A LoRA saved by flowtune loads back to the same forward (and, by
 /// `reference_ltx2_transformer.py --check-lora`, into diffusers).
 #[test]
@@ -189,8 +201,8 @@ fn saved_lora_reloads() {
     let d = scratch("ltx2-lora");
     let file = d.join("pytorch_lora_weights.safetensors");
     model.save_lora(&file).expect("save");
-    if let Ok(keep) = std::env::var("LTX2_KEEP_LORA") {
-        std::fs::copy(&file, Path::new(&keep)).expect("keep the saved LoRA");
+    if let Some(keep) = kept("lora.safetensors") {
+        std::fs::copy(&file, keep).expect("keep the saved LoRA");
     }
     let mut again = load(entry, Kind::Float, false);
     again = {
@@ -245,6 +257,11 @@ fn random_tiny_transformer_loads_and_runs() {
     let mut rng = SampleRng::new(7);
     write_random_transformer(&d, &config, &mut rng, WeightInit::Normal(0.1), Kind::Float)
         .expect("write");
+    if let Some(keep) = kept("tiny") {
+        let mut rng = SampleRng::new(7);
+        write_random_transformer(&keep, &config, &mut rng, WeightInit::Normal(0.1), Kind::Float)
+            .expect("keep the tiny transformer");
+    }
     let lora = LoraConfig {
         target_modules: LTX2_TARGETS.iter().map(|t| t.to_string()).collect(),
         ..Default::default()

@@ -175,20 +175,15 @@ impl Ltx2Block {
         if self.cross_attn_mod {
             normed = adapt(&normed, &v[6], &v[7]);
         }
-        let mut update = self.attn2.forward(&normed, Some(&text), i.text_bias, None, None);
-        if self.cross_attn_mod {
-            update = update * &v[8];
-        }
+        let update = self.attn2.forward(&normed, Some(&text), i.text_bias, None, None);
+        let update = if self.cross_attn_mod { update * &v[8] } else { update };
         let x = x + update;
         let mut normed = self.audio_norm2.forward(&a);
         if self.audio_cross_attn_mod {
             normed = adapt(&normed, &m[6], &m[7]);
         }
-        let mut update =
-            self.audio_attn2.forward(&normed, Some(&audio_text), i.text_bias, None, None);
-        if self.audio_cross_attn_mod {
-            update = update * &m[8];
-        }
+        let update = self.audio_attn2.forward(&normed, Some(&audio_text), i.text_bias, None, None);
+        let update = if self.audio_cross_attn_mod { update * &m[8] } else { update };
         let a = a + update;
 
         // Audio↔video: both directions read the streams as they are here.

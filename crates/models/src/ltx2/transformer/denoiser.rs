@@ -1,11 +1,12 @@
-//! The LTX-2 transformer as flowtune's [`Denoiser`]: one joint latent (B, S_v + S_a, C) holding
-//! the packed video tokens, then the audio tokens (one per audio latent frame: channels × mel
-//! bins), and the velocities in the same layout.
+//! The LTX-2 transformer as flowtune's [`Denoiser`] on the joint latent of
+//! [`crate::ltx2::latents`] (B, S_v + S_a, C): the packed video tokens, then the audio tokens,
+//! and the velocities in the same layout.
 
 use tch::{Device, Kind, Tensor};
 
 use super::model::{Ltx2Inputs, Ltx2Transformer};
 use crate::denoiser::{weights_and_frozen_copy, ExampleInputs, ExampleShape, TrainableDenoiser};
+use crate::ltx2::latents::{join, split};
 use crate::{Denoiser, ModelError, TextConditioning};
 
 /// Extra (B, L, D_a): the audio connector's text states ([`TextConditioning::embeds`] holds the
@@ -15,38 +16,6 @@ pub const AUDIO_EMBEDS: &str = "audio_embeds";
 pub const VIDEO_SHAPE: &str = "video_shape";
 /// Extra (B,) float: the frame rate the positions are conditioned on.
 pub const FPS: &str = "fps";
-
-/// LTX2Pipeline's `_pack_latents`: (B, C, F, H, W) → (B, (F/pt)·(H/p)·(W/p), C·pt·p·p).
-pub fn pack_video(latents: &Tensor, patch: i64, patch_t: i64) -> Tensor {
-    let s = latents.size();
-    let (b, f, h, w) = (s[0], s[2] / patch_t, s[3] / patch, s[4] / patch);
-    latents
-        .reshape([b, -1, f, patch_t, h, patch, w, patch])
-        .permute([0, 2, 4, 6, 1, 3, 5, 7])
-        .reshape([b, f * h * w, -1])
-}
-
-/// `_unpack_latents`: tokens (B, S, C·pt·p·p) of a `[frames, height, width]` latent back to
-/// (B, C, F, H, W).
-pub fn unpack_video(tokens: &Tensor, [f, h, w]: [i64; 3], patch: i64, patch_t: i64) -> Tensor {
-    let b = tokens.size()[0];
-    let (f, h, w) = (f / patch_t, h / patch, w / patch);
-    tokens
-        .reshape([b, f, h, w, -1, patch_t, patch, patch])
-        .permute([0, 4, 1, 5, 2, 6, 3, 7])
-        .reshape([b, -1, f * patch_t, h * patch, w * patch])
-}
-
-/// `_pack_audio_latents` without patches: (B, C, L, M) → (B, L, C·M).
-pub fn pack_audio(latents: &Tensor) -> Tensor {
-    latents.transpose(1, 2).flatten(2, 3)
-}
-
-/// `_unpack_audio_latents` without patches: (B, L, C·M) → (B, C, L, M).
-pub fn unpack_audio(tokens: &Tensor, mel_bins: i64) -> Tensor {
-    let s = tokens.size();
-    tokens.reshape([s[0], s[1], -1, mel_bins]).transpose(1, 2)
-}
 
 impl Ltx2Transformer {
     /// The latent video shape every row of `text` names ([`VIDEO_SHAPE`]), read to the host.
@@ -90,17 +59,7 @@ impl Denoiser for Ltx2Transformer {
         text: &TextConditioning,
     ) -> Result<Tensor, ModelError> {
         let video_shape = self.video_shape(text)?;
-        let tokens = self.video_tokens(video_shape);
-        let total = latents.size().get(1).copied().unwrap_or(0);
-        if latents.dim() != 3 || total <= tokens {
-            return Err(ModelError::Input(format!(
-                "LTX-2 latents {:?}: expected [B, S_v + S_a, C] with {tokens} video tokens and \
-                 at least one audio token",
-                latents.size()
-            )));
-        }
-        let (video, audio) =
-            (latents.narrow(1, 0, tokens), latents.narrow(1, tokens, total - tokens));
+        let (video, audio) = split(latents, self.video_tokens(video_shape))?;
         let (v, a) = self.forward(&Ltx2Inputs {
             video: &video,
             audio: &audio,
@@ -111,7 +70,7 @@ impl Denoiser for Ltx2Transformer {
             video_shape,
             fps: extra(text, FPS)?,
         })?;
-        Ok(Tensor::cat(&[v, a], 1).to_kind(latents.kind()))
+        Ok(join(&v, &a).to_kind(latents.kind()))
     }
 }
 

@@ -12,9 +12,7 @@ mod tiny;
 pub use attention::{AttentionSpec, BlockNorm, Ltx2Attention};
 pub use block::{FeedForward, Ltx2Block};
 pub use config::Ltx2TransformerConfig;
-pub use denoiser::{
-    pack_audio, pack_video, unpack_audio, unpack_video, AUDIO_EMBEDS, FPS, VIDEO_SHAPE,
-};
+pub use denoiser::{AUDIO_EMBEDS, FPS, VIDEO_SHAPE};
 pub use model::{AdaLnSingle, CaptionProjection, Ltx2Inputs, Ltx2Transformer};
 pub use rope::{Rope, Ropes};
 pub use tiny::write_random_transformer;
