@@ -350,3 +350,39 @@ fn bf16_prompt_path_runs_near_the_reference() {
     }
     check.finish();
 }
+
+/// A checkpoint in transformers < 4.52's key layout (`language_model.model.…`, `vision_tower.…`,
+/// `multi_modal_projector.…`, `language_model.lm_head.weight`) loads into the same model.
+#[test]
+fn older_key_layout_loads() {
+    let io = tensors("ltx2_text_io.safetensors");
+    let source = tiny_dir().join("text_encoder");
+    let out = scratch("ltx2-gemma3-old-keys");
+    std::fs::copy(source.join("config.json"), out.join("config.json")).unwrap();
+    let mut renamed: Vec<(String, Tensor)> =
+        Tensor::read_safetensors(source.join("model.safetensors"))
+            .unwrap()
+            .into_iter()
+            .map(|(name, t)| {
+                let name = match name.strip_prefix("model.language_model.") {
+                    Some(rest) => format!("language_model.model.{rest}"),
+                    None => name.strip_prefix("model.").expect("model. prefix").to_string(),
+                };
+                (name, t)
+            })
+            .collect();
+    let embed = renamed.iter().find(|(n, _)| n.ends_with("embed_tokens.weight")).unwrap();
+    renamed.push(("language_model.lm_head.weight".into(), embed.1.copy()));
+    Tensor::write_safetensors(&renamed, out.join("model.safetensors")).unwrap();
+    let model = Gemma3TextEncoder::load(&out, Device::Cpu, Kind::Float).expect("load");
+    let states =
+        tch::no_grad(|| model.hidden_states(&io["gemma3.input_ids"], &io["gemma3.attention_mask"]))
+            .expect("forward");
+    let mut check = Checker::new("ltx2_text_io.safetensors gemma3.hidden_states.* (old keys)");
+    check.case();
+    for (k, state) in states.iter().enumerate() {
+        let reference = &io[&format!("gemma3.hidden_states.{k}")];
+        check.close_within(&format!("hidden_states[{k}]"), state, reference, RTOL);
+    }
+    check.finish();
+}
