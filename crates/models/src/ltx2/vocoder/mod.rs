@@ -24,7 +24,7 @@ pub use config::{Ltx2VocoderBweConfig, Ltx2VocoderClass, Ltx2VocoderConfig};
 use generator::Generator;
 
 enum Net {
-    Plain(Generator),
+    Plain(Box<Generator>),
     WithBwe(Box<Bwe>),
 }
 
@@ -42,7 +42,7 @@ impl Ltx2Vocoder {
         let store = crate::weights::store(device, kind);
         let root = Scope::root(store.root(), None);
         let net = match config {
-            Ltx2VocoderClass::Plain(c) => Net::Plain(Generator::new(&root, c)),
+            Ltx2VocoderClass::Plain(c) => Net::Plain(Box::new(Generator::new(&root, c))),
             Ltx2VocoderClass::WithBwe(c) => Net::WithBwe(Box::new(Bwe::new(&root, c))),
         };
         Ok(Self { config: config.clone(), net, store })
