@@ -17,7 +17,8 @@ by 8); `ltx2_video_vae_cond` has decoder timestep conditioning, a causal
 decoder, 2x2 patches, a strided-conv downsampler, channel-keeping upsamplers (factor 1, the first with
 residual), replicate/zeros padding and scaling_factor 0.7.
 
-`ltx2_video_vae_shapes.json`: every tensor name and shape of LTX-2.0's released config (meta device).
+`ltx2_video_vae_shapes.json`: every tensor name and shape of the released configs (LTX-2.0's and LTX-2.3's
+`examples/models/<name>/vae/config.json`), built on the meta device.
 """
 import json
 import math
@@ -125,14 +126,18 @@ def case(name, spec, out_dir):
 def shapes(out_dir):
     from diffusers import AutoencoderKLLTX2Video
 
-    with torch.device("meta"):
-        model = AutoencoderKLLTX2Video(**RELEASED)
-    out = {"config": {k: v for k, v in model.config.items() if not k.startswith("_")},
-           "shapes": {k: list(p.shape) for k, p in model.state_dict().items()}}
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "models")
+    out = {}
+    for name in ["ltx-2", "ltx-2.3"]:
+        config = AutoencoderKLLTX2Video.load_config(os.path.join(root, name, "vae"))
+        with torch.device("meta"):
+            model = AutoencoderKLLTX2Video.from_config(config)
+        out[name] = {"config": {k: v for k, v in model.config.items() if not k.startswith("_")},
+                     "shapes": {k: list(p.shape) for k, p in model.state_dict().items()}}
     with open(os.path.join(out_dir, "ltx2_video_vae_shapes.json"), "w") as f:
         json.dump(out, f, indent=0)
         f.write("\n")
-    print("ltx2_video_vae_shapes.json:", len(out["shapes"]), "tensors")
+    print("ltx2_video_vae_shapes.json:", {k: len(v["shapes"]) for k, v in out.items()})
 
 
 def main(out_dir):

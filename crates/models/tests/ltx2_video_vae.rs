@@ -63,21 +63,32 @@ fn ltx2_video_vaes_match_diffusers() {
     check.finish();
 }
 
-/// LTX-2.0's released config builds exactly diffusers' tensors (names and shapes, buffers
-/// included), and [`Ltx2VideoVaeConfig::ltx2`] is that config.
+/// The released configs (`examples/models/{ltx-2,ltx-2.3}/vae`) build exactly diffusers' tensors
+/// (names and shapes, buffers included) at 32× space and 8× time; [`Ltx2VideoVaeConfig::ltx2`]
+/// is LTX-2.0's.
 #[test]
-fn the_released_layout_has_diffusers_names_and_shapes() {
+fn the_released_layouts_have_diffusers_names_and_shapes() {
     let real = json("ltx2_video_vae_shapes.json");
-    let config: Ltx2VideoVaeConfig =
-        serde_json::from_value(real["config"].clone()).expect("config");
-    assert_eq!(config, Ltx2VideoVaeConfig::ltx2());
-    let want: BTreeMap<String, Vec<i64>> =
-        serde_json::from_value(real["shapes"].clone()).expect("shapes");
-    let vae = AutoencoderKlLtx2Video::new(&config, Device::Cpu, Kind::Float).expect("build");
-    let ours: BTreeMap<String, Vec<i64>> =
-        vae.store.variables().into_iter().map(|(n, t)| (n, t.size())).collect();
-    assert_eq!(ours, want);
-    assert_eq!((vae.spatial_compression_ratio(), vae.temporal_compression_ratio()), (32, 8));
+    for (name, entry) in real.as_object().expect("an object of layouts") {
+        let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/models");
+        let path = format!("{examples}/{name}/vae/config.json");
+        let config: Ltx2VideoVaeConfig =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("config")).expect("parse");
+        let diffusers: Ltx2VideoVaeConfig =
+            serde_json::from_value(entry["config"].clone()).expect("config");
+        assert_eq!(config, diffusers, "{name}");
+        if name == "ltx-2" {
+            assert_eq!(config, Ltx2VideoVaeConfig::ltx2());
+        }
+        let want: BTreeMap<String, Vec<i64>> =
+            serde_json::from_value(entry["shapes"].clone()).expect("shapes");
+        let vae = AutoencoderKlLtx2Video::new(&config, Device::Cpu, Kind::Float).expect("build");
+        let ours: BTreeMap<String, Vec<i64>> =
+            vae.store.variables().into_iter().map(|(n, t)| (n, t.size())).collect();
+        assert_eq!(ours, want, "{name}");
+        let ratios = (vae.spatial_compression_ratio(), vae.temporal_compression_ratio());
+        assert_eq!(ratios, (32, 8), "{name}");
+    }
 }
 
 /// `tiny()` is the fixture's config; `write_random` writes a VAE that loads back, with
@@ -175,13 +186,12 @@ fn wrong_inputs_are_explained() {
     let plain = load("ltx2_video_vae_tiny");
     let cond = load("ltx2_video_vae_cond");
     let f = (Kind::Float, Device::Cpu);
-    let err =
-        |r: Result<Tensor, flowtune_models::ModelError>| r.err().expect("refused").to_string();
-    let e = plain.encode(&Tensor::zeros([1, 3, 8, 32, 32], f)).err().expect("refused").to_string();
+    let err = |r: Result<Tensor, flowtune_models::ModelError>| r.expect_err("refused").to_string();
+    let e = plain.encode(&Tensor::zeros([1, 3, 8, 32, 32], f)).expect_err("refused").to_string();
     assert!(e.contains("[1, 3, 8, 32, 32]") && e.contains("1 + 8k"), "{e}");
-    let e = plain.encode(&Tensor::zeros([1, 3, 9, 32, 48], f)).err().expect("refused").to_string();
+    let e = plain.encode(&Tensor::zeros([1, 3, 9, 32, 48], f)).expect_err("refused").to_string();
     assert!(e.contains("multiples of 32"), "{e}");
-    let e = plain.encode(&Tensor::zeros([3, 9, 32, 32], f)).err().expect("refused").to_string();
+    let e = plain.encode(&Tensor::zeros([3, 9, 32, 32], f)).expect_err("refused").to_string();
     assert!(e.contains("expected [B, 3,"), "{e}");
     let e = err(plain.decode(&Tensor::zeros([1, 5, 2, 2, 2], f), None));
     assert!(e.contains("expected [B, 4, F, h, w]"), "{e}");

@@ -126,7 +126,7 @@ impl Resnet {
         h = self.conv2.forward(&h.silu(), causal);
         let skip = match &self.shortcut {
             Some((norm, weight, bias)) => {
-                let normed = norm.forward(&x.movedim(&[1], &[-1])).movedim(&[-1], &[1]);
+                let normed = norm.forward(&x.movedim([1], [-1])).movedim([-1], [1]);
                 normed.conv3d(weight, Some(bias), [1; 3], [0; 3], [1; 3], 1)
             }
             None => x.shallow_clone(),

@@ -271,9 +271,8 @@ impl Ltx2VideoVaeConfig {
         }
         let mut down = Vec::with_capacity(blocks);
         let mut channels = self.latent_channels;
-        for i in 0..blocks {
-            let output = self.block_out_channels[i];
-            let kind = if scaling[i] {
+        for (i, (&output, &scaled)) in self.block_out_channels.iter().zip(&scaling).enumerate() {
+            let kind = if scaled {
                 match stride_of(&self.downsample_type[i], "downsample_type", true)? {
                     None => Down::Conv,
                     Some(stride) => Down::Fold(stride),
@@ -292,7 +291,7 @@ impl Ltx2VideoVaeConfig {
                 return Err(format!(
                     "block_out_channels[{i}] = {output} cannot follow {channels} channels with \
                      downsample_type {:?} (spatio_temporal_scaling {}): diffusers would fail",
-                    self.downsample_type[i], scaling[i]
+                    self.downsample_type[i], scaled
                 ));
             }
             down.push(DownPlan {

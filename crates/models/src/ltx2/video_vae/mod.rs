@@ -12,10 +12,10 @@ mod config;
 
 use std::path::Path;
 
+use flowtune_sampling::SampleRng;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use super::audio_vae::write_component;
 use crate::nn::Scope;
 use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, ModelError};
@@ -91,31 +91,44 @@ impl AutoencoderKlLtx2Video {
         Ok(vae)
     }
 
-    /// Writes a random VAE of `config` (weights drawn from `seed`; latents_mean N(0, 0.5²),
-    /// latents_std in [0.5, 2), `timestep_scale_multiplier` 1000 as diffusers initialises it)
-    /// into `dir`, loadable by diffusers.
+    /// Writes a random VAE of `config` into `dir`, loadable by diffusers: weights drawn from
+    /// `seed` (N(0, 1/fan-in); biases N(0, 0.1²); layer-norm scales 1 + N(0, 0.1²)),
+    /// latents_mean N(0, 0.5²), latents_std in [0.5, 2), `timestep_scale_multiplier` 1000 as
+    /// diffusers initialises it.
     pub fn write_random(
         dir: &Path,
         seed: u64,
         config: &Ltx2VideoVaeConfig,
     ) -> Result<(), ModelError> {
         let vae = Self::new(config, Device::Cpu, Kind::Float)?;
-        write_component(
-            dir,
-            &vae.store,
-            seed,
-            config,
-            "AutoencoderKLLTX2Video",
-            |name, size, rng| match name {
-                "latents_mean" => Some(rng.normal(size, Device::Cpu) * 0.5),
-                "latents_std" => Some(rng.uniform(size, Device::Cpu) * 1.5 + 0.5),
-                "decoder.timestep_scale_multiplier" => Some(Tensor::from(1000f32)),
-                n if n.ends_with("scale_shift_table") => {
-                    Some(rng.normal(size, Device::Cpu) / (size[1] as f64).sqrt())
-                }
-                _ => None,
-            },
-        )
+        let mut rng = SampleRng::new(seed);
+        let mut vars: Vec<(String, Tensor)> = vae.store.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        tch::no_grad(|| -> Result<(), ModelError> {
+            for (name, var) in &vars {
+                let size = var.size();
+                let noise = rng.normal(&size, Device::Cpu);
+                let value = match name.as_str() {
+                    "latents_mean" => noise * 0.5,
+                    "latents_std" => rng.uniform(&size, Device::Cpu) * 1.5 + 0.5,
+                    _ if size.is_empty() => Tensor::from(1000f32),
+                    n if n.ends_with("bias") => noise * 0.1,
+                    _ if size.len() == 1 => noise * 0.1 + 1.0,
+                    _ => noise / (size[1..].iter().product::<i64>() as f64).sqrt(),
+                };
+                var.shallow_clone().f_copy_(&value)?;
+            }
+            Ok(())
+        })?;
+        std::fs::create_dir_all(dir).map_err(|e| ModelError::Io {
+            path: dir.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Tensor::write_safetensors(&vars, dir.join("diffusion_pytorch_model.safetensors"))?;
+        let mut cfg = serde_json::to_value(config).expect("serialisable config");
+        cfg["_class_name"] = serde_json::json!("AutoencoderKLLTX2Video");
+        cfg["_diffusers_version"] = serde_json::json!(crate::sd3::tiny::DIFFUSERS_VERSION);
+        crate::write_json(&dir.join("config.json"), &cfg)
     }
 
     /// The posterior mean and log-variance (clamped to [−30, 20], as diffusers'
