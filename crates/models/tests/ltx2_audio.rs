@@ -248,3 +248,31 @@ fn bf16_matches_diffusers_bf16() {
     }
     check.finish();
 }
+
+/// `--random-weights`: the buffers keep their meaning (Kaiser filters as diffusers computes them,
+/// identity latent statistics) while the weights are drawn.
+#[test]
+fn random_weights_keep_buffers() {
+    let name = "ltx2_vocoder_bwe_tiny";
+    let stored = Ltx2Vocoder::load(&dir().join(name), Device::Cpu, Kind::Float).expect("load");
+    let random = flowtune_models::with_random_weights(9, || {
+        Ltx2Vocoder::load(&dir().join(name), Device::Cpu, Kind::Float)
+    })
+    .expect("random load");
+    let (a, b) = (stored.store.variables(), random.store.variables());
+    for (n, value) in &a {
+        let diff = (value - &b[n]).abs().max().double_value(&[]);
+        if n.ends_with(".filter") {
+            assert!(diff < 1e-7, "{n}: random filter differs by {diff}");
+        } else if n.ends_with(".weight") {
+            assert!(diff > 0.0, "{n}: not drawn");
+        }
+    }
+    let vae = flowtune_models::with_random_weights(9, || {
+        AutoencoderKlLtx2Audio::load(&dir().join("ltx2_audio_vae_tiny"), Device::Cpu, Kind::Float)
+    })
+    .expect("random vae");
+    let (mean, std) = (vae.latents_mean(), vae.latents_std());
+    assert_eq!(mean.abs().max().double_value(&[]), 0.0);
+    assert_eq!((std - 1.0).abs().max().double_value(&[]), 0.0);
+}
