@@ -2,22 +2,36 @@
 
     python3 examples/reward_server.py --port 8000
 
-flowtune POSTs JSON {"images": [base64 PNG, ...], "prompts": [...], "metadata": [...]} and expects
-{"scores": [number, ...]} (one per image) and optionally {"extras": {"name": [number, ...]}}.
-This scorer rewards small PNG files (a compressibility score: -kB/10); replace `score()` with
-your model. The testing flags make it misbehave on purpose: --delay S answers late, --garbage
+flowtune POSTs JSON {"images": [base64 PNG, ...], "prompts": [...], "metadata": [...]} (a video's
+frames side by side in its image), with "audio": [base64 WAV, ...] (16-bit PCM) for a model with
+sound (LTX-2), and expects {"scores": [number, ...]} (one per image) and optionally
+{"extras": {"name": [number, ...]}}. This scorer rewards small PNG files (a compressibility score:
+-kB/10) and reports each sound's RMS level and length; replace `score()` with your model. The testing flags make it misbehave on purpose: --delay S answers late, --garbage
 answers with non-JSON, --fail-first N answers HTTP 500 to the first N requests.
 """
 import argparse
 import base64
+import io
 import json
+import math
+import struct
 import sys
 import time
+import wave
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def score(png_bytes, prompt, metadata):
     return -len(png_bytes) / 10000.0
+
+
+def sound(wav_bytes):
+    """RMS level (full scale 1) over every channel, and seconds, of a 16-bit PCM WAV file."""
+    with wave.open(io.BytesIO(wav_bytes)) as w:
+        frames, channels, rate = w.getnframes(), w.getnchannels(), w.getframerate()
+        levels = struct.unpack(f"<{frames * channels}h", w.readframes(frames))
+    rms = math.sqrt(sum(x * x for x in levels) / max(len(levels), 1)) / 32767.0
+    return rms, frames / rate
 
 
 def main():
@@ -40,8 +54,12 @@ def main():
                 return self.reply(200, b"<html>not a score</html>")
             pngs = [base64.b64decode(s) for s in body["images"]]
             scores = [score(p, t, m) for p, t, m in zip(pngs, body["prompts"], body["metadata"])]
-            sizes = [len(p) / 1000.0 for p in pngs]
-            self.reply(200, json.dumps({"scores": scores, "extras": {"png_kb": sizes}}).encode())
+            extras = {"png_kb": [len(p) / 1000.0 for p in pngs]}
+            if "audio" in body:
+                sounds = [sound(base64.b64decode(a)) for a in body["audio"]]
+                extras["audio_rms"] = [rms for rms, _ in sounds]
+                extras["audio_seconds"] = [seconds for _, seconds in sounds]
+            self.reply(200, json.dumps({"scores": scores, "extras": extras}).encode())
 
         def reply(self, code, payload):
             self.send_response(code)

@@ -30,6 +30,10 @@ pub struct ModelSection {
     /// Pixel frames of a video family's samples (Wan: 4k+1); unset: the family's default (81 for
     /// Wan, as diffusers' WanPipeline). Image families refuse it.
     pub num_frames: Option<usize>,
+    /// Frames per second of a family with sound (LTX-2): how long a sample lasts, so how much
+    /// audio it holds, and the rate its positions are conditioned on; unset: the family's
+    /// default (24). Other families refuse it.
+    pub frame_rate: Option<f64>,
     /// The side whose square condition pictures are sized to (Qwen-Image 2.1's
     /// `output_resolution`, whatever `resolution` is); unset: the pipeline's 1024. Other
     /// families refuse it.
@@ -94,6 +98,7 @@ impl Default for ModelSection {
             guidance: None,
             resolution: 512,
             num_frames: None,
+            frame_rate: None,
             output_resolution: None,
             offload: Offload::None,
             unpadded_attention: true,

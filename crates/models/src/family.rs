@@ -252,6 +252,12 @@ pub trait FlowPipeline {
         false
     }
 
+    /// Whether the family reads [`PipelineOptions::frame_rate`] (one with sound); it is refused
+    /// where it does not.
+    fn takes_frame_rate(&self) -> bool {
+        false
+    }
+
     /// How many frames [`Self::decode_rgb8`] lays side by side for latents of `latent_shape`: 1
     /// for pictures; by default a video latent `[C, F, H, W]` decodes to its F frames (a video VAE
     /// with temporal compression says its own count).

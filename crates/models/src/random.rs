@@ -199,6 +199,10 @@ impl FlowPipeline for StandInText {
         self.inner.takes_num_frames()
     }
 
+    fn takes_frame_rate(&self) -> bool {
+        self.inner.takes_frame_rate()
+    }
+
     fn takes_alpha(&self) -> bool {
         self.inner.takes_alpha()
     }

@@ -29,6 +29,9 @@ pub struct Family {
     pub name: &'static str,
     /// `model_index.json` `_class_name`s it loads.
     pub pipeline_classes: &'static [&'static str],
+    /// Pipeline classes of the family's models that it does not load, each with the reason
+    /// given to whoever points a recipe at one.
+    pub refused_classes: &'static [(&'static str, &'static str)],
     /// The denoiser component's `_class_name` (in its `config.json`).
     pub denoiser_class: &'static str,
     /// The layers a LoRA adapts when nothing names them (`flowtune bench transformer`); recipes
@@ -73,6 +76,10 @@ fn known(classes: impl Fn(&Family) -> Vec<&'static str>) -> String {
 
 /// The family that loads pipeline class `class`; the error lists the known classes.
 pub fn family_of(class: &str) -> Result<&'static Family, ModelError> {
+    let refused = families().into_iter().flat_map(|f| f.refused_classes).find(|r| r.0 == class);
+    if let Some((_, why)) = refused {
+        return Err(ModelError::Input(format!("pipeline class `{class}` is not supported: {why}")));
+    }
     families().into_iter().rev().find(|f| f.pipeline_classes.contains(&class)).ok_or_else(|| {
         ModelError::Input(format!(
             "pipeline class `{class}` is not supported; supported: {}",
@@ -116,6 +123,11 @@ pub fn load_pipeline(
         format!(
             "num_frames {n} (model.num_frames / --num-frames) is for video families such as Wan; \
              this {class} samples pictures"
+        )
+    } else if let Some(f) = options.frame_rate.filter(|_| !pipe.takes_frame_rate()) {
+        format!(
+            "frame_rate {f} (model.frame_rate / --frame-rate) is for families with sound such as \
+             LTX-2; this {class} does not read it"
         )
     } else if let Some(r) = options.output_resolution.filter(|_| !pipe.takes_output_resolution()) {
         format!(
@@ -179,6 +191,9 @@ mod tests {
             ),
             "{err}"
         );
+        assert_eq!(family_of("LTX2Pipeline").unwrap().name, "ltx2");
+        let err = family_of("LTX2LatentUpsamplePipeline").unwrap_err().to_string();
+        assert!(err.contains("is not supported: the latent upsampler"), "{err}");
         let err = family_named("hunyuan").unwrap_err().to_string();
         assert!(err.contains("no model family `hunyuan`; known: sd3"), "{err}");
     }

@@ -5,7 +5,9 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-use flowtune_rewards::{score_batch, HttpReward, HttpSettings, OnError, Reward, RgbImage, Sample};
+use flowtune_rewards::{
+    score_batch, HttpReward, HttpSettings, OnError, Reward, RgbImage, Sample, Waveform,
+};
 
 struct Server(Child, u16);
 
@@ -83,6 +85,33 @@ fn scores_arrive_in_order_across_concurrent_batches() {
         let kb = png.into_inner().len() as f64 / 1000.0;
         assert!((score.value + kb / 10.0).abs() < 1e-9, "score is −kB/10 of this sample's PNG");
         assert!((score.extras["png_kb"] - kb).abs() < 1e-9);
+    }
+}
+
+/// A model with sound (LTX-2) sends each sample's waveform as a 16-bit WAV beside its frames; the
+/// example server reads it back: its RMS level within the 16-bit rounding, and its length.
+#[test]
+fn sounds_travel_as_wav_files() {
+    let s = server(&[]);
+    let imgs = images();
+    let sounds: Vec<Waveform> = (0..5)
+        .map(|i| Waveform {
+            channels: vec![
+                (0..800).map(|k| 0.1 * i as f32 * ((k as f32) * 0.05).sin()).collect();
+                2
+            ],
+            sample_rate: 16000,
+        })
+        .collect();
+    let with_sound: Vec<Sample<'_>> = samples(&imgs)
+        .into_iter()
+        .zip(&sounds)
+        .map(|(s, w)| Sample { audio: Some(w), ..s })
+        .collect();
+    let scores = client(s.1, quick()).score(&with_sound).unwrap();
+    for (score, w) in scores.iter().zip(&sounds) {
+        assert!((score.extras["audio_rms"] - w.mean_square().sqrt()).abs() < 1e-4, "{score:?}");
+        assert!((score.extras["audio_seconds"] - 0.05).abs() < 1e-12);
     }
 }
 

@@ -264,7 +264,7 @@ fn pipeline_options(recipe: &Recipe, device: Device) -> PipelineOptions {
         max_sequence_length: Some(m.max_sequence_length),
         embedded_guidance: m.guidance,
         num_frames: m.num_frames,
-        frame_rate: None,
+        frame_rate: m.frame_rate,
         output_resolution: m.output_resolution,
         offload: m.offload,
         random: None,

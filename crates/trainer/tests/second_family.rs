@@ -238,6 +238,7 @@ fn write_tiny(dir: &Path, seed: u64) -> Result<(), ModelError> {
 static FAMILY: Family = Family {
     name: "tiny_video",
     pipeline_classes: &["TinyVideoPipeline"],
+    refused_classes: &[],
     denoiser_class: "TinyMlpDenoiser",
     lora_targets: &["net.0", "net.2"],
     components: &[("transformer", "TinyMlpDenoiser")],

@@ -7,6 +7,7 @@ use crate::registry::Family;
 pub const FAMILY: Family = Family {
     name: "flux",
     pipeline_classes: &["FluxPipeline"],
+    refused_classes: &[],
     denoiser_class: "FluxTransformer2DModel",
     lora_targets: &crate::lora::FLUX_TARGETS,
     components: &[

@@ -7,6 +7,7 @@ use crate::registry::Family;
 pub const FAMILY: Family = Family {
     name: "flux2",
     pipeline_classes: &["Flux2KleinPipeline", "Flux2Pipeline"],
+    refused_classes: &[],
     denoiser_class: "Flux2Transformer2DModel",
     lora_targets: &super::FLUX2_TARGETS,
     components: &[

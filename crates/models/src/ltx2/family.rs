@@ -6,10 +6,38 @@ use super::transformer::{Ltx2Transformer, LTX2_TARGETS};
 use crate::registry::Family;
 
 /// LTX-2.0 and LTX-2.3 text-to-video with sound (`LTX2Pipeline`): one latent of video and audio
-/// tokens denoised together.
+/// tokens denoised together. Image-to-video, the latent upsampler, temporal refinement and
+/// in-context LoRA are refused by name; prompt enhancement is never run (prompts are used as
+/// written).
 pub const FAMILY: Family = Family {
     name: "ltx2",
     pipeline_classes: &["LTX2Pipeline"],
+    refused_classes: &[
+        (
+            "LTX2ImageToVideoPipeline",
+            "LTX-2 image-to-video with sound is not built yet; point model.path at an \
+             LTX2Pipeline (text-to-video with sound) folder",
+        ),
+        (
+            "LTX2LatentUpsamplePipeline",
+            "the latent upsampler is a second-stage refiner, not a denoiser flowtune trains",
+        ),
+        (
+            "LTX2DFRTemporalRefinePipeline",
+            "temporal refinement runs after sampling; flowtune trains the base LTX2Pipeline",
+        ),
+        (
+            "LTX2InContextPipeline",
+            "in-context LoRA conditioning (reference videos) is not supported",
+        ),
+        ("LTX2ConditionPipeline", "conditioning on frames or clips is not supported"),
+        ("LTX2DFRPipeline", "the DFR tiled sampler is not supported; use LTX2Pipeline"),
+        ("LTX2HDRPipeline", "HDR reference conditioning is not supported"),
+        (
+            "LTX2VideoDiffusionDecodePipeline",
+            "diffusion decoding is a decoder stage, not a denoiser flowtune trains",
+        ),
+    ],
     denoiser_class: "LTX2VideoTransformer3DModel",
     lora_targets: &LTX2_TARGETS,
     components: &[

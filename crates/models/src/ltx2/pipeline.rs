@@ -292,6 +292,10 @@ impl FlowPipeline for Ltx2Pipeline {
         true
     }
 
+    fn takes_frame_rate(&self) -> bool {
+        true
+    }
+
     fn decoded_frames(&self, _latent_shape: &[i64]) -> usize {
         self.num_frames
     }

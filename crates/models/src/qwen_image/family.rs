@@ -9,6 +9,7 @@ use crate::registry::Family;
 pub const FAMILY: Family = Family {
     name: "qwen_image",
     pipeline_classes: &["QwenImagePipeline", EDIT_PLUS],
+    refused_classes: &[],
     denoiser_class: "QwenImageTransformer2DModel",
     lora_targets: &crate::lora::QWEN_IMAGE_TARGETS,
     components: &[

@@ -8,6 +8,7 @@ use crate::registry::Family;
 pub const FAMILY: Family = Family {
     name: "qwen_image21",
     pipeline_classes: &["QwenImage21Pipeline"],
+    refused_classes: &[],
     denoiser_class: "QwenImage21Transformer2DModel",
     lora_targets: &super::QWEN_IMAGE21_TARGETS,
     components: &[

@@ -7,6 +7,7 @@ use crate::registry::Family;
 pub const FAMILY: Family = Family {
     name: "sd3",
     pipeline_classes: &["StableDiffusion3Pipeline"],
+    refused_classes: &[],
     denoiser_class: "SD3Transformer2DModel",
     lora_targets: &crate::lora::SD3_ATTENTION_TARGETS,
     components: &[

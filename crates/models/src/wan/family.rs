@@ -8,6 +8,7 @@ use crate::registry::Family;
 pub const FAMILY: Family = Family {
     name: "wan",
     pipeline_classes: &["WanPipeline"],
+    refused_classes: &[],
     denoiser_class: "WanTransformer3DModel",
     lora_targets: &crate::lora::WAN_TARGETS,
     components: &[

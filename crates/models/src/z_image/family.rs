@@ -7,6 +7,7 @@ use crate::registry::Family;
 pub const FAMILY: Family = Family {
     name: "z_image",
     pipeline_classes: &["ZImagePipeline"],
+    refused_classes: &[],
     denoiser_class: "ZImageTransformer2DModel",
     lora_targets: &super::Z_IMAGE_TARGETS,
     components: &[
