@@ -25,6 +25,9 @@ connectors' outputs), `input.encoder_attention_mask` (B, L) left-padded as Gemma
 (B,); `output.video` and `output.audio` (the two velocities), `output.sample` = both concatenated along
 the tokens (flowtune's joint latent layout), `output.sample_with_lora`, `loss_weight` and
 `grad.transformer.*` of mean(sample_with_lora · loss_weight).
+
+`ltx2_transformer_real_shapes.json`: the parameter names and shapes of the released LTX-2.0 sizes (and of
+them with LTX-2.3's flags) with one block, from the meta device.
 """
 import os
 import sys
@@ -150,6 +153,33 @@ def case(spec, out_dir, g):
     return entry
 
 
+# The released sizes with one block: LTX-2.0 (diffusers' defaults) and its LTX-2.3-style flags.
+REAL_LAYOUTS = {
+    "ltx2_0_1_block": dict(num_layers=1),
+    "ltx2_3_flags_1_block": dict(num_layers=1, gated_attn=True, audio_gated_attn=True, cross_attn_mod=True,
+                                 audio_cross_attn_mod=True, use_prompt_embeddings=False, rope_type="split"),
+}
+
+
+def shapes_part(out_dir):
+    """`ltx2_transformer_real_shapes.json`: every parameter name and shape of the released layouts, built on
+    the meta device (no weights)."""
+    import json
+
+    from diffusers import LTX2VideoTransformer3DModel
+
+    out = {}
+    for name, config in REAL_LAYOUTS.items():
+        with torch.device("meta"):
+            model = LTX2VideoTransformer3DModel(**config)
+        out[name] = {"config": {k: v for k, v in model.config.items() if not k.startswith("_")},
+                     "shapes": {k: list(p.shape) for k, p in model.state_dict().items()}}
+    with open(os.path.join(out_dir, "ltx2_transformer_real_shapes.json"), "w") as f:
+        json.dump(out, f, indent=0)
+        f.write("\n")
+    print("ltx2_transformer_real_shapes.json:", {k: len(v["shapes"]) for k, v in out.items()})
+
+
 def check_lora(name, lora_file, out_dir):
     """diffusers loads a LoRA flowtune saved (PEFT names under `transformer.`, scales from its
     `lora_adapter_metadata`) through LTX2Pipeline's loader and reproduces the fixture's forward with it."""
@@ -215,6 +245,7 @@ def main(argv):
     g = torch.Generator().manual_seed(20261129)
     entries = [case(spec, out_dir, g) for spec in CASES]
     update_manifest(out_dir, entries, KIND)
+    shapes_part(out_dir)
     for e in entries:
         print(e["name"], "lora params", e["lora_params"], "adapted", len(e["adapted_modules"]),
               "output |mean|", e["output_abs_mean"])

@@ -1,10 +1,10 @@
 //! LTX-2 transformer parity with diffusers over the `ltx2_transformer` fixtures of `manifest.json`
 //! (`scripts/reference_ltx2_transformer.py`): an LTX-2.0 and an LTX-2.3 layout, video and audio
 //! velocities with and without LoRA and the LoRA gradients (also through gradient checkpointing),
-//! the joint-latent velocity and the pipeline's packing, bf16, the saved LoRA, the random writer
-//! and refused configs.
+//! the joint-latent velocity and the pipeline's packing, bf16, the saved LoRA, the random writer,
+//! the released layouts' names and shapes, and refused configs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use flowtune_fixtures::{dir, models_of_kind, scratch, tensors, Checker};
@@ -194,8 +194,11 @@ fn kept(name: &str) -> Option<PathBuf> {
 /// `reference_ltx2_transformer.py --check-lora`, into diffusers).
 #[test]
 fn saved_lora_reloads() {
-    let entry = &models_of_kind("ltx2_transformer")[1];
-    let name = entry["name"].as_str().expect("name");
+    let name = "ltx2_transformer_v23_tiny";
+    let entry = &models_of_kind("ltx2_transformer")
+        .into_iter()
+        .find(|e| e["name"] == name)
+        .expect("the LTX-2.3 fixture");
     let io = tensors(&format!("{name}_io.safetensors"));
     let model = load(entry, Kind::Float, true);
     let d = scratch("ltx2-lora");
@@ -204,15 +207,10 @@ fn saved_lora_reloads() {
     if let Some(keep) = kept("lora.safetensors") {
         std::fs::copy(&file, keep).expect("keep the saved LoRA");
     }
-    let mut again = load(entry, Kind::Float, false);
-    again = {
-        let lora = lora_of(entry);
-        drop(again);
-        let mut m = Ltx2Transformer::load(&dir().join(name), Device::Cpu, Kind::Float, Some(&lora))
-            .expect("load");
-        m.load_lora(&file).expect("reload");
-        m
-    };
+    let lora = lora_of(entry);
+    let mut again = Ltx2Transformer::load(&dir().join(name), Device::Cpu, Kind::Float, Some(&lora))
+        .expect("load");
+    again.load_lora(&file).expect("reload");
     let (a, b) = tch::no_grad(|| (forward(&model, &io, entry), forward(&again, &io, entry)));
     let diff =
         (a.0 - b.0).abs().max().double_value(&[]) + (a.1 - b.1).abs().max().double_value(&[]);
@@ -275,4 +273,21 @@ fn random_tiny_transformer_loads_and_runs() {
     assert_eq!(inputs.tokens, 2 * (2 * 2 * 3 + 16));
     assert!(bool::try_from(v.isfinite().all()).unwrap());
     assert_eq!(model.adapters().unwrap().store.variables().len(), 2 * 28 * config.num_layers);
+}
+
+/// The released sizes (LTX-2.0, and with LTX-2.3's flags) with one block have diffusers'
+/// parameter names and shapes (`ltx2_transformer_real_shapes.json`).
+#[test]
+fn released_layouts_match_diffusers_names_and_shapes() {
+    let real = flowtune_fixtures::json("ltx2_transformer_real_shapes.json");
+    for (name, entry) in real.as_object().expect("an object of layouts") {
+        let want: BTreeMap<String, Vec<i64>> =
+            serde_json::from_value(entry["shapes"].clone()).expect("shapes");
+        let config: Ltx2TransformerConfig =
+            serde_json::from_value(entry["config"].clone()).expect("config");
+        let model = Ltx2Transformer::new(&config, Device::Cpu, Kind::Float, None).expect("build");
+        let ours: BTreeMap<String, Vec<i64>> =
+            model.weights.base.variables().into_iter().map(|(n, t)| (n, t.size())).collect();
+        assert_eq!(ours, want, "{name}");
+    }
 }
