@@ -207,7 +207,8 @@ impl Ltx2Transformer {
             .text_mask
             .map(|m| ((m.to_kind(kind) * -1.0 + 1.0) * -10000.0).view([b, 1, 1, -1]));
 
-        let mut inputs = vec![
+        // The blocks' inputs: both streams, then what every block reads (see `BlockInputs`).
+        let mut state = vec![
             x,
             a,
             text,
@@ -220,13 +221,13 @@ impl Ltx2Transformer {
             audio_cross_gate,
         ];
         if let Some((p, pa)) = prompt {
-            inputs.extend([p, pa]);
+            state.extend([p, pa]);
         }
         for (i, block) in self.transformer_blocks.iter().enumerate() {
             // Owned by the closure: checkpointing runs it again in backward, after this returns.
             let (ropes, text_bias) =
                 (ropes.shallow_clone(), text_bias.as_ref().map(Tensor::shallow_clone));
-            let out = self.weights.run_block("transformer_blocks", i, &inputs, move |t| {
+            let out = self.weights.run_block("transformer_blocks", i, &state, move |t| {
                 let given = BlockInputs {
                     text: &t[2],
                     audio_text: &t[3],
@@ -244,17 +245,17 @@ impl Ltx2Transformer {
                 vec![x, a]
             })?;
             let [x, a] = <[Tensor; 2]>::try_from(out).expect("a block returns 2 streams");
-            inputs[0] = x;
-            inputs[1] = a;
+            state[0] = x;
+            state[1] = a;
         }
         let out = |x: &Tensor, table: &Tensor, embedded: &Tensor, proj: &Linear| {
             let values = table.to_kind(kind).unsqueeze(0).unsqueeze(0) + embedded.unsqueeze(2);
             let (shift, scale) = (values.select(2, 0), values.select(2, 1));
             proj.forward(&(layer_norm(x, 1e-6) * (scale + 1.0) + shift))
         };
-        let video = out(&inputs[0], &self.scale_shift_table, &embedded, &self.proj_out);
+        let video = out(&state[0], &self.scale_shift_table, &embedded, &self.proj_out);
         let audio =
-            out(&inputs[1], &self.audio_scale_shift_table, &audio_embedded, &self.audio_proj_out);
+            out(&state[1], &self.audio_scale_shift_table, &audio_embedded, &self.audio_proj_out);
         Ok((video, audio))
     }
 

@@ -2,7 +2,8 @@
 //! pixel column), audio tokens at the centre of their latent frame in seconds; each axis is a
 //! fraction of its range, mapped to [-1, 1] and multiplied by frequencies `θ^x · π/2`. The
 //! arithmetic is diffusers' op for op in f32 (the frequencies in f64 with
-//! `rope_double_precision`), so that the tables match to the last bit.
+//! `rope_double_precision`): angles reach θ·π/2 ≈ 1.6e4 radians, where any other rounding order
+//! would show.
 
 use std::f64::consts::PI;
 
