@@ -18,37 +18,47 @@ const RTOL: f64 = 1e-5;
 /// The bound of bf16 runs against diffusers' bf16 runs.
 const BF16_RTOL: f64 = 1e-3;
 
+/// Encode, decode and the pipeline's token decode, each with its own worst error.
 #[test]
 fn audio_vaes_match_diffusers() {
-    let mut check = Checker::new("manifest.json ltx2_audio_vae");
+    let mut encode = Checker::new("ltx2_audio_vae encode");
+    let mut decode = Checker::new("ltx2_audio_vae decode");
+    let mut pipeline = Checker::new("ltx2_audio_vae unpack → denormalize → decode");
     for entry in models_of_kind("ltx2_audio_vae") {
-        check.case();
         let name = entry["name"].as_str().expect("name");
         let model_dir = dir().join(entry["model"].as_str().expect("model"));
         let vae = AutoencoderKlLtx2Audio::load(&model_dir, Device::Cpu, Kind::Float).expect("load");
         let io = tensors(&format!("{name}_io.safetensors"));
+        encode.case();
         let (mean, logvar) = tch::no_grad(|| vae.encode(&io["input.mel"])).expect("encode");
-        check.close_within(&format!("{name} mean"), &mean, &io["output.mean"], RTOL);
-        check.close_within(&format!("{name} logvar"), &logvar, &io["output.logvar"], RTOL);
+        encode.close_within(&format!("{name} mean"), &mean, &io["output.mean"], RTOL);
+        encode.close_within(&format!("{name} logvar"), &logvar, &io["output.logvar"], RTOL);
+        let tokens = tch::no_grad(|| vae.encode_tokens(&io["input.mel"])).expect("encode tokens");
+        let want = vae.normalize_latents(&pack_latents(&io["output.mean"]).unwrap()).unwrap();
+        encode.close_within(&format!("{name} encode_tokens"), &tokens, &want, RTOL);
+        decode.case();
         let decoded = tch::no_grad(|| vae.decode(&io["input.latents"])).expect("decode");
         let want = &io["output.decoded"];
         if decoded.size() != want.size() {
-            check.fail(format!("{name}: decoded {:?}, want {:?}", decoded.size(), want.size()));
+            decode.fail(format!("{name}: decoded {:?}, want {:?}", decoded.size(), want.size()));
         }
-        check.close_within(&format!("{name} decoded"), &decoded, want, RTOL);
+        decode.close_within(&format!("{name} decoded"), &decoded, want, RTOL);
         let frames = io["input.latents"].size()[2];
         assert_eq!(decoded.size()[2], vae.mel_frames(frames), "{name}: mel_frames");
+        pipeline.case();
         let tokens = &io["input.tokens"];
         let from_tokens = tch::no_grad(|| vae.decode_tokens(tokens)).expect("decode tokens");
         let want = &io["output.tokens_decoded"];
-        check.close_within(&format!("{name} tokens_decoded"), &from_tokens, want, RTOL);
+        pipeline.close_within(&format!("{name} tokens_decoded"), &from_tokens, want, RTOL);
         // The helpers invert each other.
         let m = vae.config.latent_mel_bins();
         let latents = unpack_latents(&vae.denormalize_latents(tokens).unwrap(), m).unwrap();
         let back = vae.normalize_latents(&pack_latents(&latents).unwrap()).unwrap();
-        check.close_within(&format!("{name} pack/normalise round trip"), &back, tokens, 1e-6);
+        pipeline.close_within(&format!("{name} pack/normalise round trip"), &back, tokens, 1e-6);
     }
-    check.finish();
+    encode.finish();
+    decode.finish();
+    pipeline.finish();
 }
 
 #[test]

@@ -136,6 +136,13 @@ impl AutoencoderKlLtx2Audio {
         self.decode(&unpack_latents(&latents, self.config.latent_mel_bins())?)
     }
 
+    /// The denoiser's packed, normalised tokens (B, L, latent · mel/4) of a spectrogram's
+    /// posterior mean, as LTX2Pipeline prepares given audio latents: pack, normalise.
+    pub fn encode_tokens(&self, mel: &Tensor) -> Result<Tensor, ModelError> {
+        let (mean, _) = self.encode(mel)?;
+        self.normalize_latents(&pack_latents(&mean)?)
+    }
+
     /// The dtype of the weights (inputs are cast to it).
     pub fn kind(&self) -> Kind {
         self.latents_mean.kind()

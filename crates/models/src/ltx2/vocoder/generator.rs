@@ -358,8 +358,8 @@ pub(super) fn kaiser_sinc_filter(cutoff: f64, half_width: f64, kernel: i64) -> T
     &filter / filter.sum(Kind::Float)
 }
 
-/// The Kaiser filters a generator's anti-aliased activations hold, by variable name suffix
-/// (`upsample.filter` and `downsample.filter` are the same low-pass filter).
+/// The (1, 1, K) Kaiser filter of every anti-aliased activation of `c` (its `upsample.filter`
+/// and `downsample.filter` are the same low-pass filter).
 pub(super) fn antialias_filter(c: &Ltx2VocoderConfig) -> Tensor {
     let ratio = c.antialias_ratio as f64;
     kaiser_sinc_filter(0.5 / ratio, 0.6 / ratio, c.antialias_kernel_size).view([1, 1, -1])
