@@ -40,6 +40,19 @@ pub struct Denoiser {
     pub in_channels: u64,
     /// Attention heads: `trainer.sequence_parallel_size` must divide them.
     pub heads: u64,
+    /// LTX-2's second token stream: audio tokens beside the video ones.
+    pub audio: Option<AudioStream>,
+}
+
+/// An audio token stream running through the same blocks as the video tokens (LTX-2).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AudioStream {
+    /// Hidden width of the audio tokens.
+    pub width: u64,
+    /// Latent channels per audio token (what a trajectory stores).
+    pub channels: u64,
+    /// Audio tokens per second of clip (`sampling_rate / hop_length / scale_factor`).
+    pub per_second: f64,
 }
 
 /// Bytes one block saves for backward per token and hidden unit (c of large-models.md §2.2), by
@@ -76,6 +89,8 @@ pub mod c {
     pub const Z_IMAGE: Saved = Saved { name: "z_image", bf16: 94.2, f32: 130.8 };
     pub const WAN_A14B: Saved = Saved { name: "wan_a14b", bf16: 81.4, f32: 113.9 };
     pub const WAN_5B: Saved = Saved { name: "wan_5b", bf16: 89.3, f32: 129.6 };
+    /// LTX-2's joint block, per token and unit of its stream's width (video and audio alike).
+    pub const LTX2: Saved = Saved { name: "ltx2", bf16: 100.0, f32: 145.0 };
 }
 
 /// Reads the denoiser whose config is `cfg`, by its `_class_name`.
@@ -87,6 +102,7 @@ pub fn denoiser(cfg: &Json) -> Result<Denoiser, PlanError> {
         "SD3Transformer2DModel" => cfg.int("num_attention_heads", Some(18))?,
         "WanTransformer3DModel" => cfg.int("num_attention_heads", Some(40))?,
         "Flux2Transformer2DModel" => cfg.int("num_attention_heads", Some(48))?,
+        "LTX2VideoTransformer3DModel" => cfg.int("num_attention_heads", Some(32))?,
         _ => cfg.int("num_attention_heads", Some(24))?,
     };
     let mut d = match class.as_str() {
@@ -97,13 +113,14 @@ pub fn denoiser(cfg: &Json) -> Result<Denoiser, PlanError> {
         "QwenImage21Transformer2DModel" => qwen_image21(cfg),
         "ZImageTransformer2DModel" => z_image(cfg),
         "WanTransformer3DModel" => wan(cfg),
+        "LTX2VideoTransformer3DModel" => crate::ltx2::transformer(cfg),
         other => Err(cfg.bad(
             "_class_name",
             format!(
                 "`{other}` is not a denoiser the planner knows; known: SD3Transformer2DModel, \
                  FluxTransformer2DModel, Flux2Transformer2DModel, QwenImageTransformer2DModel, \
                  QwenImage21Transformer2DModel, ZImageTransformer2DModel, \
-                 WanTransformer3DModel"
+                 WanTransformer3DModel, LTX2VideoTransformer3DModel"
             ),
         )),
     }?;
@@ -215,6 +232,7 @@ fn image(
         text_width,
         in_channels,
         heads: 0,
+        audio: None,
     }
 }
 

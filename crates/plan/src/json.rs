@@ -47,6 +47,11 @@ impl Json {
         self.value.get(key).filter(|v| !v.is_null())
     }
 
+    /// Whether `key` is present and null.
+    pub fn is_null(&self, key: &str) -> bool {
+        self.value.get(key).is_some_and(Value::is_null)
+    }
+
     /// The nested object `key`, or this object when there is none (flat legacy configs).
     pub fn nested_or_self(&self, key: &str) -> Self {
         match self.get(key) {
@@ -104,6 +109,31 @@ impl Json {
                 .collect(),
             Some(v) => Err(self.error(key, format!("{v} is not a list of booleans"))),
             None => Ok(default.to_vec()),
+        }
+    }
+
+    /// `n` booleans: a list of them, or one repeated (diffusers widens a single flag); `default`
+    /// repeated when absent.
+    pub fn flags(&self, key: &str, n: usize, default: bool) -> Result<Vec<bool>, PlanError> {
+        match self.get(key) {
+            Some(Value::Bool(b)) => Ok(vec![*b; n]),
+            _ => self.bools(key, &vec![default; n]),
+        }
+    }
+
+    /// A list of strings.
+    pub fn strings(&self, key: &str, default: &[&str]) -> Result<Vec<String>, PlanError> {
+        match self.get(key) {
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| self.error(key, format!("{v} is not a string")))
+                })
+                .collect(),
+            Some(v) => Err(self.error(key, format!("{v} is not a list of strings"))),
+            None => Ok(default.iter().map(|s| s.to_string()).collect()),
         }
     }
 

@@ -3,10 +3,12 @@
 //! pipeline's `config.json` files alone, and whether it fits a GPU. Every figure is a formula of
 //! `docs/plan.md`. Torch-free: nothing here loads a weight.
 
+pub mod audio;
 pub mod denoisers;
 pub mod inventory;
 pub mod json;
 pub mod judges;
+pub mod ltx2;
 pub mod memory;
 pub mod pipeline;
 pub mod text;

@@ -117,6 +117,10 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         let place = on_host(setup.offload == Offload::EncodersAndVae);
         push(format!("{} ({})", v.name, v.class), frozen, v.params * frozen.bytes(), place);
     }
+    for a in &pipe.decoders {
+        let place = on_host(setup.offload == Offload::EncodersAndVae);
+        push(format!("{} ({})", a.name, a.class), frozen, a.params * frozen.bytes(), place);
+    }
     let teachers = if trains { &setup.teachers[..] } else { &[] };
     for (i, teacher) in teachers.iter().enumerate() {
         for (name, den) in &teacher.denoisers {
@@ -127,7 +131,8 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
             let place = on_host(setup.offload >= Offload::Encoders);
             push(format!("teacher {i} {}", t.name), frozen, t.params * frozen.bytes(), place);
         }
-        if let Some((v, _)) = &teacher.vae {
+        let vae = teacher.vae.iter().map(|(v, _)| v);
+        for v in vae.chain(&teacher.decoders) {
             let place = on_host(setup.offload == Offload::EncodersAndVae);
             push(format!("teacher {i} {}", v.name), frozen, v.params * frozen.bytes(), place);
         }
@@ -191,8 +196,12 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         }
     }
     let den = pipe.denoiser();
-    let (image, text) =
-        (image_tokens(pipe, setup), if den.joint_text { text_tokens(den, setup) } else { 0 });
+    // LTX-2's audio tokens count at their width's share of the video tokens' (see `audio_tokens`).
+    let audio = den.audio.map_or(0, |a| (audio_tokens(pipe, setup) * a.width).div_ceil(den.hidden));
+    let (image, text) = (
+        image_tokens(pipe, setup) + audio,
+        if den.joint_text { text_tokens(den, setup) } else { 0 },
+    );
     // Sequence parallelism: a rank holds 1/S of every sequence's tokens.
     let s = setup.sequence_parallel.max(1);
     let (image, text) = (image.div_ceil(s), text.div_ceil(s));
@@ -285,6 +294,7 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
                     .any(|j| i.phase == Phase::Step && i.item.starts_with(&j.name))
                 || pipe.text_encoders.iter().any(|t| i.item.starts_with(&t.name))
                 || pipe.vae.as_ref().is_some_and(|(v, _)| i.item.starts_with(&v.name))
+                || pipe.decoders.iter().any(|a| i.item.starts_with(&a.name))
         })
         .map(|i| i.bytes)
         .sum();
@@ -338,11 +348,36 @@ fn latent_grid(pipe: &Pipeline, setup: &Setup) -> (u64, u64, u64) {
         .as_ref()
         .map_or((1, 1, den.in_channels), |(_, v)| (v.spatial, v.temporal, v.channels));
     let frames = match (den.joint_text, setup.num_frames) {
-        // Wan: 81 frames unless the recipe says (diffusers' WanPipeline default).
-        (false, f) => (f.unwrap_or(81).saturating_sub(1)) / temporal + 1,
+        // Wan: 81 frames unless the recipe says (diffusers' WanPipeline default); LTX-2: 121.
+        (false, f) => (f.unwrap_or(default_frames(den)).saturating_sub(1)) / temporal + 1,
         (true, _) => 1,
     };
     (frames, setup.resolution / spatial, channels)
+}
+
+/// Pixel frames of a video sample the recipe leaves unset (the diffusers pipeline's default).
+fn default_frames(den: &Denoiser) -> u64 {
+    if den.audio.is_some() {
+        121
+    } else {
+        81
+    }
+}
+
+/// LTX-2's frame rate when planning (its pipeline's default): the planner's setup has no
+/// `model.frame_rate`.
+pub const LTX2_FRAME_RATE: f64 = 24.0;
+
+/// Audio tokens of one LTX-2 sample: `round(frames / fps · per_second)` (half to even, as
+/// LTX2Pipeline rounds), one per audio latent frame; 0 without an audio stream. In the block
+/// formulas an audio token of width h_a weighs h_a / h of a video token: the block saves the
+/// same bytes per token and unit of width in either stream (large-models.md §2.2's c), so
+/// `c·(S_v·h + S_a·h_a) = c·(S_v + S_a·h_a/h)·h`.
+pub fn audio_tokens(pipe: &Pipeline, setup: &Setup) -> u64 {
+    let den = pipe.denoiser();
+    let Some(a) = den.audio else { return 0 };
+    let frames = setup.num_frames.unwrap_or(default_frames(den)) as f64;
+    (frames / LTX2_FRAME_RATE * a.per_second).round_ties_even() as u64
 }
 
 /// Image (or video) tokens of one sample: latent grid over the patch.
@@ -364,11 +399,12 @@ fn text_tokens(den: &Denoiser, setup: &Setup) -> u64 {
 }
 
 /// One sample's recorded trajectory: the latents entering and leaving each window step plus
-/// the final latents (f32), and its text states (and the negative prompt's under CFG).
+/// the final latents (f32; LTX-2's joint video and audio latents), and its text states (and the negative prompt's under CFG).
 fn trajectory_bytes(pipe: &Pipeline, setup: &Setup) -> u64 {
     let den = pipe.denoiser();
     let (frames, side, channels) = latent_grid(pipe, setup);
-    let latents = (setup.window_steps + 2) * frames * side * side * channels * 4;
+    let audio = den.audio.map_or(0, |a| audio_tokens(pipe, setup) * a.channels);
+    let latents = (setup.window_steps + 2) * (frames * side * side * channels + audio) * 4;
     let text = text_tokens(den, setup) * den.text_width * setup.frozen_dtype.bytes();
     latents + text * if setup.cfg { 2 } else { 1 }
 }

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::audio::audio;
 use crate::denoisers::{denoiser, Denoiser};
 use crate::json::Json;
 use crate::text::text_encoder;
@@ -30,8 +31,11 @@ pub struct Pipeline {
     pub distilled: bool,
     /// The denoisers by folder (`transformer`, and Wan2.2-A14B's `transformer_2`).
     pub denoisers: Vec<(String, Denoiser)>,
+    /// Text encoders, and what turns their states into the denoiser's (LTX-2's connectors).
     pub text_encoders: Vec<Frozen>,
     pub vae: Option<(Frozen, Vae)>,
+    /// Frozen decoders beside the VAE (LTX-2's audio VAE and vocoder), offloaded with it.
+    pub decoders: Vec<Frozen>,
 }
 
 impl Pipeline {
@@ -43,8 +47,14 @@ impl Pipeline {
             .ok_or_else(|| index.bad("_class_name", "missing"))?
             .to_string();
         let distilled = index.boolean("is_distilled", false)? || class == "Flux2Pipeline";
-        let mut pipeline =
-            Self { class, distilled, denoisers: vec![], text_encoders: vec![], vae: None };
+        let mut pipeline = Self {
+            class,
+            distilled,
+            denoisers: vec![],
+            text_encoders: vec![],
+            vae: None,
+            decoders: vec![],
+        };
         for name in COMPONENTS {
             // Components are `[library, class]` pairs; `[null, null]` marks an absent one.
             let Some(class) = index
@@ -55,12 +65,11 @@ impl Pipeline {
             else {
                 continue;
             };
-            let role = if name.starts_with("transformer") {
-                Role::Denoiser
-            } else if name.starts_with("text_encoder") {
-                Role::Text
-            } else {
-                Role::Vae
+            let role = match name {
+                "transformer" | "transformer_2" => Role::Denoiser,
+                "vae" => Role::Vae,
+                "audio_vae" | "vocoder" => Role::Decoder,
+                _ => Role::Text,
             };
             let cfg = Json::read(&dir.join(name).join("config.json"))?;
             match role {
@@ -69,6 +78,11 @@ impl Pipeline {
                     let class = cfg.class().unwrap_or_else(|| class.to_string());
                     let params = text_encoder(&cfg, &class)?;
                     pipeline.text_encoders.push(Frozen { name: name.to_string(), class, params });
+                }
+                Role::Decoder => {
+                    let class = cfg.class().unwrap_or_else(|| class.to_string());
+                    let params = audio(&cfg, &class)?;
+                    pipeline.decoders.push(Frozen { name: name.to_string(), class, params });
                 }
                 Role::Vae => {
                     let class = cfg.class().unwrap_or_else(|| class.to_string());
@@ -103,11 +117,21 @@ impl Pipeline {
 }
 
 /// The component folders the planner reads, in `model_index.json` order.
-const COMPONENTS: [&str; 6] =
-    ["transformer", "transformer_2", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"];
+const COMPONENTS: [&str; 9] = [
+    "transformer",
+    "transformer_2",
+    "text_encoder",
+    "text_encoder_2",
+    "text_encoder_3",
+    "connectors",
+    "vae",
+    "audio_vae",
+    "vocoder",
+];
 
 enum Role {
     Denoiser,
     Text,
     Vae,
+    Decoder,
 }

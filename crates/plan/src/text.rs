@@ -1,6 +1,6 @@
 //! Text encoders from their `config.json`: parameter counts as transformers 5.24 builds CLIP,
-//! T5/UMT5 encoders, Qwen2.5-VL, Qwen3, and the language models of Qwen3-VL and Mistral3
-//! (`src/transformers/models/<name>/modeling_<name>.py`).
+//! T5/UMT5 encoders, Qwen2.5-VL, Qwen3, and the language models of Qwen3-VL, Mistral3 and Gemma-3
+//! (`src/transformers/models/<name>/modeling_<name>.py`), and LTX-2's text connectors.
 
 use crate::json::Json;
 use crate::PlanError;
@@ -21,13 +21,20 @@ pub fn text_encoder(cfg: &Json, class: &str) -> Result<u64, PlanError> {
         "Mistral3ForConditionalGeneration" => {
             Ok(Decoder::read(&cfg.nested_or_self("text_config"))?.params(false, 0))
         }
+        // LTX-2 runs Gemma-3's language model only (no SigLIP tower, no LM head).
+        "Gemma3ForConditionalGeneration" | "Gemma3TextModel" => {
+            gemma3(&cfg.nested_or_self("text_config"))
+        }
+        // LTX-2's connectors, which turn Gemma's hidden states into each stream's text states.
+        "LTX2TextConnectors" => crate::ltx2::connectors(cfg),
         other => Err(cfg.bad(
             "architectures",
             format!(
                 "`{other}` is not a text encoder the planner knows; known: CLIPTextModel, \
                  CLIPTextModelWithProjection, T5EncoderModel, UMT5EncoderModel, \
                  Qwen2_5_VLForConditionalGeneration, Qwen3Model, \
-                 Qwen3VLForConditionalGeneration, Mistral3ForConditionalGeneration"
+                 Qwen3VLForConditionalGeneration, Mistral3ForConditionalGeneration, \
+                 Gemma3ForConditionalGeneration, LTX2TextConnectors"
             ),
         )),
     }
@@ -216,4 +223,12 @@ fn qwen3(cfg: &Json, causal_lm: bool) -> Result<u64, PlanError> {
     let tied = cfg.boolean("tie_word_embeddings", true)?;
     let head = if causal_lm && !tied { m.vocab * m.d } else { 0 };
     Ok(m.params(false, hd) + head)
+}
+
+/// Gemma-3's language model: the Qwen3-like stack (GQA, per-head q/k norms, no biases, a gated
+/// MLP) with norms after attention and the MLP as well as before (four per layer).
+fn gemma3(cfg: &Json) -> Result<u64, PlanError> {
+    let m = Decoder::read(cfg)?;
+    let hd = m.q / cfg.int("num_attention_heads", None)?;
+    Ok(m.params(false, hd) + m.layers * 2 * m.d)
 }

@@ -1,7 +1,7 @@
 //! VAEs from their `config.json`: parameter counts as diffusers 0.42.1 builds `AutoencoderKL`
 //! (`autoencoders/autoencoder_kl.py`, `vae.py`) and the causal video VAEs `AutoencoderKLWan` /
-//! `AutoencoderKLQwenImage` (`autoencoder_kl_wan.py`, `autoencoder_kl_qwenimage.py`), and the
-//! latent geometry the trajectory formula needs.
+//! `AutoencoderKLQwenImage` (`autoencoder_kl_wan.py`, `autoencoder_kl_qwenimage.py`), LTX-2's
+//! `AutoencoderKLLTX2Video` (`autoencoder_kl_ltx2.py`), and the latent geometry the trajectory formula needs.
 
 use crate::json::Json;
 use crate::PlanError;
@@ -32,12 +32,13 @@ pub fn vae(cfg: &Json, class: &str) -> Result<Vae, PlanError> {
         "AutoencoderKLWan" | "AutoencoderKLQwenImage" => wan(cfg, 3),
         // Qwen-Image 2.1's: Wan2.2's residual layout with 2-D convolutions (1×1 time convs).
         "AutoencoderKLQwenImage21" => wan(cfg, 2),
+        "AutoencoderKLLTX2Video" => ltx2_video(cfg),
         other => Err(cfg.bad(
             "_class_name",
             format!(
                 "`{other}` is not a VAE the planner knows; known: AutoencoderKL, \
                  AutoencoderKLFlux2, AutoencoderKLQwenImage, AutoencoderKLQwenImage21, \
-                 AutoencoderKLWan"
+                 AutoencoderKLWan, AutoencoderKLLTX2Video"
             ),
         )),
     }
@@ -148,4 +149,98 @@ fn wan(cfg: &Json, dims: u32) -> Result<Vae, PlanError> {
     let spatial = cfg.int("scale_factor_spatial", Some(1 << (mult.len() - 1)))?;
     let temporal = cfg.int("scale_factor_temporal", Some(4))?;
     Ok(Vae { params: encoder + decoder + quant, buffers: 0, channels: z, spatial, temporal })
+}
+
+/// LTX-2's video VAE: causal 3×3×3 convolutions, parameter-free RMS norms, pixel-shuffle down-
+/// and upsamplers whose convolutions give `out / stride volume` (down) or `in · volume / factor`
+/// (up) channels; a LayerNorm and 1×1×1 shortcut where a residual block changes width; the
+/// decoder's noise scales and timestep conditioning when configured.
+fn ltx2_video(cfg: &Json) -> Result<Vae, PlanError> {
+    let conv3 = |a: u64, b: u64| conv(a, b, 3, 3);
+    let ch = cfg.ints("block_out_channels", Some(&[128, 256, 512, 512]))?;
+    let dec_ch = cfg.ints("decoder_block_out_channels", Some(&ch))?;
+    let layers = cfg.ints("layers_per_block", Some(&[4, 3, 3, 3, 4]))?;
+    let dec_layers = cfg.ints("decoder_layers_per_block", Some(&[4, 3, 3, 3, 4]))?;
+    let (cin, cout) = (cfg.int("in_channels", Some(3))?, cfg.int("out_channels", Some(3))?);
+    let z = cfg.int("latent_channels", Some(128))?;
+    let p = cfg.int("patch_size", Some(4))?;
+    let (n, m) = (ch.len(), dec_ch.len());
+    if layers.len() != n + 1 || dec_layers.len() != m + 1 {
+        return Err(cfg.bad("layers_per_block", "needs one entry per block and the mid block"));
+    }
+    let scaling = cfg.flags("spatio_temporal_scaling", n, true)?;
+    let down = cfg.strings("downsample_type", &["conv"; 4])?;
+    let tc = cfg.boolean("timestep_conditioning", false)?;
+    let noise = cfg.flags("decoder_inject_noise", m + 1, false)?;
+    let dec_scaling = cfg.flags("decoder_spatio_temporal_scaling", m, true)?;
+    let up = cfg.strings("upsample_type", &["spatiotemporal"; 4])?;
+    let factors = cfg.ints("upsample_factor", Some(&vec![1; m]))?;
+    if down.len() < n || up.len() < m || factors.len() < m {
+        return Err(cfg.bad("upsample_type", "needs one entry per block"));
+    }
+    let volume = |kind: &str| match kind {
+        "spatial" => Ok(4),
+        "temporal" => Ok(2),
+        "spatiotemporal" => Ok(8),
+        other => Err(cfg.bad("upsample_type", format!("`{other}` is not known"))),
+    };
+    let resnet = |a: u64, b: u64, noise: bool, tc: bool| {
+        conv3(a, b)
+            + conv3(b, b)
+            + if a != b { 2 * a + conv(a, b, 1, 3) } else { 0 }
+            + if noise { 2 * a } else { 0 }
+            + if tc { 4 * a } else { 0 }
+    };
+    // A timestep MLP 256 → w → w.
+    let time_mlp = |w: u64| 256 * w + w + w * w + w;
+    // The encoder starts at the latent width, each block widening in its downsampler.
+    let mut encoder = conv3(cin * p * p, z);
+    let mut width = z;
+    for i in 0..n {
+        encoder += layers[i] * resnet(width, width, false, false);
+        if scaling[i] {
+            encoder += match down[i].as_str() {
+                "conv" => conv3(width, width),
+                kind => conv3(width, ch[i] / volume(kind)?),
+            };
+        }
+        width = ch[i];
+    }
+    encoder += layers[n] * resnet(width, width, false, false) + conv3(width, z + 1);
+    // The decoder runs the reversed lists (the upsample types as given).
+    let rev = |v: &[u64]| v.iter().rev().copied().collect::<Vec<u64>>();
+    let (dec_ch, dec_layers, factors) = (rev(&dec_ch), rev(&dec_layers), rev(&factors));
+    let noise: Vec<bool> = noise.into_iter().rev().collect();
+    let dec_scaling: Vec<bool> = dec_scaling.into_iter().rev().collect();
+    let mut out = dec_ch[0];
+    let mut decoder = conv3(z, out) + dec_layers[0] * resnet(out, out, noise[0], tc);
+    if tc {
+        decoder += time_mlp(4 * out);
+    }
+    for i in 0..m {
+        let (a, b) = (out / factors[i], dec_ch[i] / factors[i]);
+        if tc {
+            decoder += time_mlp(4 * a);
+        }
+        if a != b {
+            decoder += resnet(a, b, noise[i + 1], tc);
+        }
+        if dec_scaling[i] {
+            decoder += conv3(b * factors[i], b * volume(&up[i])?);
+        }
+        decoder += dec_layers[i + 1] * resnet(b, b, noise[i + 1], tc);
+        out = b;
+    }
+    decoder += conv3(out, cout * p * p);
+    if tc {
+        decoder += 1 + time_mlp(2 * out) + 2 * out;
+    }
+    // Unset ratios: every scaling block halves each axis (diffusers' defaults).
+    let halvings = scaling.iter().filter(|&&s| s).count();
+    let spatial = cfg.int("spatial_compression_ratio", Some(p << halvings))?;
+    let pt = cfg.int("patch_size_t", Some(1))?;
+    let temporal = cfg.int("temporal_compression_ratio", Some(pt << halvings))?;
+    // The latents' mean and standard deviation are saved buffers.
+    let (params, buffers) = (encoder + decoder, 2 * z);
+    Ok(Vae { params, buffers, channels: z, spatial, temporal })
 }

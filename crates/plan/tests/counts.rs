@@ -19,6 +19,7 @@ fn counts(p: &Pipeline) -> Vec<(String, u64, u64)> {
         .collect();
     out.extend(p.text_encoders.iter().map(|t| (t.name.clone(), t.params, 0)));
     out.extend(p.vae.iter().map(|(v, _)| (v.name.clone(), v.params, 0)));
+    out.extend(p.decoders.iter().map(|a| (a.name.clone(), a.params, 0)));
     out
 }
 
@@ -143,6 +144,47 @@ fn wan_5b_and_a14b() {
     );
 }
 
+/// Gemma-3-12B's language model, what LTX-2 loads (`scripts/reference_ltx2_counts.py`). The
+/// checkpoint also holds the SigLIP tower (416,866,032) and its projector (4,424,832):
+/// 12,187,325,040 with the LM head tied.
+const GEMMA3_12B_LM: u64 = 11_766_034_176;
+const LTX2_AUDIO_VAE: u64 = 53_248_146;
+
+/// LTX-2.0 (19B) and LTX-2.3 (22B) against diffusers 0.42.1 / transformers 5.17 on the meta
+/// device (`scripts/reference_ltx2_counts.py`); the connectors count their input projection
+/// (188,160 stacked Gemma features).
+#[test]
+fn ltx2_and_ltx23() {
+    check(
+        "ltx-2",
+        &[
+            ("transformer", 18_876_174_592, 0),
+            ("text_encoder", GEMMA3_12B_LM, 0),
+            ("connectors", 1_431_475_200, 0),
+            ("vae", 1_222_479_601, 0),
+            ("audio_vae", LTX2_AUDIO_VAE, 0),
+            ("vocoder", 55_592_802, 0),
+        ],
+    );
+    check(
+        "ltx-2.3",
+        &[
+            ("transformer", 18_988_838_144, 0),
+            ("text_encoder", GEMMA3_12B_LM, 0),
+            ("connectors", 3_172_227_584, 0),
+            ("vae", 726_105_969, 0),
+            ("audio_vae", LTX2_AUDIO_VAE, 0),
+            ("vocoder", 128_537_448, 0),
+        ],
+    );
+    let total = |name: &str| {
+        let c = counts(&read(name));
+        c.iter().map(|e| e.1).sum::<u64>()
+    };
+    assert_eq!(total("ltx-2"), 33_405_004_517);
+    assert_eq!(total("ltx-2.3"), 34_834_991_467);
+}
+
 /// LoRA sizes of large-models.md §1.1 (r = 64 on the recipes' attention and feed-forward layers).
 #[test]
 fn lora_counts() {
@@ -223,6 +265,24 @@ fn lora_counts() {
     assert_eq!(lora("sd3.5-large", &sd3), 211_058_688);
     let z = ["to_q", "to_k", "to_v", "to_out.0", "w1", "w2", "w3"];
     assert_eq!(lora("z-image-turbo", &z), 158_760_960);
+    // LTX-2's recipe targets (examples/flow_grpo_ltx2_tiny.yaml): per block 64 · Σ(in + out)
+    // over both streams' self- and text attentions, the a2v / v2a attentions (2048-wide inner)
+    // and both feed-forwards; the gates are not adapted, so LTX-2.0 and 2.3 agree.
+    let mut ltx2 = vec![];
+    for a in ["attn1", "attn2", "audio_attn1", "audio_attn2"] {
+        ltx2.extend(["to_q", "to_k", "to_v", "to_out.0"].map(|p| format!("{a}.{p}")));
+    }
+    for a in ["audio_to_video_attn", "video_to_audio_attn"] {
+        ltx2.extend(["to_q", "to_k", "to_v", "to_out.0"].map(|p| format!("{a}.{p}")));
+    }
+    for f in ["ff", "audio_ff"] {
+        ltx2.extend(["net.0.proj", "net.2"].map(|p| format!("{f}.{p}")));
+    }
+    let ltx2: Vec<&str> = ltx2.iter().map(String::as_str).collect();
+    let per_block = 64 * (4 * 8192 * 2 + 4 * 4096 * 2 + 2 * 20480 + 2 * 20480 + 2 * 10240);
+    assert_eq!(per_block, 12_845_056);
+    assert_eq!(lora("ltx-2", &ltx2), 48 * per_block);
+    assert_eq!(lora("ltx-2.3", &ltx2), 48 * per_block);
 }
 
 /// In-process judges (and HPSv3's Qwen2-VL backbone): both towers and the LM head (none when
