@@ -211,3 +211,30 @@ fn wrong_inputs_are_explained() {
     let each = tch::no_grad(|| cond.decode(&z, Some(&Tensor::from_slice(&[0.3f32, 0.3])))).unwrap();
     assert!(f64::try_from((one - each).abs().max()).unwrap() < 1e-6);
 }
+
+/// bf16 weights run the conditioned VAE (9 frames both ways) and stay near diffusers' f32.
+#[test]
+fn bf16_stays_close() {
+    let name = "ltx2_video_vae_cond";
+    let vae =
+        AutoencoderKlLtx2Video::load(&dir().join(name), Device::Cpu, Kind::BFloat16).expect("load");
+    let io = tensors(&format!("{name}_io.safetensors"));
+    let rel = |out: &Tensor, want: &Tensor| {
+        let out = out.to_kind(Kind::Double);
+        let want = want.to_kind(Kind::Double);
+        f64::try_from((&out - &want).norm()).unwrap() / f64::try_from(want.norm()).unwrap()
+    };
+    let (mean, _) = tch::no_grad(|| vae.encode(&io["t9.input.video"])).expect("encode");
+    assert_eq!(mean.kind(), Kind::BFloat16);
+    let err = rel(&mean, &io["t9.output.mean"]);
+    println!("bf16 mean: relative error {err:.2e}");
+    assert!(err < 3e-2, "bf16 mean: relative error {err:.2e}");
+    let decoded = tch::no_grad(|| {
+        vae.decode(&io["t9.input.latents"], Some(&io["input.timestep"].to_kind(Kind::BFloat16)))
+    })
+    .expect("decode");
+    let decoded = decoded.index_select(2, &Tensor::from_slice(&[0i64, 4, 8]));
+    let err = rel(&decoded, &io["t9.output.video"]);
+    println!("bf16 video: relative error {err:.2e}");
+    assert!(err < 3e-2, "bf16 video: relative error {err:.2e}");
+}

@@ -24,7 +24,9 @@ impl Flags {
 /// `AutoencoderKLLTX2Video` config, with diffusers' field names and defaults. LTX-2.0's released
 /// VAE keeps these but sets `decoder_causal` false and both compression ratios (32, 8)
 /// explicitly: 4×4 pixel patches, encoder blocks of 256…2048 channels halving space three times
-/// and time three times, 128 latent channels, no decoder timestep conditioning.
+/// and time three times, 128 latent channels, no decoder timestep conditioning. LTX-2.3's has
+/// narrower encoder blocks and four decoder blocks (temporal-only and spatial-only upsamplers,
+/// one keeping its width, none residual) with zero padding.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Ltx2VideoVaeConfig {

@@ -4,11 +4,12 @@
 //! modulated by a decode timestep. The denoiser sees `(z − latents_mean) · scaling_factor /
 //! latents_std`, with the checkpoint's per-channel buffers.
 //!
-//! Not ported: tiled and frame-wise encode/decode and batch slicing (same results at more
-//! memory), and `decoder_inject_noise` (refused).
+//! Not ported: tiled and frame-wise encode/decode (memory savers that blend overlapping tiles),
+//! batch slicing, and `decoder_inject_noise` (refused).
 
-mod blocks;
+mod coders;
 mod config;
+mod layers;
 
 use std::path::Path;
 
@@ -19,7 +20,7 @@ use tch::{Device, Kind, Tensor};
 use crate::nn::Scope;
 use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, ModelError};
-use blocks::{Decoder, Encoder};
+use coders::{Decoder, Encoder};
 pub use config::{Flags, Ltx2VideoVaeConfig};
 
 /// The VAE: `encoder`, `decoder` and the `latents_mean` / `latents_std` buffers below the
