@@ -144,6 +144,20 @@ fn tiny_writers_load_and_run() {
     }
 }
 
+/// The released layouts (diffusers' defaults) are accepted, and give 100 spectrogram frames per
+/// second of 24 kHz (LTX-2) or 48 kHz (LTX-2.3) sound.
+#[test]
+fn released_layouts_are_accepted() {
+    Ltx2AudioVaeConfig::default().validate().expect("audio VAE defaults");
+    let plain = Ltx2VocoderClass::Plain(Ltx2VocoderConfig::default());
+    let bwe = Ltx2VocoderClass::WithBwe(Box::default());
+    for (class, rate) in [(plain, 24000), (bwe, 48000)] {
+        class.validate().expect("vocoder defaults");
+        assert_eq!(class.output_sampling_rate(), rate);
+        assert_eq!(class.samples(100), rate, "{}", class.class_name());
+    }
+}
+
 #[test]
 fn refused_configs_name_their_key() {
     let refused = |config: Ltx2AudioVaeConfig, key: &str| {
