@@ -184,13 +184,12 @@ pub(crate) fn finish(
             .map(|i| (records[i].prompt.clone(), scores.totals[i].unwrap_or(f64::NAN)))
             .collect();
         if comm.is_main() {
-            crate::images::save_grid(
-                &Path::new(&t.output_dir).join("images"),
-                &format!("train_step_{number:06}"),
-                &images,
-                &captions,
-                engine.pipe.decoded_frames(&engine.latent_shape),
-            )?;
+            let (dir, stem) =
+                (Path::new(&t.output_dir).join("images"), format!("train_step_{number:06}"));
+            let frames = engine.pipe.decoded_frames(&engine.latent_shape);
+            crate::images::save_grid(&dir, &stem, &images, &captions, frames)?;
+            let sounds = &batch.audio[..mine.len().min(batch.audio.len())];
+            crate::images::save_sounds(&dir, &stem, sounds)?;
         }
     }
     let kept: Vec<usize> = (0..rows.len()).filter(|&i| scores.totals[i].is_some()).collect();

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use flowtune_report::{captioned_grid, write_gif, Caption};
-use flowtune_rewards::{frame, RgbImage};
+use flowtune_rewards::{frame, RgbImage, Waveform};
 
 use crate::dist::Comm;
 use crate::TrainError;
@@ -71,6 +71,17 @@ pub fn save_grid(
         .collect();
     let jsonl = dir.join(format!("{stem}.jsonl"));
     std::fs::write(&jsonl, lines.join("\n") + "\n").map_err(|e| TrainError::io(&jsonl, e))
+}
+
+/// Writes each of `sounds` (the first tiles' sounds, in tile order: rank 0's samples) as
+/// `<stem>_<tile>.wav` beside the grid, for a family with sound.
+pub fn save_sounds(dir: &Path, stem: &str, sounds: &[Waveform]) -> Result<(), TrainError> {
+    for (i, sound) in sounds.iter().enumerate() {
+        let path = dir.join(format!("{stem}_{i:02}.wav"));
+        let bytes = sound.wav()?;
+        std::fs::write(&path, bytes).map_err(|e| TrainError::io(&path, e))?;
+    }
+    Ok(())
 }
 
 /// `<stem>.mp4` beside an animated grid, where `ffmpeg` is installed (H.264, even sides); a failed

@@ -44,7 +44,7 @@ pub(crate) fn validate(
         rows.resize(records.len().div_ceil(comm.groups()), filler);
     }
     let mut scored: Vec<Verdict> = vec![];
-    let mut images = vec![];
+    let (mut images, mut sounds) = (vec![], vec![]);
     let size = recipe.trainer.micro_batch_size;
     for (c, chunk) in rows.chunks(size).enumerate() {
         let chunk: Vec<&PromptRecord> = chunk.to_vec();
@@ -63,9 +63,11 @@ pub(crate) fn validate(
             scored.push((total, details.extras));
         }
         images.extend(batch.images);
+        sounds.extend(batch.audio);
     }
     scored.truncate(mine.len());
     images.truncate(mine.len());
+    sounds.truncate(mine.len().min(64));
     let scored: Vec<Vec<Verdict>> = comm.gather(&scored)?;
     let shown = records.len().min(64);
     let images =
@@ -85,13 +87,10 @@ pub(crate) fn validate(
         captions.push((r.prompt.clone(), total.unwrap_or(f64::NAN)));
     }
     if comm.is_main() {
-        crate::images::save_grid(
-            &recipe.trainer.output_dir.join("images"),
-            &format!("val_step_{k:06}"),
-            &images,
-            &captions[..shown],
-            engine.pipe.decoded_frames(&engine.latent_shape),
-        )?;
+        let (dir, stem) = (recipe.trainer.output_dir.join("images"), format!("val_step_{k:06}"));
+        let frames = engine.pipe.decoded_frames(&engine.latent_shape);
+        crate::images::save_grid(&dir, &stem, &images, &captions[..shown], frames)?;
+        crate::images::save_sounds(&dir, &stem, &sounds)?;
     }
     Ok(per_source
         .into_iter()

@@ -43,6 +43,9 @@ pub struct SampleArgs {
     /// Pixel frames of a video family's samples (Wan: 4k+1; its default 81).
     #[arg(long)]
     num_frames: Option<usize>,
+    /// Frames per second of a family with sound (LTX-2; its default 24).
+    #[arg(long)]
+    frame_rate: Option<f64>,
     /// The side whose square condition pictures are sized to (Qwen-Image 2.1's
     /// `output_resolution`; its default 1024).
     #[arg(long)]
@@ -55,7 +58,8 @@ pub struct SampleArgs {
     /// Images per forward batch.
     #[arg(long, default_value_t = 4)]
     batch: usize,
-    /// Output directory for `NNNNN.png` and `prompts.jsonl`.
+    /// Output directory for `NNNNN.png` (a video's frames side by side), `NNNNN.wav` for a
+    /// family with sound, and `prompts.jsonl`.
     #[arg(long)]
     out: PathBuf,
 }
@@ -72,6 +76,7 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
         lora: lora_config,
         embedded_guidance: a.embedded_guidance,
         num_frames: a.num_frames,
+        frame_rate: a.frame_rate,
         output_resolution: a.output_resolution,
         ..PipelineOptions::new(device)
     };
@@ -129,7 +134,16 @@ pub fn sample(a: SampleArgs, device: &DeviceArg) -> Result<(), Failure> {
                 .save(a.out.join(&file))
                 .with_context(|| file.clone())
                 .map_err(Failure::Runtime)?;
-            index.push(serde_json::json!({ "file": file, "prompt": prompt }).to_string());
+            let mut row = serde_json::json!({ "file": file, "prompt": prompt });
+            if let Some(sound) = batch.audio.get(i) {
+                let wav = file.replace(".png", ".wav");
+                let bytes = sound.wav().map_err(|e| Failure::Runtime(e.into()))?;
+                std::fs::write(a.out.join(&wav), bytes)
+                    .with_context(|| wav.clone())
+                    .map_err(Failure::Runtime)?;
+                row["audio"] = wav.into();
+            }
+            index.push(row.to_string());
         }
         eprintln!("sampled {}/{}", (chunk_no * a.batch.max(1) + chunk.len()), records.len());
     }

@@ -11,7 +11,7 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use super::audio_vae::AutoencoderKlLtx2Audio;
-use super::connectors::{Ltx2TextConnectors, PaddingSide};
+use super::connectors::Ltx2TextConnectors;
 use super::latents::{split, Compression, Geometry, Patches};
 use super::transformer::{Ltx2Transformer, AUDIO_EMBEDS, FPS, VIDEO_SHAPE};
 use super::video_vae::AutoencoderKlLtx2Video;
@@ -201,8 +201,7 @@ impl FlowPipeline for Ltx2Pipeline {
     /// the video text states as the embeds, the audio ones as an extra, the connectors' mask.
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
         let text = crate::random::built(&self.text, &self.dir)?;
-        let (embeds, mask) = text.encoder.encode(prompts, text.max_sequence_length)?;
-        let out = text.connectors.forward(&embeds, &mask, PaddingSide::Left)?;
+        let out = text.connectors.encode_prompts(&text.encoder, prompts, text.max_sequence_length)?;
         let (kind, device) = (self.transformer.proj_in.weight.kind(), self.device());
         let mut cond = TextConditioning::new(out.video.to_kind(kind).to_device(device), None);
         cond.mask = Some(out.mask.to_device(device));
