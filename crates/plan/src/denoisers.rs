@@ -89,8 +89,11 @@ pub mod c {
     pub const Z_IMAGE: Saved = Saved { name: "z_image", bf16: 94.2, f32: 130.8 };
     pub const WAN_A14B: Saved = Saved { name: "wan_a14b", bf16: 81.4, f32: 113.9 };
     pub const WAN_5B: Saved = Saved { name: "wan_5b", bf16: 89.3, f32: 129.6 };
-    /// LTX-2's joint block, per token and unit of its stream's width (video and audio alike).
-    pub const LTX2: Saved = Saved { name: "ltx2", bf16: 100.0, f32: 145.0 };
+    /// LTX-2's joint block over S_v·h + S_a·h_a (`scripts/measure_ltx2_activation_constant.py`,
+    /// LTX-2.3 flags, CPU, 2048 video and 64 audio tokens: the streams' real weight ratio). Per
+    /// stream: video 125.9 / 181.3, audio 140.5 / 200.7 (Wan-5B measures 90.0 / 129.6 the
+    /// same way).
+    pub const LTX2: Saved = Saved { name: "ltx2", bf16: 126.2, f32: 181.6 };
 }
 
 /// Reads the denoiser whose config is `cfg`, by its `_class_name`.

@@ -41,7 +41,8 @@ pub struct Plan {
     /// Parameters of the trained denoiser(s), and of the adapters (0 under full fine-tuning).
     pub denoiser_params: u64,
     pub lora_params: u64,
-    /// Self-attention tokens per sequence, and sequences per micro-batch.
+    /// Self-attention tokens per sequence (LTX-2: video tokens plus the audio tokens weighted by
+    /// their width, h_a / h each), and sequences per micro-batch.
     pub tokens: u64,
     pub sequences: u64,
     pub device_bytes: u64,
@@ -206,6 +207,15 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let s = setup.sequence_parallel.max(1);
     let (image, text) = (image.div_ceil(s), text.div_ceil(s));
     let tokens = image + text;
+    // What the labels call the tokens: LTX-2's two streams by name, at their own counts.
+    let seq = match den.audio {
+        Some(_) => format!(
+            "{} video + {} audio tokens",
+            image_tokens(pipe, setup).div_ceil(s),
+            audio_tokens(pipe, setup).div_ceil(s)
+        ),
+        None => format!("{tokens} tokens"),
+    };
     let sequences = setup.micro_batch * if setup.cfg { 2 } else { 1 };
     let samples = setup.samples();
     push(
@@ -234,7 +244,7 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let dtype = setup.dtype.name();
     if trains {
         items.push(Item {
-            item: format!("activations ({sequences} seq × {tokens} tokens, {label})"),
+            item: format!("activations ({sequences} seq × {seq}, {label})"),
             dtype,
             bytes: act as u64,
             place: Place::Device,
@@ -242,7 +252,7 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
         });
     }
     items.push(Item {
-        item: format!("rollout activations ({branches} seq × {tokens} tokens, no grad)"),
+        item: format!("rollout activations ({branches} seq × {seq}, no grad)"),
         dtype,
         bytes: rollout as u64,
         place: Place::Device,

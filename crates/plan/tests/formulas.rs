@@ -190,3 +190,32 @@ fn sequence_parallel_divides_tokens_and_activations() {
     // 8 prompts over 2 groups of 4 ranks, not over 8 ranks.
     assert_eq!(bytes(&four, "trajectories"), 4 * bytes(&one, "trajectories"));
 }
+
+/// LTX-2.3 at 512² × 121 frames: 16 latent frames of 16 × 16 video tokens, round(121 / 24 · 25)
+/// = 126 audio tokens, each counted at 2048 / 4096 of a video token; the trajectory stores the
+/// joint latent (128 channels per video and per audio token) and both streams' text states;
+/// the connectors, audio VAE and vocoder are frozen beside the text encoder and VAE.
+#[test]
+fn ltx2_tokens_trajectories_and_frozen_parts() {
+    let ltx = read("ltx-2.3");
+    let mut s = setup(false, 1);
+    (s.num_frames, s.text_tokens, s.cfg, s.prompts_per_step) = (Some(121), 1024, false, 1);
+    let p = plan(&ltx, &s);
+    assert_eq!(flowtune_plan::memory::audio_tokens(&ltx, &s), 126);
+    assert_eq!(p.tokens, 16 * 16 * 16 + 63);
+    let per_sample = 4 * (4096 + 126) * 128 * 4 + 1024 * (4096 + 2048) * 2;
+    assert_eq!(bytes(&p, "trajectories"), 16 * per_sample);
+    let frozen = 11_766_034_176 + 3_172_227_584 + 726_105_969 + 53_248_146 + 128_537_448;
+    assert_eq!(p.host_bytes, 2 * frozen, "all five frozen parts offloaded");
+    s.offload = Offload::None;
+    let p = plan(&ltx, &s);
+    for part in ["text_encoder", "connectors", "vae", "audio_vae", "vocoder"] {
+        assert!(bytes(&p, part) > 0, "{part} on the device");
+    }
+    assert_eq!(p.load_bytes, 2 * (18_988_838_144 + frozen));
+    // Activations: the joint block's c over S_v·h + S_a·h_a, checkpointed per block.
+    let (h, seq) = (4096.0, 4159.0);
+    let c = flowtune_plan::denoisers::c::LTX2.bf16;
+    let want = 2.0 * 48.0 * seq * h + 1.5 * c * seq * h;
+    assert!((activations(ltx.denoiser(), 4159, 0, true, Dtype::Bf16) - want).abs() < 1.0);
+}
