@@ -3,6 +3,8 @@
 Usage (the project's reference venv):
     flowtune make-tiny ltx2 fixtures/ltx2_pipeline
     python scripts/reference_ltx2_pipeline.py fixtures/ltx2_pipeline fixtures
+    flowtune make-tiny ltx2 --ltx23 fixtures/ltx2_pipeline_v23
+    python scripts/reference_ltx2_pipeline.py fixtures/ltx2_pipeline_v23 fixtures 1
     python scripts/reference_ltx2_pipeline.py --check-pipeline DIR
 
 For each case of CASES (pixel frames, height, width, frame rate, CFG scale, audio CFG scale, guidance rescale) it
@@ -12,7 +14,8 @@ normalisation gives the noise back), and runs the ODE twice: `output_type="laten
 (`output.video_latents` (B, C, F, H, W) and `output.audio_latents` (B, C_a, L, M), both denormalised as the pipeline
 returns them) and `output_type="np"` for the frames (`output.frames` (B, T, H, W, 3) in [0, 1]) and the vocoder's
 waveform (`output.audio` (B, channels, samples)). Spatio-temporal and modality guidance are off (stg_scale 0,
-modality_scale 1): flowtune does not run them. Writes `ltx2_pipeline_f{frames}_io.safetensors` with `input.*`
+modality_scale 1): flowtune does not run them. Writes `<pipeline folder name>_f{frames}_io.safetensors` (the first
+CASES only when a count follows the output folder) with `input.*`
 (`video_noise`, `audio_noise`) and the prompt embeds of `encode_prompt` + connectors (`output.video_embeds`,
 `output.audio_embeds`, `output.mask`, negative first as the pipeline concatenates them).
 """
@@ -41,7 +44,7 @@ def run(pipe, frames, height, width, fps, scale, audio_scale, rescale, video, au
     )
 
 
-def case(pipe, frames, height, width, fps, scale, audio_scale, rescale, out_dir):
+def case(pipe, name, frames, height, width, fps, scale, audio_scale, rescale, out_dir):
     g = torch.Generator().manual_seed(frames)
     vae, audio_vae, tr = pipe.vae, pipe.audio_vae, pipe.transformer
     f = (frames - 1) // pipe.vae_temporal_compression_ratio + 1
@@ -72,7 +75,7 @@ def case(pipe, frames, height, width, fps, scale, audio_scale, rescale, out_dir)
         "output.video_latents": latents, "output.audio_latents": audio_latents,
         "output.frames": torch.from_numpy(np.asarray(frames_np)).float(), "output.audio": waveform.float(),
     })
-    name = f"ltx2_pipeline_f{frames}_io.safetensors"
+    name = f"{name}_f{frames}_io.safetensors"
     save_file({k: t.contiguous() for k, t in io.items()}, os.path.join(out_dir, name))
     print(f"{name}: video latents {tuple(latents.shape)}, audio latents {tuple(audio_latents.shape)}, "
           f"frames {tuple(np.asarray(frames_np).shape)}, audio {tuple(waveform.shape)}")
@@ -86,8 +89,10 @@ def main():
         print(f"diffusers ran the pipeline: frames {np.asarray(video).shape}, audio {tuple(audio.shape)}")
         return
     pipe = LTX2Pipeline.from_pretrained(sys.argv[1])
-    for c in CASES:
-        case(pipe, *c, sys.argv[2])
+    name = os.path.basename(os.path.normpath(sys.argv[1]))
+    count = int(sys.argv[3]) if len(sys.argv) > 3 else len(CASES)
+    for c in CASES[:count]:
+        case(pipe, name, *c, sys.argv[2])
 
 
 if __name__ == "__main__":

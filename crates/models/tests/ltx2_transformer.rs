@@ -9,7 +9,8 @@ use std::path::PathBuf;
 
 use flowtune_fixtures::{dir, models_of_kind, scratch, tensors, Checker};
 use flowtune_models::lora::LoraConfig;
-use flowtune_models::ltx2::latents::{join, pack_audio, unpack_audio, Geometry, Patches};
+use flowtune_models::ltx2::audio_vae::{pack_latents, unpack_latents};
+use flowtune_models::ltx2::latents::{join, Geometry, Patches};
 use flowtune_models::ltx2::transformer::{
     write_random_transformer, Ltx2Inputs, Ltx2Transformer, Ltx2TransformerConfig, AUDIO_EMBEDS,
     FPS, LTX2_TARGETS, VIDEO_SHAPE,
@@ -148,14 +149,14 @@ fn joint_latent_velocity_is_both_velocities() {
         let (videos, audios) = (&io["input.video_latents"], &io["input.audio_latents"]);
         let patches = Patches { temporal: c.patch_size_t, spatial: c.patch_size };
         let video = patches.pack_video(videos);
-        let audio = pack_audio(audios);
+        let audio = pack_latents(audios).unwrap();
         check.close(&format!("{name} packed video"), &video, &io["input.hidden_states"]);
         check.close(&format!("{name} packed audio"), &audio, &io["input.audio_hidden_states"]);
         let [frames, height, width] = video_shape(&entry);
         let fps = entry["fps"].as_f64().expect("fps");
         let g = Geometry { frames, height, width, audio_frames: audio.size()[1], fps };
         check.close(&format!("{name} unpacked video"), &patches.unpack_video(&video, &g), videos);
-        check.close(&format!("{name} unpacked audio"), &unpack_audio(&audio, 4), audios);
+        check.close(&format!("{name} unpacked audio"), &unpack_latents(&audio, 4).unwrap(), audios);
         let latents = join(&video, &audio);
         let v = tch::no_grad(|| {
             model.velocity(&latents, &io["input.timestep"], &conditioning(&io, &entry))

@@ -2,10 +2,13 @@
 //! the tiny pipeline of `flowtune make-tiny ltx2`: prompts through Gemma-3 and the connectors, the
 //! pipeline's sigma grid, the ODE from the same initial video and audio noise with and without
 //! CFG, then the final video and audio latents, the decoded frames and the vocoder's waveform —
-//! for 1, 9 and 17 pixel frames, square and not, at 24 and 12.5 fps.
+//! for 1, 9 and 17 pixel frames, square and not, at 24 and 12.5 fps; and the first case on the
+//! LTX-2.3 layout of `make-tiny ltx2 --ltx23` (gated attention, text modulation, split rotary,
+//! per-modality connectors, the bandwidth-extending vocoder).
 
 use flowtune_fixtures::{dir, tensors, Checker, MATH_RTOL};
-use flowtune_models::ltx2::latents::{join, split, unpack_audio};
+use flowtune_models::ltx2::audio_vae::unpack_latents;
+use flowtune_models::ltx2::latents::{join, split};
 use flowtune_models::ltx2::Ltx2Pipeline;
 use flowtune_models::{FlowPipeline, PipelineOptions};
 use flowtune_rollout::{encode_rows, sample_trajectory, Engine, Guidance, TrajectoryRequest};
@@ -25,8 +28,9 @@ const CASES: [(usize, i64, i64, f64, f64); 3] =
 
 #[test]
 fn ltx2_ode_runs_match_the_pipeline_call() {
-    for (frames, height, width, fps, scale) in CASES {
-        let name = format!("ltx2_pipeline_f{frames}_io.safetensors");
+    let runs = CASES.iter().map(|c| ("ltx2_pipeline", c)).chain([("ltx2_pipeline_v23", &CASES[0])]);
+    for (folder, &(frames, height, width, fps, scale)) in runs {
+        let name = format!("{folder}_f{frames}_io.safetensors");
         let io = tensors(&name);
         let options = PipelineOptions {
             num_frames: Some(frames),
@@ -34,7 +38,7 @@ fn ltx2_ode_runs_match_the_pipeline_call() {
             max_sequence_length: Some(MAX_SEQUENCE_LENGTH),
             ..PipelineOptions::new(Device::Cpu)
         };
-        let pipe = Ltx2Pipeline::load(&dir().join("ltx2_pipeline"), &options).expect("load");
+        let pipe = Ltx2Pipeline::load(&dir().join(folder), &options).expect("load");
         let shape = pipe.latent_shape(height, width).expect("latent shape");
         let sampler = SamplerConfig {
             n: 1,
@@ -85,7 +89,7 @@ fn ltx2_ode_runs_match_the_pipeline_call() {
         let video = pipe.vae.denormalize_latents(&pipe.patches().unpack_video(&video, &g)).unwrap();
         check.close_within("video_latents", &video, &io["output.video_latents"], MATH_RTOL);
         let audio = pipe.audio_vae.denormalize_latents(&audio).unwrap();
-        let audio = unpack_audio(&audio, pipe.audio_vae.config.latent_mel_bins());
+        let audio = unpack_latents(&audio, pipe.audio_vae.config.latent_mel_bins()).unwrap();
         check.close_within("audio_latents", &audio, &io["output.audio_latents"], MATH_RTOL);
 
         let pixels = tch::no_grad(|| pipe.decode_rgb8(&out.final_latents)).expect("decode");

@@ -2,7 +2,8 @@
 //! one (B, S_v + S_a, C) tensor that rollouts step with one SDE, as `LTX2Pipeline` steps its two
 //! latents with one sigma grid. Packing follows the pipeline's `_pack_latents` (video patches
 //! `C·pt·p·p` wide) and `_pack_audio_latents` without patching (each audio frame's channels and
-//! mel bins, `C_a·M` wide); both widths are the transformer's `in_channels`.
+//! mel bins, `C_a·M` wide: [`super::audio_vae::pack_latents`]); both widths are the transformer's
+//! `in_channels`.
 
 use tch::Tensor;
 
@@ -119,17 +120,6 @@ impl Patches {
     }
 }
 
-/// (B, C, L, M) → (B, L, C·M), the pipeline's `_pack_audio_latents` without patching.
-pub fn pack_audio(latents: &Tensor) -> Tensor {
-    latents.transpose(1, 2).flatten(2, 3)
-}
-
-/// The inverse of [`pack_audio`] for `mel_bins` latent mel bins.
-pub fn unpack_audio(tokens: &Tensor, mel_bins: i64) -> Tensor {
-    let s = tokens.size();
-    tokens.reshape([s[0], s[1], s[2] / mel_bins, mel_bins]).transpose(1, 2)
-}
-
 /// The video tokens and the audio tokens of a joint latent (B, S_v + S_a, C).
 pub fn split(joint: &Tensor, video_tokens: i64) -> Result<(Tensor, Tensor), ModelError> {
     let s = joint.size();
@@ -150,6 +140,7 @@ pub fn join(video: &Tensor, audio: &Tensor) -> Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ltx2::audio_vae::{pack_latents, unpack_latents};
     use tch::{Device, Kind};
 
     const LTX2: Compression = Compression {
@@ -193,10 +184,10 @@ mod tests {
         assert!(patches.unpack_video(&tokens, &g).equal(&video));
 
         let audio = Tensor::randn([2, 4, 3, 5], (Kind::Float, Device::Cpu));
-        let packed = pack_audio(&audio);
+        let packed = pack_latents(&audio).unwrap();
         assert_eq!(packed.size(), [2, 3, 20]);
         assert_eq!(packed.double_value(&[1, 2, 7]), audio.double_value(&[1, 1, 2, 2]));
-        assert!(unpack_audio(&packed, 5).equal(&audio));
+        assert!(unpack_latents(&packed, 5).unwrap().equal(&audio));
 
         let (v, a) = split(&join(&tokens, &packed.narrow(2, 0, 12)), 12).unwrap();
         assert!(v.equal(&tokens) && a.size() == [2, 3, 12]);

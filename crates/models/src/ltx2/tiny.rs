@@ -48,7 +48,9 @@ fn transformer_config(spec: &TinyLtx2Spec, caption: i64) -> Ltx2TransformerConfi
         return base;
     }
     Ltx2TransformerConfig {
-        num_attention_heads: 3,
+        // 2 × 12 wide: the connectors' 24-wide video states, and the audio↔video rotary (16
+        // wide) splits over 2 heads.
+        attention_head_dim: 12,
         cross_attention_dim: 24,
         gated_attn: true,
         audio_gated_attn: true,
