@@ -79,7 +79,7 @@ pub struct Setup {
     pub offload: Offload,
     /// Pixels per side (square samples).
     pub resolution: u64,
-    /// Pixel frames of a video sample (Wan); `None` for images or the family default.
+    /// Pixel frames of a video sample (Wan, LTX-2); `None` for images or the family default.
     pub num_frames: Option<u64>,
     /// Text tokens the long text encoder gives (`model.max_sequence_length`).
     pub text_tokens: u64,
