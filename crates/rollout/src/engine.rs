@@ -32,6 +32,9 @@ pub struct RolloutBatch {
     pub audio: Vec<Waveform>,
 }
 
+/// What receives each chunk's decoded rows: the first row's index, the images and their sounds.
+pub type OnDecoded<'a> = dyn FnMut(usize, &[RgbImage], &[Waveform]) + 'a;
+
 /// Sampler state shared by rollout and replay.
 pub struct Engine<'a> {
     pub pipe: &'a dyn FlowPipeline,
@@ -186,7 +189,7 @@ impl<'a> Engine<'a> {
         pictures: &[Vec<RgbaImage>],
         seeds: &[u64],
         step: u64,
-        on_images: &mut dyn FnMut(usize, &[RgbImage], &[Waveform]),
+        on_images: &mut OnDecoded<'_>,
     ) -> Result<RolloutBatch, RolloutError> {
         if seeds.len() != prompts.len() {
             return Err(RolloutError::Input(format!(
