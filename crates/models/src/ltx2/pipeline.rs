@@ -201,7 +201,8 @@ impl FlowPipeline for Ltx2Pipeline {
     /// the video text states as the embeds, the audio ones as an extra, the connectors' mask.
     fn encode_prompts(&self, prompts: &[&str]) -> Result<TextConditioning, ModelError> {
         let text = crate::random::built(&self.text, &self.dir)?;
-        let out = text.connectors.encode_prompts(&text.encoder, prompts, text.max_sequence_length)?;
+        let out =
+            text.connectors.encode_prompts(&text.encoder, prompts, text.max_sequence_length)?;
         let (kind, device) = (self.transformer.proj_in.weight.kind(), self.device());
         let mut cond = TextConditioning::new(out.video.to_kind(kind).to_device(device), None);
         cond.mask = Some(out.mask.to_device(device));
