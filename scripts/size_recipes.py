@@ -38,6 +38,8 @@ MODELS = {
     "stabilityai/stable-diffusion-3.5-large": "examples/models/sd3.5-large",
     "Wan-AI/Wan2.2-TI2V-5B-Diffusers": "examples/models/wan2.2-ti2v-5b",
     "Wan-AI/Wan2.2-T2V-A14B-Diffusers": "examples/models/wan2.2-t2v-a14b",
+    "dg845/LTX-2.3-Diffusers": "examples/models/ltx-2.3",
+    "Lightricks/LTX-2": "examples/models/ltx-2",
     # Z-Image (base) has Z-Image-Turbo's architecture.
     "Tongyi-MAI/Z-Image": "examples/models/z-image-turbo",
     # Distillation teachers: the student's pipeline with merged weights.

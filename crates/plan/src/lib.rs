@@ -81,6 +81,8 @@ pub struct Setup {
     pub resolution: u64,
     /// Pixel frames of a video sample (Wan, LTX-2); `None` for images or the family default.
     pub num_frames: Option<u64>,
+    /// Frames per second of a sample with sound (LTX-2's `model.frame_rate`); `None` is 24.
+    pub frame_rate: Option<f64>,
     /// Text tokens the long text encoder gives (`model.max_sequence_length`).
     pub text_tokens: u64,
     pub micro_batch: u64,

@@ -374,8 +374,7 @@ fn default_frames(den: &Denoiser) -> u64 {
     }
 }
 
-/// LTX-2's frame rate when planning (its pipeline's default): the planner's setup has no
-/// `model.frame_rate`.
+/// LTX-2's frame rate when the setup names none (its pipeline's default).
 pub const LTX2_FRAME_RATE: f64 = 24.0;
 
 /// Audio tokens of one LTX-2 sample: `round(frames / fps · per_second)` (half to even, as
@@ -387,7 +386,8 @@ pub fn audio_tokens(pipe: &Pipeline, setup: &Setup) -> u64 {
     let den = pipe.denoiser();
     let Some(a) = den.audio else { return 0 };
     let frames = setup.num_frames.unwrap_or(default_frames(den)) as f64;
-    (frames / LTX2_FRAME_RATE * a.per_second).round_ties_even() as u64
+    let fps = setup.frame_rate.unwrap_or(LTX2_FRAME_RATE);
+    (frames / fps * a.per_second).round_ties_even() as u64
 }
 
 /// Image (or video) tokens of one sample: latent grid over the patch.

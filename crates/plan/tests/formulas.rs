@@ -60,6 +60,7 @@ fn setup(full: bool, gpus: u64) -> Setup {
         offload: Offload::EncodersAndVae,
         resolution: 512,
         num_frames: None,
+        frame_rate: None,
         text_tokens: 256,
         micro_batch: 1,
         rollout_batch: 16,

@@ -242,6 +242,7 @@ pub(crate) fn setup(
         },
         resolution: m.resolution.max(0) as u64,
         num_frames: m.num_frames.map(|f| f as u64),
+        frame_rate: m.frame_rate,
         text_tokens: m.max_sequence_length as u64,
         micro_batch: t.micro_batch_size as u64,
         rollout_batch: r.batch_size as u64,
