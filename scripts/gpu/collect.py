@@ -90,6 +90,8 @@ def main():
     p["f"]["wan"], p["f"]["flux2"] = load(a.parts, "f_wan.json"), load(a.parts, "f_flux2.json")
     p["g"], _ = part(a.parts, "g")
     p["g"]["qwen_image"] = load(a.parts, "g.json")
+    p["h"], _ = part(a.parts, "h")
+    p["h"]["ltx2"] = load(a.parts, "h.json")
     on, off = p["c"]["qwen_image"], p["g"]["qwen_image"]
     if on and off and off["images_per_s_per_gpu"]:
         p["g"]["items_speedup"] = on["images_per_s_per_gpu"] / off["images_per_s_per_gpu"]
@@ -123,9 +125,10 @@ def main():
         ("f Wan2.2-5B / FLUX.2 [klein]", p["f"], f"{step_row(p['f']['wan'])}; {step_row(p['f']['flux2'])}"),
         ("g Qwen-Image step, throughput items off", p["g"],
          f"{step_row(p['g']['qwen_image'])}; items on (c) ×{fmt(p['g'].get('items_speedup'), '{:.2f}')}"),
+        ("h LTX-2.3 with sound", p["h"], step_row(p["h"]["ltx2"])),
     ]
     with open(stem + ".log", "w") as f:
-        for key in "abcdefg":
+        for key in "abcdefgh":
             f.write(f"==== part {key}\n{read(os.path.join(a.parts, f'{key}.log')) or ''}\n")
     with open(stem + ".md", "w") as f:
         f.write("| date | GPU | part | status | figures |\n|---|---|---|---|---|\n")

@@ -16,9 +16,11 @@
 #   f  more       if time remains: Wan2.2-TI2V-5B at 480p x 33 frames, FLUX.2 [klein] at 1024²
 #   g  items off  c again with issue 53's throughput items switched off (attention without padding
 #                 masks, fused projections): c over g is what they gain on this GPU
+#   h  ltx2       if time remains: LTX-2.3 with sound (48 blocks, random weights) at 512² x 33
+#                 frames, 4 clips, 8 rollout steps, gradient checkpointing
 # --tiny runs every part on the CPU with tiny configs (CI checks the suite this way).
 #
-# Usage: scripts/gpu/suite.sh [--tiny] [--out DIR] [--parts a,b,c,d,e,f,g] [--budget SECONDS]
+# Usage: scripts/gpu/suite.sh [--tiny] [--out DIR] [--parts a,b,c,d,e,f,g,h] [--budget SECONDS]
 # From the bundle (`make gpu-bundle`; the GPU machine needs no Rust and no network):
 #   bash gpu-bundle/scripts/gpu/suite.sh --out "$OUT"
 # Environment: FLOWTUNE_BIN (the binary; default gpu-bundle/flowtune, else target/release/flowtune),
@@ -27,7 +29,7 @@
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$HERE"
-TINY=0 OUT="docs/perf/gpu" PARTS="a,b,c,d,e,f,g" BUDGET=480
+TINY=0 OUT="docs/perf/gpu" PARTS="a,b,c,d,e,f,g,h" BUDGET=480
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --tiny) TINY=1 ;;
@@ -94,11 +96,13 @@ if [[ $TINY == 1 ]]; then
     "$BIN" make-tiny qwen-image "$WORK/qwen" >/dev/null
     "$BIN" make-tiny wan "$WORK/wan" >/dev/null
     "$BIN" make-tiny flux2 "$WORK/flux2" >/dev/null
+    "$BIN" make-tiny ltx2 --ltx23 "$WORK/ltx2" >/dev/null
     QWEN=(examples/flow_grpo_qwen_image_tiny.yaml model.path="$WORK/qwen")
     QWEN_ANCHOR=(--resolution 32 --batch 2 --steps 2 --text-tokens 8)
     QWEN_TRAIN=(--batch 2 --latent 4 --text-tokens 8 --lora-rank 4)
     WAN=(examples/flow_grpo_wan_tiny.yaml model.path="$WORK/wan")
     FLUX2=(examples/flow_grpo_flux2_tiny.yaml model.path="$WORK/flux2")
+    LTX2=(examples/flow_grpo_ltx2_tiny.yaml model.path="$WORK/ltx2")
     CONSTANTS=(--side 8 --text-len 8 --device cpu)
     QWEN_DIR="$WORK/qwen"
 else
@@ -111,6 +115,9 @@ else
         model.num_frames=33 data.prompts_per_step=1 rollout.n=4 trainer.gradient_checkpointing=true)
     FLUX2=(examples/flow_grpo_flux2.yaml model.path=examples/models/flux.2-klein-base-4b
         model.resolution=1024 data.prompts_per_step=1 rollout.n=4 trainer.gradient_checkpointing=true)
+    LTX2=(examples/flow_grpo_ltx2.yaml model.path=examples/models/ltx-2.3 model.num_frames=33
+        data.prompts_per_step=1 rollout.n=4 rollout.steps=8 rollout.sde_window_range=[0,6]
+        model.offload=none trainer.sharding=none trainer.ppo_mini_batch_size=4)
     CONSTANTS=(--device cuda)
     QWEN_DIR=examples/models/qwen-image
 fi
@@ -134,6 +141,7 @@ part d 150 bash -c "set -e
 part g 200 "${F[@]}" bench step "${QWEN[@]}" model.unpadded_attention=false \
     model.fused_projections=false --random-weights --text-tokens 32 "${MEASURED[@]}" \
     --json "$WORK/parts/g.json"
+part h 150 "${F[@]}" bench step "${LTX2[@]}" --random-weights --json "$WORK/parts/h.json"
 part f 120 bash -c "set -e
     '$BIN' --device $DEVICE bench step ${WAN[*]} --random-weights --json '$WORK/parts/f_wan.json'
     '$BIN' --device $DEVICE bench step ${FLUX2[*]} --random-weights --json '$WORK/parts/f_flux2.json'"

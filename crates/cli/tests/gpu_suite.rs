@@ -68,7 +68,7 @@ fn bench_step_refuses_layers_without_random_weights() {
 
 /// `scripts/gpu/suite.sh --tiny`: every part runs on the CPU with tiny configs and lands in the
 /// JSON — parity cases within their tolerances and a launched one-rank job, whole steps of Qwen-Image,
-/// Wan and FLUX.2 from random weights, both diffusers anchors with their ratios, the activation
+/// Wan, FLUX.2 and LTX-2.3 with sound from random weights, both diffusers anchors with their ratios, the activation
 /// constants of every block the planner knows (`make setup` installs diffusers for the anchors),
 /// and Qwen-Image's step again with the throughput items off.
 #[test]
@@ -95,7 +95,7 @@ fn the_suite_runs_every_part_in_tiny_mode() {
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     let parts = &r["parts"];
-    for key in ["a", "b", "c", "d", "e", "f", "g"] {
+    for key in ["a", "b", "c", "d", "e", "f", "g", "h"] {
         assert_eq!(parts[key]["status"], "ok", "part {key}: {}", parts[key]);
     }
     let cases = parts["b"]["cases"].as_array().unwrap();
@@ -104,7 +104,7 @@ fn the_suite_runs_every_part_in_tiny_mode() {
     for c in &cases[..8] {
         assert!(c["error"].as_f64().unwrap() <= c["tolerance"].as_f64().unwrap(), "{c}");
     }
-    let steps = [&parts["c"]["qwen_image"], &parts["f"]["wan"], &parts["f"]["flux2"]];
+    let steps = [&parts["c"]["qwen_image"], &parts["f"]["wan"], &parts["f"]["flux2"], &parts["h"]["ltx2"]];
     for step in steps.into_iter().chain([&parts["g"]["qwen_image"]]) {
         assert!(step["images_per_s_per_gpu"].as_f64().unwrap() > 0.0, "{step}");
         assert_eq!(step["random_weights"], true);
