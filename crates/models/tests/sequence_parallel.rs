@@ -4,6 +4,7 @@
 //! image-to-video) and a tiny Qwen-Image (masked text) in f64, token counts that do and do not
 //! divide: velocity within 1e-12, parameter gradients (summed over the ranks) within 1e-12 for
 //! Qwen-Image and 1e-5 for Wan (whose blocks compute in f32), relative to the largest value.
+//! A tiny LTX-2 (2.0 and 2.3 layouts) splits both its video and its audio tokens (1e-5, as Wan).
 #[path = "../../dist/tests/collectives/launch.rs"]
 mod launch;
 
@@ -14,13 +15,18 @@ use std::time::Duration;
 use flowtune_dist::{Backend, DistEnv, ProcessGroup, ReduceOp};
 use flowtune_models::flux::{write_tiny_flux, FluxTransformer, TinyFluxSpec, GUIDANCE};
 use flowtune_models::flux2::{write_tiny_flux2, Flux2Transformer, TinyFlux2Spec};
+use flowtune_models::ltx2::transformer::{
+    write_random_transformer, Ltx2Transformer, Ltx2TransformerConfig, AUDIO_EMBEDS, FPS,
+    VIDEO_SHAPE,
+};
 use flowtune_models::nn::attention;
 use flowtune_models::qwen_image::{write_tiny_qwen_image, QwenImageTransformer, TinyQwenImageSpec};
-use flowtune_models::sd3::{write_tiny_sd3, Sd3Transformer, TinySd3Spec};
+use flowtune_models::sd3::{write_tiny_sd3, Sd3Transformer, TinySd3Spec, WeightInit};
 use flowtune_models::sequence::{SequenceGroup, SequenceParallel};
 use flowtune_models::wan::{write_tiny_wan, TinyWanSpec, WanTransformer};
 use flowtune_models::z_image::{write_tiny_z_image, TinyZImageSpec, ZImageTransformer};
 use flowtune_models::{ModelError, TextConditioning, TrainableDenoiser, HELD_LATENTS};
+use flowtune_sampling::SampleRng;
 use launch::{expect_success, free_port, Proc, SCENARIO};
 use tch::{Device, Kind, Tensor};
 
@@ -38,6 +44,7 @@ fn worker_process() {
             "flux" => flux_matches(&pg),
             "z_image" => z_image_matches(&pg),
             "flux2" => flux2_matches(&pg),
+            "ltx2" => ltx2_matches(&pg),
             other => panic!("unknown scenario {other}"),
         }
         pg.barrier().unwrap();
@@ -77,6 +84,11 @@ fn tiny_z_image_forward_and_backward_equal_one_process() {
 #[test]
 fn tiny_flux2_forward_and_backward_equal_one_process() {
     launch_all("flux2");
+}
+
+#[test]
+fn tiny_ltx2_forward_and_backward_equal_one_process() {
+    launch_all("ltx2");
 }
 
 fn launch_all(scenario: &str) {
@@ -326,6 +338,79 @@ fn flux2_matches(pg: &Arc<ProcessGroup>) {
         }
         let what = format!("FLUX.2, {} image and {text_len} text tokens", size[0] * size[1]);
         compare(pg, (&what, 1e-12), &one, &split, &latents, &text);
+    }
+}
+
+/// A tiny LTX-2 in the 2.0 and the 2.3 layout (4 video and 4 audio heads) in f64, as
+/// [`wan_matches`]: video and audio tokens both split (self-attention and the audio↔video
+/// attentions through Ulysses), the text local and masked; and head counts that do not divide by
+/// the group refused by name.
+fn ltx2_matches(pg: &Arc<ProcessGroup>) {
+    let group = || SequenceParallel(Arc::new(Group(pg.clone())));
+    let tiny = Ltx2TransformerConfig {
+        num_attention_heads: 4,
+        attention_head_dim: 4,
+        audio_num_attention_heads: 4,
+        audio_attention_head_dim: 4,
+        ..Ltx2TransformerConfig::tiny()
+    };
+    let ltx23 = Ltx2TransformerConfig {
+        attention_head_dim: 6,
+        cross_attention_dim: 24,
+        gated_attn: true,
+        audio_gated_attn: true,
+        cross_attn_mod: true,
+        audio_cross_attn_mod: true,
+        use_prompt_embeddings: false,
+        rope_type: "split".into(),
+        ..tiny.clone()
+    };
+    for (layout, config) in [("LTX-2.0", tiny.clone()), ("LTX-2.3", ltx23)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = SampleRng::new(7);
+        write_random_transformer(dir.path(), &config, &mut rng, WeightInit::Normal(0.1), F64.0)
+            .unwrap();
+        let load = || Ltx2Transformer::load(dir.path(), Device::Cpu, Kind::Double, None);
+        let (one, split) = (load().unwrap(), load().unwrap());
+        split.sequence_parallel(group()).unwrap();
+        split.set_gradient_checkpointing(true);
+        let c = &one.config;
+        // Latent video (frames, rows, columns) → 9 and 8 video tokens (patch 1); 7 and 6 audio.
+        for (video, audio) in [([3, 1, 3], 7), ([2, 2, 2], 6)] {
+            tch::manual_seed(7);
+            let tokens = video.iter().product::<i64>() + audio;
+            let latents = Tensor::randn([2, tokens, c.in_channels], F64);
+            let mut text =
+                TextConditioning::new(Tensor::randn([2, 5, c.video_text_dim()], F64), None);
+            let mask = Tensor::ones([2, 5], (Kind::Int64, Device::Cpu));
+            let _ = mask.get(1).narrow(0, 3, 2).fill_(0);
+            text.mask = Some(mask);
+            let extras = [
+                (AUDIO_EMBEDS, Tensor::randn([2, 5, c.audio_text_dim()], F64)),
+                (VIDEO_SHAPE, Tensor::from_slice(&video).repeat([2, 1])),
+                (FPS, Tensor::from_slice(&[24.0f32, 25.0])),
+            ];
+            text.extras.extend(extras.into_iter().map(|(k, v)| (k.to_string(), v)));
+            let what = format!("{layout}, {} video and {audio} audio tokens", tokens - audio);
+            // The query and key norms' statistics are f32 (as diffusers'): the text keys'
+            // gradients, partial sums over each rank's queries, differ at f32's rounding (1e-8);
+            // everything else is f64.
+            compare(pg, (&what, 1e-5), &one, &split, &latents, &text);
+        }
+    }
+
+    // 3 video or audio heads (8 wide) do not divide by 2 or 4.
+    for key in ["num_attention_heads", "audio_num_attention_heads"] {
+        let mut c = tiny.clone();
+        if key == "num_attention_heads" {
+            (c.num_attention_heads, c.attention_head_dim, c.cross_attention_dim) = (3, 8, 24);
+        } else {
+            (c.audio_num_attention_heads, c.audio_attention_head_dim) = (3, 8);
+            c.audio_cross_attention_dim = 24;
+        }
+        let model = Ltx2Transformer::new(&c, Device::Cpu, Kind::Double, None).unwrap();
+        let err = model.sequence_parallel(group()).unwrap_err().to_string();
+        assert!(err.contains(&format!(" {key} 3")), "{err}");
     }
 }
 

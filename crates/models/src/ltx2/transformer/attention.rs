@@ -5,6 +5,16 @@ use tch::{Kind, Tensor};
 
 use super::rope::Rope;
 use crate::nn::{attention, project, Linear, RmsNorm, Scope};
+use crate::sequence::Keys;
+
+/// What an attention's keys are.
+#[derive(Clone, Copy)]
+pub enum Over<'k, 'a> {
+    /// The text states (on every rank), with an additive key bias (B, 1, 1, L).
+    Text(Option<&'k Tensor>),
+    /// A token stream's: through Ulysses when a sequence-parallel group splits the tokens.
+    Tokens(&'k Keys<'a>),
+}
 
 /// The query/key norms' epsilon (diffusers builds every `LTX2Attention` with its default).
 const QK_EPS: f64 = 1e-6;
@@ -65,14 +75,15 @@ impl Ltx2Attention {
         }
     }
 
-    /// Attention of `x` (B, S, query_dim) to `context` (B, L, context_dim), itself when `None`;
-    /// `bias` (B, 1, 1, L) is added to the scores; the queries turn by `q_rope`, the keys by
-    /// `k_rope` (or `q_rope` when `None`).
+    /// Attention of `x` (B, S, query_dim) to `context` (B, L, context_dim), itself when `None`,
+    /// over the keys `over` says; the queries turn by `q_rope`, the keys by `k_rope` (or `q_rope`
+    /// when `None`). With a sequence-parallel group, `x` and a token `context` are this rank's
+    /// shares of their streams, as are their rotary tables.
     pub fn forward(
         &self,
         x: &Tensor,
         context: Option<&Tensor>,
-        bias: Option<&Tensor>,
+        over: Over<'_, '_>,
         q_rope: Option<&Rope>,
         k_rope: Option<&Rope>,
     ) -> Tensor {
@@ -93,8 +104,15 @@ impl Ltx2Attention {
             q = rope.apply(&q);
             k = k_rope.unwrap_or(rope).apply(&k);
         }
-        let heads = |t: &Tensor| t.view([b, t.size()[1], self.heads, -1]).transpose(1, 2);
-        let out = attention(&heads(&q), &heads(&k), &heads(&v), bias, false, None).transpose(1, 2);
+        let heads = |t: &Tensor| t.view([b, t.size()[1], self.heads, -1]);
+        let (q, k, v) = (heads(&q), heads(&k), heads(&v));
+        let out = match over {
+            Over::Tokens(keys) => keys.attention(&q, &k, &v),
+            Over::Text(bias) => {
+                let t = |x: &Tensor| x.transpose(1, 2);
+                attention(&t(&q), &t(&k), &t(&v), bias, false, None).transpose(1, 2)
+            }
+        };
         let out = match &self.to_gate_logits {
             Some(gate) => {
                 let gates = gate.forward(x).sigmoid() * 2.0;

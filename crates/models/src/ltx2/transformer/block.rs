@@ -5,10 +5,11 @@
 
 use tch::Tensor;
 
-use super::attention::{AttentionSpec, BlockNorm, Ltx2Attention};
+use super::attention::{AttentionSpec, BlockNorm, Ltx2Attention, Over};
 use super::config::Ltx2TransformerConfig;
 use super::rope::Ropes;
 use crate::nn::{gelu_tanh, Linear, Scope};
+use crate::sequence::Keys;
 
 /// `FeedForward(dim, mult 4, "gelu-approximate", bias)`: `net.0.proj` → GELU(tanh) → `net.2`.
 pub struct FeedForward {
@@ -49,6 +50,10 @@ pub struct BlockInputs<'a> {
     /// Additive key bias of the text (B, 1, 1, L).
     pub text_bias: Option<&'a Tensor>,
     pub ropes: &'a Ropes,
+    /// The keys of attention over the video tokens (video self-attention, video→audio) and over
+    /// the audio tokens (audio self-attention, audio→video).
+    pub video_keys: &'a Keys<'a>,
+    pub audio_keys: &'a Keys<'a>,
 }
 
 /// One block (`transformer_blocks.{i}`).
@@ -147,17 +152,20 @@ impl Ltx2Block {
         }
     }
 
-    /// The video (B, S_v, D) and audio (B, S_a, D_a) streams after this block.
+    /// The video (B, S_v, D) and audio (B, S_a, D_a) streams after this block (this rank's
+    /// tokens of each with a sequence-parallel group).
     pub fn forward(&self, x: &Tensor, a: &Tensor, i: &BlockInputs<'_>) -> (Tensor, Tensor) {
         let r = i.ropes;
         let v = modulations(&self.scale_shift_table, i.temb);
         let m = modulations(&self.audio_scale_shift_table, i.audio_temb);
         let adapt = |t: &Tensor, shift: &Tensor, scale: &Tensor| t * (scale + 1.0) + shift;
+        let (video, audio) = (Over::Tokens(i.video_keys), Over::Tokens(i.audio_keys));
+        let text_keys = || Over::Text(i.text_bias);
 
         let normed = adapt(&self.norm1.forward(x), &v[0], &v[1]);
-        let x = x + self.attn1.forward(&normed, None, None, Some(&r.video), None) * &v[2];
+        let x = x + self.attn1.forward(&normed, None, video, Some(&r.video), None) * &v[2];
         let normed = adapt(&self.audio_norm1.forward(a), &m[0], &m[1]);
-        let a = a + self.audio_attn1.forward(&normed, None, None, Some(&r.audio), None) * &m[2];
+        let a = a + self.audio_attn1.forward(&normed, None, audio, Some(&r.audio), None) * &m[2];
 
         // Text cross-attention; with text modulation the text itself is shifted and scaled.
         let (text, audio_text) = match (
@@ -175,14 +183,14 @@ impl Ltx2Block {
         if self.cross_attn_mod {
             normed = adapt(&normed, &v[6], &v[7]);
         }
-        let update = self.attn2.forward(&normed, Some(&text), i.text_bias, None, None);
+        let update = self.attn2.forward(&normed, Some(&text), text_keys(), None, None);
         let update = if self.cross_attn_mod { update * &v[8] } else { update };
         let x = x + update;
         let mut normed = self.audio_norm2.forward(&a);
         if self.audio_cross_attn_mod {
             normed = adapt(&normed, &m[6], &m[7]);
         }
-        let update = self.audio_attn2.forward(&normed, Some(&audio_text), i.text_bias, None, None);
+        let update = self.audio_attn2.forward(&normed, Some(&audio_text), text_keys(), None, None);
         let update = if self.audio_cross_attn_mod { update * &m[8] } else { update };
         let a = a + update;
 
@@ -199,7 +207,7 @@ impl Ltx2Block {
         let a2v = self.audio_to_video_attn.forward(
             &q,
             Some(&kv),
-            None,
+            audio,
             Some(&r.cross_video),
             Some(&r.cross_audio),
         );
@@ -208,7 +216,7 @@ impl Ltx2Block {
         let v2a = self.video_to_audio_attn.forward(
             &q,
             Some(&kv),
-            None,
+            video,
             Some(&r.cross_audio),
             Some(&r.cross_video),
         );

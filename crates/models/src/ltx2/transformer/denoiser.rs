@@ -7,6 +7,7 @@ use tch::{Device, Kind, Tensor};
 use super::model::{Ltx2Inputs, Ltx2Transformer};
 use crate::denoiser::{weights_and_frozen_copy, ExampleInputs, ExampleShape, TrainableDenoiser};
 use crate::ltx2::latents::{join, split};
+use crate::sequence::SequenceParallel;
 use crate::{Denoiser, ModelError, TextConditioning};
 
 /// Extra (B, L, D_a): the audio connector's text states ([`TextConditioning::embeds`] holds the
@@ -76,6 +77,26 @@ impl Denoiser for Ltx2Transformer {
 
 impl TrainableDenoiser for Ltx2Transformer {
     weights_and_frozen_copy!();
+
+    /// Both token streams split: video and audio self-attention and the audio↔video attentions
+    /// (queries of one stream, keys of the other) through Ulysses; text cross-attention stays
+    /// local. Refuses a group size that does not divide the video or the audio heads.
+    fn sequence_parallel(&self, group: SequenceParallel) -> Result<(), ModelError> {
+        let c = &self.config;
+        let s = group.size() as i64;
+        for (key, heads) in [
+            ("num_attention_heads", c.num_attention_heads),
+            ("audio_num_attention_heads", c.audio_num_attention_heads),
+        ] {
+            if heads % s != 0 {
+                return Err(ModelError::Input(format!(
+                    "trainer.sequence_parallel_size {s} does not divide the LTX-2 transformer's \
+                     {key} {heads}"
+                )));
+            }
+        }
+        self.weights.sequence_parallel("LTX-2", c.num_attention_heads, group)
+    }
 
     /// A latent video of `frames` × `height` × `width` cells (rounded up to whole patches) at
     /// 24 fps with 8 audio latent frames per video latent frame (LTX-2's ratio), all text tokens

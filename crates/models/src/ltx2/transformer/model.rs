@@ -12,7 +12,24 @@ use super::rope::Ropes;
 use crate::lora::LoraConfig;
 use crate::model_weights::{ModelWeights, WeightsBuilder};
 use crate::nn::{gelu_tanh, layer_norm, timestep_features, Linear, Mlp, Scope, TIMESTEP_CHANNELS};
+use crate::sequence::{Role, Stream};
 use crate::ModelError;
+
+/// What sequence parallelism splits: the video and the audio tokens (the keys of their
+/// self-attentions and of the audio↔video attentions; text cross-attention stays local), then
+/// their rotary tables in [`Ropes::tables`]' order. Modulations are per sample, not split.
+const SEQUENCE: [Stream; 10] = [
+    Stream { name: "video", dim: 1, role: Role::Keys },
+    Stream { name: "audio", dim: 1, role: Role::Keys },
+    Stream { name: "video cos", dim: 1, role: Role::Follows },
+    Stream { name: "video sin", dim: 1, role: Role::Follows },
+    Stream { name: "audio cos", dim: 1, role: Role::Follows },
+    Stream { name: "audio sin", dim: 1, role: Role::Follows },
+    Stream { name: "cross video cos", dim: 1, role: Role::Follows },
+    Stream { name: "cross video sin", dim: 1, role: Role::Follows },
+    Stream { name: "cross audio cos", dim: 1, role: Role::Follows },
+    Stream { name: "cross audio sin", dim: 1, role: Role::Follows },
+];
 
 /// `LTX2AdaLayerNormSingle`: sinusoidal timestep features → `emb.timestep_embedder` (SiLU MLP)
 /// → SiLU → `linear` (n modulations).
@@ -185,6 +202,14 @@ impl Ltx2Transformer {
         let ropes = Ropes::new(c, b, inputs.video_shape, inputs.fps, audio_frames, device);
         let x = self.proj_in.forward(&inputs.video.to_kind(kind));
         let a = self.audio_proj_in.forward(&inputs.audio.to_kind(kind));
+        // This rank's tokens of both streams from here to the output projections (all without a
+        // group).
+        let video_tokens = x.size()[1];
+        let [c0, c1, c2, c3, c4, c5, c6, c7] = ropes.tables().map(Tensor::shallow_clone);
+        let (split, [x, a, tables @ ..]) =
+            self.weights.split_sequence(&SEQUENCE, [x, a, c0, c1, c2, c3, c4, c5, c6, c7], None);
+        let ropes = ropes.with_tables(tables);
+        let (video_keys, audio_keys) = (split.keys_of("video"), split.keys_of("audio"));
 
         let t = inputs.timestep.to_kind(Kind::Float).reshape([-1]);
         let (temb, embedded) = self.time_embed.forward(&t, kind);
@@ -227,6 +252,7 @@ impl Ltx2Transformer {
             // Owned by the closure: checkpointing runs it again in backward, after this returns.
             let (ropes, text_bias) =
                 (ropes.shallow_clone(), text_bias.as_ref().map(Tensor::shallow_clone));
+            let (video_keys, audio_keys) = (video_keys.clone(), audio_keys.clone());
             let out = self.weights.run_block("transformer_blocks", i, &state, move |t| {
                 let given = BlockInputs {
                     text: &t[2],
@@ -240,6 +266,8 @@ impl Ltx2Transformer {
                     prompt: t.get(10).zip(t.get(11)),
                     text_bias: text_bias.as_ref(),
                     ropes: &ropes,
+                    video_keys: &video_keys,
+                    audio_keys: &audio_keys,
                 };
                 let (x, a) = block.forward(&t[0], &t[1], &given);
                 vec![x, a]
@@ -256,7 +284,7 @@ impl Ltx2Transformer {
         let video = out(&state[0], &self.scale_shift_table, &embedded, &self.proj_out);
         let audio =
             out(&state[1], &self.audio_scale_shift_table, &audio_embedded, &self.audio_proj_out);
-        Ok((video, audio))
+        Ok((split.gather(video, video_tokens)?, split.gather(audio, audio_frames)?))
     }
 
     /// Video tokens of a latent video of `[frames, height, width]` cells.

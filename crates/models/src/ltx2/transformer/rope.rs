@@ -64,6 +64,33 @@ impl Ropes {
         }
     }
 
+    /// The eight tables: cosines and sines of the video, audio, cross video and cross audio
+    /// tokens, each (B, S, …).
+    pub fn tables(&self) -> [&Tensor; 8] {
+        let ropes = [&self.video, &self.audio, &self.cross_video, &self.cross_audio];
+        std::array::from_fn(|i| {
+            let rope = ropes[i / 2];
+            if i % 2 == 0 {
+                &rope.cos
+            } else {
+                &rope.sin
+            }
+        })
+    }
+
+    /// These ropes with the tables of [`Self::tables`] replaced by `tables`, in its order.
+    pub fn with_tables(&self, tables: [Tensor; 8]) -> Self {
+        let split = self.video.split;
+        let [vc, vs, ac, as_, cvc, cvs, cac, cas] = tables;
+        let rope = |cos, sin| Rope { cos, sin, split };
+        Self {
+            video: rope(vc, vs),
+            audio: rope(ac, as_),
+            cross_video: rope(cvc, cvs),
+            cross_audio: rope(cac, cas),
+        }
+    }
+
     /// Tables for `batch` samples of a `[frames, height, width]` latent video at `fps` (B,) or
     /// one for all (a 0-dim tensor) and `audio_frames` audio latent frames.
     pub fn new(
