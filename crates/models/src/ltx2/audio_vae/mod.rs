@@ -63,16 +63,7 @@ impl AutoencoderKlLtx2Audio {
             .validate()
             .map_err(|message| ModelError::Format { path: path.display().to_string(), message })?;
         let mut vae = Self::new(&config, device, kind)?;
-        let options = LoadOptions { kind: Some(kind), ..Default::default() };
-        load_weights(&mut vae.store, &checkpoint_files(dir)?, options)?;
-        if crate::random::active_seed().is_some() {
-            // Random weights: statistics that leave latents as they are.
-            tch::no_grad(|| {
-                let _ = vae.latents_mean.shallow_clone().fill_(0.0);
-                let _ = vae.latents_std.shallow_clone().fill_(1.0);
-            });
-        }
-        vae.store.freeze();
+        load_vae(&mut vae.store, dir, kind, [&vae.latents_mean, &vae.latents_std])?;
         Ok(vae)
     }
 
@@ -236,6 +227,26 @@ pub fn unpack_latents(tokens: &Tensor, latent_mel_bins: i64) -> Result<Tensor, M
 /// Fills every variable of `store` from `seed` (in name order: `special` values where it gives
 /// them, else biases N(0, 0.1²), 1-D weights 1 + N(0, 0.1²), other weights N(0, 1/fan-in)) and
 /// writes it with `config` (`_class_name` set to `class`) into `dir`, created if missing.
+/// Fills a VAE's `store` from the checkpoint in `dir` and freezes it; with random weights its
+/// latent statistics `[mean, std]` become 0 and 1, which leave latents as they are.
+pub(in crate::ltx2) fn load_vae(
+    store: &mut VarStore,
+    dir: &Path,
+    kind: Kind,
+    [mean, std]: [&Tensor; 2],
+) -> Result<(), ModelError> {
+    let options = LoadOptions { kind: Some(kind), ..Default::default() };
+    load_weights(store, &checkpoint_files(dir)?, options)?;
+    if crate::random::active_seed().is_some() {
+        tch::no_grad(|| {
+            let _ = mean.shallow_clone().fill_(0.0);
+            let _ = std.shallow_clone().fill_(1.0);
+        });
+    }
+    store.freeze();
+    Ok(())
+}
+
 pub(in crate::ltx2) fn write_component(
     dir: &Path,
     store: &VarStore,

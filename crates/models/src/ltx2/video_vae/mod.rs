@@ -17,8 +17,8 @@ use flowtune_sampling::SampleRng;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
+use crate::ltx2::audio_vae::load_vae;
 use crate::nn::Scope;
-use crate::weights::{checkpoint_files, load_weights, LoadOptions};
 use crate::{read_config, ModelError};
 use coders::{Decoder, Encoder};
 pub use config::{Flags, Ltx2VideoVaeConfig};
@@ -74,13 +74,10 @@ impl AutoencoderKlLtx2Video {
             .layout()
             .map_err(|message| ModelError::Format { path: path.display().to_string(), message })?;
         let mut vae = Self::new(&config, device, kind)?;
-        let options = LoadOptions { kind: Some(kind), ..Default::default() };
-        load_weights(&mut vae.store, &checkpoint_files(dir)?, options)?;
+        load_vae(&mut vae.store, dir, kind, [&vae.latents_mean, &vae.latents_std])?;
         if crate::random::active_seed().is_some() {
-            // Random weights: statistics that leave latents as they are, diffusers' multiplier.
+            // Random weights: diffusers' timestep multiplier.
             tch::no_grad(|| {
-                let _ = vae.latents_mean.shallow_clone().fill_(0.0);
-                let _ = vae.latents_std.shallow_clone().fill_(1.0);
                 for (name, var) in vae.store.variables() {
                     if name.ends_with("timestep_scale_multiplier") {
                         let _ = var.shallow_clone().fill_(1000.0);
@@ -88,7 +85,6 @@ impl AutoencoderKlLtx2Video {
                 }
             });
         }
-        vae.store.freeze();
         Ok(vae)
     }
 
