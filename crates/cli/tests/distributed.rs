@@ -215,7 +215,8 @@ fn tiny(args: &'static str) -> PathBuf {
 
 /// Sequence parallelism: a group of 2 ranks, each with half of every sample's tokens, trains as
 /// one process (every step compared) on a tiny Wan (text-to-video and image-to-video, and the
-/// two-expert A14B layout) and a tiny Qwen-Image (joint attention, masked text); on Wan so do 2 such groups (4 ranks) with half the
+/// two-expert A14B layout), a tiny Qwen-Image (joint attention, masked text) and a tiny LTX-2
+/// (video and audio tokens both split, 9 audio tokens padded); on Wan so do 2 such groups (4 ranks) with half the
 /// step each, and a group whose frozen block weights are sharded over it. (SD3 is compared by the models' sequence_parallel test only: on the tiny SD3 the
 /// split matmuls' f32 rounding moves rewards by 6e-6 relative, which the advantages of groups of
 /// two magnify to 2.5e-4, past this comparison's 1e-5.)
@@ -227,6 +228,7 @@ fn sequence_parallel_ranks_train_as_one_process() {
         ("flow_grpo_wan_i2v_tiny.yaml", "wan", "examples/prompts/wan_i2v_tiny.jsonl", 2),
         ("flow_grpo_qwen_image_tiny.yaml", "qwen-image", "examples/prompts/tiny.txt", 1),
         ("flow_grpo_wan_a14b_tiny.yaml", "wan --a14b", "examples/prompts/tiny.txt", 1),
+        ("flow_grpo_ltx2_tiny.yaml", "ltx2", "examples/prompts/tiny.txt", 1),
     ] {
         let model = format!("model.path={}", tiny(family).display());
         let extra = ["trainer.total_steps=2", &model, &files(prompts), SMOOTH];
