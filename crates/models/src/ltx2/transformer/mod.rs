@@ -9,7 +9,7 @@ mod model;
 mod rope;
 mod tiny;
 
-pub use attention::{AttentionSpec, BlockNorm, Ltx2Attention};
+pub use attention::{AttentionSpec, BlockNorm, Ltx2Attention, Over};
 pub use block::{FeedForward, Ltx2Block};
 pub use config::Ltx2TransformerConfig;
 pub use denoiser::{AUDIO_EMBEDS, FPS, VIDEO_SHAPE};
