@@ -104,7 +104,8 @@ fn the_suite_runs_every_part_in_tiny_mode() {
     for c in &cases[..8] {
         assert!(c["error"].as_f64().unwrap() <= c["tolerance"].as_f64().unwrap(), "{c}");
     }
-    let steps = [&parts["c"]["qwen_image"], &parts["f"]["wan"], &parts["f"]["flux2"], &parts["h"]["ltx2"]];
+    let steps =
+        [&parts["c"]["qwen_image"], &parts["f"]["wan"], &parts["f"]["flux2"], &parts["h"]["ltx2"]];
     for step in steps.into_iter().chain([&parts["g"]["qwen_image"]]) {
         assert!(step["images_per_s_per_gpu"].as_f64().unwrap() > 0.0, "{step}");
         assert_eq!(step["random_weights"], true);
@@ -121,7 +122,7 @@ fn the_suite_runs_every_part_in_tiny_mode() {
     }
     let rows = std::fs::read_to_string(file.with_extension("md")).unwrap();
     assert!(parts["g"]["items_speedup"].as_f64().is_some_and(|x| x > 0.0), "{}", parts["g"]);
-    assert_eq!(rows.lines().filter(|l| l.starts_with("| 2")).count(), 7, "{rows}");
+    assert_eq!(rows.lines().filter(|l| l.starts_with("| 2")).count(), 8, "{rows}");
 }
 
 /// `plan --constants`: measured activation constants replace the built-in ones by block name (a
