@@ -105,7 +105,17 @@ pub fn denoiser(cfg: &Json) -> Result<Denoiser, PlanError> {
         "SD3Transformer2DModel" => cfg.int("num_attention_heads", Some(18))?,
         "WanTransformer3DModel" => cfg.int("num_attention_heads", Some(40))?,
         "Flux2Transformer2DModel" => cfg.int("num_attention_heads", Some(48))?,
-        "LTX2VideoTransformer3DModel" => cfg.int("num_attention_heads", Some(32))?,
+        // S must divide both streams' heads: their greatest common divisor.
+        "LTX2VideoTransformer3DModel" => {
+            let (mut a, mut b) = (
+                cfg.int("num_attention_heads", Some(32))?,
+                cfg.int("audio_num_attention_heads", Some(32))?,
+            );
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            a
+        }
         _ => cfg.int("num_attention_heads", Some(24))?,
     };
     let mut d = match class.as_str() {
