@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 use flowtune_models::flux::FluxPipeline;
 use flowtune_models::flux2::Flux2Pipeline;
+use flowtune_models::ltx2::Ltx2Pipeline;
 use flowtune_models::qwen_image::QwenImagePipeline;
 use flowtune_models::qwen_image21::QwenImage21Pipeline;
 use flowtune_models::sd3::Sd3Pipeline;
@@ -62,6 +63,7 @@ fn vae_vars(family: &str, dir: &Path, options: &PipelineOptions) -> Vars {
             vars(&QwenImage21Pipeline::load(dir, options).expect("qwen_image21").vae.store)
         }
         "wan" => vars(&WanPipeline::load(dir, options).expect("wan").vae.store),
+        "ltx2" => vars(&Ltx2Pipeline::load(dir, options).expect("ltx2").vae.store),
         other => panic!("no VAE accessor for family `{other}`"),
     };
     match options.random {
@@ -148,13 +150,14 @@ fn stand_in_prompts_condition_every_denoiser() {
         strip_to_configs(&dir);
         let options = PipelineOptions { random: random(7), ..PipelineOptions::new(Device::Cpu) };
         let pipe = load(&dir, &options);
+        // Sized first, as the rollout engine does: LTX-2's prompts carry the sample size.
+        let shape = pipe.latent_shape(64, 64).expect("latent shape");
         let text = tch::no_grad(|| pipe.encode_prompts(&["a", "b", "a"])).expect("encode");
         let embeds = &text.embeds;
         assert_eq!(embeds.size()[..2], [3, TEXT_TOKENS], "{name}: rows × text_tokens");
         assert!(embeds.get(0).equal(&embeds.get(2)), "{name}: one prompt, one embedding");
         assert!(!embeds.get(0).equal(&embeds.get(1)), "{name}: two prompts, one embedding");
 
-        let shape = pipe.latent_shape(64, 64).expect("latent shape");
         let latents = Tensor::randn([&[3i64][..], &shape].concat(), (Kind::Float, Device::Cpu));
         let t = Tensor::from_slice(&[900.0f32, 500.0, 100.0]);
         let v = tch::no_grad(|| pipe.denoiser().velocity(&latents, &t, &text)).expect("velocity");
