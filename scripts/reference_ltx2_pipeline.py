@@ -5,6 +5,8 @@ Usage (the project's reference venv):
     python scripts/reference_ltx2_pipeline.py fixtures/ltx2_pipeline fixtures
     flowtune make-tiny ltx2 --ltx23 fixtures/ltx2_pipeline_v23
     python scripts/reference_ltx2_pipeline.py fixtures/ltx2_pipeline_v23 fixtures 1
+    python scripts/reference_ltx2_pipeline.py --i2v fixtures/ltx2_pipeline fixtures
+    python scripts/reference_ltx2_pipeline.py --i2v fixtures/ltx2_pipeline_v23 fixtures 1
     python scripts/reference_ltx2_pipeline.py --check-pipeline DIR
 
 For each case of CASES (pixel frames, height, width, frame rate, CFG scale, audio CFG scale, guidance rescale) it
@@ -18,13 +20,21 @@ modality_scale 1): flowtune does not run them. Writes `<pipeline folder name>_f{
 CASES only when a count follows the output folder) with `input.*`
 (`video_noise`, `audio_noise`) and the prompt embeds of `encode_prompt` + connectors (`output.video_embeds`,
 `output.audio_embeds`, `output.mask`, negative first as the pipeline concatenates them).
+
+With `--i2v` it runs `LTX2ImageToVideoPipeline.__call__` on the same folder for each of I2V_CASES: the picture of
+`test_picture` (40 x 24) as `image`, `image_crf=0` (no H.264 re-compression: flowtune does not re-encode pictures),
+the initial latents drawn by the pipeline's own `prepare_latents` / `prepare_audio_latents` from a seeded generator
+and recorded as they return them (`input.video_latents`, packed and normalised with the picture's latent in the first
+frame's tokens; `input.mask`, 1 on those tokens; `input.audio_noise`). Writes `<folder>_i2v_f{frames}_io.safetensors`
+with `input.picture` (u8 H x W x 3) and the outputs above.
 """
 import os
 import sys
 
 import numpy as np
 import torch
-from diffusers import LTX2Pipeline
+from diffusers import LTX2ImageToVideoPipeline, LTX2Pipeline
+from PIL import Image
 from safetensors.torch import save_file
 
 PROMPTS = ["a red fox barks at the falling snow", "waves crash on rocks while gulls cry overhead at dusk"]
@@ -32,6 +42,8 @@ MAX_SEQUENCE_LENGTH = 16
 STEPS = 4
 # (pixel frames, height, width, frame rate, guidance, audio guidance, guidance rescale)
 CASES = [(9, 64, 96, 24.0, 3.0, 3.0, 0.0), (17, 64, 64, 12.5, 4.0, 4.0, 0.0), (1, 64, 64, 24.0, 1.0, 1.0, 0.0)]
+# Image-to-video (pixel frames, height, width, frame rate, guidance).
+I2V_CASES = [(9, 64, 96, 24.0, 3.0), (17, 64, 64, 12.5, 1.0)]
 
 
 def run(pipe, frames, height, width, fps, scale, audio_scale, rescale, video, audio, output_type):
@@ -81,7 +93,68 @@ def case(pipe, name, frames, height, width, fps, scale, audio_scale, rescale, ou
           f"frames {tuple(np.asarray(frames_np).shape)}, audio {tuple(waveform.shape)}")
 
 
+def test_picture():
+    """A 24 x 40 (H x W) picture with a gradient, a disc and a bar, so resizing and encoding see real structure."""
+    yy, xx = np.mgrid[0:24, 0:40]
+    r = (xx * 6) % 256
+    g = (yy * 10) % 256
+    b = np.where((xx - 14) ** 2 + (yy - 12) ** 2 < 49, 230, 30)
+    b = np.where((xx > 28) & (xx < 34), 120, b)
+    return Image.fromarray(np.stack([r, g, b], axis=-1).astype(np.uint8))
+
+
+def i2v_case(pipe, name, frames, height, width, fps, scale, out_dir):
+    picture = test_picture()
+    recorded = {}
+
+    def recording(method, keys):
+        def call(*args, **kwargs):
+            out = method(*args, **kwargs)
+            values = out if isinstance(out, tuple) else (out,)
+            for key, value in zip(keys, values):
+                recorded[key] = value.clone()
+            return out
+        return call
+
+    pipe.prepare_latents = recording(LTX2ImageToVideoPipeline.prepare_latents.__get__(pipe), ["video", "mask"])
+    pipe.prepare_audio_latents = recording(LTX2ImageToVideoPipeline.prepare_audio_latents.__get__(pipe), ["audio"])
+
+    def run_i2v(output_type):
+        return pipe(
+            image=picture, prompt=PROMPTS, negative_prompt=["", ""], height=height, width=width, num_frames=frames,
+            frame_rate=fps, num_inference_steps=STEPS, guidance_scale=scale, audio_guidance_scale=scale,
+            stg_scale=0.0, audio_stg_scale=0.0, modality_scale=1.0, audio_modality_scale=1.0, guidance_rescale=0.0,
+            audio_guidance_rescale=0.0, image_crf=0,
+            generator=torch.Generator().manual_seed(100 + frames), output_type=output_type,
+            max_sequence_length=MAX_SEQUENCE_LENGTH, return_dict=False,
+        )
+
+    with torch.no_grad():
+        latents, audio_latents = run_i2v("latent")
+        first = {k: recorded[k] for k in ("video", "mask", "audio")}
+        frames_np, waveform = run_i2v("np")
+    for k, v in first.items():
+        assert torch.equal(v, recorded[k]), f"the two runs drew different initial {k}"
+    io = {
+        "input.picture": torch.from_numpy(np.array(picture)),
+        "input.video_latents": first["video"], "input.mask": first["mask"], "input.audio_noise": first["audio"],
+        "output.video_latents": latents, "output.audio_latents": audio_latents,
+        "output.frames": torch.from_numpy(np.asarray(frames_np)).float(), "output.audio": waveform.float(),
+    }
+    name = f"{name}_i2v_f{frames}_io.safetensors"
+    save_file({k: t.contiguous() for k, t in io.items()}, os.path.join(out_dir, name))
+    print(f"{name}: video latents {tuple(latents.shape)}, held tokens {int(first['mask'][0].sum())}, "
+          f"audio {tuple(waveform.shape)}")
+
+
 def main():
+    if sys.argv[1] == "--i2v":
+        pipe = LTX2ImageToVideoPipeline.from_pretrained(sys.argv[2])
+        name = os.path.basename(os.path.normpath(sys.argv[2]))
+        count = int(sys.argv[4]) if len(sys.argv) > 4 else len(I2V_CASES)
+        for c in I2V_CASES[:count]:
+            i2v_case(pipe, name, *c, sys.argv[3])
+        return
     if sys.argv[1] == "--check-pipeline":
         pipe = LTX2Pipeline.from_pretrained(sys.argv[2])
         video, audio = pipe(prompt="a bell rings", height=64, width=64, num_frames=9, num_inference_steps=2,

@@ -10,8 +10,9 @@ use tch::Tensor;
 
 use crate::ModelError;
 
-/// The extra naming latents held fixed at the start of every sample, (B, C, Fh, H, W): the
-/// conditioned first frame of image-to-video (Wan2.2-TI2V). Rollouts keep those frames at these
+/// The extra naming latents held fixed at the start of every sample: the conditioned first frame
+/// of image-to-video, (B, C, Fh, H, W) of a clip (Wan2.2-TI2V) or the first frame's (B, Sh, C)
+/// leading tokens of a packed latent (LTX-2). Rollouts keep those frames at these
 /// values in every step, the denoiser sees them at timestep 0 and predicts no velocity for them,
 /// and log-probs average over the other (generated) frames only.
 pub const HELD_LATENTS: &str = "held_latents";
@@ -243,20 +244,34 @@ fn prefix_lengths(mask: &Tensor) -> Option<Vec<i64>> {
     prefix.equal(&tokens).then(|| Vec::<i64>::try_from(&counts).ok()).flatten()
 }
 
-/// `latents` (B, C, F, H, W) with their first frames replaced by `held` (B, C, Fh, H, W), in the
-/// latents' dtype.
-pub fn hold_frames(latents: &Tensor, held: &Tensor) -> Tensor {
-    let fh = held.size()[2];
-    let rest = latents.narrow(2, fh, latents.size()[2] - fh);
-    Tensor::cat(&[held.to_kind(latents.kind()), rest], 2)
+/// The axis held latents lead along: frames of a clip (B, C, F, H, W), tokens of a packed latent
+/// (B, S, C) whose first tokens are the first frame's (LTX-2).
+fn held_axis(latents: &Tensor) -> i64 {
+    if latents.dim() == 3 {
+        1
+    } else {
+        2
+    }
 }
 
-/// A (1, 1, F, 1, 1) mask of `latents`' frames (B, C, F, H, W): 0 on the `held` ones, 1 on the
-/// generated ones.
+/// `latents` with their leading frames (or tokens, for a packed (B, S, C) latent) replaced by
+/// `held` (B, C, Fh, H, W) or (B, Sh, C), in the latents' dtype.
+pub fn hold_frames(latents: &Tensor, held: &Tensor) -> Tensor {
+    let axis = held_axis(latents);
+    let fh = held.size()[axis as usize];
+    let rest = latents.narrow(axis, fh, latents.size()[axis as usize] - fh);
+    Tensor::cat(&[held.to_kind(latents.kind()), rest], axis)
+}
+
+/// A mask of `latents`' frames, (1, 1, F, 1, 1) for a clip or (1, S, 1) for packed tokens: 0 on
+/// the `held` ones, 1 on the generated ones.
 pub fn generated_frames(latents: &Tensor, held: &Tensor) -> Tensor {
-    let (f, fh) = (latents.size()[2], held.size()[2]);
-    let mask = Tensor::ones([1, 1, f, 1, 1], (latents.kind(), latents.device()));
-    let _ = mask.narrow(2, 0, fh).fill_(0.0);
+    let axis = held_axis(latents);
+    let (len, fh) = (latents.size()[axis as usize], held.size()[axis as usize]);
+    let mut shape = vec![1; latents.dim()];
+    shape[axis as usize] = len;
+    let mask = Tensor::ones(shape.as_slice(), (latents.kind(), latents.device()));
+    let _ = mask.narrow(axis, 0, fh).fill_(0.0);
     mask
 }
 

@@ -191,7 +191,9 @@ mod tests {
             ),
             "{err}"
         );
-        assert_eq!(family_of("LTX2Pipeline").unwrap().name, "ltx2");
+        for class in ["LTX2Pipeline", "LTX2ImageToVideoPipeline"] {
+            assert_eq!(family_of(class).unwrap().name, "ltx2");
+        }
         let err = family_of("LTX2LatentUpsamplePipeline").unwrap_err().to_string();
         assert!(err.contains("is not supported: the latent upsampler"), "{err}");
         let err = family_named("hunyuan").unwrap_err().to_string();

@@ -2,8 +2,8 @@
 //! and its compositing of RGBA over white, reproduced exactly: separable convolution (width first,
 //! then height, unless the height shrinks much more) with the filter stretched by the downscale
 //! factor, weights normalised per output pixel and turned into 22-bit fixed point, sums rounded
-//! half up and clamped to 8 bits after each pass. diffusers' image processors resize with Lanczos,
-//! Qwen2-VL's with bicubic; matching Pillow bit for bit keeps reference pictures and latents
+//! half up and clamped to 8 bits after each pass. diffusers' image processors resize with Lanczos
+//! (LTX-2's video processor with bilinear), Qwen2-VL's with bicubic; matching Pillow bit for bit keeps reference pictures and latents
 //! identical.
 
 use image::{RgbImage, RgbaImage};
@@ -11,6 +11,8 @@ use image::{RgbImage, RgbaImage};
 /// Pillow's resampling filters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Filter {
+    /// `Image.BILINEAR` (a triangle, support 1).
+    Bilinear,
     /// `Image.BICUBIC` (a = −0.5, support 2).
     Bicubic,
     /// `Image.LANCZOS` (sinc windowed by sinc(x/3), support 3).
@@ -32,6 +34,7 @@ fn sinc(x: f64) -> f64 {
 impl Filter {
     fn support(self) -> f64 {
         match self {
+            Filter::Bilinear => 1.0,
             Filter::Bicubic => 2.0,
             Filter::Lanczos => 3.0,
         }
@@ -39,6 +42,7 @@ impl Filter {
 
     fn weight(self, x: f64) -> f64 {
         match self {
+            Filter::Bilinear => (1.0 - x.abs()).max(0.0),
             Filter::Bicubic => {
                 const A: f64 = -0.5;
                 let x = x.abs();

@@ -59,6 +59,7 @@ fn forward(model: &Ltx2Transformer, io: &Io, entry: &serde_json::Value) -> (Tens
             audio_text: &io["input.audio_encoder_hidden_states"],
             text_mask: Some(&io["input.encoder_attention_mask"]),
             timestep: &io["input.timestep"],
+            video_timestep: None,
             video_shape: video_shape(entry),
             fps: &fps,
         })

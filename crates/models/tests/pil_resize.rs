@@ -1,5 +1,5 @@
 //! `flowtune_models::resize` against Pillow's `Image.resize` (`scripts/reference_pil_resize.py`):
-//! every pixel equal, for Lanczos and bicubic, up, down and mixed.
+//! every pixel equal, for Lanczos, bicubic and bilinear, up, down and mixed.
 
 use flowtune_fixtures::tensors;
 use flowtune_models::resize::{resize, Filter};
@@ -9,12 +9,13 @@ use image::RgbImage;
 fn resize_equals_pillow_exactly() {
     let io = tensors("pil_resize.safetensors");
     let cases = io.keys().filter(|k| k.ends_with(".in")).count();
-    assert!(cases >= 6, "{cases} cases");
+    assert!(cases >= 17, "{cases} cases");
     for i in 0..cases {
         let (input, want) = (&io[&format!("{i}.in")], &io[&format!("{i}.out")]);
         let filter = match io[&format!("{i}.filter")].int64_value(&[0]) {
+            0 => Filter::Bicubic,
             1 => Filter::Lanczos,
-            _ => Filter::Bicubic,
+            _ => Filter::Bilinear,
         };
         let picture = |t: &tch::Tensor| {
             let (h, w, _) = t.size3().unwrap();

@@ -375,8 +375,10 @@ fn ltx2_matches(pg: &Arc<ProcessGroup>) {
         split.sequence_parallel(group()).unwrap();
         split.set_gradient_checkpointing(true);
         let c = &one.config;
-        // Latent video (frames, rows, columns) → 9 and 8 video tokens (patch 1); 7 and 6 audio.
-        for (video, audio) in [([3, 1, 3], 7), ([2, 2, 2], 6)] {
+        // Latent video (frames, rows, columns) → 9 and 8 video tokens (patch 1); 7 and 6 audio;
+        // image-to-video holds the first frame's tokens (per-token video timesteps).
+        let cases = [([3, 1, 3], 7, false), ([2, 2, 2], 6, false), ([3, 1, 3], 7, true)];
+        for (video, audio, held) in cases {
             tch::manual_seed(7);
             let tokens = video.iter().product::<i64>() + audio;
             let latents = Tensor::randn([2, tokens, c.in_channels], F64);
@@ -391,7 +393,15 @@ fn ltx2_matches(pg: &Arc<ProcessGroup>) {
                 (FPS, Tensor::from_slice(&[24.0f32, 25.0])),
             ];
             text.extras.extend(extras.into_iter().map(|(k, v)| (k.to_string(), v)));
-            let what = format!("{layout}, {} video and {audio} audio tokens", tokens - audio);
+            if held {
+                let first = latents.narrow(1, 0, video[1] * video[2]).randn_like();
+                text.extras.insert(HELD_LATENTS.into(), first);
+            }
+            let what = format!(
+                "{layout}, {} video and {audio} audio tokens{}",
+                tokens - audio,
+                if held { ", image-to-video" } else { "" }
+            );
             // The query and key norms' statistics are f32 (as diffusers'): the text keys'
             // gradients, partial sums over each rank's queries, differ at f32's rounding (1e-8);
             // everything else is f64.

@@ -23,3 +23,19 @@ fn every_algorithm_trains_and_resumes_on_ltx2() {
         "video_to_audio_attn.to_k.lora_B",
     );
 }
+
+/// Image-to-video with sound: the prompt rows name their first frame (`image`), whose latent
+/// tokens every sample keeps; every algorithm trains on it, is on-policy at its first step (the
+/// log-probs average over the generated video and audio tokens) and resumes bit for bit.
+#[test]
+fn every_algorithm_trains_and_resumes_on_ltx2_image_to_video() {
+    let data = common::root().join("examples/prompts/ltx2_i2v_tiny.jsonl");
+    let data = format!("data.train_files=[{}]", data.display());
+    let extra: Vec<&str> = LTX2.iter().copied().chain([data.as_str()]).collect();
+    common::families::every_algorithm_trains_and_resumes(
+        "ltx2",
+        "flow_grpo_ltx2_i2v_tiny.yaml",
+        &extra,
+        "video_to_audio_attn.to_k.lora_B",
+    );
+}

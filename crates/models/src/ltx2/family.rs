@@ -5,19 +5,15 @@ use super::tiny::{write_tiny_ltx2, TinyLtx2Spec};
 use super::transformer::{Ltx2Transformer, LTX2_TARGETS};
 use crate::registry::Family;
 
-/// LTX-2.0 and LTX-2.3 text-to-video with sound (`LTX2Pipeline`): one latent of video and audio
-/// tokens denoised together. Image-to-video, the latent upsampler, temporal refinement and
-/// in-context LoRA are refused by name; prompt enhancement is never run (prompts are used as
-/// written).
+/// LTX-2.0 and LTX-2.3 text-to-video with sound (`LTX2Pipeline`), and image-to-video with sound
+/// from a first-frame picture (rows with a picture; `LTX2ImageToVideoPipeline` folders hold the
+/// same components): one latent of video and audio tokens denoised together. The latent
+/// upsampler, temporal refinement and in-context LoRA are refused by name; prompt enhancement is
+/// never run (prompts are used as written).
 pub const FAMILY: Family = Family {
     name: "ltx2",
-    pipeline_classes: &["LTX2Pipeline"],
+    pipeline_classes: &["LTX2Pipeline", "LTX2ImageToVideoPipeline"],
     refused_classes: &[
-        (
-            "LTX2ImageToVideoPipeline",
-            "LTX-2 image-to-video with sound is not built yet; point model.path at an \
-             LTX2Pipeline (text-to-video with sound) folder",
-        ),
         (
             "LTX2LatentUpsamplePipeline",
             "the latent upsampler is a second-stage refiner, not a denoiser flowtune trains",

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
+use image::{RgbImage, RgbaImage};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
@@ -20,9 +21,10 @@ use crate::audio::Waveform;
 use crate::denoiser::TrainableDenoiser;
 use crate::family::{FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
+use crate::resize::{resize, Filter};
 use crate::text_encoders::gemma3::prompts::{Gemma3PromptEncoder, MAX_SEQUENCE_LENGTH};
 use crate::vae::AutoencoderKl;
-use crate::{ModelError, TextConditioning};
+use crate::{ModelError, TextConditioning, HELD_LATENTS};
 
 /// Pixel frames of a sample when the options name none: LTX2Pipeline's default `num_frames`.
 pub const DEFAULT_NUM_FRAMES: usize = 121;
@@ -168,6 +170,37 @@ impl Ltx2Pipeline {
         })
     }
 
+    /// The first frame's video tokens (1, Sh, C) of image-to-video samples of the current
+    /// geometry, as LTX2ImageToVideoPipeline makes them with `image_crf=0`: the picture resized
+    /// to the sample's size with Pillow's bilinear filter (the pipeline's video processor), encoded alone as a one-frame clip, the
+    /// posterior mean normalised (`_normalize_latents` at its default scaling factor 1) and
+    /// packed.
+    pub fn first_frame_latents(&self, picture: &RgbImage) -> Result<Tensor, ModelError> {
+        let g = self.geometry()?;
+        let p = self.patches();
+        if g.frames < 2 || p.temporal != 1 {
+            return Err(ModelError::Input(format!(
+                "{}: image-to-video needs at least {} frames (model.num_frames / --num-frames; \
+                 got {}) and a transformer without temporal patches (patch_size_t {})",
+                self.dir.root.display(),
+                self.compression().temporal + 1,
+                self.num_frames,
+                p.temporal
+            )));
+        }
+        let s = self.compression().spatial;
+        let (height, width) = (g.height * s, g.width * s);
+        let sized = resize(picture, width as u32, height as u32, Filter::Bilinear);
+        let vae_device = self.vae.store.device();
+        let pixels = Tensor::from_slice(sized.as_raw()).view([1, height, width, 3]).to_device(vae_device);
+        let clip = AutoencoderKl::from_rgb8(&pixels).unsqueeze(2);
+        let (mean, _) = self.vae.encode(&clip.to_kind(self.vae.kind()))?;
+        // diffusers normalises the condition at scaling factor 1, whatever the VAE's config says.
+        let normalised =
+            self.vae.normalize_latents(&mean.to_kind(Kind::Float))? / self.vae.scaling_factor();
+        Ok(p.pack_video(&normalised).to_device(self.device()))
+    }
+
     /// The video and audio parts of joint latents of the current geometry.
     fn parts(&self, latents: &Tensor) -> Result<(Tensor, Tensor, Geometry), ModelError> {
         let g = self.geometry()?;
@@ -209,6 +242,31 @@ impl FlowPipeline for Ltx2Pipeline {
         cond.extras.insert(AUDIO_EMBEDS.into(), out.audio.to_kind(kind).to_device(device));
         self.sample_conditioning(&mut cond)?;
         Ok(cond)
+    }
+
+    /// LTX-2 image-to-video with sound: one picture, the first frame of every sample, held as
+    /// the [`HELD_LATENTS`] (the first frame's leading tokens) of each row.
+    fn encode_prompts_with_pictures(
+        &self,
+        prompts: &[&str],
+        pictures: &[RgbaImage],
+        _latent_shape: &[i64],
+    ) -> Result<TextConditioning, ModelError> {
+        let pictures = crate::pictures::opaque_rgb(pictures, &self.dir.index.class_name)?;
+        let picture = match &pictures[..] {
+            [] => return self.encode_prompts(prompts),
+            [one] => one,
+            many => {
+                return Err(ModelError::Input(format!(
+                    "image-to-video takes one first-frame picture per prompt, got {}",
+                    many.len()
+                )))
+            }
+        };
+        let held = self.first_frame_latents(picture)?;
+        let mut text = self.encode_prompts(prompts)?;
+        text.extras.insert(HELD_LATENTS.into(), held.repeat([prompts.len() as i64, 1, 1]));
+        Ok(text)
     }
 
     /// Each row's latent video size and frame rate, from the current geometry.

@@ -37,7 +37,8 @@ pub struct BlockInputs<'a> {
     /// Video and audio text states (B, L, D) and (B, L, D_a).
     pub text: &'a Tensor,
     pub audio_text: &'a Tensor,
-    /// `time_embed` / `audio_time_embed` modulations (B, 1, n·D), n = 6 or 9.
+    /// `time_embed` / `audio_time_embed` modulations (B, 1, n·D), n = 6 or 9; the video's is
+    /// (B, S_v, n·D) with per-token timesteps (this rank's tokens with a group).
     pub temb: &'a Tensor,
     pub audio_temb: &'a Tensor,
     /// Audio↔video scale and shift (B, 1, 4·D) and the gate (B, 1, D) of each stream.
@@ -230,10 +231,12 @@ impl Ltx2Block {
     }
 }
 
-/// `table` (n, D) plus the global modulation (B, 1, n·D): n tensors (B, 1, D).
+/// `table` (n, D) plus the modulation (B, R, n·D), per sample (R = 1) or per token: n tensors
+/// (B, R, D).
 fn modulations(table: &Tensor, global: &Tensor) -> Vec<Tensor> {
     let (n, dim) = (table.size()[0], table.size()[1]);
-    let b = global.size()[0];
-    let values = table.to_kind(global.kind()).view([1, 1, n, dim]) + global.view([b, 1, n, dim]);
+    let (b, rows) = (global.size()[0], global.size()[1]);
+    let values =
+        table.to_kind(global.kind()).view([1, 1, n, dim]) + global.view([b, rows, n, dim]);
     values.unbind(2)
 }

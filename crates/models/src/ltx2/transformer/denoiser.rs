@@ -8,7 +8,7 @@ use super::model::{Ltx2Inputs, Ltx2Transformer};
 use crate::denoiser::{weights_and_frozen_copy, ExampleInputs, ExampleShape, TrainableDenoiser};
 use crate::ltx2::latents::{join, split};
 use crate::sequence::SequenceParallel;
-use crate::{Denoiser, ModelError, TextConditioning};
+use crate::{generated_frames, hold_frames, Denoiser, ModelError, TextConditioning};
 
 /// Extra (B, L, D_a): the audio connector's text states ([`TextConditioning::embeds`] holds the
 /// video's).
@@ -52,7 +52,10 @@ fn extra<'a>(text: &'a TextConditioning, name: &str) -> Result<&'a Tensor, Model
 
 impl Denoiser for Ltx2Transformer {
     /// LTX2Pipeline passes the scheduler's timestep `1000·σ` and reads velocities: the forward
-    /// on the joint latent's video and audio parts, concatenated back.
+    /// on the joint latent's video and audio parts, concatenated back. With held latents
+    /// (image-to-video: the first frame's tokens), those tokens are set to the condition at
+    /// timestep 0, as LTX2ImageToVideoPipeline runs them, and get no velocity (they are not
+    /// sampled).
     fn velocity(
         &self,
         latents: &Tensor,
@@ -60,7 +63,21 @@ impl Denoiser for Ltx2Transformer {
         text: &TextConditioning,
     ) -> Result<Tensor, ModelError> {
         let video_shape = self.video_shape(text)?;
-        let (video, audio) = split(latents, self.video_tokens(video_shape))?;
+        let video_tokens = self.video_tokens(video_shape);
+        let held = text.held_latents();
+        let (latents, generated) = match held {
+            Some(h) => {
+                self.check_held(latents, h, video_tokens)?;
+                (hold_frames(latents, h), Some(generated_frames(latents, h)))
+            }
+            None => (latents.shallow_clone(), None),
+        };
+        // 0 on the held tokens, the step's timestep on the others: (B, S_v).
+        let video_timestep = generated.as_ref().map(|g| {
+            timestep.to_kind(Kind::Float).view([-1, 1])
+                * g.narrow(1, 0, video_tokens).view([1, -1]).to_kind(Kind::Float)
+        });
+        let (video, audio) = split(&latents, video_tokens)?;
         let (v, a) = self.forward(&Ltx2Inputs {
             video: &video,
             audio: &audio,
@@ -68,10 +85,33 @@ impl Denoiser for Ltx2Transformer {
             audio_text: extra(text, AUDIO_EMBEDS)?,
             text_mask: text.mask.as_ref(),
             timestep,
+            video_timestep: video_timestep.as_ref(),
             video_shape,
             fps: extra(text, FPS)?,
         })?;
-        Ok(join(&v, &a).to_kind(latents.kind()))
+        let v = join(&v, &a).to_kind(latents.kind());
+        Ok(match generated {
+            Some(g) => v * g,
+            None => v,
+        })
+    }
+}
+
+impl Ltx2Transformer {
+    /// Held latents (B, Sh, C) must be leading video tokens of `latents` (B, S_v + S_a, C).
+    fn check_held(&self, latents: &Tensor, held: &Tensor, video_tokens: i64) -> Result<(), ModelError> {
+        let (size, h) = (latents.size(), held.size());
+        let fits = size.len() == 3
+            && h.len() == 3
+            && (h[0], h[2]) == (size[0], size[2])
+            && (1..video_tokens).contains(&h[1]);
+        if fits {
+            return Ok(());
+        }
+        Err(ModelError::Input(format!(
+            "LTX-2 held latents {h:?} do not fit latents {size:?}: expected [B, Sh, C] with \
+             0 < Sh < {video_tokens} video tokens"
+        )))
     }
 }
 

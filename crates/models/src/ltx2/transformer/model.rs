@@ -17,7 +17,8 @@ use crate::ModelError;
 
 /// What sequence parallelism splits: the video and the audio tokens (the keys of their
 /// self-attentions and of the audio↔video attentions; text cross-attention stays local), then
-/// their rotary tables in [`Ropes::tables`]' order. Modulations are per sample, not split.
+/// their rotary tables in [`Ropes::tables`]' order. Per-sample modulations are not split;
+/// per-token ones ([`PER_TOKEN`]) are.
 const SEQUENCE: [Stream; 10] = [
     Stream { name: "video", dim: 1, role: Role::Keys },
     Stream { name: "audio", dim: 1, role: Role::Keys },
@@ -30,6 +31,10 @@ const SEQUENCE: [Stream; 10] = [
     Stream { name: "cross audio cos", dim: 1, role: Role::Follows },
     Stream { name: "cross audio sin", dim: 1, role: Role::Follows },
 ];
+
+/// The video stream's per-token timestep embeddings and modulations (B, S_v, …), split with the
+/// video tokens.
+const PER_TOKEN: Stream = Stream { name: "video per-token timesteps", dim: 1, role: Role::Follows };
 
 /// `LTX2AdaLayerNormSingle`: sinusoidal timestep features → `emb.timestep_embedder` (SiLU MLP)
 /// → SiLU → `linear` (n modulations).
@@ -50,11 +55,14 @@ impl AdaLnSingle {
         }
     }
 
-    /// Modulations (B, 1, n·D) and the embedding (B, 1, D) of timesteps `t` (B,).
+    /// Modulations (B, R, n·D) and the embedding (B, R, D) of timesteps `t`: (B,) per sample
+    /// (R = 1) or (B, R) per token.
     fn forward(&self, t: &Tensor, kind: Kind) -> (Tensor, Tensor) {
-        let features = timestep_features(t, TIMESTEP_CHANNELS, 1.0).to_kind(kind);
+        let b = t.size()[0];
+        let features = timestep_features(&t.reshape([-1]), TIMESTEP_CHANNELS, 1.0).to_kind(kind);
         let embedding = self.timestep_embedder.forward(&features);
-        (self.linear.forward(&embedding.silu()).unsqueeze(1), embedding.unsqueeze(1))
+        let rows = |x: Tensor| x.view([b, -1, x.size()[1]]);
+        (rows(self.linear.forward(&embedding.silu())), rows(embedding))
     }
 }
 
@@ -88,8 +96,12 @@ pub struct Ltx2Inputs<'a> {
     pub audio_text: &'a Tensor,
     /// (B, L): 1 for tokens, 0 for padding, shared by both text streams.
     pub text_mask: Option<&'a Tensor>,
-    /// The scheduler's timestep `1000·σ` (B,): diffusers' `timestep` and `sigma` alike.
+    /// The scheduler's timestep `1000·σ` (B,): diffusers' `audio_timestep` and `sigma`, and its
+    /// `timestep` unless `video_timestep` is given.
     pub timestep: &'a Tensor,
+    /// Per-token video timesteps (B, S_v): LTX2ImageToVideoPipeline's `timestep`, 0 on the held
+    /// first frame's tokens.
+    pub video_timestep: Option<&'a Tensor>,
     /// The latent video's (frames, height, width).
     pub video_shape: [i64; 3],
     /// Frame rate the positions are conditioned on: (B,) or one for all (0-dim).
@@ -189,10 +201,11 @@ impl Ltx2Transformer {
         )
     }
 
-    /// diffusers' forward as LTX2Pipeline calls it (both modalities at one timestep, no
-    /// isolation or guidance perturbation): the video (B, S_v, out_channels) and audio
-    /// (B, S_a, audio_out_channels) velocities. With one timestep for both streams,
-    /// `use_cross_timestep` (the pipeline's default) and its opposite give the same forward.
+    /// diffusers' forward as LTX2Pipeline and LTX2ImageToVideoPipeline call it (no isolation or
+    /// guidance perturbation, `use_cross_timestep`): the video (B, S_v, out_channels) and audio
+    /// (B, S_a, audio_out_channels) velocities. Only the video stream's own modulations read
+    /// per-token timesteps; the audio's, the text modulation and the audio↔video attentions read
+    /// the per-sample one.
     pub fn forward(&self, inputs: &Ltx2Inputs<'_>) -> Result<(Tensor, Tensor), ModelError> {
         self.check_inputs(inputs)?;
         let c = &self.config;
@@ -212,7 +225,13 @@ impl Ltx2Transformer {
         let (video_keys, audio_keys) = (split.keys_of("video"), split.keys_of("audio"));
 
         let t = inputs.timestep.to_kind(Kind::Float).reshape([-1]);
-        let (temb, embedded) = self.time_embed.forward(&t, kind);
+        let (temb, embedded) = match inputs.video_timestep {
+            Some(per_token) => {
+                let (temb, embedded) = self.time_embed.forward(&per_token.to_kind(Kind::Float), kind);
+                (split.split(&PER_TOKEN, &temb), split.split(&PER_TOKEN, &embedded))
+            }
+            None => self.time_embed.forward(&t, kind),
+        };
         let (audio_temb, audio_embedded) = self.audio_time_embed.forward(&t, kind);
         let prompt =
             self.prompt_adaln.as_ref().map(|(v, a)| (v.forward(&t, kind).0, a.forward(&t, kind).0));
@@ -334,6 +353,9 @@ impl Ltx2Transformer {
         }
         if i.timestep.size() != [b] {
             return fail(format!("timestep {:?}, expected [{b}]", i.timestep.size()));
+        }
+        if let Some(t) = i.video_timestep.filter(|t| t.size() != [b, tokens]) {
+            return fail(format!("per-token video timestep {:?}, expected [{b}, {tokens}]", t.size()));
         }
         if i.fps.numel() != 1 && i.fps.size() != [b] {
             return fail(format!("fps {:?}, expected [{b}] or one value", i.fps.size()));
