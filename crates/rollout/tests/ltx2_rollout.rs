@@ -73,7 +73,8 @@ fn ltx2_ode_runs_match_the_pipeline_call() {
         check.close_within("mask", &mask, &io["output.mask"], 1e-12);
 
         let initial = join(&io["input.video_noise"], &io["input.audio_noise"]);
-        let guidance = Guidance { scale, scale_2: None, negative: (scale > 1.0).then_some(&negative) };
+        let guidance =
+            Guidance { scale, scale_2: None, negative: (scale > 1.0).then_some(&negative) };
         check_ode(&mut check, &io, &pipe, &engine, &text, guidance, &initial);
         check.finish();
     }
@@ -117,7 +118,8 @@ fn ltx2_image_to_video_odes_match_the_pipeline_call() {
         let io = tensors(&name);
         let pipe = tiny(folder, frames, fps);
         let shape = pipe.latent_shape(height, width).expect("latent shape");
-        let sampler = SamplerConfig { n: 1, steps: STEPS, guidance_scale: scale, ..Default::default() };
+        let sampler =
+            SamplerConfig { n: 1, steps: STEPS, guidance_scale: scale, ..Default::default() };
         let engine = Engine::new(&pipe, &sampler, shape.clone(), 0).expect("engine");
         let mut check = Checker::new(&name);
         check.case();
@@ -133,7 +135,8 @@ fn ltx2_image_to_video_odes_match_the_pipeline_call() {
         check.close_within("condition", held, &video.narrow(1, 0, sh), 1e-5);
 
         let initial = join(video, &io["input.audio_noise"]);
-        let guidance = Guidance { scale, scale_2: None, negative: (scale > 1.0).then_some(&negative) };
+        let guidance =
+            Guidance { scale, scale_2: None, negative: (scale > 1.0).then_some(&negative) };
         let out = check_ode(&mut check, &io, &pipe, &engine, &text, guidance, &initial);
         let first = out.final_latents.narrow(1, 0, sh);
         assert!(first.equal(held), "{name}: the final latents hold the first frame exactly");
@@ -162,7 +165,10 @@ fn ltx2_i2v_replay_equals_rollout_and_the_held_tokens_have_no_velocity() {
     let held = batch.text.held_latents().expect("held").shallow_clone();
     let sh = held.size()[1];
     let recorded = batch.trajectory.all_latents.narrow(2, 0, sh);
-    assert!(recorded.eq_tensor(&held.unsqueeze(1)).all().int64_value(&[]) == 1, "held in every step");
+    assert!(
+        recorded.eq_tensor(&held.unsqueeze(1)).all().int64_value(&[]) == 1,
+        "held in every step"
+    );
     let rows = Rows::new(vec![1, 0], Device::Cpu);
     for j in 0..2 {
         let out = tch::no_grad(|| engine.replay(&batch, &rows, j)).expect("replay");
@@ -201,39 +207,39 @@ fn check_ode(
         initial,
     };
 
-        let out =
-            tch::no_grad(|| sample_trajectory(pipe.denoiser(), &request, |_| initial.zeros_like()))
-                .expect("the ODE");
-        let g = pipe.geometry().expect("geometry");
-        let (video, audio) = split(&out.final_latents, pipe.patches().video_tokens(&g)).unwrap();
-        let video = pipe.vae.denormalize_latents(&pipe.patches().unpack_video(&video, &g)).unwrap();
-        check.close_within("video_latents", &video, &io["output.video_latents"], MATH_RTOL);
-        let audio = pipe.audio_vae.denormalize_latents(&audio).unwrap();
-        let audio = unpack_latents(&audio, pipe.audio_vae.config.latent_mel_bins()).unwrap();
-        check.close_within("audio_latents", &audio, &io["output.audio_latents"], MATH_RTOL);
+    let out =
+        tch::no_grad(|| sample_trajectory(pipe.denoiser(), &request, |_| initial.zeros_like()))
+            .expect("the ODE");
+    let g = pipe.geometry().expect("geometry");
+    let (video, audio) = split(&out.final_latents, pipe.patches().video_tokens(&g)).unwrap();
+    let video = pipe.vae.denormalize_latents(&pipe.patches().unpack_video(&video, &g)).unwrap();
+    check.close_within("video_latents", &video, &io["output.video_latents"], MATH_RTOL);
+    let audio = pipe.audio_vae.denormalize_latents(&audio).unwrap();
+    let audio = unpack_latents(&audio, pipe.audio_vae.config.latent_mel_bins()).unwrap();
+    check.close_within("audio_latents", &audio, &io["output.audio_latents"], MATH_RTOL);
 
-        let pixels = tch::no_grad(|| pipe.decode_rgb8(&out.final_latents)).expect("decode");
-        let want = &io["output.frames"]; // (B, T, H, W, 3) in [0, 1]
-        let (b, t, h, w, c) = want.size5().unwrap();
-        let want = (want * 255.0).round().permute([0, 2, 1, 3, 4]).reshape([b, h, t * w, c]);
-        let off = (pixels.to_kind(Kind::Float) - want).abs().max().double_value(&[]);
-        if off > 2.0 {
-            check.fail(format!("decoded frames differ from diffusers' by {off} levels"));
-        }
-        let sound = tch::no_grad(|| pipe.decode_audio(&out.final_latents)).expect("audio").unwrap();
-        let wave = Tensor::stack(
-            &sound
-                .iter()
-                .map(|s| {
-                    Tensor::stack(
-                        &s.channels.iter().map(|c| Tensor::from_slice(c)).collect::<Vec<_>>(),
-                        0,
-                    )
-                })
-                .collect::<Vec<_>>(),
-            0,
-        );
-        check.close_within("waveform", &wave, &io["output.audio"], MATH_RTOL);
-        assert_eq!(sound[0].sample_rate as i64, pipe.vocoder.output_sampling_rate());
+    let pixels = tch::no_grad(|| pipe.decode_rgb8(&out.final_latents)).expect("decode");
+    let want = &io["output.frames"]; // (B, T, H, W, 3) in [0, 1]
+    let (b, t, h, w, c) = want.size5().unwrap();
+    let want = (want * 255.0).round().permute([0, 2, 1, 3, 4]).reshape([b, h, t * w, c]);
+    let off = (pixels.to_kind(Kind::Float) - want).abs().max().double_value(&[]);
+    if off > 2.0 {
+        check.fail(format!("decoded frames differ from diffusers' by {off} levels"));
+    }
+    let sound = tch::no_grad(|| pipe.decode_audio(&out.final_latents)).expect("audio").unwrap();
+    let wave = Tensor::stack(
+        &sound
+            .iter()
+            .map(|s| {
+                Tensor::stack(
+                    &s.channels.iter().map(|c| Tensor::from_slice(c)).collect::<Vec<_>>(),
+                    0,
+                )
+            })
+            .collect::<Vec<_>>(),
+        0,
+    );
+    check.close_within("waveform", &wave, &io["output.audio"], MATH_RTOL);
+    assert_eq!(sound[0].sample_rate as i64, pipe.vocoder.output_sampling_rate());
     out
 }

@@ -172,9 +172,9 @@ impl Ltx2Pipeline {
 
     /// The first frame's video tokens (1, Sh, C) of image-to-video samples of the current
     /// geometry, as LTX2ImageToVideoPipeline makes them with `image_crf=0`: the picture resized
-    /// to the sample's size with Pillow's bilinear filter (the pipeline's video processor), encoded alone as a one-frame clip, the
-    /// posterior mean normalised (`_normalize_latents` at its default scaling factor 1) and
-    /// packed.
+    /// to the sample's size with Pillow's bilinear filter (the pipeline's video processor),
+    /// encoded alone as a one-frame clip, the posterior mean normalised (`_normalize_latents` at
+    /// its default scaling factor 1) and packed.
     pub fn first_frame_latents(&self, picture: &RgbImage) -> Result<Tensor, ModelError> {
         let g = self.geometry()?;
         let p = self.patches();
@@ -192,7 +192,8 @@ impl Ltx2Pipeline {
         let (height, width) = (g.height * s, g.width * s);
         let sized = resize(picture, width as u32, height as u32, Filter::Bilinear);
         let vae_device = self.vae.store.device();
-        let pixels = Tensor::from_slice(sized.as_raw()).view([1, height, width, 3]).to_device(vae_device);
+        let pixels =
+            Tensor::from_slice(sized.as_raw()).view([1, height, width, 3]).to_device(vae_device);
         let clip = AutoencoderKl::from_rgb8(&pixels).unsqueeze(2);
         let (mean, _) = self.vae.encode(&clip.to_kind(self.vae.kind()))?;
         // diffusers normalises the condition at scaling factor 1, whatever the VAE's config says.

@@ -236,7 +236,6 @@ impl Ltx2Block {
 fn modulations(table: &Tensor, global: &Tensor) -> Vec<Tensor> {
     let (n, dim) = (table.size()[0], table.size()[1]);
     let (b, rows) = (global.size()[0], global.size()[1]);
-    let values =
-        table.to_kind(global.kind()).view([1, 1, n, dim]) + global.view([b, rows, n, dim]);
+    let values = table.to_kind(global.kind()).view([1, 1, n, dim]) + global.view([b, rows, n, dim]);
     values.unbind(2)
 }

@@ -99,7 +99,12 @@ impl Denoiser for Ltx2Transformer {
 
 impl Ltx2Transformer {
     /// Held latents (B, Sh, C) must be leading video tokens of `latents` (B, S_v + S_a, C).
-    fn check_held(&self, latents: &Tensor, held: &Tensor, video_tokens: i64) -> Result<(), ModelError> {
+    fn check_held(
+        &self,
+        latents: &Tensor,
+        held: &Tensor,
+        video_tokens: i64,
+    ) -> Result<(), ModelError> {
         let (size, h) = (latents.size(), held.size());
         let fits = size.len() == 3
             && h.len() == 3

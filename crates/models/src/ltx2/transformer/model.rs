@@ -227,7 +227,8 @@ impl Ltx2Transformer {
         let t = inputs.timestep.to_kind(Kind::Float).reshape([-1]);
         let (temb, embedded) = match inputs.video_timestep {
             Some(per_token) => {
-                let (temb, embedded) = self.time_embed.forward(&per_token.to_kind(Kind::Float), kind);
+                let (temb, embedded) =
+                    self.time_embed.forward(&per_token.to_kind(Kind::Float), kind);
                 (split.split(&PER_TOKEN, &temb), split.split(&PER_TOKEN, &embedded))
             }
             None => self.time_embed.forward(&t, kind),
@@ -355,7 +356,10 @@ impl Ltx2Transformer {
             return fail(format!("timestep {:?}, expected [{b}]", i.timestep.size()));
         }
         if let Some(t) = i.video_timestep.filter(|t| t.size() != [b, tokens]) {
-            return fail(format!("per-token video timestep {:?}, expected [{b}, {tokens}]", t.size()));
+            return fail(format!(
+                "per-token video timestep {:?}, expected [{b}, {tokens}]",
+                t.size()
+            ));
         }
         if i.fps.numel() != 1 && i.fps.size() != [b] {
             return fail(format!("fps {:?}, expected [{b}] or one value", i.fps.size()));
