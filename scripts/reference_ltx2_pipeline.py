@@ -22,7 +22,7 @@ CASES only when a count follows the output folder) with `input.*`
 `output.audio_embeds`, `output.mask`, negative first as the pipeline concatenates them).
 
 With `--i2v` it runs `LTX2ImageToVideoPipeline.__call__` on the same folder for each of I2V_CASES: the picture of
-`test_picture` (40 x 24) as `image`, `image_crf=0` (no H.264 re-compression: flowtune does not re-encode pictures),
+`reference_wan_rollout.test_picture` (40 x 24) as `image`, `image_crf=0` (no H.264 re-compression: flowtune does not re-encode pictures),
 the initial latents drawn by the pipeline's own `prepare_latents` / `prepare_audio_latents` from a seeded generator
 and recorded as they return them (`input.video_latents`, packed and normalised with the picture's latent in the first
 frame's tokens; `input.mask`, 1 on those tokens; `input.audio_noise`). Writes `<folder>_i2v_f{frames}_io.safetensors`
@@ -34,7 +34,7 @@ import sys
 import numpy as np
 import torch
 from diffusers import LTX2ImageToVideoPipeline, LTX2Pipeline
-from PIL import Image
+from reference_wan_rollout import test_picture  # the 40 x 24 picture Wan's image-to-video fixtures use
 from safetensors.torch import save_file
 
 PROMPTS = ["a red fox barks at the falling snow", "waves crash on rocks while gulls cry overhead at dusk"]
@@ -91,16 +91,6 @@ def case(pipe, name, frames, height, width, fps, scale, audio_scale, rescale, ou
     save_file({k: t.contiguous() for k, t in io.items()}, os.path.join(out_dir, name))
     print(f"{name}: video latents {tuple(latents.shape)}, audio latents {tuple(audio_latents.shape)}, "
           f"frames {tuple(np.asarray(frames_np).shape)}, audio {tuple(waveform.shape)}")
-
-
-def test_picture():
-    """A 24 x 40 (H x W) picture with a gradient, a disc and a bar, so resizing and encoding see real structure."""
-    yy, xx = np.mgrid[0:24, 0:40]
-    r = (xx * 6) % 256
-    g = (yy * 10) % 256
-    b = np.where((xx - 14) ** 2 + (yy - 12) ** 2 < 49, 230, 30)
-    b = np.where((xx > 28) & (xx < 34), 120, b)
-    return Image.fromarray(np.stack([r, g, b], axis=-1).astype(np.uint8))
 
 
 def i2v_case(pipe, name, frames, height, width, fps, scale, out_dir):

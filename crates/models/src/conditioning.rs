@@ -186,6 +186,15 @@ impl TextConditioning {
         })
     }
 
+    /// These rows with `held` (one row: (1, C, Fh, H, W) or (1, Sh, C)) as every row's
+    /// [`HELD_LATENTS`].
+    pub fn holding(mut self, held: &Tensor) -> Self {
+        let mut rows = vec![1; held.dim()];
+        rows[0] = self.embeds.size()[0];
+        self.extras.insert(HELD_LATENTS.into(), held.repeat(rows.as_slice()));
+        self
+    }
+
     /// The latents held fixed at the start of every sample ([`HELD_LATENTS`]), if any.
     pub fn held_latents(&self) -> Option<&Tensor> {
         self.extras.get(HELD_LATENTS)

@@ -31,6 +31,18 @@ pub fn opaque_rgb(pictures: &[RgbaImage], class: &str) -> Result<Vec<RgbImage>, 
         .collect()
 }
 
+/// The one first-frame picture of image-to-video rows (opaque, as RGB), or `None` without
+/// pictures; more than one is refused.
+pub fn first_frame(pictures: &[RgbaImage], class: &str) -> Result<Option<RgbImage>, ModelError> {
+    let mut pictures = opaque_rgb(pictures, class)?;
+    match pictures.len() {
+        0 | 1 => Ok(pictures.pop()),
+        many => Err(ModelError::Input(format!(
+            "image-to-video takes one first-frame picture per prompt, got {many}"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,7 @@ use crate::pipeline::PipelineDir;
 use crate::resize::{resize, Filter};
 use crate::text_encoders::gemma3::prompts::{Gemma3PromptEncoder, MAX_SEQUENCE_LENGTH};
 use crate::vae::AutoencoderKl;
-use crate::{ModelError, TextConditioning, HELD_LATENTS};
+use crate::{ModelError, TextConditioning};
 
 /// Pixel frames of a sample when the options name none: LTX2Pipeline's default `num_frames`.
 pub const DEFAULT_NUM_FRAMES: usize = 121;
@@ -246,28 +246,19 @@ impl FlowPipeline for Ltx2Pipeline {
     }
 
     /// LTX-2 image-to-video with sound: one picture, the first frame of every sample, held as
-    /// the [`HELD_LATENTS`] (the first frame's leading tokens) of each row.
+    /// the [`crate::HELD_LATENTS`] (the first frame's leading tokens) of each row.
     fn encode_prompts_with_pictures(
         &self,
         prompts: &[&str],
         pictures: &[RgbaImage],
         _latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
-        let pictures = crate::pictures::opaque_rgb(pictures, &self.dir.index.class_name)?;
-        let picture = match &pictures[..] {
-            [] => return self.encode_prompts(prompts),
-            [one] => one,
-            many => {
-                return Err(ModelError::Input(format!(
-                    "image-to-video takes one first-frame picture per prompt, got {}",
-                    many.len()
-                )))
-            }
+        let class = &self.dir.index.class_name;
+        let Some(picture) = crate::pictures::first_frame(pictures, class)? else {
+            return self.encode_prompts(prompts);
         };
-        let held = self.first_frame_latents(picture)?;
-        let mut text = self.encode_prompts(prompts)?;
-        text.extras.insert(HELD_LATENTS.into(), held.repeat([prompts.len() as i64, 1, 1]));
-        Ok(text)
+        let held = self.first_frame_latents(&picture)?;
+        Ok(self.encode_prompts(prompts)?.holding(&held))
     }
 
     /// Each row's latent video size and frame rate, from the current geometry.

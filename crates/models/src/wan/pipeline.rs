@@ -16,7 +16,7 @@ use crate::family::{FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::resize::{resize, Filter};
 use crate::vae::AutoencoderKl;
-use crate::{ModelError, TextConditioning, HELD_LATENTS};
+use crate::{ModelError, TextConditioning};
 
 /// Pixel frames of a sample when the options name none: WanPipeline's default `num_frames`.
 pub const DEFAULT_NUM_FRAMES: usize = 81;
@@ -237,28 +237,19 @@ impl FlowPipeline for WanPipeline {
     }
 
     /// Wan2.2-TI2V image-to-video: one picture, the first frame of every sample, held as the
-    /// [`HELD_LATENTS`] of each row.
+    /// [`crate::HELD_LATENTS`] of each row.
     fn encode_prompts_with_pictures(
         &self,
         prompts: &[&str],
         pictures: &[RgbaImage],
         latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
-        let pictures = crate::pictures::opaque_rgb(pictures, &self.dir.index.class_name)?;
-        let picture = match &pictures[..] {
-            [] => return self.encode_prompts(prompts),
-            [one] => one,
-            many => {
-                return Err(ModelError::Input(format!(
-                    "image-to-video takes one first-frame picture per prompt, got {}",
-                    many.len()
-                )))
-            }
+        let class = &self.dir.index.class_name;
+        let Some(picture) = crate::pictures::first_frame(pictures, class)? else {
+            return self.encode_prompts(prompts);
         };
-        let held = self.first_frame_latents(picture, latent_shape)?;
-        let mut text = self.encode_prompts(prompts)?;
-        text.extras.insert(HELD_LATENTS.into(), held.repeat([prompts.len() as i64, 1, 1, 1, 1]));
-        Ok(text)
+        let held = self.first_frame_latents(&picture, latent_shape)?;
+        Ok(self.encode_prompts(prompts)?.holding(&held))
     }
 
     /// `[z, (F − 1)/4 + 1, H/s, W/s]` for `num_frames` F; sides must be multiples of s × the
