@@ -186,6 +186,27 @@ fn ltx2_i2v_replay_equals_rollout_and_the_held_tokens_have_no_velocity() {
     }
 }
 
+/// One-frame clips, several pictures per prompt and translucent pictures are refused by name.
+#[test]
+fn ltx2_image_to_video_is_refused_where_it_cannot_run() {
+    let io = tensors("ltx2_pipeline_i2v_f9_io.safetensors");
+    let one = vec![picture(&io)];
+    let err = |frames: usize, pictures: &[image::RgbaImage]| {
+        let pipe = tiny("ltx2_pipeline", frames, 24.0);
+        let shape = pipe.latent_shape(64, 64).expect("latent shape");
+        let text = pipe.encode_prompts_with_pictures(&PROMPTS, pictures, &shape);
+        text.err().expect("refused").to_string()
+    };
+    let e = err(1, &one);
+    assert!(e.contains("image-to-video needs at least 9 frames"), "{e}");
+    let e = err(9, &[one[0].clone(), one[0].clone()]);
+    assert!(e.contains("one first-frame picture per prompt, got 2"), "{e}");
+    let mut translucent = one[0].clone();
+    translucent.get_pixel_mut(0, 0).0[3] = 254;
+    let e = err(9, &[translucent]);
+    assert!(e.contains("transparent pixels: a LTX2Pipeline takes opaque pictures only"), "{e}");
+}
+
 /// The ODE from `initial` with `text` and `guidance` on `engine`'s grid against the fixture's
 /// final video and audio latents, decoded frames (≤ 2 levels) and waveform.
 fn check_ode(
