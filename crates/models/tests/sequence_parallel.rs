@@ -354,17 +354,7 @@ fn ltx2_matches(pg: &Arc<ProcessGroup>) {
         audio_attention_head_dim: 4,
         ..Ltx2TransformerConfig::tiny()
     };
-    let ltx23 = Ltx2TransformerConfig {
-        attention_head_dim: 6,
-        cross_attention_dim: 24,
-        gated_attn: true,
-        audio_gated_attn: true,
-        cross_attn_mod: true,
-        audio_cross_attn_mod: true,
-        use_prompt_embeddings: false,
-        rope_type: "split".into(),
-        ..tiny.clone()
-    };
+    let ltx23 = tiny.clone().with_ltx23_layout(6, 24);
     for (layout, config) in [("LTX-2.0", tiny.clone()), ("LTX-2.3", ltx23)] {
         let dir = tempfile::tempdir().unwrap();
         let mut rng = SampleRng::new(7);

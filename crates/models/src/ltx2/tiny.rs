@@ -47,19 +47,9 @@ fn transformer_config(spec: &TinyLtx2Spec, caption: i64) -> Ltx2TransformerConfi
     if !spec.ltx23 {
         return base;
     }
-    Ltx2TransformerConfig {
-        // 2 × 12 wide: the connectors' 24-wide video states, and the audio↔video rotary (16
-        // wide) splits over 2 heads.
-        attention_head_dim: 12,
-        cross_attention_dim: 24,
-        gated_attn: true,
-        audio_gated_attn: true,
-        cross_attn_mod: true,
-        audio_cross_attn_mod: true,
-        use_prompt_embeddings: false,
-        rope_type: "split".into(),
-        ..base
-    }
+    // 2 × 12 wide: the connectors' 24-wide video states, and the audio↔video rotary (16 wide)
+    // splits over 2 heads.
+    base.with_ltx23_layout(12, 24)
 }
 
 /// Writes the pipeline into `dir` (created if missing).

@@ -156,6 +156,23 @@ impl Ltx2TransformerConfig {
         }
     }
 
+    /// This config with LTX-2.3's layout switches: gated attention, text modulation of the
+    /// cross-attentions, no caption projections (the connectors project), split rotary; and
+    /// video heads `head_dim` wide reading `cross_attention_dim`-wide text states.
+    pub fn with_ltx23_layout(self, head_dim: i64, cross_attention_dim: i64) -> Self {
+        Self {
+            attention_head_dim: head_dim,
+            cross_attention_dim,
+            gated_attn: true,
+            audio_gated_attn: true,
+            cross_attn_mod: true,
+            audio_cross_attn_mod: true,
+            use_prompt_embeddings: false,
+            rope_type: "split".into(),
+            ..self
+        }
+    }
+
     /// Width of the video token stream.
     pub fn inner_dim(&self) -> i64 {
         self.num_attention_heads * self.attention_head_dim
