@@ -522,3 +522,89 @@ fn auto_sizes_train_the_same_samples() {
         assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{key}: {a} vs {b}");
     }
 }
+
+/// A copy of the config-only pipeline `examples/models/<name>` in `dir`, its `model_index.json`
+/// naming `class`.
+fn config_copy(name: &str, dir: &Path, class: &str) -> PathBuf {
+    let (from, to) = (root().join("examples/models").join(name), dir.join(name));
+    for entry in walk(&from) {
+        let target = to.join(entry.strip_prefix(&from).unwrap());
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(&entry, &target).unwrap();
+    }
+    let index = to.join("model_index.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
+    json["_class_name"] = class.into();
+    std::fs::write(&index, json.to_string()).unwrap();
+    to
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = vec![];
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// The condition pictures prompt rows name count in the plan as each pipeline sizes them (the
+/// row that adds the most stands for all): Qwen-Image-Edit-Plus VAE-encodes each at about 1024²
+/// and cuts the prompt with its vision tokens at `max_sequence_length`; FLUX.2 brings
+/// references above 1024² down to it; Qwen-Image 2.1 sizes them at `output_resolution`² and adds
+/// their vision slots to the prompt, which it does not cut.
+#[test]
+fn condition_pictures_add_their_tokens_to_the_plan() {
+    let dir = scratch("plan-condition-pictures");
+    for (name, (w, h)) in [("wide.png", (1024, 768)), ("big.png", (2048, 2048))] {
+        image::RgbImage::new(w, h).save(dir.join(name)).unwrap();
+    }
+    let rows = [
+        ("plain", r#"{"prompt": "a cat"}"#.to_string()),
+        (
+            "wide",
+            r#"{"prompt": "a cat"}
+{"prompt": "a dog", "images": ["wide.png"]}"#
+                .into(),
+        ),
+        ("two", r#"{"prompt": "a dog", "images": ["wide.png", "big.png"]}"#.into()),
+    ];
+    for (name, text) in &rows {
+        std::fs::write(dir.join(format!("{name}.jsonl")), text).unwrap();
+    }
+    let edit = config_copy("qwen-image", &dir, "QwenImageEditPlusPipeline");
+    let plans = [
+        ("examples/plan/qwen_image_lora_1gpu.yaml", edit.display().to_string()),
+        ("examples/plan/flux2_klein_lora_1gpu.yaml", "examples/models/flux.2-klein-base-4b".into()),
+        ("examples/plan/qwen_image21_lora_1gpu.yaml", "examples/models/qwen-image-2.1".into()),
+    ];
+    let mut added = vec![];
+    for (recipe, model) in &plans {
+        let tokens = |rows: &str| {
+            let file = dir.join(format!("{rows}.jsonl"));
+            let j = json(&[
+                "plan",
+                recipe,
+                &format!("model.path={model}"),
+                &format!("data.train_files=[{}]", file.display()),
+            ]);
+            (j["tokens"].as_u64().unwrap(), item(&j, "activations ("))
+        };
+        let (plain, wide, two) = (tokens("plain"), tokens("wide"), tokens("two"));
+        assert!(plain.1 < wide.1 && wide.1 < two.1, "{recipe}: {plain:?} {wide:?} {two:?}");
+        added.push((wide.0 - plain.0, two.0 - plain.0));
+    }
+    // Edit-Plus: 1184 × 896 and 1024² in 16-pixel tokens; the text stays at its 256 tokens.
+    assert_eq!(added[0], (74 * 56, 74 * 56 + 64 * 64));
+    // FLUX.2: 1024 × 768 as it is, 2048² brought to 1024², in 16-pixel tokens.
+    assert_eq!(added[1], (64 * 48, 64 * 48 + 64 * 64));
+    // Qwen-Image 2.1: 1184 × 896 in 16-pixel tokens, plus one vision slot per 32² pixels and
+    // `<image1><|vision_start|>`…`<|vision_end|>` (6 tokens) in the prompt.
+    assert_eq!(added[2].0, 74 * 56 + 37 * 28 + 6);
+    assert_eq!(added[2].1, 74 * 56 + 37 * 28 + 6 + 64 * 64 + 32 * 32 + 7);
+}

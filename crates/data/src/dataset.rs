@@ -44,6 +44,12 @@ pub fn load_picture(path: &Path, alpha: bool) -> Result<image::RgbaImage, DataEr
     }
 }
 
+/// A condition picture's (width, height), read from its header alone; an unreadable file is named.
+pub fn picture_size(path: &Path) -> Result<(u32, u32), DataError> {
+    image::image_dimensions(path)
+        .map_err(|e| DataError::Io { path: path.display().to_string(), message: e.to_string() })
+}
+
 /// The text between the first pair of double quotes (straight or curly), as OCR prompts quote
 /// their target: `A sign that says "OPEN"` → `OPEN`.
 pub fn quoted_target(prompt: &str) -> Option<String> {

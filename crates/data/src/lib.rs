@@ -8,7 +8,7 @@ mod loader;
 mod pairs;
 mod reference_parquet;
 
-pub use dataset::{load_picture, quoted_target, PromptDataset, PromptRecord};
+pub use dataset::{load_picture, picture_size, quoted_target, PromptDataset, PromptRecord};
 pub use loader::{LoaderState, PromptLoader, Row};
 pub use pairs::{load_pairs, pair_prompts, PreferencePair};
 pub use reference_parquet::{

@@ -5,6 +5,7 @@
 pub mod audio;
 mod causal_vae;
 pub mod clip;
+pub mod condition_sizes;
 mod conditioning;
 pub mod denoiser;
 pub mod family;
@@ -40,6 +41,7 @@ pub mod weights;
 pub mod z_image;
 
 pub use audio::Waveform;
+pub use condition_sizes::{condition_sizes, ConditionSizes};
 pub use conditioning::{generated_frames, hold_frames, TextConditioning, Unpadding, HELD_LATENTS};
 pub use denoiser::{
     guided_velocity, rescaled_guidance, unpadded_velocity, velocity_at_sigma, CfgScale, Denoiser,

@@ -6,6 +6,7 @@ use std::sync::RwLock;
 
 use tch::{Device, Kind};
 
+use crate::condition_sizes::SizeConditions;
 use crate::denoiser::TrainableDenoiser;
 use crate::family::{FlowPipeline, PipelineOptions};
 use crate::lora::LoraConfig;
@@ -42,6 +43,9 @@ pub struct Family {
     pub load: LoadPipeline,
     pub load_denoiser: LoadDenoiser,
     pub write_tiny: WriteTiny,
+    /// What a row's condition pictures add to a sample's sequence, for `flowtune plan`
+    /// ([`crate::condition_sizes::no_tokens`] where they add none).
+    pub condition_sizes: SizeConditions,
 }
 
 /// The families that ship with flowtune.

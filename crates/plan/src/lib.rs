@@ -85,6 +85,12 @@ pub struct Setup {
     pub frame_rate: Option<f64>,
     /// Text tokens the long text encoder gives (`model.max_sequence_length`).
     pub text_tokens: u64,
+    /// The condition pictures of the prompt row that adds the most tokens, each as its (width,
+    /// height) in pixels when VAE-encoded into image-stream tokens (editing, FLUX.2 references).
+    pub condition_pictures: Vec<(u64, u64)>,
+    /// Tokens those pictures add to the text sequence beyond `text_tokens` (vision tokens of a
+    /// pipeline that does not cut the prompt at `max_sequence_length`).
+    pub condition_text_tokens: u64,
     pub micro_batch: u64,
     /// Rows the rollout samples per model batch (`rollout.batch_size`; 0: all of a rank's rows).
     pub rollout_batch: u64,

@@ -199,8 +199,9 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
     let den = pipe.denoiser();
     // LTX-2's audio tokens count at their width's share of the video tokens' (see `audio_tokens`).
     let audio = den.audio.map_or(0, |a| (audio_tokens(pipe, setup) * a.width).div_ceil(den.hidden));
+    let condition = condition_tokens(pipe, setup);
     let (image, text) = (
-        image_tokens(pipe, setup) + audio,
+        image_tokens(pipe, setup) + condition + audio,
         if den.joint_text { text_tokens(den, setup) } else { 0 },
     );
     // Sequence parallelism: a rank holds 1/S of every sequence's tokens.
@@ -214,6 +215,9 @@ pub fn plan(pipe: &Pipeline, setup: &Setup) -> Plan {
             image_tokens(pipe, setup).div_ceil(s),
             audio_tokens(pipe, setup).div_ceil(s)
         ),
+        None if condition > 0 => {
+            format!("{tokens} tokens, {} of condition pictures", condition.div_ceil(s))
+        }
         None => format!("{tokens} tokens"),
     };
     let sequences = setup.micro_batch * if setup.cfg { 2 } else { 1 };
@@ -398,14 +402,25 @@ fn image_tokens(pipe: &Pipeline, setup: &Setup) -> u64 {
     frames.div_ceil(den.temporal_patch) * side * side
 }
 
+/// Image-stream tokens of one sample's condition pictures: each encoded size's latent cells
+/// over the patch.
+fn condition_tokens(pipe: &Pipeline, setup: &Setup) -> u64 {
+    let den = pipe.denoiser();
+    let spatial = pipe.vae.as_ref().map_or(1, |(_, v)| v.spatial);
+    let cell = spatial * den.patch;
+    setup.condition_pictures.iter().map(|&(w, h)| (w / cell) * (h / cell)).sum()
+}
+
 /// Text tokens in the joint sequence: SD3 adds 77 CLIP tokens to the T5 ones, Z-Image pads the
-/// caption to a multiple of 32, FLUX and Qwen-Image take `max_sequence_length`.
+/// caption to a multiple of 32, FLUX and Qwen-Image take `max_sequence_length`; condition
+/// pictures' vision tokens add to it where the pipeline does not cut them there.
 fn text_tokens(den: &Denoiser, setup: &Setup) -> u64 {
-    match den.class.as_str() {
-        "SD3Transformer2DModel" => 77 + setup.text_tokens,
-        "ZImageTransformer2DModel" => setup.text_tokens.div_ceil(32) * 32,
-        _ => setup.text_tokens,
-    }
+    setup.condition_text_tokens
+        + match den.class.as_str() {
+            "SD3Transformer2DModel" => 77 + setup.text_tokens,
+            "ZImageTransformer2DModel" => setup.text_tokens.div_ceil(32) * 32,
+            _ => setup.text_tokens,
+        }
 }
 
 /// One sample's recorded trajectory: the latents entering and leaving each window step plus
@@ -415,8 +430,11 @@ fn trajectory_bytes(pipe: &Pipeline, setup: &Setup) -> u64 {
     let (frames, side, channels) = latent_grid(pipe, setup);
     let audio = den.audio.map_or(0, |a| audio_tokens(pipe, setup) * a.channels);
     let latents = (setup.window_steps + 2) * (frames * side * side * channels + audio) * 4;
+    // The condition pictures' latents ride with the text states, in f32.
+    let cell = den.patch * den.patch;
+    let condition = condition_tokens(pipe, setup) * cell * channels * 4;
     let text = text_tokens(den, setup) * den.text_width * setup.frozen_dtype.bytes();
-    latents + text * if setup.cfg { 2 } else { 1 }
+    latents + condition + text * if setup.cfg { 2 } else { 1 }
 }
 
 /// The block lists of the module trees the families build (what `trainer.sharding: frozen`

@@ -62,6 +62,8 @@ fn setup(full: bool, gpus: u64) -> Setup {
         num_frames: None,
         frame_rate: None,
         text_tokens: 256,
+        condition_pictures: vec![],
+        condition_text_tokens: 0,
         micro_batch: 1,
         rollout_batch: 16,
         gradient_checkpointing: true,

@@ -245,6 +245,7 @@ static FAMILY: Family = Family {
     load,
     load_denoiser,
     write_tiny,
+    condition_sizes: flowtune_models::condition_sizes::no_tokens,
 };
 
 /// The family registered once, and one pipeline of it on disk for every test.

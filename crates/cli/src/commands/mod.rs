@@ -19,6 +19,7 @@ pub mod launch;
 pub mod list;
 pub mod make_tiny;
 pub mod plan;
+pub mod plan_pictures;
 pub mod pretrain;
 pub mod sample;
 pub mod score;

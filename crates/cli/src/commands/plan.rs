@@ -227,6 +227,8 @@ pub(crate) fn setup(
         anyhow::bail!("trainer.rollout_ranks {split} leaves no training rank among {gpus} GPU(s)");
     }
     m.lora.validate()?;
+    let model_dir = flowtune_models::hub::resolve(&m.path)?;
+    let condition = super::plan_pictures::largest(recipe, &model_dir)?;
     let ranks = m.lora.rank_pattern.iter().map(|(k, &r)| (k, r as u64));
     let setup = Setup {
         full: m.finetune == Finetune::Full,
@@ -244,6 +246,12 @@ pub(crate) fn setup(
         num_frames: m.num_frames.map(|f| f as u64),
         frame_rate: m.frame_rate,
         text_tokens: m.max_sequence_length as u64,
+        condition_pictures: condition.encoded.iter().map(|&(w, h)| (w as u64, h as u64)).collect(),
+        condition_text_tokens: if condition.cut_at_max_sequence_length {
+            0
+        } else {
+            condition.text_tokens
+        },
         micro_batch: t.micro_batch_size as u64,
         rollout_batch: r.batch_size as u64,
         gradient_checkpointing: t.gradient_checkpointing,

@@ -27,4 +27,5 @@ pub const FAMILY: Family = Family {
         Ok(Box::new(FluxTransformer::load(dir, device, kind, lora)?))
     },
     write_tiny: |dir, seed| write_tiny_flux(dir, &TinyFluxSpec { seed, ..Default::default() }),
+    condition_sizes: crate::condition_sizes::no_tokens,
 };

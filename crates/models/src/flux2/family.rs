@@ -36,4 +36,5 @@ pub const FAMILY: Family = Family {
         Ok(Box::new(Flux2Transformer::load(dir, device, kind, lora)?))
     },
     write_tiny: |dir, seed| write_tiny_flux2(dir, &TinyFlux2Spec { seed, ..Default::default() }),
+    condition_sizes: super::condition_sizes,
 };

@@ -18,7 +18,7 @@ pub use pipeline::{
     Flux2Pipeline, Flux2PromptEncoder, Flux2TextModel, CHAT_TEMPLATE, MISTRAL_TEXT_LAYERS,
     SYSTEM_MESSAGE, TEXT_LAYERS,
 };
-pub use reference::reference_tokens;
+pub use reference::{condition_sizes, reference_tokens};
 pub use tiny::{write_tiny_flux2, TinyFlux2Spec};
 pub use transformer::{grid_ids, text_ids, Flux2Transformer, REFERENCE_IDS, REFERENCE_TOKENS};
 pub use vae::{Flux2Vae, Flux2VaeConfig};

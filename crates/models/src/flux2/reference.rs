@@ -7,7 +7,9 @@ use image::{imageops, RgbImage};
 use tch::Tensor;
 
 use super::transformer::grid_ids;
-use super::Flux2Vae;
+use super::{Flux2Vae, Flux2VaeConfig};
+use crate::condition_sizes::ConditionSizes;
+use crate::pipeline::PipelineDir;
 use crate::resize::{resize, Filter};
 use crate::ModelError;
 
@@ -19,10 +21,10 @@ const MAX_ASPECT: f64 = 8.0;
 /// The time coordinate of picture i is `STEP · (i + 1)`.
 const STEP: i64 = 10;
 
-/// `picture` as the pipeline sizes it for a token side of `multiple` pixels; the error names the
-/// picture and the limit it breaks.
-fn sized(picture: &RgbImage, index: usize, multiple: u32) -> Result<RgbImage, ModelError> {
-    let (w, h) = picture.dimensions();
+/// The (width, height) the pipeline brings a `w` × `h` picture to for a token side of
+/// `multiple` pixels, and whether that first resizes it (before the centre crop); the error names
+/// the picture and the limit it breaks.
+fn sized_dims(w: u32, h: u32, index: usize, multiple: u32) -> Result<(u32, u32, bool), ModelError> {
     let aspect = (w as f64 / h as f64).max(h as f64 / w as f64);
     if w < MIN_SIDE || h < MIN_SIDE || aspect > MAX_ASPECT {
         return Err(ModelError::Input(format!(
@@ -31,15 +33,47 @@ fn sized(picture: &RgbImage, index: usize, multiple: u32) -> Result<RgbImage, Mo
         )));
     }
     let area = w as f64 * h as f64;
-    let picture = if area > MAX_AREA {
+    let (w, h, resized) = if area > MAX_AREA {
         let scale = (MAX_AREA / area).sqrt();
+        ((w as f64 * scale) as u32, (h as f64 * scale) as u32, true)
+    } else {
+        (w, h, false)
+    };
+    Ok((w / multiple * multiple, h / multiple * multiple, resized))
+}
+
+/// `picture` as the pipeline sizes it for a token side of `multiple` pixels ([`sized_dims`]).
+fn sized(picture: &RgbImage, index: usize, multiple: u32) -> Result<RgbImage, ModelError> {
+    let (w, h) = picture.dimensions();
+    let (cw, ch, resized) = sized_dims(w, h, index, multiple)?;
+    let picture = if resized {
+        let scale = (MAX_AREA / (w as f64 * h as f64)).sqrt();
         resize(picture, (w as f64 * scale) as u32, (h as f64 * scale) as u32, Filter::Lanczos)
     } else {
         picture.clone()
     };
     let (w, h) = picture.dimensions();
-    let (cw, ch) = (w / multiple * multiple, h / multiple * multiple);
     Ok(imageops::crop_imm(&picture, (w - cw) / 2, (h - ch) / 2, cw, ch).to_image())
+}
+
+/// What FLUX.2 reference pictures of (width, height) add ([`crate::condition_sizes`]): each as
+/// the pipeline sizes it, as tokens of the image stream; the prompt does not see them.
+pub fn condition_sizes(
+    dir: &PipelineDir,
+    rows: &[Vec<(u32, u32)>],
+    _: Option<u32>,
+) -> Result<Vec<ConditionSizes>, ModelError> {
+    let vae: Flux2VaeConfig = crate::read_config(&dir.root.join("vae").join("config.json"))?;
+    let multiple = 2u32 << (vae.block_out_channels.len() - 1);
+    let row = |pictures: &Vec<(u32, u32)>| {
+        let mut sizes = ConditionSizes::default();
+        for (i, &(w, h)) in pictures.iter().enumerate() {
+            let (w, h, _) = sized_dims(w, h, i, multiple)?;
+            sizes.encoded.push((w, h));
+        }
+        Ok(sizes)
+    };
+    rows.iter().map(row).collect()
 }
 
 /// Tokens (1, N, 4·C) in f32 and ids (1, N, 4) of `pictures`, one after the other.

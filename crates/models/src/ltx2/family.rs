@@ -54,4 +54,5 @@ pub const FAMILY: Family = Family {
         Ok(Box::new(Ltx2Transformer::load(dir, device, kind, lora)?))
     },
     write_tiny: |dir, seed| write_tiny_ltx2(dir, &TinyLtx2Spec { seed, ..Default::default() }),
+    condition_sizes: crate::condition_sizes::no_tokens,
 };

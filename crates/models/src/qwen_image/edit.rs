@@ -7,8 +7,11 @@ use tch::{Kind, Tensor};
 
 use super::pipeline::QwenText;
 use super::{QwenImagePipeline, CONDITION_LATENTS, CONDITION_SHAPES, EDIT_PLUS};
+use crate::condition_sizes::{marker_tokens, tokenizer_in, ConditionSizes};
 use crate::family::{run_on, FlowPipeline};
+use crate::pipeline::PipelineDir;
 use crate::resize::{resize, Filter};
+use crate::text_encoders::qwen2_vl_processor::Qwen2VlImageProcessor;
 use crate::text_encoders::qwen_edit_prompts::ConditionPicture;
 use crate::{ModelError, TextConditioning};
 
@@ -30,6 +33,38 @@ pub fn calculate_dimensions(area: f64, ratio: f64) -> (u32, u32) {
 fn at_area(picture: &RgbImage, area: f64) -> RgbImage {
     let (w, h) = calculate_dimensions(area, picture.width() as f64 / picture.height() as f64);
     resize(picture, w, h, Filter::Lanczos)
+}
+
+/// What Edit-Plus condition pictures of (width, height) add ([`crate::condition_sizes`]): each
+/// VAE-encoded at about 1024², and its vision tokens (about 384², through the folder's
+/// `processor`) with their words and markers (`Picture 1: <|vision_start|>…<|vision_end|>`, in
+/// the folder's tokenizer) in the prompt, which is then cut at `max_sequence_length`. Plain
+/// Qwen-Image takes no pictures.
+pub fn condition_sizes(
+    dir: &PipelineDir,
+    rows: &[Vec<(u32, u32)>],
+    _: Option<u32>,
+) -> Result<Vec<ConditionSizes>, ModelError> {
+    if dir.index.class_name != EDIT_PLUS {
+        return Ok(vec![ConditionSizes::default(); rows.len()]);
+    }
+    let processor = Qwen2VlImageProcessor::load(&dir.root.join("processor"))?;
+    let tokenizer = tokenizer_in(&dir.root.join("tokenizer"))?;
+    let cell = processor.patch_size * processor.merge_size;
+    let row = |pictures: &Vec<(u32, u32)>| {
+        let mut sizes = ConditionSizes { cut_at_max_sequence_length: true, ..Default::default() };
+        for (i, &(w, h)) in pictures.iter().enumerate() {
+            let ratio = w as f64 / h as f64;
+            sizes.encoded.push(calculate_dimensions(VAE_AREA, ratio));
+            let (seen_w, seen_h) = calculate_dimensions(CONDITION_AREA, ratio);
+            let (rh, rw) = processor.smart_resize(seen_h as i64, seen_w as i64)?;
+            let words = format!("Picture {}: ", i + 1);
+            sizes.text_tokens +=
+                ((rh / cell) * (rw / cell)) as u64 + marker_tokens(tokenizer.as_ref(), &words)?;
+        }
+        Ok(sizes)
+    };
+    rows.iter().map(row).collect()
 }
 
 impl QwenImagePipeline {

@@ -27,4 +27,5 @@ pub const FAMILY: Family = Family {
     write_tiny: |dir, seed| {
         write_tiny_qwen_image(dir, &TinyQwenImageSpec { seed, ..Default::default() })
     },
+    condition_sizes: super::condition_sizes,
 };

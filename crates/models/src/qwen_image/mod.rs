@@ -12,7 +12,7 @@ mod transformer;
 mod vae;
 
 pub use config::QwenImageTransformerConfig;
-pub use edit::calculate_dimensions;
+pub use edit::{calculate_dimensions, condition_sizes};
 pub use family::FAMILY;
 pub use pipeline::{QwenImagePipeline, QwenText};
 pub use rope::ImageShape;

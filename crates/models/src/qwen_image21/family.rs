@@ -36,4 +36,5 @@ pub const FAMILY: Family = Family {
     write_tiny: |dir, seed| {
         write_tiny_qwen_image21(dir, &TinyQwenImage21Spec { seed, ..Default::default() })
     },
+    condition_sizes: super::condition_sizes,
 };

@@ -14,7 +14,7 @@ mod vae;
 pub use config::QwenImage21TransformerConfig;
 pub use family::FAMILY;
 pub use layout::{JointLayout, TOKENS_PER_SLOT};
-pub use pipeline::{PromptStates, QwenImage21Pipeline, QwenImage21PromptEncoder};
+pub use pipeline::{condition_sizes, PromptStates, QwenImage21Pipeline, QwenImage21PromptEncoder};
 pub use tiny::{write_tiny_qwen_image21, TinyQwenImage21Spec};
 pub use transformer::{QwenImage21Transformer, ZeroCenterRmsNorm, IMAGE_SLOTS};
 pub use vae::{write_tiny_qwen_image21_vae, AutoencoderKlQwenImage21, QwenImage21VaeConfig};

@@ -20,6 +20,7 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use super::{AutoencoderKlQwenImage21, QwenImage21Transformer, IMAGE_SLOTS};
+use crate::condition_sizes::{marker_tokens, tokenizer_in, ConditionSizes};
 use crate::family::{image_latent_shape, pipeline_parts, run_on, FlowPipeline, PipelineOptions};
 use crate::pipeline::PipelineDir;
 use crate::qwen_image::{calculate_dimensions, CONDITION_LATENTS, CONDITION_SHAPES};
@@ -41,6 +42,31 @@ const IMAGE_PAD: &str = "<|image_pad|>";
 const VAE_FACTOR: i64 = 16;
 /// `__call__`'s default `output_resolution`.
 pub const DEFAULT_OUTPUT_RESOLUTION: i64 = 1024;
+
+/// What condition pictures of (width, height) add ([`crate::condition_sizes`]): each resized to
+/// `output_resolution`² pixels at its aspect ratio and VAE-encoded as image-stream tokens, and one
+/// vision slot per 2 × 2 of its latent cells, with its words and markers
+/// (`<image1><|vision_start|>…<|vision_end|>`, in the folder's tokenizer), in the prompt.
+pub fn condition_sizes(
+    dir: &PipelineDir,
+    rows: &[Vec<(u32, u32)>],
+    output_resolution: Option<u32>,
+) -> Result<Vec<ConditionSizes>, ModelError> {
+    let tokenizer = tokenizer_in(&dir.root.join("processor"))?;
+    let side = output_resolution.map_or(DEFAULT_OUTPUT_RESOLUTION, i64::from) as f64;
+    let row = |pictures: &Vec<(u32, u32)>| {
+        let mut sizes = ConditionSizes::default();
+        for (i, &(w, h)) in pictures.iter().enumerate() {
+            let (cw, ch) = calculate_dimensions(side * side, w as f64 / h as f64);
+            sizes.encoded.push((cw, ch));
+            let slots = (cw as i64 * ch as i64) / (VAE_FACTOR * VAE_FACTOR * 4);
+            let words = format!("{}<image{}>", if i == 0 { "" } else { " " }, i + 1);
+            sizes.text_tokens += slots as u64 + marker_tokens(tokenizer.as_ref(), &words)?;
+        }
+        Ok(sizes)
+    };
+    rows.iter().map(row).collect()
+}
 
 /// Prompt states as `encode_prompt` returns them.
 pub struct PromptStates {

@@ -23,4 +23,5 @@ pub const FAMILY: Family = Family {
         Ok(Box::new(Sd3Transformer::load(dir, device, kind, lora)?))
     },
     write_tiny: |dir, seed| write_tiny_sd3(dir, &TinySd3Spec { seed, ..Default::default() }),
+    condition_sizes: crate::condition_sizes::no_tokens,
 };

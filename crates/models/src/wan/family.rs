@@ -31,4 +31,5 @@ pub const FAMILY: Family = Family {
         Ok(Box::new(WanTransformer::load(dir, device, kind, lora)?))
     },
     write_tiny: |dir, seed| write_tiny_wan(dir, &TinyWanSpec { seed, ..Default::default() }),
+    condition_sizes: crate::condition_sizes::no_tokens,
 };

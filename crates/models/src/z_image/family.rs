@@ -22,4 +22,5 @@ pub const FAMILY: Family = Family {
         Ok(Box::new(ZImageTransformer::load(dir, device, kind, lora)?))
     },
     write_tiny: |dir, seed| write_tiny_z_image(dir, &TinyZImageSpec { seed, ..Default::default() }),
+    condition_sizes: crate::condition_sizes::no_tokens,
 };
