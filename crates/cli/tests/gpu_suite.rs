@@ -58,6 +58,49 @@ fn bench_step_with_random_weights_reports_phases_and_matches_the_plan() {
     assert!((ratio - 1.0).abs() <= 0.15, "measured / plan = {ratio}: {}", r["memory_gib"]);
 }
 
+/// `bench step --pictures`: every prompt names a condition picture, which random weights encode
+/// with the pipeline's VAE beside stand-in prompts; the plan counts its tokens. FLUX.2 [klein]'s
+/// real config, one block of each kind, a 64² target and a 128² reference: 16 target, 64
+/// reference and 16 text tokens.
+#[test]
+fn bench_step_with_condition_pictures_counts_them_in_the_plan() {
+    let dir = scratch("bench-step-pictures");
+    let json = dir.join("step.json");
+    ok(&flowtune(&[
+        "bench",
+        "step",
+        "examples/flow_grpo_flux2.yaml",
+        "--random-weights",
+        "--layers",
+        "1",
+        "--text-tokens",
+        "16",
+        "--pictures",
+        "128x128",
+        "model.path=examples/models/flux.2-klein-base-4b",
+        "model.resolution=64",
+        "model.dtype=f32",
+        "model.frozen_dtype=f32",
+        "data.prompts_per_step=1",
+        "rollout.n=2",
+        "rollout.steps=2",
+        "rollout.sde_window_size=1",
+        "rollout.sde_window_range=[0,1]",
+        "trainer.micro_batch_size=2",
+        "--json",
+        json.to_str().unwrap(),
+    ]));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(r["tokens_per_sample"], 16 + 64 + 16, "{r}");
+    assert!(r["images_per_s_per_gpu"].as_f64().unwrap() > 0.0, "{r}");
+    let ratio = r["memory_gib"]["measured_over_plan"].as_f64().unwrap();
+    assert!((ratio - 1.0).abs() <= 0.15, "measured / plan = {ratio}: {}", r["memory_gib"]);
+    let bad = flowtune(&["bench", "step", "examples/flow_grpo_tiny.yaml", "--pictures", "64y64"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("expected WIDTHxHEIGHT"));
+}
+
 #[test]
 fn bench_step_refuses_layers_without_random_weights() {
     let out = flowtune(&["bench", "step", "examples/flow_grpo_tiny.yaml", "--layers", "2"]);

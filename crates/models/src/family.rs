@@ -2,6 +2,7 @@
 //! family's pipeline (prompt encoding, latent shapes, the sigma grid, decoding and encoding
 //! images, the denoiser), and the settings every family loads with.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use flowtune_sampling::{GridRequest, SchedulerConfig};
@@ -216,6 +217,23 @@ pub trait FlowPipeline {
         }
         Err(ModelError::Input(format!(
             "{}: a {} takes no condition pictures",
+            self.dir().root.display(),
+            self.dir().index.class_name
+        )))
+    }
+
+    /// What condition `pictures` add to each of `rows` prompts' conditioning besides the prompt
+    /// states (their VAE tokens and layout), for stand-in prompts ([`crate::StandInText`]). A
+    /// family whose pictures reach the denoiser through the text encoder alone refuses.
+    fn picture_extras(
+        &self,
+        pictures: &[RgbaImage],
+        rows: usize,
+    ) -> Result<BTreeMap<String, Tensor>, ModelError> {
+        let _ = (pictures, rows);
+        Err(ModelError::Input(format!(
+            "{}: a {}'s condition pictures need its text encoder, which random weights replace \
+             by stand-in embeddings",
             self.dir().root.display(),
             self.dir().index.class_name
         )))

@@ -76,9 +76,11 @@ pub(crate) fn fill(store: &VarStore, seed: u64) -> Result<(), ModelError> {
             continue;
         }
         let size = var.size();
-        if name.ends_with("bias") {
+        // Norms start as the identity (a batch norm's statistics too: a random variance could
+        // be negative).
+        if name.ends_with("bias") || name.ends_with("running_mean") {
             let _ = var.f_zero_()?;
-        } else if size.len() == 1 && name.ends_with("weight") {
+        } else if size.len() == 1 && (name.ends_with("weight") || name.ends_with("running_var")) {
             let _ = var.f_fill_(1.0)?;
         } else {
             let std = if size.len() >= 2 && name.ends_with("weight") {
@@ -227,20 +229,18 @@ impl FlowPipeline for StandInText {
         self.inner.trained_stores()
     }
 
-    /// Condition pictures would need the text encoders' vision towers, which are not built.
+    /// Stand-in prompts with the pictures' own extras ([`FlowPipeline::picture_extras`]: their
+    /// VAE tokens); the stand-in length stands for the prompt with any vision tokens.
     fn encode_prompts_with_pictures(
         &self,
         prompts: &[&str],
         pictures: &[RgbaImage],
         _latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
-        if pictures.is_empty() {
-            return self.encode_prompts(prompts);
+        let mut text = self.encode_prompts(prompts)?;
+        if !pictures.is_empty() {
+            text.extras.extend(self.inner.picture_extras(pictures, prompts.len())?);
         }
-        Err(ModelError::Input(format!(
-            "{}: condition pictures need the text encoder, which random weights replace by \
-             stand-in embeddings",
-            self.dir().root.display()
-        )))
+        Ok(text)
     }
 }

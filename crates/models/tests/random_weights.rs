@@ -231,3 +231,41 @@ fn random_weights_take_their_bytes_of_resident_memory() {
         .sum();
     assert!(sum > 0.0);
 }
+
+/// Stand-in prompts take condition pictures where the denoiser reads them as VAE tokens
+/// (Qwen-Image-Edit-Plus, FLUX.2 references): the extras are those of the real pipeline's sizing,
+/// every row carries them and the velocity is finite. Qwen-Image 2.1's pictures fill the text
+/// encoder's vision slots, which stand-ins lack: refused by name.
+#[test]
+fn stand_in_prompts_take_condition_pictures_as_vae_tokens() {
+    use flowtune_models::flux2::REFERENCE_TOKENS;
+    use flowtune_models::qwen_image::CONDITION_LATENTS;
+    let _serial = serial();
+    let picture = image::RgbaImage::from_fn(96, 64, |x, y| image::Rgba([x as u8, y as u8, 9, 255]));
+    let options = PipelineOptions { random: random(3), ..PipelineOptions::new(Device::Cpu) };
+    for (fixture, extra) in [
+        ("qwen_image_edit_pipeline", CONDITION_LATENTS),
+        ("flux2_klein_pipeline", REFERENCE_TOKENS),
+    ] {
+        let dir = flowtune_fixtures::dir().join(fixture);
+        let pipe = load(&dir, &options);
+        let shape = pipe.latent_shape(32, 32).expect("latent shape");
+        let text = tch::no_grad(|| {
+            pipe.encode_prompts_with_pictures(&["a", "b"], std::slice::from_ref(&picture), &shape)
+        })
+        .expect("encode");
+        let sizes = flowtune_models::condition_sizes(&dir, &[vec![(96, 64)]], None).unwrap();
+        let cell = if fixture.starts_with("flux2") { 4 } else { 16 };
+        let tokens: u32 = sizes[0].encoded.iter().map(|&(w, h)| (w / cell) * (h / cell)).sum();
+        assert_eq!(text.extras[extra].size()[..2], [2, tokens as i64], "{fixture}");
+        let latents = Tensor::randn([&[2i64][..], &shape].concat(), (Kind::Float, Device::Cpu));
+        let t = Tensor::from_slice(&[900.0f32, 100.0]);
+        let v = tch::no_grad(|| pipe.denoiser().velocity(&latents, &t, &text)).expect("velocity");
+        assert_eq!(v.to_kind(Kind::Float).isfinite().all().int64_value(&[]), 1, "{fixture}");
+    }
+    let dir = flowtune_fixtures::dir().join("qwen_image21_pipeline");
+    let pipe = load(&dir, &options);
+    let shape = pipe.latent_shape(32, 32).expect("latent shape");
+    let err = pipe.encode_prompts_with_pictures(&["a"], &[picture], &shape).err().expect("refused");
+    assert!(err.to_string().contains("need its text encoder"), "{err}");
+}

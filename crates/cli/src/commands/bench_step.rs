@@ -41,6 +41,10 @@ pub struct StepArgs {
     /// with `--random-weights`.
     #[arg(long)]
     layers: Option<u64>,
+    /// Condition pictures every prompt names, as `WIDTHxHEIGHT` (comma-separated): image
+    /// editing and FLUX.2 references, sized by the pipeline as a user's pictures would be.
+    #[arg(long, value_delimiter = ',', value_parser = picture_size)]
+    pictures: Vec<(u32, u32)>,
     /// Steps run before the measured one.
     #[arg(long, default_value_t = 1)]
     warmup: u64,
@@ -59,6 +63,37 @@ pub struct StepArgs {
     /// which goes first, and reports how much of the scoring the overlap hides.
     #[arg(long, default_value_t = 0)]
     overlap_ab: u32,
+}
+
+/// `WIDTHxHEIGHT` as two positive sides.
+fn picture_size(text: &str) -> Result<(u32, u32), String> {
+    let sides =
+        text.split_once(['x', '×']).and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)));
+    sides
+        .filter(|&(w, h)| w > 0 && h > 0)
+        .ok_or_else(|| format!("{text}: expected WIDTHxHEIGHT, e.g. 1024x768"))
+}
+
+/// The prompt file of `count` prompt groups, every row naming the `pictures` (written beside it
+/// as opaque PNGs with some structure); plain lines without pictures.
+fn prompt_file(dir: &Path, count: u64, pictures: &[(u32, u32)]) -> anyhow::Result<PathBuf> {
+    let prompt = |i| format!("a sign that says \"step {i}\"");
+    if pictures.is_empty() {
+        let path = dir.join("prompts.txt");
+        std::fs::write(&path, (0..count).map(|i| prompt(i) + "\n").collect::<String>())?;
+        return Ok(path);
+    }
+    let mut names = vec![];
+    for (i, &(w, h)) in pictures.iter().enumerate() {
+        let name = format!("picture{i}.png");
+        let pixel = |x: u32, y: u32| image::Rgb([(x * 3 + y) as u8, (y * 5) as u8, (x ^ y) as u8]);
+        image::RgbImage::from_fn(w, h, pixel).save(dir.join(&name))?;
+        names.push(name);
+    }
+    let rows = (0..count).map(|i| serde_json::json!({"prompt": prompt(i), "images": names}));
+    let path = dir.join("prompts.jsonl");
+    std::fs::write(&path, rows.map(|r| r.to_string() + "\n").collect::<String>())?;
+    Ok(path)
 }
 
 /// The block counts `--layers` sets in a denoiser's config.
@@ -130,9 +165,7 @@ pub fn run(a: StepArgs, device: &DeviceArg) -> Result<(), Failure> {
     // One prompt group per prompt, each step drawing fresh ones.
     let steps = a.warmup + 1;
     let prompts = first.data.prompts_per_step as u64 * steps;
-    let lines: String = (0..prompts).map(|i| format!("a sign that says \"step {i}\"\n")).collect();
-    let prompt_file = work.path().join("prompts.txt");
-    std::fs::write(&prompt_file, lines).map_err(|e| Failure::Runtime(e.into()))?;
+    let prompt_file = prompt_file(work.path(), prompts, &a.pictures).map_err(Failure::Runtime)?;
     let out = work.path().join("run");
     let mut overrides = vec![format!("reward.functions=[{{name: {}}}]", a.reward)];
     overrides.extend(a.overrides.iter().cloned());

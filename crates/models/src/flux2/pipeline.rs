@@ -3,6 +3,7 @@
 //! encoder's chat template, padded to `max_sequence_length`, hidden states of three layers side by
 //! side), reference images, distilled guidance ([dev]), latent layout and schedule.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
@@ -266,17 +267,26 @@ impl FlowPipeline for Flux2Pipeline {
         pictures: &[RgbaImage],
         _latent_shape: &[i64],
     ) -> Result<TextConditioning, ModelError> {
-        let pictures = crate::pictures::opaque_rgb(pictures, &self.dir.index.class_name)?;
         let mut text = self.encode_prompts(prompts)?;
-        if pictures.is_empty() {
-            return Ok(text);
+        if !pictures.is_empty() {
+            text.extras.extend(self.picture_extras(pictures, prompts.len())?);
         }
-        let (tokens, ids) = reference_tokens(&self.vae, &pictures)?;
-        let rows = prompts.len() as i64;
-        let device = self.device();
-        text.extras.insert(REFERENCE_TOKENS.into(), tokens.to_device(device).repeat([rows, 1, 1]));
-        text.extras.insert(REFERENCE_IDS.into(), ids.to_device(device).repeat([rows, 1, 1]));
         Ok(text)
+    }
+
+    /// The reference pictures' tokens and ids, one copy per row; the prompt does not see them.
+    fn picture_extras(
+        &self,
+        pictures: &[RgbaImage],
+        rows: usize,
+    ) -> Result<BTreeMap<String, Tensor>, ModelError> {
+        let pictures = crate::pictures::opaque_rgb(pictures, &self.dir.index.class_name)?;
+        let (tokens, ids) = reference_tokens(&self.vae, &pictures)?;
+        let (rows, device) = (rows as i64, self.device());
+        Ok(BTreeMap::from([
+            (REFERENCE_TOKENS.into(), tokens.to_device(device).repeat([rows, 1, 1])),
+            (REFERENCE_IDS.into(), ids.to_device(device).repeat([rows, 1, 1])),
+        ]))
     }
 
     /// `[4·C, H/2f, W/2f]` (2×2 patches of the VAE latent, f the VAE factor: 8 released); sides

@@ -2,6 +2,8 @@
 //! condition pictures (resized to about 384² for the vision tower), and the pictures' VAE latents
 //! (resized to about 1024²) ride on the image stream as extra tokens the prediction ignores.
 
+use std::collections::BTreeMap;
+
 use image::RgbImage;
 use tch::{Kind, Tensor};
 
@@ -95,9 +97,19 @@ impl QwenImagePipeline {
             .collect();
         let (embeds, mask) = encoder.encode_prompts(prompts, &views)?;
         let mut text = self.conditioning(embeds, mask);
-        if pictures.is_empty() {
-            return Ok(text);
+        if !pictures.is_empty() {
+            text.extras.extend(self.condition_latents(pictures, prompts.len()));
         }
+        Ok(text)
+    }
+
+    /// [`CONDITION_LATENTS`] (the pictures' packed, normalised VAE latents at about 1024², in
+    /// order) and [`CONDITION_SHAPES`] (their token grids), one copy per row.
+    pub fn condition_latents(
+        &self,
+        pictures: &[RgbImage],
+        rows: usize,
+    ) -> BTreeMap<String, Tensor> {
         let device = self.device();
         let cell = self.vae_scale_factor() * self.transformer.config.patch_size;
         let mut tokens = vec![];
@@ -117,13 +129,13 @@ impl QwenImagePipeline {
             tokens.push(self.transformer.pack(&latents));
             grids.extend([1, h / cell, w / cell]);
         }
-        let b = prompts.len() as i64;
-        let n = pictures.len() as i64;
+        let (b, n) = (rows as i64, pictures.len() as i64);
         let latents = Tensor::cat(&tokens, 1).expand([b, -1, -1], false).contiguous();
         let grids = Tensor::from_slice(&grids).view([1, n, 3]).expand([b, n, 3], false);
-        text.extras.insert(CONDITION_LATENTS.into(), latents);
-        text.extras.insert(CONDITION_SHAPES.into(), grids.contiguous().to_device(device));
-        Ok(text)
+        BTreeMap::from([
+            (CONDITION_LATENTS.into(), latents),
+            (CONDITION_SHAPES.into(), grids.contiguous().to_device(device)),
+        ])
     }
 }
 

@@ -1,6 +1,7 @@
 //! The Qwen-Image pipeline: a diffusers `QwenImagePipeline` directory loaded as components, and
 //! its prompt encoding, latent layout and schedule.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use flowtune_sampling::{GridRequest, Pipeline, SchedulerConfig};
@@ -131,6 +132,23 @@ impl FlowPipeline for QwenImagePipeline {
             (QwenText::Plain(_), true) => self.encode_prompts(prompts),
             _ => self.encode_edit(prompts, &pictures),
         }
+    }
+
+    /// Edit-Plus: the pictures' VAE tokens ([`Self::condition_latents`]).
+    fn picture_extras(
+        &self,
+        pictures: &[RgbaImage],
+        rows: usize,
+    ) -> Result<BTreeMap<String, Tensor>, ModelError> {
+        if self.dir.index.class_name != EDIT_PLUS {
+            return Err(ModelError::Input(format!(
+                "{}: condition pictures need a {EDIT_PLUS}, this is a {}",
+                self.dir.root.display(),
+                self.dir.index.class_name
+            )));
+        }
+        let pictures = crate::pictures::opaque_rgb(pictures, &self.dir.index.class_name)?;
+        Ok(self.condition_latents(&pictures, rows))
     }
 
     fn default_negative_prompt(&self) -> &'static str {
