@@ -21,10 +21,11 @@ const MAX_ASPECT: f64 = 8.0;
 /// The time coordinate of picture i is `STEP · (i + 1)`.
 const STEP: i64 = 10;
 
-/// The (width, height) the pipeline brings a `w` × `h` picture to for a token side of
-/// `multiple` pixels, and whether that first resizes it (before the centre crop); the error names
-/// the picture and the limit it breaks.
-fn sized_dims(w: u32, h: u32, index: usize, multiple: u32) -> Result<(u32, u32, bool), ModelError> {
+/// The size the pipeline resizes a `w` × `h` picture to (itself unless larger than the target
+/// area), then the size of its centre crop to multiples of the token side `multiple`; the error
+/// names the picture and the limit it breaks.
+type Sizes = ((u32, u32), (u32, u32));
+fn sized_dims(w: u32, h: u32, index: usize, multiple: u32) -> Result<Sizes, ModelError> {
     let aspect = (w as f64 / h as f64).max(h as f64 / w as f64);
     if w < MIN_SIDE || h < MIN_SIDE || aspect > MAX_ASPECT {
         return Err(ModelError::Input(format!(
@@ -33,26 +34,23 @@ fn sized_dims(w: u32, h: u32, index: usize, multiple: u32) -> Result<(u32, u32, 
         )));
     }
     let area = w as f64 * h as f64;
-    let (w, h, resized) = if area > MAX_AREA {
+    let (w, h) = if area > MAX_AREA {
         let scale = (MAX_AREA / area).sqrt();
-        ((w as f64 * scale) as u32, (h as f64 * scale) as u32, true)
+        ((w as f64 * scale) as u32, (h as f64 * scale) as u32)
     } else {
-        (w, h, false)
+        (w, h)
     };
-    Ok((w / multiple * multiple, h / multiple * multiple, resized))
+    Ok(((w, h), (w / multiple * multiple, h / multiple * multiple)))
 }
 
 /// `picture` as the pipeline sizes it for a token side of `multiple` pixels ([`sized_dims`]).
 fn sized(picture: &RgbImage, index: usize, multiple: u32) -> Result<RgbImage, ModelError> {
-    let (w, h) = picture.dimensions();
-    let (cw, ch, resized) = sized_dims(w, h, index, multiple)?;
-    let picture = if resized {
-        let scale = (MAX_AREA / (w as f64 * h as f64)).sqrt();
-        resize(picture, (w as f64 * scale) as u32, (h as f64 * scale) as u32, Filter::Lanczos)
-    } else {
+    let ((w, h), (cw, ch)) = sized_dims(picture.width(), picture.height(), index, multiple)?;
+    let picture = if (w, h) == picture.dimensions() {
         picture.clone()
+    } else {
+        resize(picture, w, h, Filter::Lanczos)
     };
-    let (w, h) = picture.dimensions();
     Ok(imageops::crop_imm(&picture, (w - cw) / 2, (h - ch) / 2, cw, ch).to_image())
 }
 
@@ -64,12 +62,11 @@ pub fn condition_sizes(
     _: Option<u32>,
 ) -> Result<Vec<ConditionSizes>, ModelError> {
     let vae: Flux2VaeConfig = crate::read_config(&dir.root.join("vae").join("config.json"))?;
-    let multiple = 2u32 << (vae.block_out_channels.len() - 1);
+    let multiple = vae.scale_factor() as u32;
     let row = |pictures: &Vec<(u32, u32)>| {
         let mut sizes = ConditionSizes::default();
         for (i, &(w, h)) in pictures.iter().enumerate() {
-            let (w, h, _) = sized_dims(w, h, i, multiple)?;
-            sizes.encoded.push((w, h));
+            sizes.encoded.push(sized_dims(w, h, i, multiple)?.1);
         }
         Ok(sizes)
     };

@@ -64,6 +64,11 @@ impl Default for Flux2VaeConfig {
 }
 
 impl Flux2VaeConfig {
+    /// Pixels per latent cell on a side (the VAE's factor × the 2×2 patch).
+    pub fn scale_factor(&self) -> i64 {
+        2 << (self.block_out_channels.len() - 1)
+    }
+
     /// The plain `AutoencoderKL` inside (no scaling or shift: the batch norm normalises).
     fn autoencoder(&self) -> Result<VaeConfig, String> {
         if self.patch_size != [2, 2] {
@@ -144,9 +149,9 @@ impl Flux2Vae {
         Ok(model)
     }
 
-    /// Pixels per latent cell on a side (the VAE's factor × the 2×2 patch).
+    /// Pixels per latent cell on a side ([`Flux2VaeConfig::scale_factor`]).
     pub fn scale_factor(&self) -> i64 {
-        2 << (self.config.block_out_channels.len() - 1)
+        self.config.scale_factor()
     }
 
     /// (mean, std) of the batch norm as (1, C, 1, 1) in `kind`.
