@@ -17,10 +17,10 @@ strip --strip-debug -o "$B/flowtune" target/release/flowtune
 cp scripts/gpu/*.sh scripts/gpu/*.py "$B/scripts/gpu/"
 cp scripts/bench_rollout_diffusers.py scripts/bench_transformer_diffusers.py \
     scripts/measure_activation_constants.py "$B/scripts/"
-for r in flow_grpo_qwen_image flow_grpo_wan flow_grpo_flux2 flow_grpo_tiny flow_grpo_qwen_image_tiny \
-    flow_grpo_wan_tiny flow_grpo_flux2_tiny; do
-    cp "examples/$r.yaml" "$B/examples/"
-done
+# The recipes named by the scripts that run on the GPU machine, and part i's reward server.
+SCRIPTS=(scripts/gpu/suite.sh scripts/gpu/parity.sh scripts/gpu/overlap.sh scripts/gpu/collect.py)
+cp $(grep -ohE "examples/[A-Za-z0-9_]+\.yaml" "${SCRIPTS[@]}" | sort -u) examples/reward_server.py \
+    "$B/examples/"
 cp examples/prompts/tiny.txt "$B/examples/prompts/"
 # Every shipped config (the activation constants are measured on each family's block).
 cp -r examples/models "$B/examples/"
@@ -28,6 +28,13 @@ for f in sd3_tiny flux_dev_tiny qwen_image_tiny wan_t2v_tiny z_image_tiny; do
     cp -r "fixtures/$f" "fixtures/${f}_io.safetensors" "$B/fixtures/"
 done
 scripts/setup-anchors.sh "$B/wheels"
+# Every file the suite's scripts name must be in the bundle: the GPU machine has no checkout.
+missing=0
+for f in $(grep -ohE "(examples|scripts|fixtures)/[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*\.(yaml|py|sh|txt)" \
+    "${SCRIPTS[@]}" | sort -u); do
+    [[ -e "$B/$f" ]] || { echo "gpu-bundle: $f is named by the suite but not in $B/" >&2; missing=1; }
+done
+((missing == 0)) || exit 1
 bytes=$(du -sb "$B" | cut -f1)
 if ((bytes > LIMIT)); then
     echo "gpu-bundle: $((bytes / 1048576)) MiB, over the 60 MiB limit" >&2

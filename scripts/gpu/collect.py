@@ -92,6 +92,8 @@ def main():
     p["g"]["qwen_image"] = load(a.parts, "g.json")
     p["h"], _ = part(a.parts, "h")
     p["h"]["ltx2"] = load(a.parts, "h.json")
+    p["i"], _ = part(a.parts, "i")
+    p["i"]["reward_overlap"] = (load(a.parts, "i.json") or {}).get("reward_overlap")
     on, off = p["c"]["qwen_image"], p["g"]["qwen_image"]
     if on and off and off["images_per_s_per_gpu"]:
         p["g"]["items_speedup"] = on["images_per_s_per_gpu"] / off["images_per_s_per_gpu"]
@@ -111,6 +113,14 @@ def main():
                 f"MFU rollout {fmt(s['mfu']['rollout'], '{:.1%}')} update {fmt(s['mfu']['update'], '{:.1%}')}, "
                 f"memory {fmt(mem['measured'], '{:.1f}')} GiB vs plan {fmt(mem['planned'], '{:.1f}')} GiB")
 
+    def overlap_row(o):
+        if not o:
+            return "no result"
+        return (f"sampling {fmt(o['sampling_s'], '{:.2f}')} s, scoring {fmt(o['scoring_s'], '{:.2f}')} s: "
+                f"rollout phase {fmt(o['overlapped']['rollout_s'], '{:.2f}')} s overlapped vs "
+                f"{fmt(o['serial']['rollout_s'], '{:.2f}')} s serial, {fmt(o['hidden_fraction'], '{:.0%}')} of the scoring hidden, "
+                f"scores {'identical' if o['rewards_identical'] else 'different'} in both orders")
+
     cases = p["b"]["cases"]
     rows = [
         ("a env", p["a"], gpu),
@@ -126,9 +136,10 @@ def main():
         ("g Qwen-Image step, throughput items off", p["g"],
          f"{step_row(p['g']['qwen_image'])}; items on (c) ×{fmt(p['g'].get('items_speedup'), '{:.2f}')}"),
         ("h LTX-2.3 with sound", p["h"], step_row(p["h"]["ltx2"])),
+        ("i rewards beside sampling", p["i"], overlap_row(p["i"]["reward_overlap"])),
     ]
     with open(stem + ".log", "w") as f:
-        for key in "abcdefgh":
+        for key in "abcdefghi":
             f.write(f"==== part {key}\n{read(os.path.join(a.parts, f'{key}.log')) or ''}\n")
     with open(stem + ".md", "w") as f:
         f.write("| date | GPU | part | status | figures |\n|---|---|---|---|---|\n")

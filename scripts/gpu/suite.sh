@@ -18,9 +18,12 @@
 #                 masks, fused projections): c over g is what they gain on this GPU
 #   h  ltx2       if time remains: LTX-2.3 with sound (48 blocks, random weights) at 512² x 33
 #                 frames, 4 clips, 8 rollout steps, gradient checkpointing
+#   i  overlap    rewards scored beside sampling: Qwen-Image at real width (8 blocks), an `http`
+#                 reward answering each request of 2 images after 0.5 s, overlapped and serial steps
+#                 alternated (scripts/gpu/overlap.sh)
 # --tiny runs every part on the CPU with tiny configs (CI checks the suite this way).
 #
-# Usage: scripts/gpu/suite.sh [--tiny] [--out DIR] [--parts a,b,c,d,e,f,g,h] [--budget SECONDS]
+# Usage: scripts/gpu/suite.sh [--tiny] [--out DIR] [--parts a,b,c,d,e,f,g,h,i] [--budget SECONDS]
 # From the bundle (`make gpu-bundle`; the GPU machine needs no Rust and no network):
 #   bash gpu-bundle/scripts/gpu/suite.sh --out "$OUT"
 # Environment: FLOWTUNE_BIN (the binary; default gpu-bundle/flowtune, else target/release/flowtune),
@@ -29,7 +32,7 @@
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$HERE"
-TINY=0 OUT="docs/perf/gpu" PARTS="a,b,c,d,e,f,g,h" BUDGET=480
+TINY=0 OUT="docs/perf/gpu" PARTS="a,b,c,d,e,f,g,h,i" BUDGET=480
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --tiny) TINY=1 ;;
@@ -105,6 +108,9 @@ if [[ $TINY == 1 ]]; then
     LTX2=(examples/flow_grpo_ltx2_tiny.yaml model.path="$WORK/ltx2")
     CONSTANTS=(--side 8 --text-len 8 --device cpu)
     QWEN_DIR="$WORK/qwen"
+    OVERLAP=(examples/flow_grpo_qwen_image_tiny.yaml model.path="$WORK/qwen" rollout.n=4
+        rollout.batch_size=2)
+    DELAY=0.05 ROUNDS=1
 else
     QWEN=(examples/flow_grpo_qwen_image.yaml model.path=examples/models/qwen-image
         data.prompts_per_step=2 rollout.n=16 trainer.gradient_checkpointing=true)
@@ -120,6 +126,11 @@ else
         model.offload=none trainer.sharding=none trainer.ppo_mini_batch_size=4)
     CONSTANTS=(--device cuda)
     QWEN_DIR=examples/models/qwen-image
+    # 8 images a step in chunks of 2, one request each; the update at 8 samples.
+    OVERLAP=(examples/flow_grpo_qwen_image.yaml model.path=examples/models/qwen-image
+        data.prompts_per_step=2 rollout.n=4 rollout.batch_size=2 trainer.ppo_mini_batch_size=8
+        trainer.gradient_checkpointing=true --layers 8)
+    DELAY=0.5 ROUNDS=2
 fi
 
 part a 60 "${F[@]}" env
@@ -138,6 +149,8 @@ part d 150 bash -c "set -e
     '$PYTHON' scripts/bench_transformer_diffusers.py --random-weights '$QWEN_DIR/transformer' \
         --device $DEVICE --dtype $([[ $TINY == 1 ]] && echo f32 || echo bf16) ${QWEN_TRAIN[*]} \
         --iters 2 --json '$WORK/parts/d_train.json'"
+part i 120 bash scripts/gpu/overlap.sh "$PYTHON" "$DELAY" 2 "$WORK/parts/i.json" "${F[@]}" \
+    bench step "${OVERLAP[@]}" --random-weights --text-tokens 32 --warmup 0 --overlap-ab "$ROUNDS"
 part g 200 "${F[@]}" bench step "${QWEN[@]}" model.unpadded_attention=false \
     model.fused_projections=false --random-weights --text-tokens 32 "${MEASURED[@]}" \
     --json "$WORK/parts/g.json"

@@ -113,7 +113,8 @@ fn bench_step_refuses_layers_without_random_weights() {
 /// JSON — parity cases within their tolerances and a launched one-rank job, whole steps of Qwen-Image,
 /// Wan, FLUX.2 and LTX-2.3 with sound from random weights, both diffusers anchors with their ratios, the activation
 /// constants of every block the planner knows (`make setup` installs diffusers for the anchors),
-/// and Qwen-Image's step again with the throughput items off.
+/// Qwen-Image's step again with the throughput items off, and its rewards scored beside sampling
+/// against a reward server that answers late.
 #[test]
 fn the_suite_runs_every_part_in_tiny_mode() {
     let out = scratch("gpu-suite");
@@ -138,7 +139,7 @@ fn the_suite_runs_every_part_in_tiny_mode() {
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     let parts = &r["parts"];
-    for key in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+    for key in ["a", "b", "c", "d", "e", "f", "g", "h", "i"] {
         assert_eq!(parts[key]["status"], "ok", "part {key}: {}", parts[key]);
     }
     let cases = parts["b"]["cases"].as_array().unwrap();
@@ -165,7 +166,12 @@ fn the_suite_runs_every_part_in_tiny_mode() {
     }
     let rows = std::fs::read_to_string(file.with_extension("md")).unwrap();
     assert!(parts["g"]["items_speedup"].as_f64().is_some_and(|x| x > 0.0), "{}", parts["g"]);
-    assert_eq!(rows.lines().filter(|l| l.starts_with("| 2")).count(), 8, "{rows}");
+    // Part i scored every chunk against the delayed reward server, both ways, with the same scores.
+    let overlap = &parts["i"]["reward_overlap"];
+    assert_eq!(overlap["rewards_identical"], true, "{overlap}");
+    assert!(overlap["scoring_s"].as_f64().is_some_and(|s| s >= 4.0 * 0.05), "{overlap}");
+    assert!(overlap["hidden_fraction"].as_f64().is_some(), "{overlap}");
+    assert_eq!(rows.lines().filter(|l| l.starts_with("| 2")).count(), 9, "{rows}");
 }
 
 /// `plan --constants`: measured activation constants replace the built-in ones by block name (a
