@@ -268,7 +268,7 @@ pub struct TrainerSection {
     /// before, kept as a copy, as a rollout that runs while the previous step trains would
     /// (one-step off-policy). The ratio to the sampling policy is then corrected by
     /// `rollout_correction` against the recomputed old log-probs. The lag acts as momentum of
-    /// its own: lower `betas`' β₁ with it (0.6 on the shapes task, `docs/distributed.md`).
+    /// its own: lower `betas`' β₁ with it (`docs/distributed.md` measures how far).
     pub off_policy_lag: u64,
     /// Ranks of a launched job that only sample and score (the first ones); the others train.
     /// Rollout ranks sample step k's prompts while the training ranks update on step k − 1's
